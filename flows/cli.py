@@ -1,0 +1,140 @@
+"""The `shardsmith` command line."""
+
+from __future__ import annotations
+
+import os
+
+# Before Prefect is imported: no network here for analytics, and a cold ephemeral server can
+# take longer than Prefect's default to start on a small machine.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+import json  # noqa: E402
+import sys  # noqa: E402
+from enum import Enum  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Annotated, Optional  # noqa: E402
+
+import typer  # noqa: E402
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build release-gated multimodal training datasets.")
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+class PhaseName(str, Enum):
+    download = "download"
+
+
+def _parse_sets(values: list[str]) -> dict[str, object]:
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--set expects KEY=VALUE, got {item!r}")
+        out[key] = yaml.safe_load(raw)
+    return out
+
+
+def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> dict:
+    from flows.pretraining import run_phases
+    from flows.runtime import prefect_api
+    from tasks.recipe import RecipeError, load_recipe
+
+    try:
+        recipe = load_recipe(recipe_path, overrides)
+    except RecipeError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
+    with prefect_api():
+        from prefect import flow
+
+        @flow(name=f"shardsmith-{recipe.dataset}")
+        def cli_run() -> dict:
+            return run_phases(recipe, phases)
+
+        return cli_run()
+
+
+def _print_summary(result: dict) -> None:
+    dl = result.get("download")
+    if dl is None:
+        return
+    c = dl.counts
+    typer.echo("")
+    typer.secho(f"download: {c.rows} rows -> {c.ok} ok, {c.rejected} rejected, {c.error} error", bold=True)
+    for reason, n in c.by_reason.items():
+        typer.echo(f"  {reason:<22} {n}")
+    typer.echo(f"  shards: {dl.shards} ({dl.shards_skipped} already done), {dl.samples_per_s} samples/s, {dl.mb_per_s} MB/s")
+    typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/download/")
+    typer.echo(f"  report:             {dl.report}")
+
+
+@app.command()
+def run(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML.", exists=True, dir_okay=False)],
+    phase: Annotated[Optional[list[PhaseName]], typer.Option("--phase", "-p", help="Phase to run (repeatable); default: all.")] = None,
+    cluster: Annotated[Optional[str], typer.Option(help="local | cuda | tcp://scheduler:8786")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Storage root: a local path or s3://bucket/prefix.")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes of a local cluster.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: download.timeout_s=5")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Run a recipe's phases."""
+    overrides = _parse_sets(set_ or [])
+    if cluster:
+        overrides["execution.cluster"] = cluster
+    if storage:
+        overrides["storage"] = storage
+    if workers:
+        overrides["execution.workers"] = workers
+    from flows.pretraining import PHASES
+
+    phases = [p.value for p in phase] if phase else list(PHASES)
+    result = _run(recipe, phases, overrides)
+    if json_out:
+        from dataclasses import asdict
+
+        typer.echo(json.dumps({k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in result.items()}, indent=2))
+    else:
+        _print_summary(result)
+
+
+@app.command()
+def demo(
+    directory: Annotated[Path, typer.Option("--dir", help="Where the demo corpus and its outputs go.")] = Path("shardsmith-demo"),
+    images: Annotated[int, typer.Option(help="Images in the generated corpus.")] = 300,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster.")] = None,
+) -> None:
+    """Generate a demo corpus, serve it on loopback, and run the demo recipe on it."""
+    from tasks.demo import prepare_demo
+
+    directory = directory.resolve()
+    typer.echo(f"demo corpus: {directory}")
+    server, expected = prepare_demo(directory, n=images)
+    try:
+        typer.echo(f"serving it at {server.base_url}")
+        os.environ["SHARDSMITH_DEMO_DIR"] = str(directory)
+        overrides: dict[str, object] = {}
+        if workers:
+            overrides["execution.workers"] = workers
+        from flows.pretraining import PHASES
+
+        result = _run(RECIPES / "demo.yaml", list(PHASES), overrides)
+    finally:
+        server.stop()
+    _print_summary(result)
+    typer.echo(f"\nexpected from the generated corpus: {json.dumps(expected, sort_keys=True)}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

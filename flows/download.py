@@ -1,0 +1,166 @@
+"""The download phase: URL manifests into raw WebDataset shards and ledgers, one task per chunk."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.futures import as_completed
+from prefect.runtime import flow_run
+
+from tasks.download import ShardResult, download_shard, shard_paths
+from tasks.ledger import Counts
+from tasks.manifests import SourcePlan, plan_source
+from tasks.recipe import Recipe
+from tasks.storage import Storage
+
+
+class PhaseFailed(RuntimeError):
+    """Some shards failed after their retries; the summary and report were still written."""
+
+
+@dataclass
+class DownloadSummary:
+    """What the download phase did: counts over every shard, and where things are."""
+
+    dataset: str
+    run: str
+    storage: str
+    shards: int
+    shards_skipped: int
+    shards_failed: list[str]
+    counts: Counts
+    seconds: float
+    samples_per_s: float
+    mb_per_s: float
+    manifests: dict[str, str] = field(default_factory=dict)  # source -> sha256
+    report: str = ""
+    ledgers: list[str] = field(default_factory=list)
+    tars: list[str] = field(default_factory=list)
+
+
+@task(name="plan-source", retries=2, retry_delay_seconds=2)
+def plan_source_task(source, storage: Storage, dataset: str, options: dict) -> SourcePlan:
+    return plan_source(source, storage, dataset, options)
+
+
+@task(name="download-shard", task_run_name="download-{ref.source}-{ref.index:06d}")
+def download_shard_task(ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict) -> ShardResult:
+    return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options)
+
+
+def download_config_hash(recipe: Recipe) -> str:
+    """Hash of the download settings that change what a shard holds.
+
+    Concurrency, timeouts and retries are left out: changing them must not re-download
+    shards that are already committed.
+    """
+    cfg = recipe.download
+    return recipe.config_hash(cfg.network) + ":" + json.dumps(
+        [cfg.max_bytes, cfg.allowed_formats, cfg.opt_out_directives, cfg.respect_robots_txt, cfg.max_redirects, cfg.user_agent]
+    )
+
+
+def run_name() -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_id = flow_run.get_id()
+    return f"{stamp}-{run_id[:8]}" if run_id else stamp
+
+
+@flow(name="download", log_prints=False)
+def download_flow(recipe: Recipe, run: str | None = None) -> DownloadSummary:
+    """Download every manifest row of the recipe into shards; skip shards already committed."""
+    logger = get_run_logger()
+    run = run or run_name()
+    started = time.perf_counter()
+    storage = Storage(recipe.storage, recipe.storage_options)
+    plans = [f.result() for f in [plan_source_task.submit(s, storage, recipe.dataset, recipe.storage_options) for s in recipe.sources]]
+    refs = [c for p in plans for c in p.chunks]
+    chash = download_config_hash(recipe)
+    shard_task = download_shard_task.with_options(
+        retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s
+    )
+    key = f"{recipe.dataset}-download"
+    progress = create_progress_artifact(0.0, key=f"{key}-progress", description=f"{recipe.dataset}: download shards done")
+    futures = {}
+    for ref in refs:
+        tar_rel, ledger_rel = shard_paths(recipe.dataset, ref, chash)
+        futures[shard_task.submit(ref, storage, recipe.download, tar_rel, ledger_rel, recipe.storage_options)] = (ref, tar_rel, ledger_rel)
+    results: list[ShardResult] = []
+    failed: list[str] = []
+    last_update = 0.0
+    for done, fut in enumerate(as_completed(list(futures)), start=1):
+        ref, tar_rel, ledger_rel = futures[fut]
+        try:
+            results.append(fut.result())
+        except Exception as err:  # a shard that failed after its retries; reported, then raised
+            failed.append(f"{tar_rel}: {type(err).__name__}: {err}")
+            logger.error("shard %s failed: %s", tar_rel, err)
+        now = time.monotonic()
+        if now - last_update > 1.0 or done == len(futures):
+            update_progress_artifact(progress, 100.0 * done / max(len(futures), 1))
+            last_update = now
+    seconds = time.perf_counter() - started
+    counts = sum((r.counts for r in results), Counts.zero())
+    fresh = [r for r in results if not r.skipped]
+    fresh_ok = sum(r.counts.ok for r in fresh)
+    fresh_bytes = sum(r.counts.bytes for r in fresh)
+    summary = DownloadSummary(
+        dataset=recipe.dataset,
+        run=run,
+        storage=storage.url(),
+        shards=len(refs),
+        shards_skipped=sum(r.skipped for r in results),
+        shards_failed=failed,
+        counts=counts,
+        seconds=round(seconds, 3),
+        samples_per_s=round(fresh_ok / seconds, 1) if seconds else 0.0,
+        mb_per_s=round(fresh_bytes / 1e6 / seconds, 2) if seconds else 0.0,
+        manifests={p.source: p.manifest_sha256 for p in plans},
+        ledgers=sorted(r.ledger for r in results),
+        tars=sorted(r.tar for r in results),
+    )
+    summary.report = write_summary(storage, summary)
+    create_markdown_artifact(summary_markdown(summary), key=f"{key}-summary", description=f"{recipe.dataset}: download summary")
+    logger.info(
+        "download: %d rows, %d ok, %d rejected, %d error; %d/%d shards skipped; %.1f samples/s",
+        counts.rows, counts.ok, counts.rejected, counts.error, summary.shards_skipped, summary.shards, summary.samples_per_s,
+    )
+    if failed:
+        raise PhaseFailed(f"{len(failed)} of {len(refs)} download shards failed; see {summary.report}:\n" + "\n".join(failed[:20]))
+    return summary
+
+
+def summary_markdown(s: DownloadSummary) -> str:
+    c = s.counts
+    lines = [
+        f"# {s.dataset}: download ({s.run})",
+        "",
+        "| rows | ok | rejected | error | shards | skipped | failed | samples/s | MB/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {c.rows} | {c.ok} | {c.rejected} | {c.error} | {s.shards} | {s.shards_skipped} | {len(s.shards_failed)} | {s.samples_per_s} | {s.mb_per_s} |",
+        "",
+        "| reason | rows |",
+        "|---|---:|",
+        *[f"| `{r}` | {n} |" for r, n in c.by_reason.items()],
+        "",
+        f"Storage: `{s.storage}`  ",
+        f"Report: `{s.report}`",
+    ]
+    if s.shards_failed:
+        lines += ["", "## Failed shards", "", *[f"- {f}" for f in s.shards_failed]]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(storage: Storage, s: DownloadSummary) -> str:
+    """Write the phase summary (JSON and markdown) under ``{dataset}/reports/{run}/``."""
+    base = f"{s.dataset}/reports/{s.run}"
+    s.report = storage.url(f"{base}/download.md")
+    data = asdict(s)
+    storage.write_bytes(f"{base}/download.json", json.dumps(data, indent=2, sort_keys=True).encode())
+    storage.write_bytes(f"{base}/download.md", summary_markdown(s).encode())
+    return s.report

@@ -1,0 +1,85 @@
+"""Where a run executes: one Prefect API for the flow and its workers, and the Dask cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Iterator
+
+log = logging.getLogger("shardsmith")
+
+# Settings every Dask worker must share with the flow; the API URL above all, or each worker
+# process would start a temporary Prefect server of its own.
+_SHARED_PREFIXES = ("PREFECT_",)
+
+
+def worker_env() -> dict[str, str]:
+    """Environment for worker processes: this process's Prefect settings, as variables."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    env = {k: str(v) for k, v in settings.to_environment_variables(exclude_unset=True).items() if v is not None}
+    if settings.api.url:
+        env["PREFECT_API_URL"] = str(settings.api.url)
+    env.update({k: v for k, v in os.environ.items() if k.startswith(_SHARED_PREFIXES) and k not in env})
+    return {k: v for k, v in env.items() if k.startswith(_SHARED_PREFIXES)}
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[str]:
+    """Use the configured Prefect API, or start one local server for this run and stop it after."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    url = get_current_settings().api.url
+    if url:
+        yield str(url)
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
+    server = SubprocessASGIServer()
+    server.start(timeout=timeout)
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+    finally:
+        server.stop()
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+@contextlib.contextmanager
+def dask_cluster(choice: str, workers: int | None = None, threads_per_worker: int = 1) -> Iterator[str]:
+    """Yield a scheduler address for ``local``, ``cuda`` or an existing scheduler's address.
+
+    ``local`` and ``cuda`` clusters live for the block; their workers get this process's
+    Prefect settings. An existing cluster's workers must already point at the same Prefect
+    API (the docker-compose stack sets ``PREFECT_API_URL`` on every service).
+    """
+    if choice not in ("local", "cuda"):
+        yield choice
+        return
+    env = worker_env()
+    if choice == "local":
+        from distributed import LocalCluster
+
+        cluster = LocalCluster(
+            n_workers=workers or default_workers(),
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            dashboard_address=None,
+            env=env,
+        )
+    else:
+        from dask_cuda import LocalCUDACluster
+
+        # One worker per GPU; the GPU resource keeps CPU-only stages off them.
+        cluster = LocalCUDACluster(threads_per_worker=threads_per_worker, resources={"GPU": 1}, env=env, dashboard_address=None)
+    try:
+        log.info("dask cluster %s at %s", choice, cluster.scheduler_address)
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()

@@ -1,0 +1,128 @@
+"""Ledgers: one parquet per shard with a row for every input row; its presence commits the shard."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.reasons import ERROR, OK, REJECTED, status_of
+from tasks.storage import Storage
+
+MEMBER_TYPE = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64())])
+
+# Core columns (DESIGN.md) first; phase-specific columns after them are nullable.
+LEDGER_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("source", pa.string()),
+        ("row", pa.int64()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("shard", pa.string()),  # output shard, relative to the storage root; null unless ok
+        ("bytes", pa.int64()),  # payload bytes of the primary member (the image)
+        ("sha256", pa.string()),  # of the primary member
+        ("offset", pa.int64()),  # first header byte of the sample in the shard
+        ("length", pa.int64()),  # header + data + padding bytes of all the sample's members
+        ("members", pa.list_(MEMBER_TYPE)),  # data offset and size of every member
+        ("url", pa.string()),
+        ("format", pa.string()),
+        ("http_status", pa.int32()),
+        ("attempts", pa.int32()),
+        ("detail", pa.string()),  # free text for people; never grouped on
+    ]
+)
+
+
+@dataclass
+class LedgerRow:
+    key: str
+    source: str
+    row: int
+    reason: str | None = None
+    shard: str | None = None
+    bytes: int | None = None
+    sha256: str | None = None
+    offset: int | None = None
+    length: int | None = None
+    members: list[dict[str, Any]] | None = None
+    url: str | None = None
+    format: str | None = None
+    http_status: int | None = None
+    attempts: int | None = None
+    detail: str | None = None
+    status: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.status = status_of(self.reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in LEDGER_SCHEMA.names}
+
+
+def ledger_table(rows: Iterable[LedgerRow]) -> pa.Table:
+    rows = list(rows)
+    return pa.Table.from_pylist([r.as_dict() for r in rows], schema=LEDGER_SCHEMA)
+
+
+def write_ledger(storage: Storage, rel: str, rows: Iterable[LedgerRow]) -> pa.Table:
+    """Write the ledger atomically; call it after the shard it describes is in place."""
+    table = ledger_table(rows)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    storage.write_bytes(rel, buf.getvalue())
+    return table
+
+
+def read_ledger(storage: Storage, rel: str) -> pa.Table:
+    with storage.open(rel, "rb") as fh:
+        return pq.read_table(fh)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Per-status counts and per-reason counts of one or more ledgers."""
+
+    rows: int
+    ok: int
+    rejected: int
+    error: int
+    by_reason: dict[str, int]
+    bytes: int
+
+    @classmethod
+    def of(cls, table: pa.Table) -> "Counts":
+        status = table.column("status").to_pylist()
+        reasons: dict[str, int] = {}
+        for r in table.column("reason").to_pylist():
+            if r is not None:
+                reasons[r] = reasons.get(r, 0) + 1
+        nbytes = pa.compute.sum(table.column("bytes")).as_py() or 0
+        return cls(
+            rows=table.num_rows,
+            ok=status.count(OK),
+            rejected=status.count(REJECTED),
+            error=status.count(ERROR),
+            by_reason=dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+            bytes=int(nbytes),
+        )
+
+    def __add__(self, other: "Counts") -> "Counts":
+        merged = dict(self.by_reason)
+        for k, v in other.by_reason.items():
+            merged[k] = merged.get(k, 0) + v
+        return Counts(
+            rows=self.rows + other.rows,
+            ok=self.ok + other.ok,
+            rejected=self.rejected + other.rejected,
+            error=self.error + other.error,
+            by_reason=dict(sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))),
+            bytes=self.bytes + other.bytes,
+        )
+
+    @classmethod
+    def zero(cls) -> "Counts":
+        return cls(0, 0, 0, 0, {}, 0)

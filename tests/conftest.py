@@ -1,0 +1,91 @@
+"""Shared fixtures: isolated Prefect settings, a session-wide test harness, tiny images, servers."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Before Prefect is imported anywhere: no analytics (no network), a cold server may start
+# slowly here, and results, logs and the profile go to a temp dir that dies with the session.
+_PREFECT_TMP = tempfile.mkdtemp(prefix="shardsmith-prefect-")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ["PREFECT_HOME"] = _PREFECT_TMP
+os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(_PREFECT_TMP, "results")
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+import io  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test server for every flow test in the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def make_image(fmt: str, size=(64, 48), color=(200, 40, 40), mode="RGB") -> bytes:
+    from PIL import Image
+
+    img = Image.new(mode, size, color if mode == "RGB" else 128)
+    for x in range(0, size[0], 8):  # some structure, so encoders do real work
+        for y in range(size[1]):
+            img.putpixel((x, y), (0, 0, 0) if mode == "RGB" else 0)
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def image_dir(tmp_path_factory) -> Path:
+    """A folder with one small image per common format."""
+    root = tmp_path_factory.mktemp("images")
+    (root / "a.jpg").write_bytes(make_image("JPEG"))
+    (root / "b.png").write_bytes(make_image("PNG", color=(10, 200, 10)))
+    (root / "c.webp").write_bytes(make_image("WEBP", color=(10, 10, 200)))
+    (root / "d.gif").write_bytes(make_image("GIF"))
+    (root / "e.bmp").write_bytes(make_image("BMP"))
+    big = make_image("PNG", size=(512, 512))
+    (root / "big.png").write_bytes(big)
+    return root
+
+
+@pytest.fixture(scope="session")
+def web(image_dir):
+    """The loopback image web (good, missing, flaky, slow, hostile routes) for the session."""
+    from tasks.webserver import ImageWeb
+
+    server = ImageWeb(root=image_dir)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 API on loopback (moto's server); yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server._server.server_address[:2]
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint, request):
+    """A fresh bucket on the moto server; yields (bucket name, fsspec storage options)."""
+    import s3fs
+
+    name = "b-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
+    options = {"client_kwargs": {"endpoint_url": s3_endpoint}, "key": "testing", "secret": "testing"}
+    s3fs.S3FileSystem(**options).mkdir(name)
+    return name, options

@@ -1,0 +1,427 @@
+"""The loopback image web: every route, the stats, port fallback, shutdown and the CLI."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tasks.webserver import DEFAULT_ROBOTS_TXT, ImageWeb
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = b"the secret outside the root\n"
+
+
+def _image(fmt: str, mode: str = "RGB", size: tuple[int, int] = (96, 64)) -> bytes:
+    img = Image.new(mode, size, (180, 60, 40) if mode == "RGB" else 90)
+    for x in range(0, size[0], 6):  # some structure, so the files are not trivially small
+        for y in range(size[1]):
+            img.putpixel((x, y), (10, 10, 10) if mode == "RGB" else 10)
+    buf = io.BytesIO()
+    img.save(buf, fmt)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """A served folder of small images, a hidden file and a subfolder, with a secret beside it."""
+    base = tmp_path_factory.mktemp("webserver")
+    root = base / "root"
+    root.mkdir()
+    for name, body in {"a.jpg": _image("JPEG"), "b.png": _image("PNG"), "c.webp": _image("WEBP"), "d.gif": _image("GIF", "L")}.items():
+        (root / name).write_bytes(body)
+    (root / ".hidden").write_bytes(SECRET)
+    (root / "sub").mkdir()
+    (base / "secret.txt").write_bytes(SECRET)
+    return root
+
+
+@pytest.fixture(scope="module")
+def files(root) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in root.iterdir() if p.is_file() and not p.name.startswith(".")}
+
+
+@pytest.fixture(scope="module")
+def server(root):
+    # Our own server rather than the session-wide one in conftest: these tests reset its
+    # stats and watch its in-flight count, which must not disturb other modules' tests.
+    with ImageWeb(root=root) as web:
+        yield web
+
+
+@pytest.fixture
+def web(server):
+    server.reset_stats()
+    return server
+
+
+def get(web: ImageWeb, path: str, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One request, no redirect following, no exception on 4xx/5xx; path is sent as written."""
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read()
+    finally:
+        conn.close()
+
+
+def wait_until(predicate, what: str, deadline_s: float = 15.0) -> None:
+    """Poll for a condition the server reaches asynchronously (a handler noticing a disconnect)."""
+    end = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- static files
+
+
+@pytest.mark.parametrize(
+    ("name", "content_type"),
+    [("a.jpg", "image/jpeg"), ("b.png", "image/png"), ("c.webp", "image/webp"), ("d.gif", "image/gif")],
+)
+def test_img_serves_the_file_with_type_and_length(web, files, name, content_type):
+    status, headers, body = get(web, f"/img/{name}")
+    assert status == 200
+    assert body == files[name]
+    assert headers["Content-Type"] == content_type
+    assert int(headers["Content-Length"]) == len(files[name])
+    assert "X-Robots-Tag" not in headers
+
+
+def test_head_gives_headers_without_body(web, files):
+    status, headers, body = get(web, "/img/a.jpg", method="HEAD")
+    assert (status, body) == (200, b"")
+    assert int(headers["Content-Length"]) == len(files["a.jpg"])
+
+
+def test_missing_file_and_folder_are_404(web):
+    assert get(web, "/img/nope.jpg")[0] == 404
+    assert get(web, "/img/sub")[0] == 404
+    assert get(web, "/nowhere")[0] == 404
+
+
+def test_changed_file_is_served_fresh(web, root):
+    path = root / "changing.bin"
+    path.write_bytes(b"first version")
+    assert get(web, "/img/changing.bin")[2] == b"first version"
+    path.write_bytes(b"second, longer version")
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # coarse mtime clocks
+    assert get(web, "/img/changing.bin")[2] == b"second, longer version"
+    path.unlink()
+    assert get(web, "/img/changing.bin")[0] == 404
+
+
+def test_no_root_serves_no_files():
+    with ImageWeb(root=None) as web:
+        assert get(web, "/img/a.jpg")[0] == 404
+        assert get(web, "/robots.txt")[2].decode() == DEFAULT_ROBOTS_TXT
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/img/..%2F..%2Fetc%2Fpasswd",
+        "/img/..%2Fsecret.txt",
+        "/img/%2e%2e%2fsecret.txt",
+        "/img/..%5Csecret.txt",
+        "/img/..",
+        "/img/.hidden",
+        "/truncated/..%2Fsecret.txt",
+        "/slow/..%2Fsecret.txt",
+        "/flaky/0/..%2Fsecret.txt",
+        "/redirect-chain/0/..%2Fsecret.txt",
+    ],
+)
+def test_path_traversal_is_refused(web, path):
+    status, _, body = get(web, path)
+    assert status in (403, 404)
+    assert SECRET not in body
+    assert b"root:" not in body
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def test_hits_count_paths_with_and_without_query(web):
+    for path in ("/img/a.jpg?i=1", "/img/a.jpg?i=2", "/img/a.jpg", "/status/404"):
+        get(web, path)
+    assert web.hits["/img/a.jpg"] == 3
+    assert web.hits["/img/a.jpg?i=1"] == 1
+    assert web.hits["/status/404"] == 1
+    assert web.requests == 4
+    stats = web.stats()
+    assert stats["hits"]["/img/a.jpg"] == 3 and stats["requests"] == 4
+
+
+def test_user_agents_are_recorded(web):
+    get(web, "/img/a.jpg", headers={"User-Agent": "testbot/1.0 (+https://example.org)"})
+    get(web, "/img/b.png", headers={"User-Agent": "otherbot/2"})
+    assert {"testbot/1.0 (+https://example.org)", "otherbot/2"} <= web.user_agents
+
+
+def test_reset_stats_forgets_everything(web):
+    get(web, "/img/a.jpg", headers={"User-Agent": "x/1"})
+    web.reset_stats()
+    assert web.hits == {} and web.user_agents == set() and web.requests == 0
+    assert web.max_concurrent == 0
+
+
+# --------------------------------------------------------------------------- hostile routes
+
+
+@pytest.mark.parametrize("code", [200, 204, 301, 403, 404, 410, 500, 503])
+def test_status_route(web, code):
+    status, _, body = get(web, f"/status/{code}")
+    assert status == code
+    if code not in (204, 301):
+        assert str(code).encode() in body
+
+
+@pytest.mark.parametrize("code", ["abc", "99", "600"])
+def test_status_route_refuses_nonsense(web, code):
+    assert get(web, f"/status/{code}")[0] == 400
+
+
+def test_flaky_fails_n_times_per_exact_path(web, files):
+    statuses = [get(web, "/flaky/2/a.jpg")[0] for _ in range(4)]
+    assert statuses == [500, 500, 200, 200]
+    assert get(web, "/flaky/2/a.jpg")[2] == files["a.jpg"]
+    # Another path has its own count.
+    assert get(web, "/flaky/2/b.png")[0] == 500
+    assert get(web, "/flaky/0/b.png")[0] == 200
+    assert web.hits["/flaky/2/a.jpg"] == 5
+
+
+def test_reset_restarts_the_flaky_sequence(web):
+    assert [get(web, "/flaky/1/a.jpg")[0] for _ in range(2)] == [500, 200]
+    web.reset_stats()
+    assert get(web, "/flaky/1/a.jpg")[0] == 500
+
+
+def test_ratelimit_sends_retry_after_n_times(web, files):
+    first, second, third = (get(web, "/ratelimit/7/2/b.png") for _ in range(3))
+    assert first[0] == second[0] == 429
+    assert first[1]["Retry-After"] == "7" and second[1]["Retry-After"] == "7"
+    assert third[0] == 200 and third[2] == files["b.png"]
+    assert "Retry-After" not in third[1]
+
+
+def test_html_served_as_jpeg(web):
+    status, headers, body = get(web, "/html-as-jpeg")
+    assert status == 200
+    assert headers["Content-Type"] == "image/jpeg"
+    assert body.lstrip().lower().startswith(b"<!doctype html")
+    assert not body.startswith(b"\xff\xd8")
+
+
+def test_truncated_is_the_first_half_as_a_complete_response(web, files):
+    status, headers, body = get(web, "/truncated/a.jpg")
+    half = files["a.jpg"][: len(files["a.jpg"]) // 2]
+    assert status == 200
+    assert body == half
+    assert int(headers["Content-Length"]) == len(half)
+    assert headers["Content-Type"] == "image/jpeg"
+    assert b"\xff\xd9" not in body[2:]  # no end-of-image marker
+
+
+def test_optout_headers(web, files):
+    status, headers, body = get(web, "/optout/a.jpg")
+    assert (status, body) == (200, files["a.jpg"])
+    assert headers["X-Robots-Tag"] == "noai, noimageai"
+    status, headers, body = get(web, "/optout-other-bot/a.jpg")
+    assert (status, body) == (200, files["a.jpg"])
+    assert headers["X-Robots-Tag"] == "otherbot: noai"
+
+
+def test_redirect_to_any_url(web, files):
+    status, headers, _ = get(web, "/redirect?to=http://example.org/x.jpg")
+    assert status == 302
+    assert headers["Location"] == "http://example.org/x.jpg"
+    assert get(web, "/redirect")[0] == 400
+    # A real client follows it.
+    with urllib.request.urlopen(web.url("/redirect?to=" + web.url("/img/b.png")), timeout=10) as resp:
+        assert resp.read() == files["b.png"]
+
+
+def test_redirect_chain_counts_down_to_the_file(web, files):
+    path = "/redirect-chain/3/a.jpg"
+    for expected_next in ("/redirect-chain/2/a.jpg", "/redirect-chain/1/a.jpg", "/redirect-chain/0/a.jpg"):
+        status, headers, _ = get(web, path)
+        assert status == 302
+        assert headers["Location"] == web.url(expected_next)
+        path = expected_next
+    status, _, body = get(web, path)
+    assert (status, body) == (200, files["a.jpg"])
+    assert all(web.hits[f"/redirect-chain/{n}/a.jpg"] == 1 for n in range(4))
+    assert get(web, "/redirect-chain/2/missing.jpg")[0] == 404
+
+
+def test_private_is_served_but_robots_txt_disallows_it(web, files):
+    assert get(web, "/private/a.jpg")[2] == files["a.jpg"]
+    status, headers, body = get(web, "/robots.txt")
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain")
+    assert body.decode() == DEFAULT_ROBOTS_TXT
+    assert "Disallow: /private/" in body.decode()
+
+
+def test_robots_txt_configurable_or_absent(root):
+    with ImageWeb(root, robots_txt="User-agent: shardsmith\nDisallow: /\n") as web:
+        assert get(web, "/robots.txt")[2] == b"User-agent: shardsmith\nDisallow: /\n"
+    with ImageWeb(root, robots_txt=None) as web:
+        assert get(web, "/robots.txt")[0] == 404
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def test_slow_drips_and_stops_when_the_client_leaves(web, files):
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    conn.request("GET", "/slow/a.jpg")
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert int(resp.headers["Content-Length"]) == len(files["a.jpg"])
+    assert resp.read(1) == files["a.jpg"][:1]
+    assert web.in_flight == 1
+    conn.close()
+    wait_until(lambda: web.in_flight == 0, "the slow handler to notice the disconnect")
+
+
+def test_two_slow_requests_overlap(web):
+    conns = [http.client.HTTPConnection("127.0.0.1", web.port, timeout=10) for _ in range(2)]
+    try:
+        for i, conn in enumerate(conns):
+            conn.request("GET", f"/slow/b.png?i={i}")
+        for conn in conns:
+            assert conn.getresponse().status == 200
+        assert web.max_concurrent >= 2
+        assert web.in_flight == 2
+    finally:
+        for conn in conns:
+            conn.close()
+    wait_until(lambda: web.in_flight == 0, "both slow handlers to end")
+
+
+def test_endless_streams_until_the_client_leaves(web):
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    conn.request("GET", "/endless")
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.headers["Content-Type"] == "image/jpeg"
+    assert resp.headers["Content-Length"] is None
+    assert resp.headers["Transfer-Encoding"] == "chunked"
+    data = resp.read(512 * 1024)  # bounded: the body never ends
+    assert len(data) == 512 * 1024
+    assert data.startswith(b"\xff\xd8\xff")
+    assert data[64:] == bytes(len(data) - 64)
+    conn.close()
+    wait_until(lambda: web.in_flight == 0, "the endless handler to notice the disconnect")
+
+
+def test_stop_ends_open_streams(root):
+    web = ImageWeb(root).start()
+    conns = [http.client.HTTPConnection("127.0.0.1", web.port, timeout=10) for _ in range(2)]
+    try:
+        conns[0].request("GET", "/slow/a.jpg")
+        conns[1].request("GET", "/endless")
+        for conn in conns:
+            conn.getresponse().read(1)
+        web.stop()  # raises if the serving thread does not finish
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+def test_base_url_before_start_is_an_error():
+    with pytest.raises(RuntimeError, match="start"):
+        ImageWeb().base_url
+
+
+def test_context_manager_and_restart(root):
+    web = ImageWeb(root)
+    with web:
+        assert web.base_url == f"http://127.0.0.1:{web.port}"
+        assert get(web, "/img/a.jpg")[0] == 200
+    with pytest.raises(OSError):
+        get(web, "/img/a.jpg")
+    web.start()
+    try:
+        assert get(web, "/img/a.jpg")[0] == 200
+    finally:
+        web.stop()
+    web.stop()  # a second stop is a no-op
+
+
+def test_free_preferred_port_is_used(root):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with ImageWeb(root, port=port) as web:
+        assert web.port == port
+        assert get(web, "/img/a.jpg")[0] == 200
+
+
+def test_busy_preferred_port_falls_back_to_an_ephemeral_one(root, files):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with ImageWeb(root, port=port) as web:
+            assert web.port not in (None, 0, port)
+            assert web.base_url == f"http://127.0.0.1:{web.port}"
+            assert get(web, "/img/a.jpg")[2] == files["a.jpg"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_serves_until_signalled(root, files, sig):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tasks.webserver", "--root", str(root), "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()  # the CLI prints this once it listens
+        assert line.startswith("serving http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        base = line.split(" ", 1)[1]
+        with urllib.request.urlopen(base + "/img/a.jpg", timeout=10) as resp:
+            assert resp.read() == files["a.jpg"]
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_cli_refuses_a_missing_root(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "tasks.webserver", "--root", str(tmp_path / "nope")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "not a directory" in result.stderr
