@@ -38,16 +38,24 @@ def _parse_sets(values: list[str]) -> dict[str, object]:
     return out
 
 
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.secho(message, fg="red", err=True)
+    return typer.Exit(code)
+
+
 def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> dict:
+    from flows.download import PhaseFailed
     from flows.pretraining import run_phases
-    from flows.runtime import prefect_api
+    from flows.runtime import NoGPU, prefect_api, require_gpu
+    from tasks.manifests import ManifestError
     from tasks.recipe import RecipeError, load_recipe
 
     try:
         recipe = load_recipe(recipe_path, overrides)
-    except RecipeError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+        if recipe.execution.cluster == "cuda":
+            require_gpu()
+    except (RecipeError, NoGPU) as err:
+        raise _fail(str(err), 2) from None
     with prefect_api():
         from prefect import flow
 
@@ -55,7 +63,10 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> 
         def cli_run() -> dict:
             return run_phases(recipe, phases)
 
-        return cli_run()
+        try:
+            return cli_run()
+        except (ManifestError, PhaseFailed, NoGPU) as err:
+            raise _fail(f"{type(err).__name__}: {err}", 1) from None
 
 
 def _print_summary(result: dict) -> None:
@@ -126,7 +137,12 @@ def demo(
     finally:
         server.stop()
     _print_summary(result)
-    typer.echo(f"\nexpected from the generated corpus: {json.dumps(expected, sort_keys=True)}")
+    got = result["download"].counts
+    same = (got.rows, got.ok, got.by_reason) == (expected["rows"], expected["ok"], expected["by_reason"])
+    verdict = "matches" if same else "DIFFERS from"
+    typer.echo(f"\nThe outcome {verdict} what the corpus generator expected ({expected['rows']} rows, {expected['ok']} ok): {directory / 'manifests' / 'EXPECTED.json'}")
+    if not same:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -42,13 +42,62 @@ def prefect_api() -> Iterator[str]:
     server.start(timeout=timeout)
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
-            yield server.api_url
+            try:
+                yield server.api_url
+            finally:
+                _drain_prefect_workers()
     finally:
         server.stop()
 
 
+def _drain_prefect_workers() -> None:
+    """Send buffered logs and events while the server still runs; afterwards they would be
+    retried against a closed port for a minute."""
+    import inspect
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        for result in (APILogWorker.drain_all(), EventsWorker.drain_all()):
+            if inspect.isawaitable(result):
+                await result
+
+    run_coro_as_sync(drain())
+
+
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+class NoGPU(RuntimeError):
+    """``--cluster cuda`` on a machine where no CUDA GPU is visible."""
+
+
+def require_gpu() -> None:
+    """Fail fast, before any server or cluster starts, when ``cuda`` cannot work here."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception as err:
+        raise NoGPU(f"--cluster cuda needs a CUDA GPU and its driver, and none is visible here ({type(err).__name__}: {err}); use --cluster local") from err
+    if count == 0:
+        raise NoGPU("--cluster cuda: the NVIDIA driver sees no GPU; use --cluster local")
+
+
+def _cuda_cluster(threads_per_worker: int, env: dict[str, str]):
+    from dask_cuda import LocalCUDACluster
+
+    try:
+        # One worker per GPU; the GPU resource keeps CPU-only stages off them.
+        return LocalCUDACluster(threads_per_worker=threads_per_worker, resources={"GPU": 1}, env=env, dashboard_address=None)
+    except Exception as err:
+        if "NVML" in type(err).__name__ or "nvml" in str(err).lower() or "cuda" in str(err).lower():
+            raise NoGPU(f"--cluster cuda needs a CUDA GPU and its driver, and none is visible here ({type(err).__name__}: {err}); use --cluster local") from err
+        raise
 
 
 @contextlib.contextmanager
@@ -74,10 +123,7 @@ def dask_cluster(choice: str, workers: int | None = None, threads_per_worker: in
             env=env,
         )
     else:
-        from dask_cuda import LocalCUDACluster
-
-        # One worker per GPU; the GPU resource keeps CPU-only stages off them.
-        cluster = LocalCUDACluster(threads_per_worker=threads_per_worker, resources={"GPU": 1}, env=env, dashboard_address=None)
+        cluster = _cuda_cluster(threads_per_worker, env)
     try:
         log.info("dask cluster %s at %s", choice, cluster.scheduler_address)
         yield cluster.scheduler_address

@@ -1,0 +1,63 @@
+"""The `shardsmith` command as a user runs it: a subprocess, its exit code and what it prints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+SHARDSMITH = [sys.executable, "-m", "flows.cli"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    full_env.update(env or {})
+    return subprocess.run([*SHARDSMITH, *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_lists_the_commands():
+    out = cli("--help")
+    assert out.returncode == 0
+    assert "run" in out.stdout and "demo" in out.stdout
+
+
+def test_bad_recipe_exits_2_naming_file_and_key(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("dataset: x\nstorage: s\nsources:\n  - name: a\n    manifest: m.csv\ndownload:\n  retries: many\n")
+    out = cli("run", str(recipe))
+    assert out.returncode == 2
+    assert f"{recipe}: download.retries: Input should be a valid integer" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("dataset: x\nstorage: s\nsources:\n  - name: a\n    manifest: m.csv\n")
+    out = cli("run", str(recipe), "--cluster", "cuda")
+    assert out.returncode == 2
+    assert "needs a CUDA GPU" in out.stderr and "--cluster local" in out.stderr
+
+
+def test_demo_end_to_end(tmp_path):
+    """`shardsmith demo` with its own temporary Prefect server and a local Dask cluster."""
+    out = cli("demo", "--dir", str(tmp_path / "demo"), "--images", "30", "--workers", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    store = tmp_path / "demo" / "store" / "demo"
+    ledgers = sorted((store / "download").rglob("*.ledger.parquet"))
+    tars = sorted((store / "download").rglob("*.tar"))
+    assert ledgers and len(tars) == len(ledgers)
+    import json
+
+    expected = json.loads((tmp_path / "demo" / "manifests" / "EXPECTED.json").read_text())
+    rows = pq.read_table([str(p) for p in ledgers]).to_pylist() if len(ledgers) == 1 else [r for p in ledgers for r in pq.read_table(p).to_pylist()]
+    assert len(rows) == expected["rows"]
+    assert sum(r["status"] == "ok" for r in rows) == expected["ok"]
+    # The user is told where things are.
+    assert "shards and ledgers:" in out.stdout and str(store / "download") in out.stdout
+    assert "report:" in out.stdout
+    report = next(store.glob("reports/*/download.md"))
+    assert f"| {expected['rows']} | {expected['ok']} |" in report.read_text()
