@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -23,6 +24,14 @@ def demo(tmp_path_factory):
 
 def ledgers(root: Path):
     return sorted((root / "store" / "demo" / "download").rglob("*.ledger.parquet"))
+
+
+def read_api():
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(), client.read_artifacts(sort=ArtifactSort.CREATED_DESC)
 
 
 def run(recipe_path, **kw):
@@ -56,6 +65,16 @@ def test_demo_recipe_end_to_end_then_nothing_twice(prefect_harness, demo, monkey
     assert data["counts"]["ok"] == expected["ok"]
 
     assert sum(server.hits.values()) >= expected["ok"]
+
+    # Workers reported their task runs to the flow's API (not to servers of their own), and the
+    # progress and summary artifacts are there.
+    task_runs, artifacts = read_api()
+    shard_runs = [t for t in task_runs if re.fullmatch(r"download-[a-z]+-\d{6}", t.name)]
+    assert len(shard_runs) == first.shards, [(t.name, t.flow_run_id, t.state_type) for t in shard_runs]
+    assert {t.state_type.value for t in shard_runs} == {"COMPLETED"}
+    by_key = {a.key: a for a in artifacts}
+    assert by_key["demo-download-progress"].data == 100.0
+    assert f"| {c.rows} | {c.ok} | {c.rejected} | {c.error} |" in by_key["demo-download-summary"].data
 
     # A rerun of the unchanged recipe downloads nothing.
     server.reset_stats()
