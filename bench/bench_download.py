@@ -203,6 +203,21 @@ def busy_cpu() -> float:
     return t.user + t.nice + t.system
 
 
+def wait_for_quiet(max_wait: float, threshold: float = 0.3, window: float = 3.0) -> float:
+    """Wait until the machine's other work uses under ``threshold`` cores over ``window`` s.
+
+    Between runs our own servers idle, so what is busy then is someone else's work. Gives up
+    after ``max_wait`` s and returns the last load seen (in cores), which the report shows.
+    """
+    deadline = time.monotonic() + max_wait
+    while True:
+        b0 = busy_cpu()
+        time.sleep(window)
+        load = (busy_cpu() - b0) / window
+        if load < threshold or time.monotonic() >= deadline:
+            return load
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -501,6 +516,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
     p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count per process")
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
+    p.add_argument("--quiet-wait", type=float, default=90.0, help="before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't wait)")
     p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
     p.add_argument("--keep", action="store_true", help="keep each run's output folder under .bench/download/runs/")
     args = p.parse_args(argv)
@@ -548,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
 
         for rnd in range(1, args.repeats + 1):
             for tool in args.tools:
+                if args.quiet_wait > 0:
+                    load = wait_for_quiet(args.quiet_wait)
+                    if load >= 0.3:
+                        print(f"  (other work still uses {load:.1f} cores after {args.quiet_wait:g} s; running anyway)", flush=True)
                 if tool == "shardsmith":
                     run = run_shardsmith(children, args, rnd, manifest, work, api, home, watch)
                 else:

@@ -24,6 +24,7 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 class PhaseName(str, Enum):
     download = "download"
+    validate = "validate"
 
 
 def _parse_sets(values: list[str]) -> dict[str, object]:
@@ -44,6 +45,7 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 
 def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> dict:
+    from flows.audit import GateFailed
     from flows.download import PhaseFailed
     from flows.pretraining import run_phases
     from flows.runtime import NoGPU, prefect_api, require_gpu
@@ -65,7 +67,7 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> 
 
         try:
             return cli_run()
-        except (ManifestError, PhaseFailed, NoGPU) as err:
+        except (ManifestError, PhaseFailed, NoGPU, GateFailed) as err:
             raise _fail(f"{type(err).__name__}: {err}", 1) from None
 
 
@@ -80,7 +82,25 @@ def _print_summary(result: dict) -> None:
         typer.echo(f"  {reason:<22} {n}")
     typer.echo(f"  shards: {dl.shards} ({dl.shards_skipped} already done), {dl.samples_per_s} samples/s, {dl.mb_per_s} MB/s")
     typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/download/")
-    typer.echo(f"  report:             {dl.report}")
+    val = result.get("validate")
+    if val is not None:
+        c = val.counts
+        typer.secho(f"validate: {c.rows} samples -> {c.ok} ok, {c.rejected} rejected ({val.duplicates} duplicates)", bold=True)
+        for reason, n in _grouped(c.by_reason).items():
+            typer.echo(f"  {reason:<22} {n}")
+        typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/validate/")
+    record = result.get("record") or {}
+    report_dir = f"{dl.storage}/{dl.dataset}/reports/{record.get('run', dl.run)}"
+    typer.echo(f"  report:             {report_dir}/report.html")
+
+
+def _grouped(by_reason: dict[str, int]) -> dict[str, int]:
+    from tasks.reasons import family
+
+    out: dict[str, int] = {}
+    for reason, n in by_reason.items():
+        out[family(reason)] = out.get(family(reason), 0) + n
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 @app.command()
@@ -143,6 +163,40 @@ def demo(
     typer.echo(f"\nThe outcome {verdict} what the corpus generator expected ({expected['rows']} rows, {expected['ok']} ok): {directory / 'manifests' / 'EXPECTED.json'}")
     if not same:
         raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    target: Annotated[str, typer.Argument(help="A run's report folder (path or URL), or DATASET/RUN, or DATASET/latest under --storage.")],
+    storage: Annotated[Optional[str], typer.Option(help="Storage root, for DATASET/RUN targets.")] = None,
+) -> None:
+    """Print a run's audit summary (the same numbers as its HTML report)."""
+    from tasks.report import load_run, summary_text
+    from tasks.storage import Storage
+
+    root, rel = _locate_run(target, storage)
+    try:
+        run, _ = load_run(Storage(root), rel)
+    except FileNotFoundError:
+        raise _fail(f"no run.json under {Storage(root).url(rel)}", 2) from None
+    typer.echo(summary_text(run))
+    typer.echo(f"HTML report: {Storage(root).url(rel + '/report.html' if rel else 'report.html')}")
+
+
+def _locate_run(target: str, storage: str | None) -> tuple[str, str]:
+    """(storage root, folder relative to it) holding the run's run.json."""
+    from tasks.storage import Storage
+
+    if storage is None:
+        return target.rstrip("/"), ""
+    dataset, _, run = target.partition("/")
+    st = Storage(storage)
+    if run in ("", "latest"):
+        runs = [r for r in st.listdir(f"{dataset}/reports") if st.exists(f"{dataset}/reports/{r}/run.json")]
+        if not runs:
+            raise _fail(f"no runs with a report under {st.url(dataset + '/reports')}", 2)
+        run = runs[-1]  # names start with a UTC timestamp
+    return storage, f"{dataset}/reports/{run}"
 
 
 def main() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+
+import pyarrow as pa
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
@@ -12,8 +14,9 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
 
+from flows.audit import check_gate, phase_record, run_gate
 from tasks.download import ShardResult, download_shard, shard_paths
-from tasks.ledger import Counts
+from tasks.ledger import Counts, read_ledger
 from tasks.manifests import SourcePlan, plan_source
 from tasks.recipe import Recipe
 from tasks.storage import Storage
@@ -72,10 +75,11 @@ def run_name() -> str:
 
 
 @flow(name="download", log_prints=False)
-def download_flow(recipe: Recipe, run: str | None = None) -> DownloadSummary:
-    """Download every manifest row of the recipe into shards; skip shards already committed."""
+def download_flow(recipe: Recipe, run: dict) -> tuple[DownloadSummary, dict]:
+    """Download every manifest row of the recipe into shards (skipping committed ones), then gate."""
+    from tasks.gates import download_gate
+
     logger = get_run_logger()
-    run = run or run_name()
     started = time.perf_counter()
     storage = Storage(recipe.storage, recipe.storage_options)
     plans = [f.result() for f in [plan_source_task.submit(s, storage, recipe.dataset, recipe.storage_options) for s in recipe.sources]]
@@ -111,7 +115,7 @@ def download_flow(recipe: Recipe, run: str | None = None) -> DownloadSummary:
     fresh_bytes = sum(r.counts.bytes for r in fresh)
     summary = DownloadSummary(
         dataset=recipe.dataset,
-        run=run,
+        run=run["run"],
         storage=storage.url(),
         shards=len(refs),
         shards_skipped=sum(r.skipped for r in results),
@@ -132,7 +136,12 @@ def download_flow(recipe: Recipe, run: str | None = None) -> DownloadSummary:
     )
     if failed:
         raise PhaseFailed(f"{len(failed)} of {len(refs)} download shards failed; see {summary.report}:\n" + "\n".join(failed[:20]))
-    return summary
+    ledger = pa.concat_tables([read_ledger(storage, r.ledger, ["key", "source", "status", "reason"]) for r in results])
+    gate = download_gate(ledger, sum(p.rows for p in plans), recipe.gates.download)
+    links = run_gate(storage, recipe, run, gate)
+    run["phases"].append(phase_record("download", counts, ledger, seconds, summary.samples_per_s, gate, links))
+    check_gate(storage, recipe, run, gate)
+    return summary, run
 
 
 def summary_markdown(s: DownloadSummary) -> str:

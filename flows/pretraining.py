@@ -7,12 +7,14 @@ from typing import Literal
 from prefect import flow
 from prefect_dask import DaskTaskRunner
 
+from flows.audit import new_run
 from flows.download import download_flow, run_name
 from flows.runtime import dask_cluster
+from flows.validate import validate_flow
 from tasks.recipe import Recipe, load_recipe
 
-Phase = Literal["download"]
-PHASES: tuple[Phase, ...] = ("download",)
+Phase = Literal["download", "validate"]
+PHASES: tuple[Phase, ...] = ("download", "validate")
 
 
 @flow(name="pretraining")
@@ -44,11 +46,19 @@ def pretraining_flow(
 
 
 def run_phases(recipe: Recipe, phases: list[str]) -> dict:
-    run = run_name()
+    """Run phases in pipeline order; a phase needs the ones before it (done now or earlier:
+    their committed shards are skipped, so rerunning them is cheap)."""
+    wanted = [p for p in PHASES if p in phases]
+    if not wanted:
+        return {}
+    last = PHASES.index(wanted[-1])
+    record = new_run(recipe, run_name())
     ex = recipe.execution
-    out: dict = {"run": run}
+    out: dict = {"run": record["run"], "record": record}
     with dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker) as address:
         runner = DaskTaskRunner(address=address)
-        if "download" in phases:
-            out["download"] = download_flow.with_options(task_runner=runner)(recipe=recipe, run=run)
+        out["download"], record = download_flow.with_options(task_runner=runner)(recipe=recipe, run=record)
+        if last >= PHASES.index("validate"):
+            out["validate"], record = validate_flow.with_options(task_runner=runner)(recipe=recipe, download=out["download"], run=record)
+    out["record"] = record
     return out

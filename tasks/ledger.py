@@ -33,6 +33,13 @@ LEDGER_SCHEMA = pa.schema(
         ("http_status", pa.int32()),
         ("attempts", pa.int32()),
         ("detail", pa.string()),  # free text for people; never grouped on
+        # validation
+        ("license", pa.string()),  # normalised SPDX id
+        ("width", pa.int32()),  # of the stored image
+        ("height", pa.int32()),
+        ("caption_chars", pa.int32()),
+        ("pixel_sha256", pa.string()),  # exact-duplicate key: the normalised pixels
+        ("phash", pa.uint64()),  # near-duplicate key: 64-bit perceptual hash
     ]
 )
 
@@ -54,6 +61,12 @@ class LedgerRow:
     http_status: int | None = None
     attempts: int | None = None
     detail: str | None = None
+    license: str | None = None
+    width: int | None = None
+    height: int | None = None
+    caption_chars: int | None = None
+    pixel_sha256: str | None = None
+    phash: int | None = None
     status: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -68,18 +81,27 @@ def ledger_table(rows: Iterable[LedgerRow]) -> pa.Table:
     return pa.Table.from_pylist([r.as_dict() for r in rows], schema=LEDGER_SCHEMA)
 
 
-def write_ledger(storage: Storage, rel: str, rows: Iterable[LedgerRow]) -> pa.Table:
-    """Write the ledger atomically; call it after the shard it describes is in place."""
-    table = ledger_table(rows)
+def write_parquet(storage: Storage, rel: str, table: pa.Table) -> None:
+    """Write a table atomically as zstd parquet."""
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     storage.write_bytes(rel, buf.getvalue())
+
+
+def read_parquet(storage: Storage, rel: str, columns: list[str] | None = None) -> pa.Table:
+    with storage.open(rel, "rb") as fh:
+        return pq.read_table(fh, columns=columns)
+
+
+def write_ledger(storage: Storage, rel: str, rows: Iterable[LedgerRow] | pa.Table) -> pa.Table:
+    """Write the ledger atomically; call it after the shard it describes is in place."""
+    table = rows if isinstance(rows, pa.Table) else ledger_table(rows)
+    write_parquet(storage, rel, table)
     return table
 
 
-def read_ledger(storage: Storage, rel: str) -> pa.Table:
-    with storage.open(rel, "rb") as fh:
-        return pq.read_table(fh)
+def read_ledger(storage: Storage, rel: str, columns: list[str] | None = None) -> pa.Table:
+    return read_parquet(storage, rel, columns)
 
 
 @dataclass(frozen=True)

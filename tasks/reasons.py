@@ -34,15 +34,39 @@ REASONS: dict[str, tuple[str, str]] = {
     "tls_error": (ERROR, "the TLS handshake failed"),
     "rate_limited": (ERROR, "429 with a Retry-After longer than download.max_retry_after_s"),
     "read_error": (ERROR, "a file:// or s3:// source could not be read"),
+    # license (tasks/licenses.py)
+    "license_missing": (REJECTED, "no license value and no validate.license.source_defaults entry for the source"),
+    "license_not_allowed": (REJECTED, "the license, normalised to SPDX, is not in validate.license.allow, or is unrecognised under validate.license.unknown: reject"),
+    # caption (tasks/captions.py)
+    "caption_missing": (REJECTED, "no caption left after cleanup while validate.caption.required is set"),
+    "caption_too_short": (REJECTED, "fewer than validate.caption.min_chars characters or min_words words after cleanup"),
+    "caption_too_long": (REJECTED, "more than validate.caption.max_chars characters after cleanup"),
+    "caption_charset": (REJECTED, "share of junk characters (U+FFFD, private-use, unassigned, control characters, mojibake) above validate.caption.max_non_text_ratio"),
 }
 
 
+# Families: a stable prefix and a variable part. ``duplicate_of:<key>`` names the sample kept.
+FAMILIES: dict[str, tuple[str, str]] = {
+    "http_": (ERROR, "final HTTP status code after retries (http_404, http_503, ...)"),
+    "duplicate_of:": (REJECTED, "an exact or near duplicate of an earlier sample (by source, row), named after the colon"),
+}
+
+
+def family(reason: str) -> str:
+    """The stable part of a reason, for grouping: ``duplicate_of:photos-000000012`` -> ``duplicate_of``."""
+    for prefix in FAMILIES:
+        if reason.startswith(prefix):
+            return prefix.rstrip(":_") if prefix.endswith(":") else reason
+    return reason
+
+
 def status_of(reason: str | None) -> str:
-    """Status implied by a reason; ``None`` means ok, ``http_<code>`` means error."""
+    """Status implied by a reason; ``None`` means ok."""
     if reason is None:
         return OK
-    if reason.startswith("http_"):
-        return ERROR
+    for prefix, (status, _) in FAMILIES.items():
+        if reason.startswith(prefix):
+            return status
     try:
         return REASONS[reason][0]
     except KeyError:

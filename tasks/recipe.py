@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -109,6 +110,151 @@ class DownloadConfig(_Frozen):
     network: NetworkConfig = NetworkConfig()
 
 
+class LicenseReview(_Frozen):
+    """Who checked the sources' terms, and when. A release without one is blocked by the gate.
+
+    Args:
+        reviewed_by: a person or team.
+        reviewed_on: date of the review (YYYY-MM-DD).
+        notes: what was checked, links to the terms.
+    """
+
+    reviewed_by: str = Field(min_length=1)
+    reviewed_on: dt.date
+    notes: str = ""
+
+
+class LicensePolicy(_Frozen):
+    """Which licenses a sample may carry.
+
+    Args:
+        allow: SPDX ids accepted; aliases ("CC BY 4.0", license URLs) are normalised first.
+        source_defaults: SPDX id per source name for rows without a license.
+        unknown: what to do with a license that cannot be normalised to an SPDX id.
+        review: the dataset-level license review (required for a release).
+    """
+
+    allow: tuple[str, ...] = ("CC0-1.0", "CC-BY-4.0", "CC-BY-SA-4.0", "Apache-2.0", "MIT", "CC-PDM-1.0")
+    source_defaults: dict[str, str] = Field(default_factory=dict)
+    unknown: Literal["reject", "allow"] = "reject"
+    review: LicenseReview | None = None
+
+
+class ImageRules(_Frozen):
+    """Decoding limits, normalisation and per-image rules.
+
+    Args:
+        max_pixels: width x height cap read from the header before decoding (bombs are
+            rejected, never decoded).
+        allowed_formats: formats sniffed from the bytes that may be decoded.
+        animated: ``first_frame`` keeps frame 0 of animated images; ``reject`` rejects them.
+        min_side: smallest allowed short side, in pixels, after EXIF orientation.
+        max_aspect_ratio: largest allowed long side / short side.
+        min_bytes, max_bytes: bounds on the downloaded file size.
+        resize_mode: ``no`` keeps the resolution; ``keep_ratio`` fits the long side to
+            ``image_size``; ``center_crop`` resizes the short side then crops a square;
+            ``border`` fits inside a square and pads.
+        image_size: target size for the resize modes.
+        output_format, quality: the re-encoding (always from pixels, so metadata and
+            appended payloads are dropped).
+    """
+
+    max_pixels: int = Field(default=50_000_000, ge=1)
+    allowed_formats: tuple[str, ...] = ("jpeg", "png", "webp", "gif", "bmp", "tiff")
+    animated: Literal["first_frame", "reject"] = "first_frame"
+    min_side: int = Field(default=64, ge=1)
+    max_aspect_ratio: float = Field(default=4.0, ge=1.0)
+    min_bytes: int = Field(default=0, ge=0)
+    max_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
+    resize_mode: Literal["no", "keep_ratio", "center_crop", "border"] = "no"
+    image_size: int = Field(default=256, ge=8, le=16384)
+    output_format: Literal["jpeg", "png", "webp"] = "jpeg"
+    quality: int = Field(default=95, ge=1, le=100)
+
+
+class CaptionRules(_Frozen):
+    """Caption cleanup (whitespace, HTML entities) and bounds, applied after cleanup.
+
+    Args:
+        required: reject samples without a caption (``caption_missing``).
+        min_chars, max_chars: length bounds (``caption_too_short`` / ``caption_too_long``).
+        min_words: fewest words.
+        max_non_text_ratio: largest share of junk characters (U+FFFD, private-use,
+            unassigned, control characters, UTF-8-read-as-Latin-1 mojibake) before the caption
+            is rejected as ``caption_charset``; every script, emoji and symbol counts as text.
+    """
+
+    required: bool = True
+    min_chars: int = Field(default=3, ge=0)
+    max_chars: int = Field(default=2000, ge=1)
+    min_words: int = Field(default=1, ge=0)
+    max_non_text_ratio: float = Field(default=0.1, ge=0, le=1)
+
+
+class DedupConfig(_Frozen):
+    """Deduplication across the whole dataset; the first sample by (source, row) wins.
+
+    Args:
+        exact: sha256 of the normalised pixels.
+        near: 64-bit perceptual hash (DCT pHash) within ``hamming_threshold`` bits.
+    """
+
+    exact: bool = True
+    near: bool = True
+    hamming_threshold: int = Field(default=4, ge=0, le=16)
+
+
+class ValidateConfig(_Frozen):
+    """The validation phase: license, content and dedup.
+
+    Args:
+        license: the license policy.
+        image: decoding limits, normalisation, resize and image rules.
+        caption: caption cleanup and rules.
+        dedup: exact and near-duplicate detection.
+    """
+
+    license: LicensePolicy = LicensePolicy()
+    image: ImageRules = ImageRules()
+    caption: CaptionRules = CaptionRules()
+    dedup: DedupConfig = DedupConfig()
+
+
+class DownloadGate(_Frozen):
+    """Thresholds of the download gate.
+
+    Args:
+        min_success_rate: ok / rows at least this.
+        max_reason_rate: largest allowed share of rows per reason, e.g. ``{timeout: 0.05}``.
+    """
+
+    min_success_rate: float = Field(default=0.5, ge=0, le=1)
+    max_reason_rate: dict[str, float] = Field(default_factory=dict)
+
+
+class ValidateGate(_Frozen):
+    """Thresholds of the validation gate.
+
+    Args:
+        max_reject_rate: rejected / rows of the phase at most this.
+        min_samples: accepted samples at least this (and never below 1).
+        require_license_review: block when the recipe has no license review.
+    """
+
+    max_reject_rate: float = Field(default=0.5, ge=0, le=1)
+    min_samples: int = Field(default=1, ge=1)
+    require_license_review: bool = True
+
+
+class GatesConfig(_Frozen):
+    """One gate per phase; a failed gate stops the flow and still writes its report."""
+
+    download: DownloadGate = DownloadGate()
+    validate_: ValidateGate = Field(default=ValidateGate(), alias="validate")
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
 class ExecutionConfig(_Frozen):
     """Where tasks run.
 
@@ -144,7 +290,11 @@ class Recipe(_Frozen):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     sources: tuple[SourceConfig, ...] = Field(min_length=1)
     download: DownloadConfig = DownloadConfig()
+    validate_: ValidateConfig = Field(default=ValidateConfig(), alias="validate")
+    gates: GatesConfig = GatesConfig()
     execution: ExecutionConfig = ExecutionConfig()
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     @model_validator(mode="after")
     def _unique_sources(self) -> "Recipe":
@@ -219,9 +369,15 @@ def parse_recipe(data: Any, path: Path | str = "<recipe>", overrides: dict[str, 
         if isinstance(src, dict) and isinstance(src.get("manifest"), str):
             src["manifest"] = _resolve_local(src["manifest"], base)
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data)
     except ValidationError as err:
         raise RecipeError(_format_errors(path, err)) from None
+    from tasks.licenses import policy_problems  # imports this module; only needed here
+
+    problems = policy_problems(recipe.validate_.license)
+    if problems:
+        raise RecipeError("\n".join(f"{path}: validate.license: {p}" for p in problems))
+    return recipe
 
 
 def _resolve_local(value: str, base: Path) -> str:

@@ -209,6 +209,33 @@ class ShardWriter:
         self._records.append(record)
         return record
 
+    def copy_sample(self, key: str, raw: bytes | memoryview, members: Iterable[tuple[str, int, int]]) -> SampleRecord:
+        """Append a sample's bytes (headers, data, padding) copied from another shard.
+
+        ``raw`` is the byte range a ``SampleRecord`` describes and ``members`` its members as
+        (name, data offset relative to the start of ``raw``, size). Nothing is parsed again:
+        this is what makes resharding run near copy speed. The key must be unchanged, since
+        member names live inside the copied headers.
+        """
+        if self._closed or self._broken:
+            raise ValueError(f"ShardWriter cannot write sample {key!r}: closed or broken")
+        if key in self._keys:
+            raise ValueError(f"sample key {key!r} was already written to this shard")
+        view = memoryview(raw).cast("B")
+        if view.nbytes == 0 or view.nbytes % BLOCK:
+            raise ValueError(f"raw bytes of sample {key!r} are not whole tar blocks ({view.nbytes} bytes)")
+        start = self._pos
+        records = []
+        for name, rel, size in members:
+            if not name.startswith(key + ".") or rel < BLOCK or rel + size > view.nbytes:
+                raise ValueError(f"member {name!r} of sample {key!r} does not lie inside its raw bytes")
+            records.append(MemberRecord(name=name, offset=start + rel, size=size))
+        self._write(view)
+        record = SampleRecord(key=key, offset=start, length=view.nbytes, members=tuple(records))
+        self._keys.add(key)
+        self._records.append(record)
+        return record
+
     def close(self) -> None:
         """Write the two zero blocks that end a tar. Idempotent; the stream stays open."""
         if self._closed:

@@ -1,0 +1,179 @@
+"""The validation phase: per-shard checks on Dask, dedup across the dataset, then the gate."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.futures import as_completed
+
+from flows.audit import check_gate, phase_record, run_gate
+from tasks.download import ShardResult
+from tasks.ledger import Counts, read_ledger, read_parquet
+from tasks.recipe import Recipe
+from tasks.storage import Storage
+from tasks.validate import CandidateResult, candidate_paths, final_paths, finalize_shard, find_duplicates, validate_shard
+
+REPORT_COLUMNS = ["key", "source", "status", "reason", "license", "width", "height", "caption_chars", "bytes"]
+
+
+@dataclass
+class ValidateSummary:
+    """What the validation phase did, and where its shards and ledgers are."""
+
+    dataset: str
+    run: str
+    counts: Counts
+    shards: int
+    shards_skipped: int
+    duplicates: int
+    seconds: float
+    samples_per_s: float
+    report: str = ""
+    ledgers: list[str] = field(default_factory=list)
+    tars: list[str] = field(default_factory=list)
+
+
+@task(name="validate-shard", task_run_name="validate-{source}-{index:06d}")
+def validate_shard_task(storage: Storage, source: str, index: int, download_tar: str, download_ledger: str, cfg, tar_rel: str, table_rel: str) -> CandidateResult:
+    return validate_shard(storage, source, index, download_tar, download_ledger, cfg, tar_rel, table_rel)
+
+
+@task(name="dedup")
+def dedup_task(storage: Storage, tables: list[str], cfg, source_order: dict[str, int]) -> dict[str, dict[str, str]]:
+    """Duplicates across the dataset, grouped by the candidate table each one is in."""
+    from tasks.validate import DEDUP_COLUMNS
+
+    loaded = [read_parquet(storage, t, DEDUP_COLUMNS) for t in tables]
+    dups = find_duplicates(loaded, cfg, source_order)
+    grouped: dict[str, dict[str, str]] = {}
+    for name, table in zip(tables, loaded):
+        mine = {k: dups[k] for k in table.column("key").to_pylist() if k in dups}
+        if mine:
+            grouped[name] = mine
+    return grouped
+
+
+@task(name="finalize-shard", task_run_name="finalize-{cand.source}-{cand.index:06d}")
+def finalize_shard_task(storage: Storage, cand: CandidateResult, dups: dict[str, str], tar_rel: str, ledger_rel: str) -> ShardResult:
+    return finalize_shard(storage, cand, dups, tar_rel, ledger_rel)
+
+
+def _gather(futures: dict, progress, offset: float, share: float, logger) -> list:
+    """Results in completion order; a shard that failed after its retries raises after all finish."""
+    out, failed = [], []
+    for done, fut in enumerate(as_completed(list(futures)), start=1):
+        try:
+            out.append(fut.result())
+        except Exception as err:
+            failed.append(f"{futures[fut]}: {type(err).__name__}: {err}")
+            logger.error("shard %s failed: %s", futures[fut], err)
+        update_progress_artifact(progress, offset + share * done / max(len(futures), 1))
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(futures)} validation shards failed:\n" + "\n".join(failed[:20]))
+    return out
+
+
+@flow(name="validate")
+def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSummary, dict]:
+    """Validate every downloaded shard, dedup across the dataset, gate, and report."""
+    from tasks.gates import validate_gate
+    from tasks.licenses import review_problem
+
+    logger = get_run_logger()
+    started = time.perf_counter()
+    storage = Storage(recipe.storage, recipe.storage_options)
+    cfg = recipe.validate_
+    retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
+    chash = recipe.config_hash(cfg.license, cfg.image, cfg.caption)
+    progress = create_progress_artifact(0.0, key=f"{recipe.dataset}-validate-progress", description=f"{recipe.dataset}: validation shards done")
+
+    futures = {}
+    for tar, ledger in zip(download.tars, download.ledgers):
+        source, index = _source_index(tar)
+        tar_rel, table_rel = candidate_paths(recipe.dataset, source, index, tar, chash)
+        fut = validate_shard_task.with_options(**retries).submit(storage, source, index, tar, ledger, cfg, tar_rel, table_rel)
+        futures[fut] = tar
+    cands: list[CandidateResult] = sorted(_gather(futures, progress, 0.0, 80.0, logger), key=lambda c: (c.source, c.index))
+
+    order = {s.name: i for i, s in enumerate(recipe.sources)}
+    by_table = dedup_task.submit(storage, [c.table for c in cands], cfg.dedup, order).result()
+    n_dups = sum(len(d) for d in by_table.values())
+
+    futures = {}
+    for c in cands:
+        mine = by_table.get(c.table, {})
+        tar_rel, ledger_rel = final_paths(recipe.dataset, c.source, c.index, c.table, mine)
+        futures[finalize_shard_task.with_options(**retries).submit(storage, c, mine, tar_rel, ledger_rel)] = c.tar
+    results: list[ShardResult] = sorted(_gather(futures, progress, 80.0, 20.0, logger), key=lambda r: (r.source, r.index))
+
+    ledger = pa.concat_tables([read_ledger(storage, r.ledger) for r in results]) if results else None
+    counts = Counts.of(ledger) if ledger is not None else Counts.zero()
+    seconds = time.perf_counter() - started
+    samples = _report_samples(storage, ledger, cands)
+    accepted = ledger.filter(pa.compute.equal(ledger.column("status"), "ok")) if ledger is not None else None
+    gate = validate_gate(
+        ledger if ledger is not None else pa.table({}),
+        _gate_samples(accepted),
+        recipe.gates.validate_,
+        list(cfg.license.allow),
+        cfg.image,
+        review_problem(cfg.license) is None,
+    )
+    links = run_gate(storage, recipe, run, gate)
+    fresh = sum(r.counts.ok for r in results if not r.skipped)
+    summary = ValidateSummary(
+        dataset=recipe.dataset,
+        run=run["run"],
+        counts=counts,
+        shards=len(results),
+        shards_skipped=sum(r.skipped for r in results),
+        duplicates=n_dups,
+        seconds=round(seconds, 3),
+        samples_per_s=round(fresh / seconds, 1) if seconds else 0.0,
+        ledgers=[r.ledger for r in results],
+        tars=[r.tar for r in results],
+    )
+    run["phases"].append(phase_record("validate", counts, ledger if ledger is not None else pa.table({"source": [], "status": []}), seconds, summary.samples_per_s, gate, links))
+    update_progress_artifact(progress, 100.0)
+    summary.report = check_gate(storage, recipe, run, gate, samples)
+    logger.info("validate: %d in, %d ok, %d rejected (%d duplicates); gate passed", counts.rows, counts.ok, counts.rejected, n_dups)
+    return summary, run
+
+
+def _source_index(tar: str) -> tuple[str, int]:
+    """Source and chunk index from a download shard path ``{dataset}/download/{source}/{index:06d}-{hash}.tar``."""
+    parts = tar.split("/")
+    return parts[-2], int(parts[-1].split("-", 1)[0])
+
+
+def _gate_samples(accepted: pa.Table | None) -> pa.Table:
+    if accepted is None or accepted.num_rows == 0:
+        return pa.table({"key": pa.array([], pa.string())})
+    w = accepted.column("width").to_pylist()
+    h = accepted.column("height").to_pylist()
+    aspect = [max(a, b) / min(a, b) if a and b else None for a, b in zip(w, h)]
+    return accepted.select(["key", "license", "width", "height", "caption_chars", "pixel_sha256", "phash", "bytes"]).append_column("aspect", pa.array(aspect, pa.float64()))
+
+
+def _report_samples(storage: Storage, ledger: pa.Table | None, cands: list[CandidateResult]) -> pa.Table | None:
+    """Per-sample rows for the report: final verdicts, plus the few thumbnails pass 1 kept."""
+    if ledger is None:
+        return None
+    thumbs: dict[str, bytes] = {}
+    for c in cands:
+        t = read_parquet(storage, c.table, ["key", "thumbnail"])
+        for k, th in zip(t.column("key").to_pylist(), t.column("thumbnail").to_pylist()):
+            if th is not None:
+                thumbs[k] = th
+    base = ledger.select(REPORT_COLUMNS)
+    w = base.column("width").to_pylist()
+    h = base.column("height").to_pylist()
+    aspect = [max(a, b) / min(a, b) if a and b else None for a, b in zip(w, h)]
+    return base.append_column("aspect", pa.array(aspect, pa.float64())).append_column(
+        "thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary())
+    )

@@ -1,0 +1,631 @@
+"""Great Expectations suites that gate each phase, as code in one module."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from tasks.reasons import OK, STATUSES, family
+from tasks.recipe import DownloadGate, ImageRules, ValidateGate
+from tasks.storage import Storage
+
+# Not a GE expectation type: the license review is a fact about the recipe, not about the data.
+LICENSE_REVIEW = "shardsmith_license_review_recorded"
+
+# GE 1.x keeps the current context in a process-wide singleton (ValidationDefinition.run reads
+# its stores from there), so two gates running at once in threads would cross their results.
+_GE_LOCK = threading.Lock()
+
+_EXAMPLES = 5  # unexpected values kept per outcome
+
+
+@dataclass
+class ExpectationOutcome:
+    """One checked expectation of a gate.
+
+    Args:
+        name: readable name, e.g. ``success rate >= 0.5``; unique within a gate.
+        expectation: GE expectation type (``expect_column_values_to_be_in_set``), or
+            ``shardsmith_license_review_recorded`` for the one check that is not on data.
+        column: the column checked; ``None`` for table-level checks.
+        threshold: the bound, for people (``>= 0.5``, ``== 100 rows``).
+        observed: what was seen, JSON-able: a rate, a row count, or for per-row checks
+            ``{"unexpected_count", "element_count", "examples"}``; ``None`` when there are no
+            rows to measure.
+        success: whether the expectation held.
+    """
+
+    name: str
+    expectation: str
+    column: str | None
+    threshold: str
+    observed: Any
+    success: bool
+
+    def describe(self) -> str:
+        """``name (observed X)``, with the threshold added when the name does not carry it."""
+        head = self.name if self.threshold in self.name else f"{self.name}, expected {self.threshold}"
+        return f"{head} (observed {observed_text(self.observed)})"
+
+
+@dataclass
+class GateResult:
+    """The verdict of one phase's gate.
+
+    Args:
+        phase: ``download``, ``validate``, ...
+        success: every outcome succeeded.
+        outcomes: one per check, in the gate's fixed order.
+        statistics: ledger counts (rows, ok, rejected, error, by_reason, ...) and the number
+            of expectations evaluated / successful / unsuccessful.
+        ge_result: ``{"validations": [...]}``, the GE ``ExpectationSuiteValidationResult`` JSON
+            of every table the gate validated (one suite per table).
+    """
+
+    phase: str
+    success: bool
+    outcomes: list[ExpectationOutcome]
+    statistics: dict[str, Any]
+    ge_result: dict[str, Any] = field(repr=False)
+
+    @property
+    def failed(self) -> list[ExpectationOutcome]:
+        return [o for o in self.outcomes if not o.success]
+
+    def failure_message(self) -> str:
+        """Every failed check with its threshold and observed value; empty when the gate passed."""
+        if self.success:
+            return ""
+        return f"{self.phase} gate failed: " + "; ".join(o.describe() for o in self.failed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "success": self.success,
+            "message": self.failure_message(),
+            "outcomes": [asdict(o) for o in self.outcomes],
+            "statistics": self.statistics,
+            "ge_result": self.ge_result,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GateResult":
+        return cls(
+            phase=data["phase"],
+            success=bool(data["success"]),
+            outcomes=[ExpectationOutcome(**o) for o in data["outcomes"]],
+            statistics=dict(data["statistics"]),
+            ge_result=dict(data["ge_result"]),
+        )
+
+
+# --- checks -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Check:
+    """A GE expectation with our readable name, threshold text and how to read its result."""
+
+    name: str
+    threshold: str
+    expectation: str  # class name in gx.expectations
+    kwargs: dict[str, Any]
+    observe: Callable[[dict[str, Any]], Any]
+
+    def build(self, gx: Any) -> Any:
+        meta = {"gate_check": self.name, "threshold": self.threshold}
+        # GE renders the description in Data Docs in place of its own sentence.
+        return getattr(gx.expectations, self.expectation)(**self.kwargs, description=self.name, meta=meta)
+
+
+def _count(result: dict[str, Any]) -> Any:
+    return result.get("observed_value")
+
+
+def _rows(result: dict[str, Any]) -> Any:
+    if not result.get("element_count"):
+        return None
+    examples: list[Any] = []
+    for value in result.get("partial_unexpected_list") or []:
+        if value is not None and value not in examples and len(examples) < _EXAMPLES:
+            examples.append(value)
+    return {
+        "unexpected_count": result.get("unexpected_count", 0),
+        "element_count": result["element_count"],
+        "examples": examples,
+    }
+
+
+def _share_unexpected(result: dict[str, Any]) -> Any:
+    # unexpected_percent is over non-null values (GE skips nulls in map expectations).
+    pct = result.get("unexpected_percent")
+    return None if pct is None else round(pct / 100.0, 6)
+
+
+def _share_expected(result: dict[str, Any]) -> Any:
+    pct = result.get("unexpected_percent")
+    return None if pct is None else round(1.0 - pct / 100.0, 6)
+
+
+def _mostly(share: float) -> float:
+    # 1 - 0.7 is 0.30000000000000004, which a rate of exactly 0.3 would miss.
+    return min(1.0, max(0.0, round(share, 9)))
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def observed_text(observed: Any) -> str:
+    """An outcome's observed value for people: ``0.31``, ``2 of 10 rows, e.g. web-000000002``."""
+    if observed is None:
+        return "n/a, no rows"
+    if isinstance(observed, dict) and "unexpected_count" in observed:
+        text = f"{observed['unexpected_count']} of {observed['element_count']} rows"
+        if observed.get("examples"):
+            text += ", e.g. " + ", ".join(str(v) for v in observed["examples"])
+        return text
+    if isinstance(observed, dict) and "error" in observed:
+        return f"error: {observed['error']}"
+    if isinstance(observed, float):
+        return _fmt(observed)
+    return str(observed)
+
+
+def _key_checks(prefix: str = "") -> list[_Check]:
+    """The core ledger columns: at least one row, keys present and unique, statuses known."""
+    statuses = ", ".join(STATUSES)
+    return [
+        _Check(f"{prefix}row count >= 1", ">= 1", "ExpectTableRowCountToBeBetween", {"min_value": 1}, _count),
+        _Check(f"{prefix}key not null", "no nulls", "ExpectColumnValuesToNotBeNull", {"column": "key"}, _rows),
+        _Check(f"{prefix}key unique", "no duplicates", "ExpectColumnValuesToBeUnique", {"column": "key"}, _rows),
+        _Check(f"{prefix}status not null", "no nulls", "ExpectColumnValuesToNotBeNull", {"column": "status"}, _rows),
+        _Check(
+            f"{prefix}status in {statuses}",
+            f"in {statuses}",
+            "ExpectColumnValuesToBeInSet",
+            {"column": "status", "value_set": list(STATUSES)},
+            _rows,
+        ),
+    ]
+
+
+def _download_checks(manifest_rows: int, cfg: DownloadGate) -> list[_Check]:
+    rate = _fmt(cfg.min_success_rate)
+    checks = _key_checks()
+    checks.insert(
+        1,
+        _Check(
+            "every manifest row accounted for",
+            f"== {manifest_rows} rows",
+            "ExpectTableRowCountToEqual",
+            {"value": manifest_rows},
+            _count,
+        ),
+    )
+    checks.append(
+        _Check(
+            f"success rate >= {rate}",
+            f">= {rate}",
+            "ExpectColumnValuesToBeInSet",
+            {"column": "status", "value_set": [OK], "mostly": _mostly(cfg.min_success_rate)},
+            _share_expected,
+        )
+    )
+    for reason, limit in sorted(cfg.max_reason_rate.items()):
+        checks.append(
+            _Check(
+                f"{reason} rate <= {_fmt(limit)}",
+                f"<= {_fmt(limit)}",
+                "ExpectColumnValuesToNotBeInSet",
+                {"column": "reason", "value_set": [reason], "mostly": _mostly(1.0 - limit)},
+                _share_unexpected,
+            )
+        )
+    return checks
+
+
+def _validate_ledger_checks(cfg: ValidateGate) -> list[_Check]:
+    rate = _fmt(cfg.max_reject_rate)
+    # Named "ledger ..." beside the samples' own key checks: outcome names are unique per gate.
+    return _key_checks("ledger ") + [
+        _Check(
+            f"reject rate <= {rate}",
+            f"<= {rate}",
+            "ExpectColumnValuesToBeInSet",
+            {"column": "status", "value_set": [OK], "mostly": _mostly(1.0 - cfg.max_reject_rate)},
+            _share_unexpected,
+        )
+    ]
+
+
+def _min_side(image: ImageRules) -> int:
+    if image.resize_mode == "no":
+        return image.min_side
+    # Resized outputs: the short side is at most image_size, and inputs below min_side
+    # were rejected before resizing, so the output bound is the smaller of the two.
+    return min(image.min_side, image.image_size)
+
+
+def _samples_checks(cfg: ValidateGate, license_allow: list[str], image: ImageRules, accepted: int) -> list[_Check]:
+    min_samples = max(cfg.min_samples, 1)
+    side = _min_side(image)
+    aspect = _fmt(image.max_aspect_ratio)
+    allow = sorted(set(license_allow))
+    between = "ExpectColumnValuesToBeBetween"
+    checks = [
+        _Check(
+            f"accepted samples >= {min_samples}",
+            f">= {min_samples}",
+            "ExpectTableRowCountToBeBetween",
+            {"min_value": min_samples},
+            _count,
+        ),
+        _Check(
+            "every accepted ledger row has a sample",
+            f"== {accepted} rows",
+            "ExpectTableRowCountToEqual",
+            {"value": accepted},
+            _count,
+        ),
+    ]
+    for col in ("key", "license", "width", "height", "pixel_sha256"):
+        checks.append(_Check(f"{col} not null", "no nulls", "ExpectColumnValuesToNotBeNull", {"column": col}, _rows))
+    checks += [
+        _Check(
+            "license in allowlist",
+            "in " + (", ".join(allow) or "(empty allowlist)"),
+            "ExpectColumnValuesToBeInSet",
+            {"column": "license", "value_set": allow},
+            _rows,
+        ),
+        _Check(f"width >= {side}", f">= {side}", between, {"column": "width", "min_value": side}, _rows),
+        _Check(f"height >= {side}", f">= {side}", between, {"column": "height", "min_value": side}, _rows),
+        _Check(
+            f"aspect <= {aspect}",
+            f"<= {aspect}",
+            between,
+            {"column": "aspect", "max_value": image.max_aspect_ratio},
+            _rows,
+        ),
+        _Check("key unique", "no duplicates", "ExpectColumnValuesToBeUnique", {"column": "key"}, _rows),
+        _Check(
+            "pixel_sha256 unique",
+            "no duplicate pixel hashes",
+            "ExpectColumnValuesToBeUnique",
+            {"column": "pixel_sha256"},
+            _rows,
+        ),
+    ]
+    return checks
+
+
+# --- running GE -------------------------------------------------------------------------------
+
+
+def _import_gx() -> Any:
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    import great_expectations as gx
+
+    return gx
+
+
+def _context(gx: Any, docs_dir: str | None = None) -> Any:
+    """An in-memory context: no analytics, no progress bars, no docs site unless asked for.
+
+    ``get_context(mode="ephemeral")`` alone adds a default docs site in a fresh temp dir;
+    an explicit config avoids that.
+    """
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    sites = {}
+    if docs_dir is not None:
+        sites["gate"] = {
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": docs_dir},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        }
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        data_docs_sites=sites,
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
+    )
+    return gx.get_context(project_config=config, mode="ephemeral")
+
+
+def _outcome_of(check: _Check, expectation_type: str, column: str | None, result: dict) -> ExpectationOutcome:
+    exc = result.get("exception_info") or {}
+    errors = [
+        e.get("exception_message")
+        for e in (exc.values() if "raised_exception" not in exc else [exc])
+        if isinstance(e, dict) and e.get("raised_exception")
+    ]
+    observed = {"error": errors[0]} if errors else check.observe(result.get("result") or {})
+    return ExpectationOutcome(
+        name=check.name,
+        expectation=expectation_type,
+        column=column,
+        threshold=check.threshold,
+        observed=observed,
+        success=bool(result["success"]) and not errors,
+    )
+
+
+def _run_suites(
+    gx: Any, phase: str, tables: list[tuple[str, Any, list[_Check]]]
+) -> tuple[list[ExpectationOutcome], list[dict[str, Any]]]:
+    """Validate each (table name, pandas frame, checks) with its own suite, in one context."""
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    run_id = RunIdentifier(run_name=phase, run_time=dt.datetime.now(dt.timezone.utc))
+    outcomes: list[ExpectationOutcome] = []
+    validations: list[dict[str, Any]] = []
+    names = [c.name for _, _, checks in tables for c in checks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{phase} gate: check names repeat: {names}")
+    with _GE_LOCK:
+        context = _context(gx)
+        source = context.data_sources.add_pandas(f"{phase}_gate")
+        for table, frame, checks in tables:
+            suite = gx.ExpectationSuite(name=f"{phase}_{table}")
+            for check in checks:
+                suite.add_expectation(check.build(gx))
+            suite = context.suites.add(suite)
+            batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe("all")
+            definition = context.validation_definitions.add(
+                gx.ValidationDefinition(name=f"{phase}_{table}", data=batch, suite=suite)
+            )
+            result = definition.run(
+                batch_parameters={"dataframe": frame}, result_format="SUMMARY", run_id=run_id
+            ).to_json_dict()
+            validations.append(result)
+            # GE returns results in its own order; match them to the checks by their meta.
+            by_name = {r["expectation_config"]["meta"]["gate_check"]: r for r in result["results"]}
+            for check in checks:
+                r = by_name[check.name]
+                cfg = r["expectation_config"]
+                outcomes.append(_outcome_of(check, cfg["type"], cfg["kwargs"].get("column"), r))
+    return outcomes, validations
+
+
+_NUMERIC = {"width": pa.int64(), "height": pa.int64(), "aspect": pa.float64(), "row": pa.int64()}
+
+
+def _frame(table: pa.Table, columns: list[str], what: str) -> Any:
+    missing = [c for c in columns if c not in table.column_names]
+    if missing and table.num_rows:
+        raise ValueError(f"{what} lacks column(s) {', '.join(missing)}; has {', '.join(table.column_names)}")
+    for col in missing:
+        # Nothing came out of the phase (a table without a schema): the gate must fail on
+        # its row count, not raise.
+        table = table.append_column(col, pa.array([], _NUMERIC.get(col, pa.string())))
+    # Only the checked columns: nested columns (members) convert slowly and are not gated here.
+    return table.select(columns).to_pandas()
+
+
+def _reason_families(reasons: Any) -> Any:
+    """Reasons grouped by family (``duplicate_of:<key>`` -> ``duplicate_of``), nulls as "".
+
+    GE map expectations skip nulls, and ok rows have no reason: "no reason" must be a value
+    so that a reason's share is over all rows, not over the failed ones.
+    """
+    values = reasons.astype(object).where(reasons.notna(), None)
+    return values.map(lambda r: "" if r is None else family(str(r)))
+
+
+def _ledger_stats(frame: Any) -> dict[str, Any]:
+    status = frame["status"]
+    stats: dict[str, Any] = {"rows": int(len(frame))}
+    for s in STATUSES:
+        stats[s] = int((status == s).sum())
+    if "reason" in frame:
+        counts = frame["reason"][frame["reason"].notna() & (frame["reason"] != "")].value_counts()
+        stats["by_reason"] = dict(sorted(((str(k), int(v)) for k, v in counts.items()), key=lambda kv: (-kv[1], kv[0])))
+    return stats
+
+
+def _expectation_stats(outcomes: list[ExpectationOutcome]) -> dict[str, int]:
+    ok = sum(o.success for o in outcomes)
+    return {"evaluated": len(outcomes), "successful": ok, "unsuccessful": len(outcomes) - ok}
+
+
+# --- gates ------------------------------------------------------------------------------------
+
+
+def download_gate(ledger: pa.Table, manifest_rows: int, cfg: DownloadGate) -> GateResult:
+    """Gate the download phase on its concatenated ledgers.
+
+    Checks: at least one row; one row per manifest row; keys present and unique; statuses
+    known; ok share >= ``cfg.min_success_rate`` (over rows with a status: a null status
+    fails its own check); each reason family's share of all rows <= its limit in
+    ``cfg.max_reason_rate``.
+    """
+    gx = _import_gx()
+    frame = _frame(ledger, ["key", "status", "reason"], "download ledger")
+    frame["reason"] = _reason_families(frame["reason"])
+    checks = _download_checks(manifest_rows, cfg)
+    outcomes, validations = _run_suites(gx, "download", [("ledger", frame, checks)])
+    stats = {"manifest_rows": int(manifest_rows), **_ledger_stats(frame), "expectations": _expectation_stats(outcomes)}
+    return GateResult(
+        phase="download",
+        success=all(o.success for o in outcomes),
+        outcomes=outcomes,
+        statistics=stats,
+        ge_result={"validations": validations},
+    )
+
+
+SAMPLE_COLUMNS = ["key", "license", "width", "height", "aspect", "pixel_sha256"]
+
+
+def validate_gate(
+    ledger: pa.Table,
+    samples: pa.Table,
+    cfg: ValidateGate,
+    license_allow: list[str] | tuple[str, ...],
+    image: ImageRules,
+    review_present: bool,
+) -> GateResult:
+    """Gate the validation phase on its ledger and on one row per accepted sample.
+
+    Ledger: at least one row; keys present and unique; statuses known; share of rows not ok
+    <= ``cfg.max_reject_rate``. Samples: at least ``max(cfg.min_samples, 1)``; one per ok
+    ledger row; no nulls in key, license, width, height, pixel_sha256; every license in
+    ``license_allow``; width and height >= the minimum side; aspect <= the maximum; keys and
+    pixel hashes unique. Beside the GE suites: the recipe's license review, when
+    ``cfg.require_license_review``.
+    """
+    gx = _import_gx()
+    ledger_frame = _frame(ledger, ["key", "status"], "validate ledger")
+    if "reason" in ledger.column_names:  # for the statistics only
+        ledger_frame["reason"] = _reason_families(ledger.column("reason").to_pandas())
+    samples_frame = _frame(samples, SAMPLE_COLUMNS, "validate samples")
+    accepted = int((ledger_frame["status"] == OK).sum())
+    outcomes, validations = _run_suites(
+        gx,
+        "validate",
+        [
+            ("ledger", ledger_frame, _validate_ledger_checks(cfg)),
+            ("samples", samples_frame, _samples_checks(cfg, list(license_allow), image, accepted)),
+        ],
+    )
+    outcomes.append(
+        ExpectationOutcome(
+            name="license review recorded",
+            expectation=LICENSE_REVIEW,
+            column=None,
+            threshold="validate.license.review set" if cfg.require_license_review else "not required",
+            observed="present" if review_present else "missing",
+            success=review_present or not cfg.require_license_review,
+        )
+    )
+    stats = {
+        **_ledger_stats(ledger_frame),
+        "samples": int(len(samples_frame)),
+        "expectations": _expectation_stats(outcomes),
+    }
+    return GateResult(
+        phase="validate",
+        success=all(o.success for o in outcomes),
+        outcomes=outcomes,
+        statistics=stats,
+        ge_result={"validations": validations},
+    )
+
+
+# --- reports ----------------------------------------------------------------------------------
+
+
+def _build_data_docs(gx: Any, ge_results: list[dict[str, Any]], docs_dir: str) -> None:
+    """Render one GE Data Docs site for stored validation results (JSON) into ``docs_dir``.
+
+    The results are loaded back into an in-memory context's validation results store, with
+    their suites rebuilt from the configurations the results carry, so a report can be
+    rendered from the JSON alone (in another process, or after the run).
+    """
+    from great_expectations.core.expectation_validation_result import (
+        ExpectationSuiteValidationResultSchema,
+    )
+    from great_expectations.core.run_identifier import RunIdentifierSchema
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    with _GE_LOCK:
+        context = _context(gx, docs_dir)
+        for ge_result in ge_results:
+            for data in ge_result.get("validations", []):
+                result = ExpectationSuiteValidationResultSchema().load(data)
+                run_id = result.meta["run_id"]
+                if isinstance(run_id, dict):
+                    run_id = RunIdentifierSchema().load(run_id)
+                batch = result.meta.get("active_batch_definition") or {}
+                identifier = ValidationResultIdentifier(
+                    expectation_suite_identifier=ExpectationSuiteIdentifier(name=result.suite_name),
+                    run_id=run_id,
+                    batch_identifier=batch.get("data_asset_name") or result.suite_name,
+                )
+                context.validation_results_store.set(identifier, result)
+                suite = gx.ExpectationSuite(name=result.suite_name)
+                for r in data["results"]:
+                    cfg = r["expectation_config"]
+                    kwargs = {k: v for k, v in cfg.get("kwargs", {}).items() if k != "batch_id"}
+                    config = ExpectationConfiguration(
+                        type=cfg["type"], kwargs=kwargs, meta=cfg.get("meta"), description=cfg.get("description")
+                    )
+                    suite.add_expectation(config.to_domain_obj())
+                context.suites.add(suite)
+        context.build_data_docs()
+
+
+def _saved_reports(storage: Storage, rel_dir: str) -> list[dict[str, Any]]:
+    """The gate reports already in ``rel_dir`` (other files there are skipped)."""
+    reports = []
+    for name in storage.listdir(rel_dir):
+        if not name.endswith(".json"):
+            continue
+        try:
+            data = json.loads(storage.read_bytes(f"{rel_dir}/{name}"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and {"phase", "ge_result", "outcomes"} <= data.keys():
+            reports.append(data)
+    return reports
+
+
+def save_gate_report(result: GateResult, storage: Storage, rel_dir: str) -> dict[str, str]:
+    """Write ``{rel_dir}/{phase}.json`` and the run's GE Data Docs under ``{rel_dir}/data_docs/``.
+
+    The JSON goes first, so a failure while rendering still leaves the verdict behind. The
+    Data Docs site covers every gate report in ``rel_dir`` (so one index lists all phases of
+    the run); it is built in a local temp dir and copied file by file through ``storage``, which
+    works on S3 too. Static assets (fonts, images: most of the site's 4 MB) already there are
+    not copied again. Returns the relative paths: ``json`` and ``data_docs`` (index.html).
+    """
+    rel_dir = rel_dir.strip("/")
+    json_rel = f"{rel_dir}/{result.phase}.json"
+    payload = json.dumps(result.to_json(), indent=2, sort_keys=True, default=_json_default)
+    storage.write_bytes(json_rel, payload.encode())
+    docs_rel = f"{rel_dir}/data_docs"
+    reports = {r["phase"]: r["ge_result"] for r in _saved_reports(storage, rel_dir)}
+    reports[result.phase] = result.ge_result
+    gx = _import_gx()
+    with tempfile.TemporaryDirectory(prefix="shardsmith-docs-") as tmp:
+        _build_data_docs(gx, [reports[p] for p in sorted(reports)], tmp)
+        for folder, _dirs, files in sorted(os.walk(tmp)):
+            for name in sorted(files):
+                path = os.path.join(folder, name)
+                rel = os.path.relpath(path, tmp).replace(os.sep, "/")
+                target = f"{docs_rel}/{rel}"
+                if rel.startswith("static/") and _same_size(storage, target, os.path.getsize(path)):
+                    continue
+                with open(path, "rb") as fh:
+                    storage.write_bytes(target, fh.read())
+    return {"json": json_rel, "data_docs": f"{docs_rel}/index.html"}
+
+
+def _same_size(storage: Storage, rel: str, size: int) -> bool:
+    try:
+        return storage.size(rel) == size
+    except FileNotFoundError:
+        return False
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return str(value)

@@ -1,0 +1,426 @@
+"""Untrusted image bytes decoded under limits, normalised to RGB, re-encoded from pixels, and hashed for dedup.
+
+Decisions (the tests in tests/test_images.py pin each one):
+
+- Order: file size bounds, format sniffed from the bytes, end-marker truncation check, header
+  (Pillow's ``Image.open`` is lazy, restricted to the sniffed format's plugin), pixel cap,
+  then the header-level rules (animated, ``min_side``, ``max_aspect_ratio``), and only then the
+  decode. Short side and aspect ratio do not change under EXIF rotation, so checking them on
+  the header gives the same verdict as checking the decoded image, without paying for a
+  decode; a broken file that is also too small is reported as ``image_too_small``.
+- Pixel cap: ``width * height > rules.max_pixels`` from the header is ``decompression_bomb``,
+  never decoded. Pillow's own guard (``Image.MAX_IMAGE_PIXELS``, a process-wide setting that
+  this module leaves alone) also raises ``DecompressionBombError`` at twice its value (about
+  179 Mpx by default); that is reported as ``decompression_bomb`` too, so the effective cap is
+  the smaller of the two. ``ImageFile.LOAD_TRUNCATED_IMAGES`` is never changed either.
+- Animated: GIF / APNG / WebP with more than one frame, and multi-page TIFF. MPO (the JPEG
+  extension phones use for depth maps and previews) is not animation: its first image is used.
+- Normalisation to 8-bit RGB: EXIF orientation applied; alpha (RGBA, LA, PA, premultiplied,
+  palette or grey/RGB with a ``tRNS`` colour) composited on white, as img2dataset does;
+  CMYK (including Adobe's inverted CMYK JPEGs), YCbCr, LAB, HSV and 1-bit through Pillow's
+  converters; 16-bit grey (``I;16*``, and ``I`` holding 0..65535) scaled by 1/257 and rounded,
+  never clipped. Float, signed and wider integer samples are ``unsupported_image_mode``.
+  ICC profiles are not applied: samples are taken as sRGB, as img2dataset does.
+- Resize, with img2dataset's semantics (``resize_only_if_bigger=False``, which it defaults to:
+  small images are scaled up too): ``keep_ratio`` scales the SHORT side to ``image_size``;
+  ``center_crop`` does the same then crops the centre square; ``border`` scales the LONG side
+  to ``image_size`` and pads to a square with white; ``no`` keeps the size. New sizes are
+  ``round(side * scale)``; downscaling averages areas (Pillow BOX, img2dataset's ``area``),
+  upscaling uses Lanczos (img2dataset's ``lanczos``).
+- JPEG draft: when a JPEG is to be scaled down by at least 2x, libjpeg decodes it at 1/2, 1/4
+  or 1/8 scale (Pillow's ``draft``), never below the resize target, so the full-resolution
+  pixels are never produced (benchmarked in bench/bench_decode.py). The limits still hold:
+  the pixel cap is checked on the header first, truncation still fails the decode, and the
+  orientation is applied after it.
+- ``pixel_sha256`` is the exact-duplicate key: sha256 over a small header (original width and
+  height after orientation, decoded width and height) and the normalised RGB pixels as
+  decoded. For everything but drafted JPEGs the decoded pixels are the original resolution,
+  so the same picture stored as PNG, BMP or lossless WebP has one key. A drafted JPEG is
+  hashed at its DCT-scaled resolution: the scale depends only on the header and the recipe's
+  resize settings, and the DCT-scaled pixels are a function of the JPEG's coefficients, so
+  byte-different copies of one JPEG (metadata stripped or changed, payload appended,
+  lossless ``jpegtran`` re-packing) still share a key within one recipe; keys from recipes
+  with different resize settings are not comparable (configs are hashed into output names
+  anyway). A JPEG and a PNG of the same decoded pixels then differ; the perceptual hash
+  catches those.
+- ``phash``: DCT pHash. The normalised picture is area-averaged to 32x32, converted to grey
+  (ITU-R 601 luma) and transformed with an orthonormal 2-D DCT-II; bit i (row-major over the
+  top-left 8x8 block, coefficient (0, 0) in the most significant bit of the 64) is set when
+  the coefficient is above the median of the 63 AC coefficients (the DC term is left out of
+  the median). When the image is resized, the scaled picture (before crop or pad, still the
+  whole picture) stands in for the decoded one as long as its short side is 64 px or more:
+  the same bits within a few, for a fraction of the work. It is unsigned: store it as uint64
+  or reinterpret it as int64.
+- Output: re-encoded from pixels in ``rules.output_format``, with no EXIF, ICC, text chunks
+  or anything after the image, so appended payloads (polyglots) are gone. JPEG and WebP use
+  ``rules.quality``; PNG ignores it (zlib level 6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from tasks.recipe import ImageRules
+from tasks.sniff import is_truncated, sniff_format
+
+__all__ = ["ImageOutcome", "hamming", "phash", "process_image"]
+
+# Sniffed format -> the one Pillow plugin allowed to parse it. Hostile bytes never reach the
+# other plugins' parsers; a format without a plugin here (heif) is ``undecodable_image``.
+PIL_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF", "avif": "AVIF"}
+OUTPUT_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp"}
+THUMBNAIL_SIDE = 96
+PHASH_MIN_SIDE = 64  # the scaled image stands in for the decoded one in the pHash from this size
+THUMBNAIL_QUALITY = 80
+WHITE = (255, 255, 255)
+DETAIL_CHARS = 160  # decoder messages are cut so details stay short
+
+# What a decoder raises on hostile or broken bytes (Pillow's fuzzers see these). MemoryError is
+# not among them: the pixel cap makes it a worker problem, not a property of the sample.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, KeyError)
+
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+_GREY16 = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_ALPHA = ("RGBA", "RGBa", "LA", "La", "PA")
+_JPEG_DRAFT = True  # bench/bench_decode.py turns it off to measure the difference
+
+
+def _dct_rows(n: int = 32, keep: int = 8) -> np.ndarray:
+    k = np.arange(keep)[:, None]
+    x = np.arange(n)[None, :]
+    rows = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * x + 1) * k / (2 * n))
+    rows[0] /= np.sqrt(2.0)
+    return rows
+
+
+_DCT8 = _dct_rows()
+
+
+@dataclass(frozen=True)
+class ImageOutcome:
+    """The verdict on one image, and what it became when accepted.
+
+    Args:
+        reason: ``None`` when accepted, else a stable reason from tasks/reasons.py.
+        detail: a short human-readable explanation of a rejection.
+        data: the re-encoded image (accepted only).
+        ext: its extension: ``jpg``, ``png`` or ``webp``.
+        width, height: size of ``data``.
+        orig_width, orig_height: size after EXIF orientation, before resizing (set once the
+            header was read).
+        src_format: the sniffed input format (``jpeg``, ``png``, ...).
+        pixel_sha256: exact-duplicate key (see the module docstring).
+        phash: 64-bit DCT perceptual hash, compared with ``hamming``.
+        thumbnail: a JPEG with a long side of at most 96 px, only when asked for; also made for
+            decodable images rejected by a header rule, for the audit report.
+    """
+
+    reason: str | None
+    detail: str | None = None
+    data: bytes | None = None
+    ext: str | None = None
+    width: int | None = None
+    height: int | None = None
+    orig_width: int | None = None
+    orig_height: int | None = None
+    src_format: str | None = None
+    pixel_sha256: str | None = None
+    phash: int | None = None
+    thumbnail: bytes | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def hamming(a: int, b: int) -> int:
+    """Number of differing bits between two perceptual hashes."""
+    return (a ^ b).bit_count()
+
+
+class _Unsupported(Exception):
+    """A decoded pixel mode without a defined conversion to 8-bit RGB."""
+
+
+def _short(err: BaseException) -> str:
+    if isinstance(err, Image.UnidentifiedImageError):
+        return "UnidentifiedImageError: the decoder does not recognise the data"  # its text holds an address
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 3] + "..."
+
+
+def _decode_failure(err: BaseException) -> tuple[str, str]:
+    # Pillow says "image file is truncated" / "Truncated File Read" when the data ends early.
+    reason = "truncated_image" if "truncated" in str(err).lower() else "undecodable_image"
+    return reason, _short(err)
+
+
+def _orientation(img: Image.Image) -> int:
+    """EXIF orientation 1..8; broken or odd EXIF counts as 1 (the metadata is dropped anyway)."""
+    try:
+        value = img.getexif().get(0x0112, 1)
+    except DECODE_ERRORS:
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _resize_dims(width: int, height: int, rules: ImageRules) -> tuple[int, int] | None:
+    """(w, h) the oriented image is scaled to before any crop or pad; None when no resize."""
+    if rules.resize_mode == "no":
+        return None
+    side = max(width, height) if rules.resize_mode == "border" else min(width, height)
+    scale = rules.image_size / side
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _thumb_dims(width: int, height: int) -> tuple[int, int]:
+    scale = min(1.0, THUMBNAIL_SIDE / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _draft(img: Image.Image, need: tuple[int, int]) -> tuple[float, float, float, float] | None:
+    """Ask libjpeg for a 1/2, 1/4 or 1/8 decode that is still at least ``need`` (stored orientation).
+
+    Returns the box of the whole picture in drafted pixels (the last row and column may be
+    partial), or None when the image is decoded at full size.
+    """
+    if not _JPEG_DRAFT or img.format not in ("JPEG", "MPO"):
+        return None
+    w, h = img.size
+    for k in (8, 4, 2):
+        if w // k >= need[0] and h // k >= need[1]:
+            break
+    else:
+        return None
+    # Pillow picks the largest of 8/4/2/1 not above min(w // rw, h // rh); asking for
+    # (w // k, h // k) makes that exactly k.
+    result = img.draft(None, (max(1, w // k), max(1, h // k)))
+    if result is None:  # progressive or multi-tile files: full decode
+        return None
+    return result[1]
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB, alpha composited on white; raises _Unsupported for modes without a meaning."""
+    mode = img.mode
+    if mode == "RGB" and "transparency" not in img.info:
+        return img
+    if mode in _GREY16:
+        arr = np.asarray(img)
+        if mode == "I" and arr.size and (int(arr.min()) < 0 or int(arr.max()) > 65535):
+            raise _Unsupported("32-bit integer samples outside 0..65535")
+        wide = arr.astype(np.uint32)
+        grey = ((wide + 128) // 257).astype(np.uint8)
+        trns = img.info.get("transparency")
+        if isinstance(trns, int):
+            grey[wide == trns] = 255
+        return Image.fromarray(grey).convert("RGB")
+    if mode in ("F",) or mode.startswith(("I;", "F;")):
+        raise _Unsupported(f"pixel mode {mode}")
+    if mode in _ALPHA or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        out = Image.new("RGB", img.size, WHITE)
+        out.paste(rgba, (0, 0), rgba)
+        return out
+    try:
+        return img.convert("RGB")
+    except ValueError as err:
+        raise _Unsupported(f"pixel mode {mode}") from err
+
+
+def _pixel_sha256(rgb: Image.Image, orig: tuple[int, int]) -> str:
+    digest = hashlib.sha256(b"rgb8 %dx%d %dx%d\n" % (orig[0], orig[1], rgb.width, rgb.height))
+    digest.update(rgb.tobytes())
+    return digest.hexdigest()
+
+
+def phash(rgb: Image.Image) -> int:
+    """64-bit DCT perceptual hash of an RGB image (see the module docstring)."""
+    small = rgb.resize((32, 32), Image.Resampling.BOX).convert("L")
+    pixels = np.asarray(small, dtype=np.float64)
+    low = (_DCT8 @ pixels @ _DCT8.T).ravel()
+    bits = low > np.median(low[1:])
+    return int.from_bytes(np.packbits(bits).tobytes(), "big")  # bits[0] is the top bit
+
+
+def _encode(img: Image.Image, fmt: str, quality: int) -> bytes:
+    img.info = {}  # no ICC, EXIF, text or dpi carried over from the source
+    out = io.BytesIO()
+    if fmt == "jpeg":
+        img.save(out, "JPEG", quality=quality)
+    elif fmt == "webp":
+        img.save(out, "WEBP", quality=quality)
+    else:
+        img.save(out, "PNG", compress_level=6)
+    return out.getvalue()
+
+
+def _thumbnail(rgb: Image.Image) -> bytes:
+    small = rgb.resize(_thumb_dims(rgb.width, rgb.height), Image.Resampling.BICUBIC, reducing_gap=2.0)
+    return _encode(small, "jpeg", THUMBNAIL_QUALITY)
+
+
+def _scale(rgb: Image.Image, dims: tuple[int, int], box: tuple[float, float, float, float] | None) -> Image.Image:
+    """Scale to ``dims``, from ``box`` when the image was drafted: area average down, Lanczos up."""
+    if dims == rgb.size and box is None:
+        return rgb
+    src_w = box[2] - box[0] if box else rgb.width
+    resample = Image.Resampling.BOX if dims[0] <= src_w else Image.Resampling.LANCZOS
+    return rgb.resize(dims, resample, box=box)
+
+
+def _crop_or_pad(scaled: Image.Image, rules: ImageRules) -> Image.Image:
+    """The centre square (``center_crop``) or the picture on a white square (``border``)."""
+    size = rules.image_size
+    w, h = scaled.size
+    if (w, h) == (size, size) or rules.resize_mode not in ("center_crop", "border"):
+        return scaled
+    if rules.resize_mode == "center_crop":
+        left, top = (w - size) // 2, (h - size) // 2
+        return scaled.crop((left, top, left + size, top + size))
+    canvas = Image.new("RGB", (size, size), WHITE)
+    canvas.paste(scaled, ((size - w) // 2, (size - h) // 2))
+    return canvas
+
+
+def _box_after(box: tuple[float, float, float, float], size: tuple[int, int], orientation: int) -> tuple[float, float, float, float]:
+    """Where a stored-orientation box of an image of ``size`` lies after the EXIF transpose."""
+    x0, y0, x1, y1 = box
+    w, h = size
+    return {
+        1: (x0, y0, x1, y1),
+        2: (w - x1, y0, w - x0, y1),
+        3: (w - x1, h - y1, w - x0, h - y0),
+        4: (x0, h - y1, x1, h - y0),
+        5: (y0, x0, y1, x1),
+        6: (h - y1, x0, h - y0, x1),
+        7: (h - y1, w - x1, h - y0, w - x0),
+        8: (y0, w - x1, y1, w - x0),
+    }[orientation]
+
+
+def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) -> ImageOutcome:
+    """Decide on one image's bytes and, when accepted, re-encode and hash it (see the module docstring)."""
+    size = len(data)
+    if size < rules.min_bytes:
+        return ImageOutcome("file_too_small", f"{size} bytes < min_bytes {rules.min_bytes}")
+    if size > rules.max_bytes:
+        return ImageOutcome("file_too_large", f"{size} bytes > max_bytes {rules.max_bytes}")
+    fmt = sniff_format(data)
+    if fmt is None:
+        return ImageOutcome("not_an_image", "no known image signature")
+    if fmt not in rules.allowed_formats:
+        return ImageOutcome("format_not_allowed", f"{fmt} not in allowed_formats", src_format=fmt)
+    plugin = PIL_FORMATS.get(fmt)
+    if plugin is None:
+        return ImageOutcome("undecodable_image", f"no decoder for {fmt}", src_format=fmt)
+    if is_truncated(fmt, data):
+        return ImageOutcome("truncated_image", f"{fmt} ends before its end marker", src_format=fmt)
+
+    try:
+        img = Image.open(io.BytesIO(data), formats=[plugin])
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        return ImageOutcome("decompression_bomb", _short(err), src_format=fmt)
+    except DECODE_ERRORS as err:
+        reason, detail = _decode_failure(err)
+        return ImageOutcome(reason, detail, src_format=fmt)
+    with img:
+        return _process_open(img, fmt, rules, thumbnail)
+
+
+def _process_open(img: Image.Image, fmt: str, rules: ImageRules, thumbnail: bool) -> ImageOutcome:
+    width, height = img.size
+    if width < 1 or height < 1:
+        return ImageOutcome("undecodable_image", f"header size {width}x{height}", src_format=fmt)
+    if width * height > rules.max_pixels:
+        detail = f"{width}x{height} = {width * height} px > max_pixels {rules.max_pixels}"
+        return ImageOutcome("decompression_bomb", detail, src_format=fmt)
+    try:
+        animated = img.format != "MPO" and bool(getattr(img, "is_animated", False))
+        # A PNG may keep its eXIf chunk after the pixels, and reading it there decodes them;
+        # its orientation is read after the decode instead.
+        late_exif = img.format == "PNG" and "exif" not in img.info
+        orientation = 1 if late_exif else _orientation(img)
+    except DECODE_ERRORS as err:
+        reason, detail = _decode_failure(err)
+        return ImageOutcome(reason, detail, src_format=fmt)
+
+    def oriented(o: int) -> tuple[int, int]:
+        return (height, width) if o >= 5 else (width, height)
+
+    # Short side, aspect ratio and pixel counts do not change under rotation: judged on the header.
+    short, long = min(width, height), max(width, height)
+    ow, oh = oriented(orientation)
+    target = _resize_dims(width, height, rules)
+    verdict: tuple[str, str] | None = None
+    if animated and rules.animated == "reject":
+        verdict = ("animated_image", "more than one frame")
+    elif short < rules.min_side:
+        verdict = ("image_too_small", f"short side {short} < min_side {rules.min_side}")
+    elif long / short > rules.max_aspect_ratio:
+        verdict = ("aspect_ratio", f"{ow}x{oh}: {long / short:.2f} > max_aspect_ratio {rules.max_aspect_ratio:g}")
+    elif target is not None and target[0] * target[1] > rules.max_pixels:
+        # Only reachable by configuration (upscaling an extreme aspect ratio); never allocated.
+        detail = f"resize to {target[0]}x{target[1]} > max_pixels {rules.max_pixels}"
+        return ImageOutcome("decompression_bomb", detail, orig_width=ow, orig_height=oh, src_format=fmt)
+    if verdict is not None and not thumbnail:
+        return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
+
+    # The draft request is in the file's stored orientation.
+    want = _thumb_dims(width, height) if verdict is not None else target
+    box = _draft(img, want) if want is not None else None
+    try:
+        img.load()
+        if late_exif:
+            orientation = _orientation(img)
+        stored_rgb = _to_rgb(img)
+    except _Unsupported as err:
+        verdict = verdict or ("unsupported_image_mode", str(err))
+        return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
+    except DECODE_ERRORS as err:
+        verdict = verdict or _decode_failure(err)
+        return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
+
+    ow, oh = oriented(orientation)
+    method = _TRANSPOSE.get(orientation)
+    rgb = stored_rgb.transpose(method) if method is not None else stored_rgb
+    if box is not None and method is not None:
+        box = _box_after(box, stored_rgb.size, orientation)
+    common = {"orig_width": ow, "orig_height": oh, "src_format": fmt}
+    if verdict is not None:
+        return ImageOutcome(*verdict, thumbnail=_thumbnail(rgb), **common)
+
+    pixel_key = _pixel_sha256(rgb, (ow, oh))
+    target = _resize_dims(ow, oh, rules)
+    scaled = _scale(rgb, target, box) if target is not None else rgb
+    # The scaled picture is still the whole picture and far cheaper to average down to 32x32.
+    perceptual = phash(scaled if min(scaled.size) >= PHASH_MIN_SIDE else rgb)
+    out = _crop_or_pad(scaled, rules)
+    encoded = _encode(out, rules.output_format, rules.quality)
+    return ImageOutcome(
+        None,
+        data=encoded,
+        ext=OUTPUT_EXT[rules.output_format],
+        width=out.width,
+        height=out.height,
+        pixel_sha256=pixel_key,
+        phash=perceptual,
+        thumbnail=_thumbnail(rgb) if thumbnail else None,
+        **common,
+    )
+
+
