@@ -362,7 +362,7 @@ def _add_grain(rng: np.random.Generator, img: Image.Image, strength: int) -> Ima
     return ImageChops.add(img, grain, offset=-strength)
 
 
-def _render(seed: int, index: int) -> tuple[str, bytes, dict[str, Any]]:
+def render_image(seed: int, index: int) -> tuple[str, bytes, dict[str, Any]]:
     """Make image ``index`` of the corpus for ``seed``: its file name, bytes and metadata."""
     rng = np.random.default_rng([seed, index])
     kind = _FORCED_KINDS.get(index) or _pick(rng, list(KINDS), [k[0] for k in KINDS.values()])
@@ -421,7 +421,7 @@ def make_images(out_dir: Path, n: int = 300, seed: int = 0) -> list[ImageInfo]:
     stamp.unlink(missing_ok=True)
 
     def one(index: int) -> ImageInfo:
-        name, data, meta = _render(seed, index)
+        name, data, meta = render_image(seed, index)
         tmp = images_dir / f".{name}.tmp"
         tmp.write_bytes(data)
         os.replace(tmp, images_dir / name)

@@ -34,6 +34,14 @@ REASONS: dict[str, tuple[str, str]] = {
     "tls_error": (ERROR, "the TLS handshake failed"),
     "rate_limited": (ERROR, "429 with a Retry-After longer than download.max_retry_after_s"),
     "read_error": (ERROR, "a file:// or s3:// source could not be read"),
+    # content (tasks/images.py)
+    "file_too_small": (REJECTED, "the downloaded file is smaller than validate.image.min_bytes"),
+    "file_too_large": (REJECTED, "the downloaded file is larger than validate.image.max_bytes"),
+    "decompression_bomb": (REJECTED, "width x height in the header exceeds validate.image.max_pixels; never decoded"),
+    "undecodable_image": (REJECTED, "the decoder failed on the bytes, or no decoder for the format"),
+    "animated_image": (REJECTED, "an animated image while validate.image.animated is reject"),
+    "image_too_small": (REJECTED, "the short side is below validate.image.min_side"),
+    "aspect_ratio": (REJECTED, "long side / short side is above validate.image.max_aspect_ratio"),
     # license (tasks/licenses.py)
     "license_missing": (REJECTED, "no license value and no validate.license.source_defaults entry for the source"),
     "license_not_allowed": (REJECTED, "the license, normalised to SPDX, is not in validate.license.allow, or is unrecognised under validate.license.unknown: reject"),

@@ -54,6 +54,18 @@ def image_dir(tmp_path_factory) -> Path:
     (root / "e.bmp").write_bytes(make_image("BMP"))
     big = make_image("PNG", size=(512, 512))
     (root / "big.png").write_bytes(big)
+    # A photo-like picture and its near duplicate: half the size, re-encoded.
+    from PIL import Image
+
+    from tasks.demo import render_image
+
+    _, photo, _ = render_image(0, 0)
+    (root / "photo.jpg").write_bytes(photo)
+    im = Image.open(io.BytesIO(photo)).convert("RGB")
+    half = io.BytesIO()
+    im.resize((im.width // 2, im.height // 2)).save(half, format="JPEG", quality=80)
+    (root / "photo_half.jpg").write_bytes(half.getvalue())
+    (root / "tiny.png").write_bytes(make_image("PNG", size=(10, 10)))
     return root
 
 
