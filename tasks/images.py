@@ -7,12 +7,20 @@ Decisions (the tests in tests/test_images.py pin each one):
   then the header-level rules (animated, ``min_side``, ``max_aspect_ratio``), and only then the
   decode. Short side and aspect ratio do not change under EXIF rotation, so checking them on
   the header gives the same verdict as checking the decoded image, without paying for a
-  decode; a broken file that is also too small is reported as ``image_too_small``.
+  decode; a broken file that is also too small is reported as ``image_too_small``. With
+  ``thumbnail=True`` an image rejected by those rules is still decoded (drafted) for the
+  thumbnail the audit report shows.
 - Pixel cap: ``width * height > rules.max_pixels`` from the header is ``decompression_bomb``,
-  never decoded. Pillow's own guard (``Image.MAX_IMAGE_PIXELS``, a process-wide setting that
-  this module leaves alone) also raises ``DecompressionBombError`` at twice its value (about
-  179 Mpx by default); that is reported as ``decompression_bomb`` too, so the effective cap is
-  the smaller of the two. ``ImageFile.LOAD_TRUNCATED_IMAGES`` is never changed either.
+  never decoded; so is a resize target over the cap (only reachable by configuring upscaling
+  of extreme aspect ratios). Pillow's own guard (``Image.MAX_IMAGE_PIXELS``, a process-wide
+  setting that this module leaves alone) raises ``DecompressionBombError`` at twice its value
+  (about 179 Mpx by default); that is ``decompression_bomb`` too, so the effective cap is the
+  smaller of the two.
+- Truncation: ``ImageFile.LOAD_TRUNCATED_IMAGES`` stays False (never changed here), so a
+  decoder that runs out of data raises and the image is ``truncated_image``; the end-marker
+  check from tasks.sniff runs first and also catches a PNG cut only before ``IEND``. A JPEG
+  whose scan data is cut but which still ends in an EOI marker is concealed by libjpeg (grey
+  rows) and accepted; neither Pillow nor OpenCV reports it.
 - Animated: GIF / APNG / WebP with more than one frame, and multi-page TIFF. MPO (the JPEG
   extension phones use for depth maps and previews) is not animation: its first image is used.
 - Normalisation to 8-bit RGB: EXIF orientation applied; alpha (RGBA, LA, PA, premultiplied,
@@ -69,7 +77,22 @@ from PIL import Image
 from tasks.recipe import ImageRules
 from tasks.sniff import is_truncated, sniff_format
 
-__all__ = ["ImageOutcome", "hamming", "phash", "process_image"]
+__all__ = ["REASONS", "ImageOutcome", "hamming", "phash", "process_image"]
+
+# Every reason process_image can return; each is registered in tasks/reasons.py.
+REASONS = (
+    "file_too_small",
+    "file_too_large",
+    "not_an_image",
+    "format_not_allowed",
+    "truncated_image",
+    "decompression_bomb",
+    "undecodable_image",
+    "animated_image",
+    "image_too_small",
+    "aspect_ratio",
+    "unsupported_image_mode",
+)
 
 # Sniffed format -> the one Pillow plugin allowed to parse it. Hostile bytes never reach the
 # other plugins' parsers; a format without a plugin here (heif) is ``undecodable_image``.

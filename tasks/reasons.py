@@ -25,8 +25,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "too_large": (REJECTED, "the body exceeded download.max_bytes"),
     "empty_body": (REJECTED, "the server sent no bytes"),
     "not_an_image": (REJECTED, "the bytes are not a known image format (sniffed, not trusted from headers)"),
-    "format_not_allowed": (REJECTED, "an image format not in download.allowed_formats"),
-    "truncated_image": (REJECTED, "the image ends before its format's end marker"),
+    "format_not_allowed": (REJECTED, "an image format not in download.allowed_formats / validate.image.allowed_formats"),
+    "truncated_image": (REJECTED, "the image ends before its format's end marker, or the decoder runs out of data"),
     # fetch failures
     "timeout": (ERROR, "the request did not complete within download.timeout_s"),
     "connection_error": (ERROR, "connection refused, reset or closed early"),
@@ -37,7 +37,8 @@ REASONS: dict[str, tuple[str, str]] = {
     # content (tasks/images.py)
     "file_too_small": (REJECTED, "the downloaded file is smaller than validate.image.min_bytes"),
     "file_too_large": (REJECTED, "the downloaded file is larger than validate.image.max_bytes"),
-    "decompression_bomb": (REJECTED, "width x height in the header exceeds validate.image.max_pixels; never decoded"),
+    "decompression_bomb": (REJECTED, "width x height in the header (or of the resize target) exceeds validate.image.max_pixels, or Pillow's own bomb limit; never decoded"),
+    "unsupported_image_mode": (REJECTED, "decoded, but the pixel mode has no defined 8-bit RGB conversion (float, signed or 32-bit samples)"),
     "undecodable_image": (REJECTED, "the decoder failed on the bytes, or no decoder for the format"),
     "animated_image": (REJECTED, "an animated image while validate.image.animated is reject"),
     "image_too_small": (REJECTED, "the short side is below validate.image.min_side"),

@@ -151,12 +151,13 @@ class ImageRules(_Frozen):
         min_side: smallest allowed short side, in pixels, after EXIF orientation.
         max_aspect_ratio: largest allowed long side / short side.
         min_bytes, max_bytes: bounds on the downloaded file size.
-        resize_mode: ``no`` keeps the resolution; ``keep_ratio`` fits the long side to
-            ``image_size``; ``center_crop`` resizes the short side then crops a square;
-            ``border`` fits inside a square and pads.
+        resize_mode: img2dataset's modes. ``no`` keeps the resolution; ``keep_ratio``
+            scales the short side to ``image_size``; ``center_crop`` scales the short side then
+            crops a square; ``border`` scales the long side and pads to a square (white).
+            Small images are scaled up.
         image_size: target size for the resize modes.
         output_format, quality: the re-encoding (always from pixels, so metadata and
-            appended payloads are dropped).
+            appended payloads are dropped); ``quality`` is ignored for PNG.
     """
 
     max_pixels: int = Field(default=50_000_000, ge=1)

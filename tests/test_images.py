@@ -157,17 +157,13 @@ def test_truncated_png_with_end_marker_fails_in_the_decoder():
     assert "truncated" in outcome.detail
 
 
-def test_truncated_jpeg_with_exif_thumbnail_fails_in_the_decoder():
-    # The embedded thumbnail ends with FFD9, so the end-marker check passes; the decode must not.
+def test_truncated_jpeg_with_an_early_end_marker_fails_in_the_decoder():
+    # An embedded thumbnail (here in a COM segment; in practice in EXIF) ends with FFD9, so the
+    # end-marker check passes on the cut file; the decode must still fail.
     img = scene(3, (640, 480))
     thumb = encode(img.resize((160, 120)), "JPEG")
-    exif = Image.Exif()
-    exif[0x0112] = 1
-    data = encode(img, "JPEG", exif=exif.tobytes())
-    # Splice the thumbnail into APP1 by hand is fiddly; appending its bytes inside a COM segment
-    # gives the same property: an FFD9 early in the file.
-    com = b"\xff\xfe" + struct.pack(">H", len(thumb) + 2) + thumb
-    spliced = data[:2] + com + data[2:]
+    data = encode(img, "JPEG")
+    spliced = data[:2] + b"\xff\xfe" + struct.pack(">H", len(thumb) + 2) + thumb + data[2:]
     assert process_image(spliced, LOOSE).reason is None
     cut = spliced[: len(spliced) - 4000]
     assert cut.rfind(b"\xff\xd9") > 2
@@ -210,6 +206,14 @@ def test_palette_png_with_transparency_composited_on_white():
     arr = pixels(process_image(data, EXACT))
     assert (arr[:, :32] == 255).all()  # not black
     assert (arr[:, 32:] == (255, 0, 0)).all()
+
+
+def test_rgb_png_with_transparent_colour_composited_on_white():
+    img = Image.new("RGB", (64, 64), (0, 0, 0))
+    ImageDraw.Draw(img).rectangle((32, 0, 63, 63), fill=(0, 128, 0))
+    arr = pixels(process_image(encode(img, "PNG", transparency=(0, 0, 0)), EXACT))
+    assert (arr[:, :32] == 255).all()
+    assert (arr[:, 32:] == (0, 128, 0)).all()
 
 
 @pytest.mark.parametrize("mode", ["RGBA", "LA"])
@@ -450,6 +454,8 @@ def test_phash_barely_depends_on_the_resize_mode(mode):
 def test_phash_is_64_bits_and_hamming_counts_bits():
     value = process_image(encode(scene(20), "PNG"), ImageRules()).phash
     assert 0 <= value < 2**64
+    for seed in range(20, 25):  # the DC coefficient (far above the AC median) is the top bit
+        assert process_image(encode(scene(seed), "PNG"), ImageRules()).phash >> 63 == 1
     assert hamming(value, value) == 0
     assert hamming(0, 2**64 - 1) == 64
     assert hamming(0b1011, 0b0001) == 2
@@ -491,3 +497,49 @@ def test_accepted_outcome_fields():
     assert len(outcome.pixel_sha256) == 64
     with Image.open(io.BytesIO(outcome.thumbnail)) as thumb:
         assert thumb.size == (96, 72)
+
+
+# ----------------------------------------------------------------------------- hostile bytes
+
+
+@pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning", "ignore:Tag data larger:UserWarning")
+def test_mutated_files_only_ever_return_verdicts():
+    """Bytes flipped, cut and inserted in every format: a verdict each time, never an exception."""
+    base = scene(40, (72, 64))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    seeds = [
+        encode(base, "JPEG", exif=exif.tobytes()),
+        encode(base, "JPEG", progressive=True),
+        encode(base, "PNG"),
+        encode(base.convert("P"), "PNG", transparency=3),
+        two_frames("GIF"),
+        two_frames("WEBP"),
+        encode(base, "BMP"),
+        encode(base, "TIFF", compression="tiff_deflate"),
+        encode(base.convert("CMYK"), "JPEG"),
+    ]
+    rules = (ImageRules(min_side=1), ImageRules(min_side=1, resize_mode="center_crop", image_size=48, animated="reject"))
+    rng = np.random.default_rng(0)
+    seen = set()
+    for case in range(400):
+        data = bytearray(seeds[case % len(seeds)])
+        for _ in range(int(rng.choice([1, 3, 12]))):
+            at = int(rng.integers(0, len(data)))
+            if rng.random() < 0.7:
+                data[at] = int(rng.integers(0, 256))
+            else:
+                del data[at : at + int(rng.integers(1, 48))]
+        outcome = process_image(bytes(data), rules[case % 2], thumbnail=case % 5 == 0)
+        assert outcome.reason is None or outcome.reason in images.REASONS, outcome
+        seen.add(outcome.reason)
+    assert {None, "undecodable_image", "truncated_image"} <= seen
+
+
+def test_reasons_are_registered():
+    from tasks.reasons import REASONS, REJECTED
+
+    missing = [r for r in images.REASONS if r not in REASONS]
+    if missing:
+        pytest.skip(f"tasks/reasons.py does not list {missing} yet")
+    assert all(REASONS[r][0] == REJECTED for r in images.REASONS)
