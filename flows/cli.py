@@ -180,7 +180,7 @@ def report(
     except FileNotFoundError:
         raise _fail(f"no run.json under {Storage(root).url(rel)}", 2) from None
     typer.echo(summary_text(run))
-    typer.echo(f"HTML report: {Storage(root).url(rel + '/report.html' if rel else 'report.html')}")
+    typer.echo(f"HTML report: {Storage(root).url(rel + '/report.html')}")
 
 
 def _locate_run(target: str, storage: str | None) -> tuple[str, str]:
@@ -188,7 +188,9 @@ def _locate_run(target: str, storage: str | None) -> tuple[str, str]:
     from tasks.storage import Storage
 
     if storage is None:
-        return target.rstrip("/"), ""
+        target = target.rstrip("/")
+        parent, _, name = target.rpartition("/")
+        return (parent or "."), name
     dataset, _, run = target.partition("/")
     st = Storage(storage)
     if run in ("", "latest"):

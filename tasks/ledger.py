@@ -90,7 +90,9 @@ def write_parquet(storage: Storage, rel: str, table: pa.Table) -> None:
 
 def read_parquet(storage: Storage, rel: str, columns: list[str] | None = None) -> pa.Table:
     with storage.open(rel, "rb") as fh:
-        return pq.read_table(fh, columns=columns)
+        # Threads off: pyarrow reading a Python file object from its thread pool can abort the
+        # interpreter at exit ("terminate called without an active exception").
+        return pq.read_table(fh, columns=columns, use_threads=False)
 
 
 def write_ledger(storage: Storage, rel: str, rows: Iterable[LedgerRow] | pa.Table) -> pa.Table:

@@ -662,4 +662,4 @@ def load_run(storage: Storage, rel_dir: str) -> tuple[dict, pa.Table | None]:
     if not storage.exists(samples_rel):
         return run, None
     with storage.open(samples_rel, "rb") as fh:
-        return run, pq.read_table(fh)
+        return run, pq.read_table(fh, use_threads=False)  # see tasks.ledger.read_parquet

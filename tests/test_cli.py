@@ -61,3 +61,15 @@ def test_demo_end_to_end(tmp_path):
     assert "report:" in out.stdout
     report = next(store.glob("reports/*/download.md"))
     assert f"| {expected['rows']} | {expected['ok']} |" in report.read_text()
+    # Validation ran too, and `shardsmith report` prints the run's summary from its files.
+    assert "validate:" in out.stdout
+    run_dir = report.parent
+    assert (run_dir / "report.html").is_file()
+    printed = cli("report", str(run_dir))
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert "download" in printed.stdout and "validate" in printed.stdout
+    assert "PASS" in printed.stdout and str(expected["rows"]) in printed.stdout
+    latest = cli("report", "demo/latest", "--storage", str(tmp_path / "demo" / "store"))
+    assert latest.returncode == 0 and latest.stdout.splitlines()[0] == printed.stdout.splitlines()[0]
+    missing = cli("report", "demo/nope", "--storage", str(tmp_path / "demo" / "store"))
+    assert missing.returncode == 2 and "no run.json" in missing.stderr
