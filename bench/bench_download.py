@@ -449,7 +449,7 @@ def report(runs: list[Run], tools: list[str], meta: dict) -> str:
     s = summarize(runs, tools)
     lines = [
         f"- command: `{meta['command']}`",
-        f"- date: {meta['date']}; machine: {meta['machine']}; load average before: {meta['load_before']}",
+        f"- date: {meta['date']}; machine: {meta['machine']}; load average before: {meta['load_before']}; code: {meta['revision']}",
         f"- corpus: {meta['rows']} URLs over a pool of {meta['pool']} images ({meta['pool_mb']:.0f} MB, mean "
         f"{meta['pool_mean_kb']:.0f} KB, 200..2000 px; 80% JPEG, 10% PNG, 10% WebP); {meta['url_mb']:.0f} MB behind the URLs",
         f"- both tools: {meta['workers']} processes, {meta['rows_per_shard']} rows per shard; img2dataset --thread_count {meta['threads']}; "
@@ -529,6 +529,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _revision() -> str:
+    """The commit measured, with ``-dirty`` when the working tree has uncommitted changes."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -589,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     meta = {
+        "revision": _revision(),
         "command": "python bench/bench_download.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",

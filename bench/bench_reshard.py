@@ -13,6 +13,8 @@ turn, into a fresh folder that is removed after it is measured:
   no shuffle;
 - ``reshard-shuffle``: the same with a seed (reads grouped per input inside 64 MiB windows,
   writes in permutation order);
+- ``reshard-nofsync``: the unshuffled reshard through a bench-only storage whose atomic
+  writer renames without fsync, as ``cp`` does: the copy path alone, for comparison;
 - ``tarfile``: Python tarfile re-packing member by member (read, then addfile), on the first
   ``--tarfile-shards`` inputs only, scaled by the bytes it handled.
 
@@ -24,8 +26,10 @@ dataset (with and without a seed) and output-ledger (index) writing time per 100
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,7 +49,20 @@ from tasks.storage import Storage  # noqa: E402
 
 BENCH_DIR = REPO / ".bench" / "reshard"
 CORPUS_VERSION = 1  # bump when the generator changes
-METHODS = ("cp", "cp+sync", "reshard", "reshard-shuffle", "tarfile")
+METHODS = ("cp", "cp+sync", "reshard", "reshard-shuffle", "reshard-nofsync", "tarfile")
+
+
+class NoSyncStorage(Storage):
+    """Bench only: an atomic writer without the fsyncs, to compare with plain ``cp``."""
+
+    @contextlib.contextmanager
+    def atomic_writer(self, rel):
+        target = self.path(rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = target + ".tmp"
+        with open(tmp, "wb") as fh:
+            yield fh
+        os.replace(tmp, target)
 
 
 def ensure_corpus(shards: int, samples: int, sample_kb: int) -> tuple[Storage, list[InputShard]]:
@@ -83,34 +100,41 @@ def ensure_corpus(shards: int, samples: int, sample_kb: int) -> tuple[Storage, l
     return storage, inputs
 
 
-def run_cp(src: Path, dst: Path) -> tuple[float, float]:
-    """(seconds of cp -r, seconds of cp -r then sync of the copies)."""
-    t0 = time.perf_counter()
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (cp, sync)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def run_cp(src: Path, dst: Path) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((wall, cpu) of cp -r, (wall, cpu) of cp -r then sync of the copies)."""
+    t0, c0 = time.perf_counter(), _cpu()
     subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), _cpu()
     subprocess.run(["sync", *map(str, sorted(dst.iterdir()))], check=True)
-    t2 = time.perf_counter()
-    return t1 - t0, t2 - t0
+    t2, c2 = time.perf_counter(), _cpu()
+    return (t1 - t0, c1 - c0), (t2 - t0, c2 - c0)
 
 
 def run_reshard(storage: Storage, inputs: list[InputShard], n: int, seed: int | None, prefix: str):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     plan = plan_reshard(inputs, n, prefix=prefix, seed=seed)
     results = [build_output(storage, out) for out in plan.outputs]
-    seconds = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
     if sum(r.samples for r in results) != plan.total:
         raise SystemExit("reshard lost samples")
-    return seconds, results
+    return (wall, cpu), results
 
 
-def run_tarfile(src_paths: list[Path], dst: Path) -> float:
+def run_tarfile(src_paths: list[Path], dst: Path) -> tuple[float, float]:
     dst.mkdir(parents=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     for path in src_paths:
         with tarfile.open(path) as tin, tarfile.open(dst / path.name, "w") as tout:
             for info in tin:
                 tout.addfile(info, tin.extractfile(info))
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu() - c0
 
 
 def plan_times(repeats: int = 1) -> dict[str, float]:
@@ -151,21 +175,34 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir()
     run_cp(in_dir, work / "warm")  # warm the page cache
     shutil.rmtree(work / "warm")
+    # and the imports and first calls (pyarrow compute kernels), so round 1 is like the others
+    build_output(storage, plan_reshard(inputs[:1], args.samples_per_shard, prefix="work/warm-reshard").outputs[0])
+    shutil.rmtree(work / "warm-reshard")
 
-    seconds: dict[str, list[float]] = {m: [] for m in METHODS}
-    ledger_s = ledger_n = 0.0
+    wall: dict[str, list[float]] = {m: [] for m in METHODS}
+    cpu: dict[str, list[float]] = {m: [] for m in METHODS}
+    ledger = {"fsync": [0.0, 0], "nofsync": [0.0, 0]}
+    nosync = NoSyncStorage(storage.root)
     for r in range(args.repeats):
-        cp_s, cp_sync_s = run_cp(in_dir, work / f"cp-{r}")
-        seconds["cp"].append(cp_s)
-        seconds["cp+sync"].append(cp_sync_s)
+        for method, (w, c) in zip(("cp", "cp+sync"), run_cp(in_dir, work / f"cp-{r}")):
+            wall[method].append(w)
+            cpu[method].append(c)
         shutil.rmtree(work / f"cp-{r}")
-        for method, seed in (("reshard", None), ("reshard-shuffle", 1000 + r)):
-            s, results = run_reshard(storage, inputs, args.samples_per_shard, seed, f"work/{method}-{r}")
-            seconds[method].append(s)
-            ledger_s += sum(x.ledger_seconds for x in results)
-            ledger_n += sum(x.samples for x in results)
+        for method, seed, where in (
+            ("reshard", None, storage),
+            ("reshard-shuffle", 1000 + r, storage),
+            ("reshard-nofsync", None, nosync),
+        ):
+            (w, c), results = run_reshard(where, inputs, args.samples_per_shard, seed, f"work/{method}-{r}")
+            wall[method].append(w)
+            cpu[method].append(c)
+            acc = ledger["fsync" if where is storage else "nofsync"]
+            acc[0] += sum(x.ledger_seconds for x in results)
+            acc[1] += sum(x.samples for x in results)
             shutil.rmtree(work / f"{method}-{r}")
-        seconds["tarfile"].append(run_tarfile(tar_paths[: args.tarfile_shards], work / f"tarfile-{r}") * total_bytes / tar_bytes)
+        w, c = run_tarfile(tar_paths[: args.tarfile_shards], work / f"tarfile-{r}")
+        wall["tarfile"].append(w * total_bytes / tar_bytes)
+        cpu["tarfile"].append(c * total_bytes / tar_bytes)
         shutil.rmtree(work / f"tarfile-{r}")
 
     mb = total_bytes / 1e6
@@ -173,14 +210,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {args.shards} input shards x {args.samples} samples, ~{args.sample_kb} KB each, {mb:.0f} MB; "
           f"N={args.samples_per_shard}; {args.repeats} rounds; page cache warm; tarfile on {args.tarfile_shards} shards, scaled")
     print()
-    print("| method | median s (for all bytes) | MB/s | x cp | x cp+sync |")
-    print("|---|---:|---:|---:|---:|")
-    med = {m: statistics.median(v) for m, v in seconds.items()}
+    print("| method | median wall s | MB/s | x cp | x cp+sync | CPU s | CPU x cp+sync |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    med = {m: statistics.median(v) for m, v in wall.items()}
+    cmed = {m: statistics.median(v) for m, v in cpu.items()}
     for m in METHODS:
-        print(f"| {m} | {med[m]:.2f} | {mb / med[m]:.0f} | {med['cp'] / med[m]:.2f} | {med['cp+sync'] / med[m]:.2f} |")
+        print(
+            f"| {m} | {med[m]:.2f} | {mb / med[m]:.0f} | {med['cp'] / med[m]:.2f} | {med['cp+sync'] / med[m]:.2f} "
+            f"| {cmed[m]:.2f} | {cmed['cp+sync'] / cmed[m]:.2f} |"
+        )
     print()
-    print(f"output ledger (index) writing: {ledger_s / ledger_n * 1e5:.2f} s per 100k samples "
-          f"(measured over {int(ledger_n)} samples)")
+    for label, (s, n) in ledger.items():
+        print(f"output ledger (index) writing, {label}: {s / n * 1e5:.2f} s per 100k samples "
+              f"({int(n)} samples in outputs of {args.samples_per_shard})")
     if not args.no_plan:
         for label, s in plan_times().items():
             print(f"{label}: {s:.2f} s")

@@ -25,6 +25,8 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 class PhaseName(str, Enum):
     download = "download"
     validate = "validate"
+    reshard = "reshard"
+    release = "release"
 
 
 def _parse_sets(values: list[str]) -> dict[str, object]:
@@ -89,6 +91,13 @@ def _print_summary(result: dict) -> None:
         for reason, n in _grouped(c.by_reason).items():
             typer.echo(f"  {reason:<22} {n}")
         typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/validate/")
+    rs = result.get("reshard")
+    if rs is not None:
+        typer.secho(f"reshard: {rs.samples} samples -> {len(rs.outputs)} shards of {rs.samples_per_shard} (last holds {rs.tail})", bold=True)
+    rel = result.get("release")
+    if rel is not None:
+        state = "released" if rel.created else "unchanged, still"
+        typer.secho(f"release: {state} {rel.version}: {rel.path}", bold=True, fg="green")
     record = result.get("record") or {}
     report_dir = f"{dl.storage}/{dl.dataset}/reports/{record.get('run', dl.run)}"
     typer.echo(f"  report:             {report_dir}/report.html")
@@ -181,6 +190,67 @@ def report(
         raise _fail(f"no run.json under {Storage(root).url(rel)}", 2) from None
     typer.echo(summary_text(run))
     typer.echo(f"HTML report: {Storage(root).url(rel + '/report.html')}")
+
+
+def _storage_for(dataset_or_recipe: str, storage: str | None) -> tuple[str, "object"]:
+    """(dataset, Storage) from a recipe file or a dataset name plus --storage."""
+    from tasks.recipe import RecipeError, load_recipe
+    from tasks.storage import Storage
+
+    if dataset_or_recipe.endswith((".yaml", ".yml")):
+        try:
+            recipe = load_recipe(dataset_or_recipe)
+        except RecipeError as err:
+            raise _fail(str(err), 2) from None
+        return recipe.dataset, Storage(storage or recipe.storage, recipe.storage_options)
+    if storage is None:
+        raise _fail("give --storage ROOT with a dataset name (or pass the recipe file instead)", 2)
+    return dataset_or_recipe, Storage(storage)
+
+
+@app.command()
+def releases(
+    dataset: Annotated[str, typer.Argument(help="A dataset name (with --storage) or a recipe file.")],
+    storage: Annotated[Optional[str], typer.Option(help="Storage root.")] = None,
+) -> None:
+    """List a dataset's releases, newest last."""
+    from tasks.release import latest, list_versions, read_index
+
+    name, st = _storage_for(dataset, storage)
+    versions = list_versions(st, name)
+    if not versions:
+        typer.echo(f"no releases of {name} under {st.url(name + '/releases')}")
+        return
+    head = latest(st, name)
+    typer.echo(f"{'version':<8} {'created':<26} {'samples':>9} {'shards':>7} {'tail':>6}  parent")
+    for v in versions:
+        ix = read_index(st, name, v)
+        t = ix["totals"]
+        mark = "  <- LATEST" if v == head else ""
+        typer.echo(f"{v:<8} {ix['created']:<26} {t['samples']:>9} {t['shards']:>7} {t['tail']:>6}  {ix.get('parent') or '-'}{mark}")
+
+
+@app.command()
+def diff(
+    dataset: Annotated[str, typer.Argument(help="A dataset name (with --storage) or a recipe file.")],
+    a: Annotated[str, typer.Argument(help="Older version, e.g. v0001.")],
+    b: Annotated[str, typer.Argument(help="Newer version, or latest.")] = "latest",
+    storage: Annotated[Optional[str], typer.Option(help="Storage root.")] = None,
+) -> None:
+    """What was added and removed between two releases, and why (from the ledgers)."""
+    from tasks.release import ReleaseError
+    from tasks.release import diff as release_diff
+
+    name, st = _storage_for(dataset, storage)
+    try:
+        d = release_diff(st, name, a, b)
+    except ReleaseError as err:
+        raise _fail(str(err), 2) from None
+    typer.echo(f"{name} {d['a']} -> {d['b']}: +{d['added']} added, -{d['removed']} removed, {d['kept']} kept")
+    for label, n in d["removed_by_reason"].items():
+        typer.echo(f"  removed  {label:<40} {n}")
+    for k in d["added_keys"]:
+        typer.echo(f"  added    {k}")
 
 
 def _locate_run(target: str, storage: str | None) -> tuple[str, str]:

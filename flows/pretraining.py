@@ -10,11 +10,13 @@ from prefect_dask import DaskTaskRunner
 from flows.audit import new_run
 from flows.download import download_flow, run_name
 from flows.runtime import dask_cluster
+from flows.release import release_flow
+from flows.reshard import reshard_flow
 from flows.validate import validate_flow
 from tasks.recipe import Recipe, load_recipe
 
-Phase = Literal["download", "validate"]
-PHASES: tuple[Phase, ...] = ("download", "validate")
+Phase = Literal["download", "validate", "reshard", "release"]
+PHASES: tuple[Phase, ...] = ("download", "validate", "reshard", "release")
 
 
 @flow(name="pretraining")
@@ -60,5 +62,11 @@ def run_phases(recipe: Recipe, phases: list[str]) -> dict:
         out["download"], record = download_flow.with_options(task_runner=runner)(recipe=recipe, run=record)
         if last >= PHASES.index("validate"):
             out["validate"], record = validate_flow.with_options(task_runner=runner)(recipe=recipe, download=out["download"], run=record)
+        if last >= PHASES.index("reshard"):
+            out["reshard"], record = reshard_flow.with_options(task_runner=runner)(recipe=recipe, validated=out["validate"], run=record)
+        if last >= PHASES.index("release"):
+            out["release"], record = release_flow.with_options(task_runner=runner)(
+                recipe=recipe, download=out["download"], validated=out["validate"], reshard=out["reshard"], run=record
+            )
     out["record"] = record
     return out

@@ -129,3 +129,21 @@ def dask_cluster(choice: str, workers: int | None = None, threads_per_worker: in
         yield cluster.scheduler_address
     finally:
         cluster.close()
+
+
+def gather(futures: dict, progress, offset: float, share: float, logger, what: str = "shard") -> list:
+    """Results in completion order; a shard that failed after its retries raises after all finish."""
+    from prefect.artifacts import update_progress_artifact
+    from prefect.futures import as_completed
+
+    out, failed = [], []
+    for done, fut in enumerate(as_completed(list(futures)), start=1):
+        try:
+            out.append(fut.result())
+        except Exception as err:
+            failed.append(f"{futures[fut]}: {type(err).__name__}: {err}")
+            logger.error("shard %s failed: %s", futures[fut], err)
+        update_progress_artifact(progress, offset + share * done / max(len(futures), 1))
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(futures)} {what} shards failed:\n" + "\n".join(failed[:20]))
+    return out

@@ -9,9 +9,9 @@ from typing import Any
 import pyarrow as pa
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
-from prefect.futures import as_completed
 
 from flows.audit import check_gate, phase_record, run_gate
+from flows.runtime import gather
 from tasks.download import ShardResult
 from tasks.ledger import Counts, read_ledger, read_parquet
 from tasks.recipe import Recipe
@@ -63,21 +63,6 @@ def finalize_shard_task(storage: Storage, cand: CandidateResult, dups: dict[str,
     return finalize_shard(storage, cand, dups, tar_rel, ledger_rel)
 
 
-def _gather(futures: dict, progress, offset: float, share: float, logger) -> list:
-    """Results in completion order; a shard that failed after its retries raises after all finish."""
-    out, failed = [], []
-    for done, fut in enumerate(as_completed(list(futures)), start=1):
-        try:
-            out.append(fut.result())
-        except Exception as err:
-            failed.append(f"{futures[fut]}: {type(err).__name__}: {err}")
-            logger.error("shard %s failed: %s", futures[fut], err)
-        update_progress_artifact(progress, offset + share * done / max(len(futures), 1))
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(futures)} validation shards failed:\n" + "\n".join(failed[:20]))
-    return out
-
-
 @flow(name="validate")
 def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSummary, dict]:
     """Validate every downloaded shard, dedup across the dataset, gate, and report."""
@@ -98,7 +83,7 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
         tar_rel, table_rel = candidate_paths(recipe.dataset, source, index, tar, chash)
         fut = validate_shard_task.with_options(**retries).submit(storage, source, index, tar, ledger, cfg, tar_rel, table_rel)
         futures[fut] = tar
-    cands: list[CandidateResult] = sorted(_gather(futures, progress, 0.0, 80.0, logger), key=lambda c: (c.source, c.index))
+    cands: list[CandidateResult] = sorted(gather(futures, progress, 0.0, 80.0, logger), key=lambda c: (c.source, c.index))
 
     order = {s.name: i for i, s in enumerate(recipe.sources)}
     by_table = dedup_task.submit(storage, [c.table for c in cands], cfg.dedup, order).result()
@@ -109,7 +94,7 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
         mine = by_table.get(c.table, {})
         tar_rel, ledger_rel = final_paths(recipe.dataset, c.source, c.index, c.table, mine)
         futures[finalize_shard_task.with_options(**retries).submit(storage, c, mine, tar_rel, ledger_rel)] = c.tar
-    results: list[ShardResult] = sorted(_gather(futures, progress, 80.0, 20.0, logger), key=lambda r: (r.source, r.index))
+    results: list[ShardResult] = sorted(gather(futures, progress, 80.0, 20.0, logger), key=lambda r: (r.source, r.index))
 
     ledger = pa.concat_tables([read_ledger(storage, r.ledger) for r in results]) if results else None
     counts = Counts.of(ledger) if ledger is not None else Counts.zero()

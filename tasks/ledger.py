@@ -124,7 +124,7 @@ class Counts:
         for r in table.column("reason").to_pylist():
             if r is not None:
                 reasons[r] = reasons.get(r, 0) + 1
-        nbytes = pa.compute.sum(table.column("bytes")).as_py() or 0
+        nbytes = (pa.compute.sum(table.column("bytes")).as_py() or 0) if "bytes" in table.column_names else 0
         return cls(
             rows=table.num_rows,
             ok=status.count(OK),

@@ -221,6 +221,30 @@ class ValidateConfig(_Frozen):
     dedup: DedupConfig = DedupConfig()
 
 
+class ReshardConfig(_Frozen):
+    """Resharding into equal-size shards (reorganize_tar).
+
+    Args:
+        samples_per_shard: every output shard holds exactly this many samples, the last the
+            remainder (recorded as the release's ``tail``).
+        seed: shuffle samples across the whole dataset with this seed; ``null`` keeps the
+            (source, row) order.
+        required_members: extensions every carried sample must have; by default the image
+            (from ``validate.image.output_format``), ``json``, and ``txt`` when captions are
+            required.
+    """
+
+    samples_per_shard: int = Field(default=1000, ge=1, le=10_000_000)
+    seed: int | None = None
+    required_members: tuple[str, ...] | None = None
+
+    def required(self, validate: "ValidateConfig") -> tuple[str, ...]:
+        if self.required_members is not None:
+            return self.required_members
+        image = {"jpeg": "jpg", "png": "png", "webp": "webp"}[validate.image.output_format]
+        return (image, "json", "txt") if validate.caption.required else (image, "json")
+
+
 class DownloadGate(_Frozen):
     """Thresholds of the download gate.
 
@@ -292,6 +316,7 @@ class Recipe(_Frozen):
     sources: tuple[SourceConfig, ...] = Field(min_length=1)
     download: DownloadConfig = DownloadConfig()
     validate_: ValidateConfig = Field(default=ValidateConfig(), alias="validate")
+    reshard: ReshardConfig = ReshardConfig()
     gates: GatesConfig = GatesConfig()
     execution: ExecutionConfig = ExecutionConfig()
 

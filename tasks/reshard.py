@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import contextlib
+import hashlib
 import json
 import mmap
 import operator
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.ledger import LEDGER_SCHEMA, read_parquet, write_parquet
+from tasks.ledger import LEDGER_SCHEMA, MEMBER_TYPE, read_parquet, write_parquet
 from tasks.reasons import OK, REJECTED
 from tasks.shards import MemberRecord, SampleRecord, ShardError, ShardWriter
 from tasks.storage import Storage
@@ -33,6 +33,7 @@ METADATA_KEY = b"shardsmith.reshard"
 
 _INPUT_COLUMNS = ["key", "source", "row", "status", "offset", "length", "members"]
 _CARRIED_COLUMNS = ["bytes", "sha256"]  # copied to the output ledger when the input has them
+RESHARD_SCHEMA_INPUT = pa.schema([RESHARD_SCHEMA.field(c) for c in _INPUT_COLUMNS + _CARRIED_COLUMNS])
 
 # Bytes of samples buffered at once while building an output (see build_output).
 DEFAULT_WINDOW_BYTES = 64 * 2**20
@@ -276,10 +277,16 @@ def _pick(inputs: tuple[InputShard, ...], used: list[int]) -> tuple[InputShard, 
 
 
 def _read_input_ledger(storage: Storage, ledger: str) -> pa.Table:
+    """The columns a reshard uses; carried columns the ledger lacks come back as nulls."""
     with storage.open(ledger, "rb") as fh:
         pf = pq.ParquetFile(fh)
         names = set(pf.schema_arrow.names)
-        return pf.read(columns=_INPUT_COLUMNS + [c for c in _CARRIED_COLUMNS if c in names])
+        table = pf.read(columns=_INPUT_COLUMNS + [c for c in _CARRIED_COLUMNS if c in names])
+    for name in _CARRIED_COLUMNS:
+        if name not in names:
+            field = RESHARD_SCHEMA.field(name)
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table.select(_INPUT_COLUMNS + _CARRIED_COLUMNS).cast(RESHARD_SCHEMA_INPUT)
 
 
 def _complete_mask(table: pa.Table, required: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -306,7 +313,8 @@ def census_input(storage: Storage, tar: str, ledger: str, *, required: Iterable[
     """Count one input's complete samples and write down the ones that are not (reads its ledger only).
 
     Only needed when the previous phase cannot vouch that every ok sample has every required
-    member; its ``incomplete`` rows join the output ledgers so no input row goes missing.
+    member. The flow writes its ``incomplete`` rows beside the output ledgers, so that carried
+    rows plus these account for every ok input row.
     """
     required = tuple(required)
     table = _read_input_ledger(storage, ledger)
@@ -386,21 +394,13 @@ class _Inputs:
             return self._open[slot], None
         fh = self._storage.open(self._output.inputs[slot].tar, "rb")
         try:
-            fileno = fh.fileno()
-        except (AttributeError, OSError, ValueError):
-            fileno = None
-        if fileno is not None:
-            try:
-                with fh:
-                    mm = mmap.mmap(fileno, 0, access=mmap.ACCESS_READ)
-            except ValueError:  # an empty file cannot be mapped; it holds no samples either
-                mm = None
-            if mm is not None:
-                self._maps[slot] = mm
-                return None, memoryview(mm)
-            fh = self._storage.open(self._output.inputs[slot].tar, "rb")
-        self._open[slot] = fh
-        return fh, None
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (AttributeError, OSError, ValueError):  # no fd (object store), or an empty file
+            self._open[slot] = fh
+            return fh, None
+        fh.close()
+        self._maps[slot] = mm
+        return None, memoryview(mm)
 
     def close(self) -> None:
         for fh in self._open.values():
@@ -434,14 +434,20 @@ def build_output(storage: Storage, output: OutputPlan, *, window_bytes: int = DE
     Reads only the ledgers and tars of ``output.inputs``. In each ledger the planned positions
     index its complete ok rows in ledger order; when their number differs from the count the
     plan was made from, the plan is stale and this raises ``ValueError`` rather than write a
-    shard of the wrong size. Samples are fetched in windows of at most ``window_bytes`` of the
-    write order: within a window, reads are grouped per input and sorted by offset, and
-    neighbouring ranges (gaps up to ``MAX_GAP_BYTES``) merge into one read; the window is then
-    written in planned order. Memory is therefore bounded by the window (plus merged gaps),
-    whatever N is; unshuffled outputs read each input sequentially in large reads, shuffled
-    ones make about one read per sample per window. The tar's sha256 is computed as it is
-    written; the ledger is written after the tar and commits it. When the ledger exists
-    already, the recorded result is returned and nothing is read or written.
+    shard of the wrong size.
+
+    Samples are fetched in windows of at most ``window_bytes`` of the write order: within a
+    window, reads are grouped per input and sorted by offset, neighbouring ranges (gaps up to
+    ``MAX_GAP_BYTES``) merge into one read, and the window is then written in planned order.
+    Buffered sample bytes are therefore bounded by the window (plus merged gaps), whatever N
+    is and with or without a shuffle; unshuffled outputs read each input sequentially in large
+    reads, shuffled ones about one read per sample. Local inputs are memory-mapped instead of
+    read (see ``_Inputs``), so nothing is buffered at all. Nothing is decoded or parsed: each
+    sample's header+data+padding bytes go out as they came in, at the offsets the ledger gave.
+
+    The tar's sha256 is computed as it is written; the ledger is written after the tar and
+    commits it. When the ledger exists already, the recorded result is returned and nothing is
+    read or written, so a rerun converges.
     """
     start = time.perf_counter()
     if storage.exists(output.ledger):
@@ -452,13 +458,87 @@ def build_output(storage: Storage, output: OutputPlan, *, window_bytes: int = DE
     slots, positions = output.selection()
     if len(slots) != output.samples:
         raise ValueError(f"output {output.index} plans {len(slots)} samples, not {output.samples}")
-    count = len(slots)
-    keys: list[str] = [""] * count
-    offsets = np.zeros(count, np.int64)
-    lengths = np.zeros(count, np.int64)
-    rows: list[dict[str, Any]] = [{}] * count
+    picked = _planned_rows(storage, output, slots, positions)
+
+    # Per sample, in write order: key, byte range, and members relative to the range.
+    keys = picked.column("key").to_pylist()
+    offsets = picked.column("offset").to_numpy()
+    lengths = picked.column("length").to_numpy()
+    members = picked.column("members").combine_chunks()
+    counts = pc.list_value_length(members).to_numpy(zero_copy_only=False).astype(np.int64)
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    flat = pc.list_flatten(members)
+    names_arr = pc.struct_field(flat, "name")
+    names = names_arr.to_pylist()
+    sizes = pc.struct_field(flat, "size").to_numpy(zero_copy_only=False)
+    rel = pc.struct_field(flat, "offset").to_numpy(zero_copy_only=False) - np.repeat(offsets, counts)
+    rel_list, size_list = rel.tolist(), sizes.tolist()
+
+    inputs = _Inputs(storage, output)
+    try:
+        with storage.atomic_writer(output.name) as raw_out:
+            out = _HashingWriter(raw_out)
+            writer = ShardWriter(out)
+            for a, b in _windows(lengths, window_bytes):
+                views = _fetch(storage, output, inputs, slots, offsets, lengths, a, b)
+                for i in range(a, b):
+                    lo, hi = bounds[i], bounds[i + 1]
+                    writer.copy_sample(keys[i], views.pop(i), zip(names[lo:hi], rel_list[lo:hi], size_list[lo:hi]))
+                del views
+            writer.close()
+    finally:
+        inputs.close()
+    sha256 = out.sha.hexdigest()
+    records = writer.records
+
+    ledger_start = time.perf_counter()
+    new_offsets = np.fromiter((rec.offset for rec in records), np.int64, len(records))
+    new_members = pa.ListArray.from_arrays(
+        pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)),
+        pa.StructArray.from_arrays(
+            [names_arr, pa.array(rel + np.repeat(new_offsets, counts)), pa.array(sizes)],
+            fields=list(MEMBER_TYPE),
+        ),
+    )
+    n = len(records)
+    columns = {
+        "key": picked.column("key"),
+        "source": picked.column("source"),
+        "row": picked.column("row"),
+        "status": pa.array([OK] * n, pa.string()),
+        "shard": pa.array([output.name] * n, pa.string()),
+        "bytes": picked.column("bytes"),
+        "sha256": picked.column("sha256"),
+        "offset": pa.array(new_offsets),
+        "length": picked.column("length"),
+        "members": new_members,
+        "input_shard": pa.array([output.inputs[s].tar for s in slots.tolist()], pa.string()),
+    }
+    meta = {"index": output.index, "samples": n, "bytes": writer.bytes_written, "sha256": sha256}
+    table = pa.Table.from_arrays(
+        [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in RESHARD_SCHEMA],
+        schema=RESHARD_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta).encode()}),
+    )
+    write_parquet(storage, output.ledger, table)
+    done = time.perf_counter()
+    return OutputResult(
+        index=output.index,
+        tar=output.name,
+        ledger=output.ledger,
+        samples=n,
+        bytes=writer.bytes_written,
+        sha256=sha256,
+        records=records,
+        seconds=done - start,
+        ledger_seconds=done - ledger_start,
+    )
+
+
+def _planned_rows(storage: Storage, output: OutputPlan, slots: np.ndarray, positions: np.ndarray) -> pa.Table:
+    """The input ledger rows of the planned samples, in write order (one ledger read per input)."""
     by_slot = np.argsort(slots, kind="stable")
     bounds = np.searchsorted(slots[by_slot], np.arange(len(output.inputs) + 1))
+    parts = []
     for slot, shard in enumerate(output.inputs):
         where = by_slot[bounds[slot] : bounds[slot + 1]]
         if not len(where):
@@ -474,66 +554,11 @@ def build_output(storage: Storage, output: OutputPlan, *, window_bytes: int = DE
         wanted = positions[where]
         if wanted.min() < 0 or wanted.max() >= len(eligible):
             raise ValueError(f"output {output.index} plans positions outside {shard.ledger!r}")
-        picked = table.take(pa.array(eligible[wanted])).to_pylist()
-        for i, r in zip(where.tolist(), picked):
-            keys[i] = r["key"]
-            offsets[i] = r["offset"]
-            lengths[i] = r["length"]
-            rows[i] = r
-
-    inputs = _Inputs(storage, output)
-    try:
-        with storage.atomic_writer(output.name) as raw_out:
-            out = _HashingWriter(raw_out)
-            writer = ShardWriter(out)
-            for a, b in _windows(lengths, window_bytes):
-                views = _fetch(storage, output, inputs, slots, offsets, lengths, a, b)
-                for i in range(a, b):
-                    r = rows[i]
-                    base = r["offset"]
-                    members = [(m["name"], m["offset"] - base, m["size"]) for m in r["members"]]
-                    writer.copy_sample(keys[i], views.pop(i), members)
-                del views
-            writer.close()
-    finally:
-        inputs.close()
-    sha256 = out.sha.hexdigest()
-
-    records = writer.records
-    ledger_start = time.perf_counter()
-    ledger_rows = []
-    for i, (r, rec) in enumerate(zip(rows, records)):
-        ledger_rows.append(
-            {
-                "key": r["key"],
-                "source": r["source"],
-                "row": r["row"],
-                "status": OK,
-                "shard": output.name,
-                "bytes": r.get("bytes"),
-                "sha256": r.get("sha256"),
-                "offset": rec.offset,
-                "length": rec.length,
-                "members": rec.members_as_dicts(),
-                "input_shard": output.inputs[int(slots[i])].tar,
-            }
-        )
-    meta = {"index": output.index, "samples": len(records), "bytes": writer.bytes_written, "sha256": sha256}
-    table = pa.Table.from_pylist(ledger_rows, schema=RESHARD_SCHEMA)
-    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()})
-    write_parquet(storage, output.ledger, table)
-    done = time.perf_counter()
-    return OutputResult(
-        index=output.index,
-        tar=output.name,
-        ledger=output.ledger,
-        samples=len(records),
-        bytes=writer.bytes_written,
-        sha256=sha256,
-        records=records,
-        seconds=done - start,
-        ledger_seconds=done - ledger_start,
-    )
+        parts.append(table.take(pa.array(eligible[wanted])))
+    # by_slot lists write positions slot by slot, as the parts are; invert it.
+    order = np.empty(len(by_slot), np.int64)
+    order[by_slot] = np.arange(len(by_slot))
+    return pa.concat_tables(parts).take(pa.array(order)).combine_chunks()
 
 
 def _fetch(

@@ -310,7 +310,8 @@ def test_bad_records_raise(release):
     good = release["shards"][1]
     first, second = good.samples[0], good.samples[1]
     moved = replace(second, offset=second.offset + 512)
-    misaligned = replace(first, members=(replace(first.members[0], offset=first.members[0].offset + 1),) + first.members[1:])
+    nudged = replace(first.members[0], offset=first.members[0].offset + 1)
+    misaligned = replace(first, members=(nudged,) + first.members[1:])
     stranger = replace(first, members=(MemberRecord("other.jpg", first.members[0].offset, 3),) + first.members[1:])
     cases = {
         "relative path": replace(good, name="/abs/shard.tar"),
@@ -449,4 +450,5 @@ def test_wids_reads_the_release(release, readers):
     assert result["len"] == len(expected)
     assert result["name"] == "tiny"
     shard_of = [s.name for s, n in zip(release["shards"], COUNTS) for _ in range(n)]
-    assert result["rows"] == [[key, caption.decode("utf-8"), shard] for (key, caption), shard in zip(expected, shard_of)]
+    want = [[key, caption.decode("utf-8"), shard] for (key, caption), shard in zip(expected, shard_of)]
+    assert result["rows"] == want

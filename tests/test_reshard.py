@@ -8,7 +8,6 @@ import pickle
 from collections import Counter
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from tasks.ledger import LedgerRow, read_ledger, write_ledger
@@ -27,7 +26,7 @@ COUNTS = (7, 0, 13, 5)
 
 
 def sample_members(source: str, row: int) -> dict[str, bytes]:
-    rng = np.random.default_rng([hash(source) % 1000, row])
+    rng = np.random.default_rng([int(source[3:]), row])
     jpg = rng.integers(0, 256, int(rng.integers(1, 3000)), dtype=np.uint8).tobytes()
     return {"jpg": jpg, "txt": f"caption {source} {row}".encode(), "json": f'{{"row": {row}}}'.encode()}
 
@@ -210,6 +209,75 @@ def test_an_output_opens_only_the_inputs_it_needs(dataset):
     assert Counter(recording.opened)[inputs[2].tar] == 1
 
 
+class UnmappableStorage(Storage):
+    """Files without a file descriptor, as on an object store: inputs are read, not mapped."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.reads: list[int] = []
+
+    def open(self, rel, mode="rb"):
+        fh = super().open(rel, mode)
+        if "r" not in mode or not rel.endswith(".tar"):
+            return fh
+        reads = self.reads
+
+        class NoFileno:
+            def read(self, n=-1):
+                data = fh.read(n)
+                reads.append(len(data))
+                return data
+
+            def __getattr__(self, name):
+                if name == "fileno":
+                    raise AttributeError(name)
+                return getattr(fh, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                fh.close()
+
+        return NoFileno()
+
+
+def test_read_path_matches_the_mapped_path(dataset):
+    storage, inputs, _ = dataset
+    unmapped = UnmappableStorage(storage.root)
+    for seed in (None, 4):
+        mapped = build_all(storage, plan_reshard(inputs, 10, prefix="m", seed=seed))
+        for window in (1, 2_000, 1 << 26):
+            read = build_all(unmapped, plan_reshard(inputs, 10, prefix=f"r{window}", seed=seed), window_bytes=window)
+            assert [r.sha256 for r in read] == [r.sha256 for r in mapped]
+            assert [r.records for r in read] == [r.records for r in mapped]
+        # memory: with a window smaller than any sample, one sample is read at a time
+        unmapped.reads.clear()
+        build_all(unmapped, plan_reshard(inputs, 10, prefix="small", seed=seed), window_bytes=1)
+        largest = max(rec.length for r in mapped for rec in r.records)
+        assert len(unmapped.reads) == 25 and max(unmapped.reads) <= largest
+        # unshuffled, a big window reads each input's run of samples at once
+        if seed is None:
+            unmapped.reads.clear()
+            build_all(unmapped, plan_reshard(inputs, 10, prefix="big", seed=seed))
+            assert len(unmapped.reads) == 4  # input 0; input 2 twice (two outputs); input 3
+
+
+@pytest.mark.slow
+def test_s3_storage(dataset, s3_bucket):
+    storage, inputs, members = dataset
+    bucket, options = s3_bucket
+    s3 = Storage(f"s3://{bucket}/root", options)
+    for s in inputs:
+        s3.write_bytes(s.tar, storage.read_bytes(s.tar))
+        s3.write_bytes(s.ledger, storage.read_bytes(s.ledger))
+    local = build_all(storage, plan_reshard(inputs, 10, prefix="ds/reshard", seed=9))
+    remote = build_all(s3, plan_reshard(inputs, 10, prefix="ds/reshard", seed=9))
+    assert [r.sha256 for r in remote] == [r.sha256 for r in local]
+    assert [hashlib.sha256(s3.read_bytes(r.tar)).hexdigest() for r in remote] == [r.sha256 for r in local]
+    assert all(r.skipped for r in build_all(s3, plan_reshard(inputs, 10, prefix="ds/reshard", seed=9)))
+
+
 def test_small_windows_give_the_same_bytes(dataset):
     storage, inputs, _ = dataset
     for seed in (None, 3):
@@ -311,9 +379,12 @@ def test_planning_ten_thousand_inputs():
     assert sum(b - a for _, a, b in ranges) == total
     assert ranges[0] == ("in/000000.tar", 0, 999) and ranges[-1][2] == 1_000
 
-    shuffled = plan_reshard(inputs, 10_000, prefix="big", seed=11)
-    assert shuffled.total == total and shuffled.tail == total % 10_000
-    _check_covers(shuffled, counts)
+    # shuffled: the same 10,000 inputs at a tenth of the samples (the full size is in the bench)
+    small = counts // 10
+    inputs = [InputShard(s.tar, s.ledger, int(c)) for s, c in zip(inputs, small)]
+    shuffled = plan_reshard(inputs, 1_000, prefix="big", seed=11)
+    assert shuffled.total == int(small.sum()) and shuffled.tail == int(small.sum()) % 1_000
+    _check_covers(shuffled, small)
 
 
 def test_small_plans_cover_every_position():

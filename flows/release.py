@@ -1,0 +1,152 @@
+"""The release phase: an immutable, indexed version of the dataset, committed by its index.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from flows.audit import publish, report_dir
+from tasks.indexes import ShardIndexInput, all_indexes
+from tasks.ledger import read_parquet
+from tasks.recipe import Recipe
+from tasks.release import (
+    INDEX,
+    ReleaseResult,
+    code_version,
+    commit_index,
+    fingerprint,
+    latest,
+    next_version,
+    now,
+    place_file,
+    read_index,
+    releases_dir,
+    set_latest,
+    write_tables,
+)
+from tasks.storage import Storage
+
+LEDGER_COLUMNS = ["key", "source", "row", "status", "reason"]
+
+
+class Unreconciled(RuntimeError):
+    """The ledgers do not account for every manifest row exactly once; nothing is released."""
+
+
+@task(name="release-tables")
+def release_tables(storage: Storage, download_ledgers: list[str], validate_ledgers: list[str], outputs: list[tuple[str, str]], incomplete: list[Any]) -> tuple[pa.Table, pa.Table]:
+    """(samples, ledger): where each released sample is, and every manifest row's final fate."""
+    samples = []
+    for name, ledger in outputs:
+        t = read_parquet(storage, ledger, ["key", "source", "row", "offset", "length"])
+        samples.append(t.append_column("shard", pa.array([name] * t.num_rows, pa.string())))
+    samples_t = pa.concat_tables(samples) if samples else pa.table({"key": pa.array([], pa.string())})
+    parts = []
+    for phase, ledgers in (("download", download_ledgers), ("validate", validate_ledgers)):
+        for rel in ledgers:
+            t = read_parquet(storage, rel, LEDGER_COLUMNS)
+            t = t.filter(pa.compute.not_equal(t.column("status"), "ok"))
+            parts.append(t.append_column("phase", pa.array([phase] * t.num_rows, pa.string())))
+    for t in incomplete:
+        t = t.select(LEDGER_COLUMNS)
+        parts.append(t.append_column("phase", pa.array(["reshard"] * t.num_rows, pa.string())))
+    ok = samples_t.select(["key", "source", "row"])
+    ok = ok.append_column("status", pa.array(["ok"] * ok.num_rows, pa.string()))
+    ok = ok.append_column("reason", pa.array([None] * ok.num_rows, pa.string()))
+    parts.append(ok.append_column("phase", pa.array(["release"] * ok.num_rows, pa.string())))
+    return samples_t, pa.concat_tables(parts)
+
+
+def reconcile(ledger: pa.Table, manifest_rows: int) -> list[str]:
+    """Rows in = ok + rejected + error, no duplicate rows, nothing released without a row."""
+    problems = []
+    if ledger.num_rows != manifest_rows:
+        problems.append(f"{ledger.num_rows} ledger rows for {manifest_rows} manifest rows")
+    keys = ledger.column("key")
+    if pa.compute.count_distinct(keys).as_py() != ledger.num_rows:
+        problems.append("duplicate keys across the phase ledgers")
+    return problems
+
+
+@flow(name="release")
+def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, run: dict) -> tuple[ReleaseResult, dict]:
+    """Make ``releases/vNNNN/`` unless the latest release already has the same content."""
+    logger = get_run_logger()
+    storage = Storage(recipe.storage, recipe.storage_options)
+    base_dir = releases_dir(recipe.dataset)
+    names = [f"shard-{o.index:06d}.tar" for o in reshard.outputs]
+    shards = [{"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, reshard.outputs)]
+    fp = fingerprint(shards, recipe.recipe_hash())
+    head = latest(storage, recipe.dataset)
+    if head is not None and read_index(storage, recipe.dataset, head).get("fingerprint") == fp:
+        logger.info("release: unchanged since %s; no new release", head)
+        run["release"] = {"version": head, "created": False}
+        publish(storage, recipe, run)
+        return ReleaseResult(head, storage.url(f"{base_dir}/{head}"), False, reshard.samples, len(shards)), run
+
+    samples, ledger = release_tables.submit(
+        storage, download.ledgers, validated.ledgers, [(n, o.ledger) for n, o in zip(names, reshard.outputs)], reshard.incomplete_rows
+    ).result()
+    problems = reconcile(ledger, download.counts.rows)
+    if problems:
+        raise Unreconciled("ledgers do not reconcile; nothing released: " + "; ".join(problems))
+
+    version = next_version(storage, recipe.dataset)
+    base = f"{base_dir}/{version}"
+    for name, o in zip(names, reshard.outputs):
+        place_file(storage, o.tar, f"{base}/{name}")
+    index_inputs = [ShardIndexInput(name=n, size=o.bytes, samples=o.records) for n, o in zip(names, reshard.outputs)]
+    for rel, data in all_indexes(index_inputs, name=recipe.dataset).items():
+        storage.write_bytes(f"{base}/{rel}", data)
+    write_tables(storage, base, samples, ledger)
+
+    run["release"] = {"version": version, "created": True, "path": storage.url(base)}
+    publish(storage, recipe, run)
+    reports = report_dir(recipe, run["run"])
+    for rel in ("report.html", "run.json"):
+        storage.write_bytes(f"{base}/{rel}", storage.read_bytes(f"{reports}/{rel}"))
+    gates = {}
+    for phase in run["phases"]:
+        if phase.get("gate"):
+            storage.write_bytes(f"{base}/gates/{phase['phase']}.json", storage.read_bytes(f"{reports}/gates/{phase['phase']}.json"))
+            gates[phase["phase"]] = {"success": phase["gate"]["success"], "outcomes": phase["gate"]["outcomes"]}
+    index = {
+        "version": version,
+        "dataset": recipe.dataset,
+        "kind": recipe.kind,
+        "created": now(),
+        "fingerprint": fp,
+        "parent": head,
+        "run": run["run"],
+        "shards": shards,
+        "totals": {
+            "samples": reshard.samples,
+            "bytes": sum(s["bytes"] for s in shards),
+            "shards": len(shards),
+            "samples_per_shard": reshard.samples_per_shard,
+            "tail": reshard.tail,
+        },
+        "schema": {"members": list(recipe.reshard.required(recipe.validate_)), "image_format": recipe.validate_.image.output_format},
+        "shuffle_seed": reshard.seed,
+        "recipe_hash": recipe.recipe_hash(),
+        "sources": {name: {"sha256": sha} for name, sha in download.manifests.items()},
+        "code_version": code_version(),
+        "gates": gates,
+        "ledger": {"rows": ledger.num_rows, "ok": reshard.samples, "not_released": ledger.num_rows - reshard.samples},
+        "indexes": {"dali": "*.idx", "energon": ".nv-meta/", "wids": "wids-index.json"},
+        "data_docs": f"{reports}/gates/data_docs/index.html",
+    }
+    commit_index(storage, f"{base}/{INDEX}", index)
+    set_latest(storage, recipe.dataset, version)
+    create_markdown_artifact(
+        f"# {recipe.dataset} {version}\n\n{reshard.samples} samples in {len(shards)} shards "
+        f"({reshard.samples_per_shard} per shard, tail {reshard.tail}); parent {head or '-'}.\n\n`{storage.url(base)}`\n",
+        key=f"{recipe.dataset}-release",
+        description=f"{recipe.dataset}: latest release",
+    )
+    logger.info("released %s: %d samples in %d shards at %s", version, reshard.samples, len(shards), storage.url(base))
+    return ReleaseResult(version, storage.url(base), True, reshard.samples, len(shards)), run
+
