@@ -43,6 +43,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "animated_image": (REJECTED, "an animated image while validate.image.animated is reject"),
     "image_too_small": (REJECTED, "the short side is below validate.image.min_side"),
     "aspect_ratio": (REJECTED, "long side / short side is above validate.image.max_aspect_ratio"),
+    # reshard (tasks/reshard.py)
+    "incomplete_sample": (REJECTED, "an ok sample lacks a member the reshard requires (reshard.required_members); not carried"),
     # license (tasks/licenses.py)
     "license_missing": (REJECTED, "no license value and no validate.license.source_defaults entry for the source"),
     "license_not_allowed": (REJECTED, "the license, normalised to SPDX, is not in validate.license.allow, or is unrecognised under validate.license.unknown: reject"),

@@ -281,7 +281,7 @@ def _read_input_ledger(storage: Storage, ledger: str) -> pa.Table:
     with storage.open(ledger, "rb") as fh:
         pf = pq.ParquetFile(fh)
         names = set(pf.schema_arrow.names)
-        table = pf.read(columns=_INPUT_COLUMNS + [c for c in _CARRIED_COLUMNS if c in names])
+        table = pf.read(columns=_INPUT_COLUMNS + [c for c in _CARRIED_COLUMNS if c in names], use_threads=False)  # see tasks.ledger.read_parquet
     for name in _CARRIED_COLUMNS:
         if name not in names:
             field = RESHARD_SCHEMA.field(name)
