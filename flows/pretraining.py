@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from prefect import flow
 from prefect_dask import DaskTaskRunner
@@ -26,6 +26,7 @@ def pretraining_flow(
     cluster: str | None = None,
     storage: str | None = None,
     workers: int | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> dict:
     """Run the recipe's phases (all by default) and return each phase's summary.
 
@@ -35,8 +36,9 @@ def pretraining_flow(
         cluster: ``local``, ``cuda`` or a Dask scheduler address; overrides the recipe.
         storage: storage root (local path or s3:// URL); overrides the recipe.
         workers: worker processes of a local cluster; overrides the recipe.
+        overrides: other recipe keys, dotted: ``{"reshard.samples_per_shard": 500}``.
     """
-    overrides = {}
+    overrides = dict(overrides or {})
     if cluster:
         overrides["execution.cluster"] = cluster
     if storage:

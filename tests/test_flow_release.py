@@ -23,14 +23,16 @@ def released(tmp_path_factory, prefect_harness):
     try:
         first = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2)
         second = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2)
+        # A narrower license policy: a new release whose parent is the first.
+        third = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2, overrides={"validate.license.allow": ["CC0-1.0", "CC-BY-4.0"], "gates.validate.max_reject_rate": 0.9})
     finally:
         server.stop()
         os.environ.pop("SHARDSMITH_DEMO_DIR", None)
-    return root / "store" / "demo", first, second, expected
+    return root / "store" / "demo", first, second, expected, third
 
 
 def test_equal_shards_and_an_immutable_release(released):
-    store, first, _, _ = released
+    store, first, *_ = released
     rel = first["release"]
     assert rel.created and rel.version == "v0001"
     base = store / "releases" / "v0001"
@@ -40,7 +42,6 @@ def test_equal_shards_and_an_immutable_release(released):
     assert all(c == n for c in counts[:-1]) and 1 <= counts[-1] <= n
     assert index["totals"]["tail"] == counts[-1]
     assert sum(counts) == index["totals"]["samples"] == first["validate"].counts.ok
-    assert (store / "releases" / "LATEST").read_text().strip() == "v0001"
     # Every manifest row is accounted for in the release ledger, exactly once.
     import pyarrow.parquet as pq
 
@@ -57,15 +58,15 @@ def test_equal_shards_and_an_immutable_release(released):
 
 
 def test_rerun_with_unchanged_sources_makes_no_new_release(released):
-    store, first, second, _ = released
+    store, first, second, *_ = released
     assert second["release"].created is False and second["release"].version == "v0001"
-    assert [p.name for p in (store / "releases").iterdir() if p.name.startswith("v")] == ["v0001"]
+    assert second["release"].path == first["release"].path
 
 
 def test_release_reads_back_with_webdataset(released):
     import webdataset as wds
 
-    store, first, _, _ = released
+    store, first, *_ = released
     base = store / "releases" / "v0001"
     index = json.loads((base / "index.json").read_text())
     urls = [str(base / s["name"]) for s in index["shards"]]
@@ -76,7 +77,7 @@ def test_release_reads_back_with_webdataset(released):
 def test_release_reads_back_with_dali_and_our_indexes(released):
     from nvidia.dali import fn, pipeline_def
 
-    store, _, _, _ = released
+    store, *_ = released
     base = store / "releases" / "v0001"
     index = json.loads((base / "index.json").read_text())
     tars = [str(base / s["name"]) for s in index["shards"]]
@@ -103,8 +104,25 @@ def test_cli_lists_and_diffs_releases(released):
     import subprocess
     import sys
 
-    store, _, _, _ = released
+    store, *_ = released
     out = subprocess.run([sys.executable, "-m", "flows.cli", "releases", "demo", "--storage", str(store.parent)], capture_output=True, text=True)
     assert out.returncode == 0 and "v0001" in out.stdout and "LATEST" in out.stdout
-    same = subprocess.run([sys.executable, "-m", "flows.cli", "diff", "demo", "v0001", "latest", "--storage", str(store.parent)], capture_output=True, text=True)
+    same = subprocess.run([sys.executable, "-m", "flows.cli", "diff", "demo", "v0001", "v0001", "--storage", str(store.parent)], capture_output=True, text=True)
     assert same.returncode == 0 and "+0 added, -0 removed" in same.stdout
+
+
+def test_a_changed_policy_makes_a_child_release_and_diff_says_why(released):
+    import subprocess
+    import sys
+
+    store, first, _, _, third = released
+    assert third["release"].created and third["release"].version == "v0002"
+    index = json.loads((store / "releases" / "v0002" / "index.json").read_text())
+    assert index["parent"] == "v0001"
+    assert (store / "releases" / "LATEST").read_text().strip() == "v0002"
+    removed = first["validate"].counts.ok - third["validate"].counts.ok
+    assert removed > 0
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "diff", "demo", "v0001", "v0002", "--storage", str(store.parent)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"-{removed} removed" in out.stdout
+    assert "validate: license_not_allowed" in out.stdout
