@@ -16,7 +16,9 @@ the project's dependencies. Each run writes into a fresh folder, removed after i
 CPU seconds are user+sys of the tool's whole process tree (``RUSAGE_CHILDREN`` deltas around
 the run, which include waited-for grandchildren). The image server and the Prefect server are
 long-lived and not counted there; their CPU during each run is read from /proc and shown
-separately, since both take cores from the tool on a small machine.
+separately, since both take cores from the tool on a small machine. So is the CPU that other
+work on the machine used meanwhile; before each run the script waits (``--quiet-wait``) for
+that to settle, since a shared 2-core machine is the usual place this runs.
 """
 
 from __future__ import annotations

@@ -310,6 +310,11 @@ def _samples_checks(cfg: ValidateGate, license_allow: list[str], image: ImageRul
 # --- running GE -------------------------------------------------------------------------------
 
 
+def preload() -> None:
+    """Import Great Expectations ahead of the first gate (the import takes seconds)."""
+    _import_gx()
+
+
 def _import_gx() -> Any:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     import great_expectations as gx
