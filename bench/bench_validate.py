@@ -19,7 +19,9 @@ bench_download.py). Each run writes into a fresh folder, removed after it is mea
 CPU seconds are user+sys of the tool's whole process tree (``RUSAGE_CHILDREN`` deltas). While
 a run goes, the tree is also sampled every 0.25 s, which splits its CPU by process (the CLI's
 own process, which also hosts the Dask scheduler, versus the workers) and, for shardsmith, by
-phase, at the boundaries Prefect logs (start-up, download, validate, teardown).
+phase, at the boundaries Prefect logs (start-up, download, validate, teardown). Last, each
+tool's per-image work alone (decode, resize, re-encode) is timed on the same files in one
+process, which separates the image code from downloads, tars and orchestration.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from bench_download import (  # noqa: E402  (the download benchmark's corpus and
     wait_for_quiet,
 )
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("shardsmith", "i2d-default")
 # img2dataset 1.47.0's defaults (img2dataset/main.py, download()): the baseline the issue names.
 I2D_RESIZE_MODE = "border"
@@ -425,7 +428,72 @@ def run_img2dataset(children: Children, args, rnd: int, manifest: Path, work: Pa
     )  # fmt: skip
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# ---------------------------------------------------------------------------------- kernel
+
+# Each tool's per-image work (decode, resize to 256 px with a border, JPEG re-encode), timed in
+# one process of its own venv with process_time: what the runs above spend per image, without
+# downloads, tars, orchestration or contention. Prints {label: {ext: [images, CPU s]}}.
+_KERNEL_SHARDSMITH = f"""
+import json, sys, time
+from pathlib import Path
+from tasks.images import process_image
+from tasks.recipe import ImageRules
+rules = ImageRules(resize_mode="{I2D_RESIZE_MODE}", image_size={I2D_IMAGE_SIZE}, output_format="jpeg", quality={I2D_ENCODE_QUALITY})
+files = [Path(p) for p in sys.argv[1:]]
+for f in files[:10]:
+    process_image(f.read_bytes(), rules, thumbnail=True)
+out = {{}}
+# validate asks for a thumbnail for every sample it accepts (tasks/validate.py, _judge)
+for label, thumb in (("shardsmith process_image, as validate calls it (thumbnail=True)", True), ("shardsmith process_image, thumbnail=False", False)):
+    by = out.setdefault(label, {{}})
+    for f in files:
+        data = f.read_bytes()
+        t = time.process_time()
+        r = process_image(data, rules, thumbnail=thumb)
+        cpu = time.process_time() - t
+        if r.reason is not None:
+            raise SystemExit(f"{{f}}: {{r.reason}}")
+        n, c = by.get(f.suffix[1:], (0, 0.0))
+        by[f.suffix[1:]] = (n + 1, c + cpu)
+print(json.dumps(out))
+"""
+_KERNEL_I2D = f"""
+import io, json, sys, time
+from pathlib import Path
+from img2dataset.resizer import Resizer
+r = Resizer(image_size={I2D_IMAGE_SIZE}, resize_mode="{I2D_RESIZE_MODE}", resize_only_if_bigger=False, encode_quality={I2D_ENCODE_QUALITY}, encode_format="jpg")
+files = [Path(p) for p in sys.argv[1:]]
+for f in files[:10]:
+    r(io.BytesIO(f.read_bytes()))
+by = {{}}
+for f in files:
+    data = f.read_bytes()
+    t = time.process_time()
+    res = r(io.BytesIO(data))
+    cpu = time.process_time() - t
+    if res[-1] is not None:
+        raise SystemExit(f"{{f}}: {{res[-1]}}")
+    n, c = by.get(f.suffix[1:], (0, 0.0))
+    by[f.suffix[1:]] = (n + 1, c + cpu)
+print(json.dumps({{"img2dataset Resizer (OpenCV decode, albumentations resize + pad, imencode)": by}}))
+"""
+
+
+def run_kernels(pool_dir: Path, names: list[str], tools: list[str]) -> dict[str, dict[str, tuple[int, float]]]:
+    """CPU per image of each tool's image work on the same files (see _KERNEL_SHARDSMITH)."""
+    files = [str(pool_dir / n) for n in names]
+    out: dict[str, dict[str, tuple[int, float]]] = {}
+    jobs = []
+    if "shardsmith" in tools:
+        jobs.append(([str(REPO_ROOT / ".venv" / "bin" / "python"), "-c", _KERNEL_SHARDSMITH], child_env(PYTHONPATH=str(REPO_ROOT))))
+    if "i2d-default" in tools:
+        jobs.append(([str(I2D_VENV / "bin" / "python"), "-c", _KERNEL_I2D], child_env(NO_ALBUMENTATIONS_UPDATE="1")))
+    for cmd, env in jobs:
+        proc = subprocess.run([*cmd, *files], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise SystemExit(f"kernel timing failed ({cmd[0]}):\n{proc.stderr[-3000:]}")
+        out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
 
 
 # --------------------------------------------------------------------------------- report
@@ -475,7 +543,7 @@ def summarize(runs: list[Run], tools: list[str]) -> dict[str, dict]:
     return out
 
 
-def report(runs: list[Run], tools: list[str], meta: dict) -> str:
+def report(runs: list[Run], tools: list[str], meta: dict, kernels: dict | None = None) -> str:
     """The per-run lines, the summary table and the ratios, as markdown."""
     s = summarize(runs, tools)
     lines = [
@@ -521,6 +589,21 @@ def report(runs: list[Run], tools: list[str], meta: dict) -> str:
         if v["phases"]:
             phases = ", ".join(f"{k} {_fmt(x, '.2f')} ({_fmt(v['phase_walls'][k])} s wall)" for k, x in v["phases"].items())
             lines.append(f"- {tool}: by part of the run (subflow spans from Prefect's log lines, gates and reports included): {phases}")
+    if kernels:
+        exts = sorted({e for by in kernels.values() for e in by}, key=lambda e: -max(by.get(e, (0, 0))[0] for by in kernels.values()))
+        counts = next(iter(kernels.values()))
+        mix = ", ".join(f"{counts[e][0]} {e}" for e in exts if e in counts)
+        lines += [
+            "",
+            f"Per-image work alone (CPU ms per image, one process, no downloads or tars; the corpus's first {meta['kernel_images']} images: {mix}):",
+            "",
+            "| code | " + " | ".join(exts) + " | all |",
+            "|---|" + "---:|" * (len(exts) + 1),
+        ]
+        for label, by in kernels.items():
+            n_all = sum(n for n, _ in by.values())
+            cells = [_fmt(1000 * by[e][1] / by[e][0], ".1f") if e in by else "-" for e in exts]
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {1000 * sum(c for _, c in by.values()) / max(n_all, 1):.1f} |")
     if "shardsmith" in s and "i2d-default" in s:
         a, b = s["shardsmith"], s["i2d-default"]
         phase = a["phase_rate_med"] / b["phase_rate_med"] if a["phase_rate_med"] and b["phase_rate_med"] else None
@@ -558,6 +641,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count per process (as bench_download.py)")
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
     p.add_argument("--quiet-wait", type=float, default=90.0, help="before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't wait)")
+    p.add_argument("--kernel-images", type=int, default=300, help="after the runs, time each tool's per-image work alone on this many of the images (0: skip)")
     p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
     p.add_argument("--keep", action="store_true", help="keep each run's output folder under .bench/validate/runs/")
     args = p.parse_args(argv)
@@ -613,6 +697,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if not args.keep:
                     shutil.rmtree(work / f"{tool}-{rnd}", ignore_errors=True)
+        kernels = None
+        if args.kernel_images > 0:
+            if args.quiet_wait > 0:
+                wait_for_quiet(args.quiet_wait)
+            print(f"timing each tool's per-image work on {min(args.kernel_images, args.rows)} images ...", flush=True)
+            kernels = run_kernels(pool_dir, list(sizes)[: args.kernel_images], args.tools)
     except KeyboardInterrupt:
         print("interrupted; stopping child processes", file=sys.stderr)
         return 130
@@ -632,8 +722,9 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "threads": args.threads,
         "rows_per_shard": args.rows_per_shard,
+        "kernel_images": min(args.kernel_images, args.rows),
     }
-    text = report(runs, args.tools, meta)
+    text = report(runs, args.tools, meta, kernels)
     print("\n" + text)
     if args.markdown:
         args.markdown.write_text(text)

@@ -117,9 +117,14 @@ def _judge(
     want_thumb = reason is not None and thumbs[reason] < thumbnails_per_reason
     outcome = None
     if image_ext is not None and (reason is None or want_thumb):
-        outcome = process_image(members[image_ext], cfg.image, thumbnail=True if reason is None else want_thumb)
+        # Thumbnails only for the few rejected samples the report shows; an image the rules
+        # reject is decoded once more for its thumbnail (rare, and capped per reason).
+        outcome = process_image(members[image_ext], cfg.image, thumbnail=want_thumb)
         if reason is None and outcome.reason is not None:
             reason, detail = outcome.reason, outcome.detail
+            want_thumb = thumbs[reason] < thumbnails_per_reason
+            if want_thumb:
+                outcome = process_image(members[image_ext], cfg.image, thumbnail=True)
     row = LedgerRow(
         key=key,
         source=down["source"],

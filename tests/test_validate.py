@@ -101,4 +101,5 @@ def test_rejected_samples_carry_a_few_thumbnails(downloaded):
     table = read_parquet(storage, cand.table).to_pylist()
     thumbs = {r["reason"]: r["thumbnail"] for r in table if r["thumbnail"] is not None}
     assert "license_not_allowed" in thumbs and thumbs["license_not_allowed"][:3] == b"\xff\xd8\xff"
+    assert "image_too_small" in thumbs  # rejected by the image rules, decoded again for the report
     assert all(r["thumbnail"] is None for r in table if r["status"] == "ok")
