@@ -441,20 +441,18 @@ from tasks.recipe import ImageRules
 rules = ImageRules(resize_mode="{I2D_RESIZE_MODE}", image_size={I2D_IMAGE_SIZE}, output_format="jpeg", quality={I2D_ENCODE_QUALITY})
 files = [Path(p) for p in sys.argv[1:]]
 for f in files[:10]:
-    process_image(f.read_bytes(), rules, thumbnail=True)
-out = {{}}
-# validate asks for a thumbnail for every sample it accepts (tasks/validate.py, _judge)
-for label, thumb in (("shardsmith process_image, as validate calls it (thumbnail=True)", True), ("shardsmith process_image, thumbnail=False", False)):
-    by = out.setdefault(label, {{}})
-    for f in files:
-        data = f.read_bytes()
-        t = time.process_time()
-        r = process_image(data, rules, thumbnail=thumb)
-        cpu = time.process_time() - t
-        if r.reason is not None:
-            raise SystemExit(f"{{f}}: {{r.reason}}")
-        n, c = by.get(f.suffix[1:], (0, 0.0))
-        by[f.suffix[1:]] = (n + 1, c + cpu)
+    process_image(f.read_bytes(), rules)
+by = {{}}
+for f in files:
+    data = f.read_bytes()
+    t = time.process_time()
+    r = process_image(data, rules)
+    cpu = time.process_time() - t
+    if r.reason is not None:
+        raise SystemExit(f"{{f}}: {{r.reason}}")
+    n, c = by.get(f.suffix[1:], (0, 0.0))
+    by[f.suffix[1:]] = (n + 1, c + cpu)
+out = {{"shardsmith process_image (Pillow, JPEG draft; EXIF, RGB, pixel sha256, resize, pHash, encode)": by}}
 print(json.dumps(out))
 """
 _KERNEL_I2D = f"""

@@ -69,6 +69,8 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> 
 
         try:
             return cli_run()
+        except RecipeError as err:
+            raise _fail(f"{recipe_path}: {err}", 2) from None
         except (ManifestError, PhaseFailed, NoGPU, GateFailed) as err:
             raise _fail(f"{type(err).__name__}: {err}", 1) from None
 

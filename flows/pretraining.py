@@ -13,7 +13,8 @@ from flows.runtime import dask_cluster
 from flows.release import release_flow
 from flows.reshard import reshard_flow
 from flows.validate import validate_flow
-from tasks.recipe import Recipe, load_recipe
+from tasks.licenses import policy_problems
+from tasks.recipe import Recipe, RecipeError, load_recipe
 
 Phase = Literal["download", "validate", "reshard", "release"]
 PHASES: tuple[Phase, ...] = ("download", "validate", "reshard", "release")
@@ -56,6 +57,10 @@ def run_phases(recipe: Recipe, phases: list[str]) -> dict:
     if not wanted:
         return {}
     last = PHASES.index(wanted[-1])
+    problems = policy_problems(recipe.validate_.license)
+    if problems:
+        # An allowlist entry that names no license would silently match nothing.
+        raise RecipeError("\n".join(f"validate.license: {p}" for p in problems))
     _warm_gates()
     record = new_run(recipe, run_name())
     ex = recipe.execution

@@ -73,3 +73,16 @@ def test_demo_end_to_end(tmp_path):
     assert latest.returncode == 0 and latest.stdout.splitlines()[0] == printed.stdout.splitlines()[0]
     missing = cli("report", "demo/nope", "--storage", str(tmp_path / "demo" / "store"))
     assert missing.returncode == 2 and "no run.json" in missing.stderr
+
+
+def test_an_allowlist_entry_that_names_no_license_is_a_recipe_error(tmp_path):
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("url,caption,license\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"dataset: x\nstorage: {tmp_path / 's'}\nsources:\n  - name: a\n    manifest: {manifest}\n"
+        "validate:\n  license:\n    allow: [CC0-1.0, not-a-license]\n"
+    )
+    out = cli("run", str(recipe), "--phase", "download")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"{recipe}: validate.license:" in out.stderr and "not-a-license" in out.stderr
