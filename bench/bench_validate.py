@@ -179,7 +179,7 @@ class TreeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid = pid
         self.per_pid: dict[int, tuple[str, float]] = {}
-        self.timeline: list[tuple[float, float]] = []  # (time.time(), tree CPU so far)
+        self.timeline: list[tuple[float, float, float]] = []  # (time.time(), tree CPU so far, the root's own CPU so far)
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -192,15 +192,17 @@ class TreeSampler(threading.Thread):
         while not self._stop_event.is_set():
             with contextlib.suppress(psutil.Error):
                 procs = [root, *root.children(recursive=True)]
-                total = 0.0
+                total = main = 0.0
                 for p in procs:
                     with contextlib.suppress(psutil.Error):
                         t = p.cpu_times()
                         own = t.user + t.system
                         total += own + t.children_user + t.children_system
+                        if p.pid == root.pid:
+                            main = own
                         role = self.per_pid.get(p.pid, (None,))[0] or _role(p, root)
                         self.per_pid[p.pid] = (role, own)
-                self.timeline.append((time.time(), total))
+                self.timeline.append((time.time(), total, main))
             self._stop_event.wait(SAMPLE_S)
 
     def stop(self) -> None:
@@ -213,9 +215,11 @@ class TreeSampler(threading.Thread):
             out[role] = out.get(role, 0.0) + cpu
         return out
 
-    def cpu_between(self, t0: float, t1: float) -> float:
-        """Tree CPU spent between two wall-clock times (interpolated on the samples)."""
-        return max(0.0, _interp(self.timeline, t1) - _interp(self.timeline, t0))
+    def cpu_between(self, t0: float, t1: float, column: int = 1) -> float:
+        """CPU spent between two wall-clock times (interpolated on the samples): the tree's
+        (``column`` 1) or the root process's own (``column`` 2)."""
+        series = [(row[0], row[column]) for row in self.timeline]
+        return max(0.0, _interp(series, t1) - _interp(series, t0))
 
 
 def _role(p, root) -> str:
@@ -327,6 +331,7 @@ class Run:
     other_cpu_s: float = 0.0
     cpu_by_role: dict[str, float] = field(default_factory=dict)
     cpu_by_phase: dict[str, float] = field(default_factory=dict)
+    main_cpu_by_phase: dict[str, float] = field(default_factory=dict)
     wall_by_phase: dict[str, float] = field(default_factory=dict)
     sample_size: tuple[int, int] | None = None
     extra: dict = field(default_factory=dict)
@@ -385,7 +390,9 @@ def run_shardsmith(children: Children, args, rnd: int, manifest: Path, work: Pat
         for name, a, b in zip(names, bounds, bounds[1:]):
             run.wall_by_phase[name] = b - a
             # The first sample is taken just after launch: CPU before it counts as start-up.
-            run.cpu_by_phase[name] = t.sampler.cpu_between(a - (SAMPLE_S if name == "start-up" else 0), b + (1.0 if name == "teardown" else 0))
+            a, b = a - (SAMPLE_S if name == "start-up" else 0), b + (1.0 if name == "teardown" else 0)
+            run.cpu_by_phase[name] = t.sampler.cpu_between(a, b)
+            run.main_cpu_by_phase[name] = t.sampler.cpu_between(a, b, column=2)
     if run.ok != run.rows:
         print(f"  warning: shardsmith: {run.rows - run.ok} rows not ok: download {dl['counts']['by_reason']}, validate {val['counts']['by_reason']}", flush=True)
     return run
@@ -534,6 +541,7 @@ def summarize(runs: list[Run], tools: list[str]) -> dict[str, dict]:
             "roles": {k: _med([_per_1k(r.cpu_by_role.get(k), r.ok) for r in rs]) for k in roles},
             "phases": {k: _med([_per_1k(r.cpu_by_phase.get(k), r.ok) for r in rs]) for k in phases},
             "phase_walls": {k: _med([r.wall_by_phase.get(k) for r in rs]) for k in phases},
+            "phase_mains": {k: _med([_per_1k(r.main_cpu_by_phase.get(k), r.ok) for r in rs]) for k in phases},
             "ok": sorted({r.ok for r in rs}),
             "rows": rs[0].rows,
             "sizes": sorted({r.sample_size for r in rs if r.sample_size}),
@@ -585,7 +593,9 @@ def report(runs: list[Run], tools: list[str], meta: dict, kernels: dict | None =
         roles = ", ".join(f"{k} {_fmt(x, '.2f')}" for k, x in v["roles"].items())
         lines.append(f"- {tool}: by process: {roles}")
         if v["phases"]:
-            phases = ", ".join(f"{k} {_fmt(x, '.2f')} ({_fmt(v['phase_walls'][k])} s wall)" for k, x in v["phases"].items())
+            phases = ", ".join(
+                f"{k} {_fmt(x, '.2f')} (main {_fmt(v['phase_mains'][k], '.2f')}; {_fmt(v['phase_walls'][k])} s wall)" for k, x in v["phases"].items()
+            )
             lines.append(f"- {tool}: by part of the run (subflow spans from Prefect's log lines, gates and reports included): {phases}")
     if kernels:
         exts = sorted({e for by in kernels.values() for e in by}, key=lambda e: -max(by.get(e, (0, 0))[0] for by in kernels.values()))
