@@ -588,7 +588,13 @@ def report(runs: list[Run], tools: list[str], meta: dict, kernels: dict | None =
             f"| {TOOL_LABELS[tool]} | {v['n']} | {v['wall_med']:.1f} ({v['wall_min']:.1f}) | {v['rate_med']:.1f} ({v['rate_max']:.1f}) | "
             f"{_fmt(v['phase_rate_med'])} | {v['cpu_1k_med']:.2f} ({v['cpu_1k_min']:.2f}) | {'/'.join(map(str, v['ok']))} of {v['rows']} |"
         )
-    lines += ["", "Where the CPU goes (CPU s per 1k samples, medians; sampled every 0.25 s, so parts need not add up to the total):", ""]
+    lines += [
+        "",
+        "Where the CPU goes (CPU s per 1k samples, medians; sampled every 0.25 s, so parts need not add up to the total; "
+        "main = the command's own process: for shardsmith the flow, the Dask scheduler, gates and reports, for img2dataset "
+        "the reader and the pool; workers = the Dask workers / img2dataset's download processes):",
+        "",
+    ]
     for tool, v in s.items():
         roles = ", ".join(f"{k} {_fmt(x, '.2f')}" for k, x in v["roles"].items())
         lines.append(f"- {tool}: by process: {roles}")
