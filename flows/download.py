@@ -129,12 +129,13 @@ def download_flow(recipe: Recipe, run: dict) -> tuple[DownloadSummary, dict]:
         tars=sorted(r.tar for r in results),
     )
     summary.report = write_summary(storage, summary)
-    create_markdown_artifact(summary_markdown(summary), key=f"{key}-summary", description=f"{recipe.dataset}: download summary")
     logger.info(
         "download: %d rows, %d ok, %d rejected, %d error; %d/%d shards skipped; %.1f samples/s",
         counts.rows, counts.ok, counts.rejected, counts.error, summary.shards_skipped, summary.shards, summary.samples_per_s,
     )
     if failed:
+        # The gate and its report (which post this artifact on success) will not run.
+        create_markdown_artifact(summary_markdown(summary), key=f"{key}-summary", description=f"{recipe.dataset}: download summary")
         raise PhaseFailed(f"{len(failed)} of {len(refs)} download shards failed; see {summary.report}:\n" + "\n".join(failed[:20]))
     ledger = pa.concat_tables([read_ledger(storage, r.ledger, ["key", "source", "status", "reason"]) for r in results])
     gate = download_gate(ledger, sum(p.rows for p in plans), recipe.gates.download)

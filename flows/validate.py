@@ -139,10 +139,15 @@ def _source_index(tar: str) -> tuple[str, int]:
 def _gate_samples(accepted: pa.Table | None) -> pa.Table:
     if accepted is None or accepted.num_rows == 0:
         return pa.table({"key": pa.array([], pa.string())})
-    w = accepted.column("width").to_pylist()
-    h = accepted.column("height").to_pylist()
+    return _with_aspect(accepted.select(["key", "license", "width", "height", "caption_chars", "pixel_sha256", "phash", "bytes"]))
+
+
+def _with_aspect(table: pa.Table) -> pa.Table:
+    """Append ``aspect`` = long side / short side (null where a side is unknown)."""
+    w = table.column("width").to_pylist()
+    h = table.column("height").to_pylist()
     aspect = [max(a, b) / min(a, b) if a and b else None for a, b in zip(w, h)]
-    return accepted.select(["key", "license", "width", "height", "caption_chars", "pixel_sha256", "phash", "bytes"]).append_column("aspect", pa.array(aspect, pa.float64()))
+    return table.append_column("aspect", pa.array(aspect, pa.float64()))
 
 
 def _report_samples(storage: Storage, ledger: pa.Table | None, cands: list[CandidateResult]) -> pa.Table | None:
@@ -155,10 +160,5 @@ def _report_samples(storage: Storage, ledger: pa.Table | None, cands: list[Candi
         for k, th in zip(t.column("key").to_pylist(), t.column("thumbnail").to_pylist()):
             if th is not None:
                 thumbs[k] = th
-    base = ledger.select(REPORT_COLUMNS)
-    w = base.column("width").to_pylist()
-    h = base.column("height").to_pylist()
-    aspect = [max(a, b) / min(a, b) if a and b else None for a, b in zip(w, h)]
-    return base.append_column("aspect", pa.array(aspect, pa.float64())).append_column(
-        "thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary())
-    )
+    base = _with_aspect(ledger.select(REPORT_COLUMNS))
+    return base.append_column("thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary()))
