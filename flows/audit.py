@@ -99,6 +99,12 @@ def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.T
         table = [{"reason": r, "rows": n, "share": round(n / max(phase["rows"], 1), 4)} for r, n in reasons.most_common()]
         create_table_artifact(table or [{"reason": "(none)", "rows": 0, "share": 0.0}], key=f"{key}-{name}-reasons", description=f"{key}: {name} rows by reason")
     create_link_artifact(report_url, link_text=f"{key} audit report ({run['run']})", key=f"{key}-report", description="HTML audit report")
+    docs = (phase or {}).get("links", {}).get("data_docs")
+    if docs:
+        # One Data Docs site per run lists every gate so far, so the latest link is enough.
+        create_link_artifact(
+            storage.url(f"{base}/{docs}"), link_text=f"{key} gate results, Data Docs ({run['run']})", key=f"{key}-data-docs", description="Great Expectations Data Docs"
+        )
     return report_url
 
 

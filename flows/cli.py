@@ -26,6 +26,7 @@ class PhaseName(str, Enum):
     download = "download"
     validate = "validate"
     reshard = "reshard"
+    precache = "precache"
     release = "release"
 
 
@@ -65,6 +66,10 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> 
 
         @flow(name=f"shardsmith-{recipe.dataset}")
         def cli_run() -> dict:
+            if recipe.kind == "finetuning":
+                from flows.finetuning import run_finetuning
+
+                return run_finetuning(recipe)  # its phases always run together
             return run_phases(recipe, phases)
 
         try:
@@ -253,6 +258,61 @@ def diff(
         typer.echo(f"  removed  {label:<40} {n}")
     for k in d["added_keys"]:
         typer.echo(f"  added    {k}")
+
+
+@app.command()
+def serve(
+    prefect_file: Annotated[Optional[Path], typer.Option("--prefect-file", help="Deployments to serve (default: deployments/prefect.yaml).", exists=True, dir_okay=False)] = None,
+    port: Annotated[int, typer.Option(help="Port of the local Prefect server started when PREFECT_API_URL is not set.")] = 4200,
+    limit: Annotated[Optional[int], typer.Option(help="Most flow runs at once (default: no limit).", min=1)] = None,
+) -> None:
+    """Serve the nightly and by-hand deployments without a work pool (Ctrl-C stops).
+
+    With PREFECT_API_URL set, registers them with that server; otherwise starts a local Prefect
+    server with its UI on --port first (SQLite under PREFECT_HOME) and stops it afterwards.
+    """
+    import contextlib
+
+    from deployments.serve import PREFECT_FILE, ServeError, local_server
+    from deployments.serve import serve as serve_deployments
+
+    target = prefect_file.resolve() if prefect_file else PREFECT_FILE
+    with contextlib.ExitStack() as stack:
+        if not os.environ.get("PREFECT_API_URL"):
+            typer.echo(f"starting a local Prefect server on 127.0.0.1:{port} ...")
+            try:
+                api = stack.enter_context(local_server(port=port))
+            except ServeError as err:
+                raise _fail(str(err), 1) from None
+            # Set before Prefect reads its settings, and inherited by every flow run's process.
+            os.environ["PREFECT_API_URL"] = api
+            typer.secho(f"Prefect UI: {api[: -len('/api')]}", bold=True)
+        serve_deployments(target, limit=limit)
+
+
+@app.command()
+def alerts(
+    webhook_url: Annotated[Optional[str], typer.Option(help="Receives a JSON POST per failed run (default: $SHARDSMITH_ALERT_WEBHOOK_URL).")] = None,
+    name: Annotated[str, typer.Option(help="Name of the automation and of its webhook block; rerunning replaces them.")] = "shardsmith-failures",
+    flow_name: Annotated[Optional[list[str]], typer.Option("--flow", help="Flow name whose failures alert (repeatable; trailing * matches). Default: the end-to-end flows.")] = None,
+    header: Annotated[Optional[list[str]], typer.Option(help="Extra HTTP header for the receiver, NAME=VALUE (repeatable).")] = None,
+) -> None:
+    """Create (or replace) the automation that posts failed and crashed runs to a webhook."""
+    if not os.environ.get("PREFECT_API_URL"):
+        raise _fail("automations live in a Prefect server: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)", 2)
+    from pydantic import ValidationError
+
+    from flows.alerts import config_from_env, create_alert
+
+    extra: dict[str, object] = {"headers": dict(h.partition("=")[::2] for h in header or [])}
+    if flow_name:
+        extra["flows"] = tuple(flow_name)
+    try:
+        cfg = config_from_env(webhook_url, name=name, **extra)
+    except (ValueError, ValidationError) as err:
+        raise _fail(str(err), 2) from None
+    ids = create_alert(cfg)
+    typer.echo(f"automation {cfg.name} ({ids['automation']}): {', '.join(cfg.states)} runs of {', '.join(cfg.flows)} -> {cfg.webhook_url}")
 
 
 def _locate_run(target: str, storage: str | None) -> tuple[str, str]:

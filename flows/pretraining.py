@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from prefect import flow
 from prefect_dask import DaskTaskRunner
 
 from flows.audit import new_run
 from flows.download import download_flow, run_name
+from flows.precache import precache_flow
+from flows.params import ClusterChoice, RecipeOverrides, RecipePath, StorageRoot, Workers, recipe_overrides
 from flows.runtime import dask_cluster
 from flows.release import release_flow
 from flows.reshard import reshard_flow
@@ -16,37 +18,30 @@ from flows.validate import validate_flow
 from tasks.licenses import policy_problems
 from tasks.recipe import Recipe, RecipeError, load_recipe
 
-Phase = Literal["download", "validate", "reshard", "release"]
-PHASES: tuple[Phase, ...] = ("download", "validate", "reshard", "release")
+Phase = Literal["download", "validate", "reshard", "precache", "release"]
+PHASES: tuple[Phase, ...] = ("download", "validate", "reshard", "precache", "release")
 
 
 @flow(name="pretraining")
 def pretraining_flow(
-    recipe_path: str,
+    recipe_path: RecipePath,
     phases: list[Phase] | None = None,
-    cluster: str | None = None,
-    storage: str | None = None,
-    workers: int | None = None,
-    overrides: dict[str, Any] | None = None,
+    cluster: ClusterChoice | None = None,
+    storage: StorageRoot | None = None,
+    workers: Workers | None = None,
+    overrides: RecipeOverrides | None = None,
 ) -> dict:
     """Run the recipe's phases (all by default) and return each phase's summary.
 
     Args:
-        recipe_path: the recipe YAML.
-        phases: which phases to run, in pipeline order.
-        cluster: ``local``, ``cuda`` or a Dask scheduler address; overrides the recipe.
+        recipe_path: the recipe YAML; relative to the project folder.
+        phases: which phases to run, in pipeline order; empty runs them all.
+        cluster: local, cuda or a Dask scheduler address; overrides the recipe.
         storage: storage root (local path or s3:// URL); overrides the recipe.
         workers: worker processes of a local cluster; overrides the recipe.
-        overrides: other recipe keys, dotted: ``{"reshard.samples_per_shard": 500}``.
+        overrides: recipe values for this run (shard size, gate thresholds, other keys dotted).
     """
-    overrides = dict(overrides or {})
-    if cluster:
-        overrides["execution.cluster"] = cluster
-    if storage:
-        overrides["storage"] = storage
-    if workers:
-        overrides["execution.workers"] = workers
-    recipe = load_recipe(recipe_path, overrides)
+    recipe = load_recipe(recipe_path, recipe_overrides(overrides, cluster, storage, workers))
     return run_phases(recipe, list(phases or PHASES))
 
 
@@ -72,9 +67,16 @@ def run_phases(recipe: Recipe, phases: list[str]) -> dict:
             out["validate"], record = validate_flow.with_options(task_runner=runner)(recipe=recipe, download=out["download"], run=record)
         if last >= PHASES.index("reshard"):
             out["reshard"], record = reshard_flow.with_options(task_runner=runner)(recipe=recipe, validated=out["validate"], run=record)
+        if last >= PHASES.index("precache"):
+            out["precache"], record = precache_flow.with_options(task_runner=runner)(recipe=recipe, reshard=out["reshard"], run=record)
         if last >= PHASES.index("release"):
             out["release"], record = release_flow.with_options(task_runner=runner)(
-                recipe=recipe, download=out["download"], validated=out["validate"], reshard=out["reshard"], run=record
+                recipe=recipe,
+                download=out["download"],
+                validated=out["validate"],
+                reshard=out["reshard"],
+                precache=out["precache"],
+                run=record,
             )
     out["record"] = record
     return out

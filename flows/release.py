@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.audit import publish, report_dir
-from tasks.indexes import ShardIndexInput, all_indexes
+from tasks.indexes import ShardIndexInput, all_indexes, dali_indexes
 from tasks.ledger import read_parquet
 from tasks.recipe import Recipe
 from tasks.release import (
@@ -72,14 +72,23 @@ def reconcile(ledger: pa.Table, manifest_rows: int) -> list[str]:
 
 
 @flow(name="release")
-def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, run: dict) -> tuple[ReleaseResult, dict]:
-    """Make ``releases/vNNNN/`` unless the latest release already has the same content."""
+def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, run: dict, precache: Any = None) -> tuple[ReleaseResult, dict]:
+    """Make ``releases/vNNNN/`` unless the latest release already has the same content.
+
+    With ``precache`` (the precache phase's summary), the latent shards go under ``latents/``
+    beside the image shards they mirror, each with its DALI index, and index.json records
+    them and their encodings under ``precache``.
+    """
     logger = get_run_logger()
     storage = Storage(recipe.storage, recipe.storage_options)
     base_dir = releases_dir(recipe.dataset)
     names = [f"shard-{o.index:06d}.tar" for o in reshard.outputs]
     shards = [{"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, reshard.outputs)]
-    fp = fingerprint(shards, recipe.recipe_hash())
+    latent_shards = [
+        {"name": f"latents/{n}", "image_shard": n, "sha256": r.sha256, "bytes": r.bytes, "samples": r.samples}
+        for n, r in zip(names, precache.results if precache else [])
+    ]
+    fp = fingerprint(shards + latent_shards, recipe.recipe_hash())
     head = latest(storage, recipe.dataset)
     if head is not None and read_index(storage, recipe.dataset, head).get("fingerprint") == fp:
         logger.info("release: unchanged since %s; no new release", head)
@@ -101,6 +110,12 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
     index_inputs = [ShardIndexInput(name=n, size=o.bytes, samples=o.records) for n, o in zip(names, reshard.outputs)]
     for rel, data in all_indexes(index_inputs, name=recipe.dataset).items():
         storage.write_bytes(f"{base}/{rel}", data)
+    if latent_shards:
+        for entry, r in zip(latent_shards, precache.results):
+            place_file(storage, r.tar, f"{base}/{entry['name']}")
+        latent_inputs = [ShardIndexInput(name=e["name"], size=r.bytes, samples=r.records) for e, r in zip(latent_shards, precache.results)]
+        for rel, data in dali_indexes(latent_inputs).items():
+            storage.write_bytes(f"{base}/{rel}", data)
     write_tables(storage, base, samples, ledger)
 
     run["release"] = {"version": version, "created": True, "path": storage.url(base)}
@@ -139,6 +154,8 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
         "indexes": {"dali": "*.idx", "energon": ".nv-meta/", "wids": "wids-index.json"},
         "data_docs": f"{reports}/gates/data_docs/index.html",
     }
+    if latent_shards:
+        index["precache"] = {"shards": latent_shards, "encodings": precache.encodings}
     commit_index(storage, f"{base}/{INDEX}", index)
     set_latest(storage, recipe.dataset, version)
     create_markdown_artifact(

@@ -674,8 +674,11 @@ def prepare_demo(out_dir: Path, n: int = 300, seed: int = 0, port: int = 18765) 
     The preferred ``port`` keeps the manifests' URLs, and so their hashes, stable across
     reruns; a busy port falls back to an ephemeral one. The caller stops the returned server.
     """
+    from tasks.tiny_models import make_all
+
     out_dir = Path(out_dir)
     images = ensure_images(out_dir, n, seed)
+    make_all(out_dir / "models")  # tiny random-weight encoders for the precache phase
     server = ImageWeb(out_dir / "images", port=port).start()
     try:
         write_manifests(out_dir, images, server.base_url)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from tasks.reasons import OK, STATUSES, family
-from tasks.recipe import DownloadGate, ImageRules, ValidateGate
+from tasks.recipe import DownloadGate, FinetuneGate, ImageRules, PackingConfig, PrecacheGate, ValidateGate
 from tasks.storage import Storage
 
 # Not a GE expectation type: the license review is a fact about the recipe, not about the data.
@@ -688,3 +688,159 @@ def reshard_gate(shards: pa.Table, samples_per_shard: int, expected_samples: int
     outcomes, validations = _run_suites(gx, "reshard", [("shards", frame, checks)])
     stats = {"shards": int(len(frame)), "samples": int(frame["samples"].sum()) if len(frame) else 0, "expected_samples": int(expected_samples)}
     return GateResult(phase="reshard", success=all(o.success for o in outcomes), outcomes=outcomes, statistics=stats, ge_result={"validations": validations})
+
+
+def _precache_checks(expected_samples: int, cfg: PrecacheGate, latents: bool) -> dict[str, list[_Check]]:
+    ledger = [
+        _Check(
+            "one encoding per released sample",
+            f"== {expected_samples} rows",
+            "ExpectTableRowCountToEqual",
+            {"value": expected_samples},
+            _count,
+        ),
+        _Check("precached key unique", "no duplicates", "ExpectColumnValuesToBeUnique", {"column": "key"}, _rows),
+        _Check(
+            "keys aligned with the image shards",
+            "all",
+            "ExpectColumnValuesToBeInSet",
+            {"column": "aligned", "value_set": [True]},
+            _rows,
+        ),
+        _Check("every stored value finite", "all", "ExpectColumnValuesToBeInSet", {"column": "finite", "value_set": [True]}, _rows),
+    ]
+    shards = [
+        _Check("latent shard per image shard, same count", "all", "ExpectColumnValuesToBeInSet", {"column": "counts_match", "value_set": [True]}, _rows),
+        _Check("shapes and dtypes as recorded", "all", "ExpectColumnValuesToBeInSet", {"column": "layout_match", "value_set": [True]}, _rows),
+    ]
+    out = {"ledger": ledger, "shards": shards}
+    if latents:
+        m = cfg.max_abs_channel_mean
+        out["channels"] = [
+            _Check(
+                f"latent channel mean within +-{_fmt(m)}",
+                f"-{_fmt(m)}..{_fmt(m)}",
+                "ExpectColumnValuesToBeBetween",
+                {"column": "mean", "min_value": -m, "max_value": m},
+                _rows,
+            ),
+            _Check(
+                f"latent channel std within {_fmt(cfg.min_channel_std)}..{_fmt(cfg.max_channel_std)}",
+                f"{_fmt(cfg.min_channel_std)}..{_fmt(cfg.max_channel_std)}",
+                "ExpectColumnValuesToBeBetween",
+                {"column": "std", "min_value": cfg.min_channel_std, "max_value": cfg.max_channel_std},
+                _rows,
+            ),
+        ]
+    return out
+
+
+def precache_gate(ledger: pa.Table, shards: pa.Table, channels: pa.Table, expected_samples: int, cfg: PrecacheGate) -> GateResult:
+    """Gate the precache on its per-sample ledger, its shards and the latent channel statistics.
+
+    Checks: one encoding per released sample (count conserved, keys unique and aligned with
+    the image shards position by position), every stored value finite, one latent shard per
+    image shard with the same count, shapes and dtypes equal across shards, and the scaled
+    image latents' per-channel mean and std within the recipe's bounds (a wrong scaling factor
+    or a broken VAE moves them far outside).
+    """
+    gx = _import_gx()
+    latents = bool(channels.num_rows)
+    checks = _precache_checks(expected_samples, cfg, latents)
+    tables = [
+        ("ledger", _frame(ledger, ["key", "status", "aligned", "finite"], "precache ledger"), checks["ledger"]),
+        ("shards", _frame(shards, ["shard", "counts_match", "layout_match"], "precache shards"), checks["shards"]),
+    ]
+    if latents:
+        import pyarrow.compute as pc
+
+        channel_frame = channels.filter(pc.equal(channels["encoding"], "image_latents"))
+        tables.append(("channels", _frame(channel_frame, ["encoding", "channel", "mean", "std"], "latent channels"), checks["channels"]))
+    outcomes, validations = _run_suites(gx, "precache", tables)
+    stats = _ledger_stats(_frame(ledger, ["key", "status", "reason"], "precache ledger"))
+    stats["channels"] = channels.to_pylist()
+    return GateResult(phase="precache", success=all(o.success for o in outcomes), outcomes=outcomes, statistics=stats, ge_result={"validations": validations})
+
+
+# --- fine-tuning ------------------------------------------------------------------------------
+
+
+def _finetune_checks(cfg: FinetuneGate, packing: PackingConfig, accepted: int, packed: int) -> tuple[list[_Check], list[_Check], list[_Check]]:
+    ledger = [
+        *_key_checks(),
+        _Check(
+            f"share not accepted <= {_fmt(cfg.max_reject_rate)}",
+            f"<= {_fmt(cfg.max_reject_rate)}",
+            "ExpectColumnValuesToBeInSet",
+            {"column": "status", "value_set": [OK], "mostly": _mostly(1.0 - cfg.max_reject_rate)},
+            _share_unexpected,
+        ),
+    ]
+    samples = [
+        _Check(f"accepted samples >= {cfg.min_samples}", f">= {cfg.min_samples}", "ExpectTableRowCountToBeBetween", {"min_value": cfg.min_samples}, _count),
+        _Check("sample keys unique", "no duplicates", "ExpectColumnValuesToBeUnique", {"column": "key"}, _rows),
+        _Check("schema: conversation json complete", "all", "ExpectColumnValuesToBeInSet", {"column": "schema_ok", "value_set": [True]}, _rows),
+        _Check("tag groups equal images", "all", "ExpectColumnValuesToBeInSet", {"column": "tags_ok", "value_set": [True]}, _rows),
+        _Check("every accepted sample in a pack", "no nulls", "ExpectColumnValuesToNotBeNull", {"column": "pack"}, _rows),
+        _Check(
+            f"text-only share in {_fmt(cfg.min_text_only_ratio)}..{_fmt(cfg.max_text_only_ratio)}",
+            f"{_fmt(cfg.min_text_only_ratio)}..{_fmt(cfg.max_text_only_ratio)}",
+            "ExpectColumnMeanToBeBetween",
+            {"column": "text_only", "min_value": cfg.min_text_only_ratio, "max_value": cfg.max_text_only_ratio},
+            _count,
+        ),
+    ]
+    cap_tiles = packing.max_tiles if packing.max_tiles is not None else 1 << 40
+    packs = [
+        _Check("at least one pack", ">= 1", "ExpectTableRowCountToBeBetween", {"min_value": 1}, _count),
+        _Check("pack keys unique", "no duplicates", "ExpectColumnValuesToBeUnique", {"column": "key"}, _rows),
+        _Check(
+            "every accepted sample in exactly one pack",
+            f"== {accepted} samples",
+            "ExpectColumnSumToBeBetween",
+            {"column": "samples", "min_value": accepted, "max_value": accepted},
+            _count,
+        ),
+    ]
+    if packed:
+        packs += [
+            _Check(f"no pack over {packing.budget} tokens", f"<= {packing.budget}", "ExpectColumnValuesToBeBetween", {"column": "tokens", "min_value": 1, "max_value": packing.budget}, _rows),
+            _Check(f"no pack over {packing.max_images} images", f"<= {packing.max_images}", "ExpectColumnValuesToBeBetween", {"column": "images", "min_value": 0, "max_value": packing.max_images}, _rows),
+            _Check(f"no pack over {packing.max_tiles} tiles", f"<= {packing.max_tiles}", "ExpectColumnValuesToBeBetween", {"column": "tiles", "min_value": 0, "max_value": cap_tiles}, _rows),
+            # The mean of tokens / budget over packs is the fill ratio itself.
+            _Check(f"fill ratio >= {_fmt(cfg.min_fill_ratio)}", f">= {_fmt(cfg.min_fill_ratio)}", "ExpectColumnMeanToBeBetween", {"column": "fill", "min_value": cfg.min_fill_ratio}, _count),
+        ]
+    return ledger, samples, packs
+
+
+def finetune_gate(ledger: pa.Table, samples: pa.Table, packs: pa.Table, cfg: FinetuneGate, packing: PackingConfig) -> GateResult:
+    """Gate the fine-tuning dataset on its records, its accepted samples and its packs.
+
+    Ledger (one row per input record): keys present and unique, statuses known, share not
+    accepted <= ``cfg.max_reject_rate``. Samples (one per accepted record; columns key,
+    schema_ok, tags_ok, pack, text_only): at least ``cfg.min_samples``; keys unique; every
+    sample's json complete; as many tag groups as images; every sample in a pack; the
+    text-only share within bounds. Packs (key, tokens, images, tiles, samples): pack sizes sum
+    to the accepted samples (each in exactly one pack, keys unique); when packed, none over the
+    budget, the image cap or the tile cap, and mean tokens / budget >= ``cfg.min_fill_ratio``.
+    """
+    gx = _import_gx()
+    ledger_frame = _frame(ledger, ["key", "status", "reason"], "finetune ledger")
+    ledger_frame["reason"] = _reason_families(ledger_frame["reason"])
+    samples_frame = _frame(samples, ["key", "schema_ok", "tags_ok", "pack", "text_only"], "finetune samples")
+    samples_frame["text_only"] = samples_frame["text_only"].astype(float)
+    packs_frame = _frame(packs, ["key", "tokens", "images", "tiles", "samples"], "finetune packs")
+    packs_frame["fill"] = packs_frame["tokens"].astype(float) / packing.budget
+    accepted = int(len(samples_frame))
+    ledger_checks, sample_checks, pack_checks = _finetune_checks(cfg, packing, accepted, packing.packed)
+    outcomes, validations = _run_suites(
+        gx, "finetune", [("ledger", ledger_frame, ledger_checks), ("samples", samples_frame, sample_checks), ("packs", packs_frame, pack_checks)]
+    )
+    stats = {
+        **_ledger_stats(ledger_frame),
+        "samples": accepted,
+        "packs": int(len(packs_frame)),
+        "fill_ratio": round(float(packs_frame["fill"].mean()), 6) if len(packs_frame) else None,
+        "expectations": _expectation_stats(outcomes),
+    }
+    return GateResult(phase="finetune", success=all(o.success for o in outcomes), outcomes=outcomes, statistics=stats, ge_result={"validations": validations})

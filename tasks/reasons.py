@@ -45,6 +45,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "aspect_ratio": (REJECTED, "long side / short side is above validate.image.max_aspect_ratio"),
     # reshard (tasks/reshard.py)
     "incomplete_sample": (REJECTED, "an ok sample lacks a member the reshard requires (reshard.required_members); not carried"),
+    # precache
+    "nonfinite_encoding": (ERROR, "a precached array (latent, embedding, feature) holds NaN or infinite values; the precache gate blocks the release"),
     # license (tasks/licenses.py)
     "license_missing": (REJECTED, "no license value and no validate.license.source_defaults entry for the source"),
     "license_not_allowed": (REJECTED, "the license, normalised to SPDX, is not in validate.license.allow, or is unrecognised under validate.license.unknown: reject"),
@@ -53,6 +55,18 @@ REASONS: dict[str, tuple[str, str]] = {
     "caption_too_short": (REJECTED, "fewer than validate.caption.min_chars characters or min_words words after cleanup"),
     "caption_too_long": (REJECTED, "more than validate.caption.max_chars characters after cleanup"),
     "caption_charset": (REJECTED, "share of junk characters (U+FFFD, private-use, unassigned, control characters, mojibake) above validate.caption.max_non_text_ratio"),
+    # fine-tuning records (tasks/conversations.py, tasks/finetune.py)
+    "conversation_schema": (REJECTED, "the record is not an object with a conversations list of {from, value} strings, or its image field is not a string or a list of strings"),
+    "conversation_empty": (REJECTED, "the record has no turns"),
+    "conversation_roles": (REJECTED, "roles are not human/gpt alternating, starting with human and ending with gpt, or more than finetune.conversation.max_turns turns"),
+    "conversation_empty_turn": (REJECTED, "a turn has no text besides image placeholders"),
+    "placeholder_mismatch": (REJECTED, "the number of image placeholders differs from the number of images"),
+    "conversation_too_long": (REJECTED, "more than finetune.conversation.max_chars characters over all turns"),
+    "too_many_images": (REJECTED, "more images than finetune.conversation.max_images"),
+    "image_rejected": (REJECTED, "one of the record's images was rejected by the download or validation phase (detail names it and why)"),
+    "image_failed": (ERROR, "one of the record's images could not be fetched (detail names it and why)"),
+    "sample_too_long": (REJECTED, "more tokens than the padding cut-off (policy drop), or not even the first exchange fits (policy truncate)"),
+    "text_only_over_ratio": (REJECTED, "a text-only record beyond finetune.text_only_ratio of the accepted samples"),
 }
 
 

@@ -30,6 +30,11 @@ HISTOGRAMS = (
     ("height", "Image height (px)", True),
     ("aspect", "Aspect ratio (width / height)", False),
     ("caption_chars", "Caption length (characters)", True),
+    # fine-tuning samples (tasks/finetune.py); absent columns draw nothing
+    ("tokens_text", "Text tokens per sample", True),
+    ("tokens_image", "Image tokens per sample", True),
+    ("tokens_total", "Tokens per sample (before the padding cut-off)", True),
+    ("images", "Images per sample", True),
 )
 PERCENTILES = (5, 50, 95)
 HIST_BINS = 20

@@ -101,3 +101,17 @@ def s3_bucket(s3_endpoint, request):
     options = {"client_kwargs": {"endpoint_url": s3_endpoint}, "key": "testing", "secret": "testing"}
     s3fs.S3FileSystem(**options).mkdir(name)
     return name, options
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip ``gpu``-marked tests where torch sees no CUDA GPU (the CPU path is the default run)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU visible to torch")
+    for item in gpu_items:
+        item.add_marker(skip)

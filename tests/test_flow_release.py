@@ -126,3 +126,66 @@ def test_a_changed_policy_makes_a_child_release_and_diff_says_why(released):
     assert out.returncode == 0, out.stderr
     assert f"-{removed} removed" in out.stdout
     assert "validate: license_not_allowed" in out.stdout
+
+
+def test_release_ships_latents_and_embeddings_aligned_key_for_key(released):
+    import hashlib
+    import io
+
+    import numpy as np
+
+    from tasks.shards import iter_samples
+
+    store, first, *_ = released
+    base = store / "releases" / "v0001"
+    index = json.loads((base / "index.json").read_text())
+    pre = index["precache"]
+    assert set(pre["encodings"]) == {"image_latents", "text"}
+    lat = pre["encodings"]["image_latents"]
+    assert lat["shape"] == [4, 32, 32] and lat["dtype"] == "float16" and lat["members"] == ["latent_mean.npy", "latent_logvar.npy"]
+    assert pre["encodings"]["text"]["shape"] == [32, 32]
+    assert [s["image_shard"] for s in pre["shards"]] == [s["name"] for s in index["shards"]]
+    for latent, image in zip(pre["shards"], index["shards"]):
+        data = (base / latent["name"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == latent["sha256"] and latent["samples"] == image["samples"]
+        assert (base / latent["name"].replace(".tar", ".idx")).is_file()
+        with open(base / image["name"], "rb") as fh:
+            image_keys = [s.key for s in iter_samples(fh)]
+        latents = list(iter_samples(io.BytesIO(data)))
+        assert [s.key for s in latents] == image_keys
+        mean = np.load(io.BytesIO(latents[0].members["latent_mean.npy"]))
+        assert mean.shape == (4, 32, 32) and np.isfinite(mean).all()
+    assert index["gates"]["precache"]["success"]
+    phases = [p["phase"] for p in first["record"]["phases"]]
+    assert phases == ["download", "validate", "reshard", "precache"]
+
+
+def test_a_nan_latent_fails_the_precache_gate_and_blocks_the_release(released, tmp_path):
+    import os
+
+    import torch
+    from diffusers import AutoencoderKL
+
+    from flows.audit import GateFailed
+    from flows.pretraining import pretraining_flow
+
+    store, *_ = released
+    root = store.parent.parent
+    vae = AutoencoderKL.from_pretrained(root / "models" / "vae")
+    with torch.no_grad():
+        vae.encoder.conv_out.bias[0] = float("nan")
+    vae.save_pretrained(tmp_path / "nan-vae")
+    latest = (store / "releases" / "LATEST").read_text()
+    os.environ["SHARDSMITH_DEMO_DIR"] = str(root)
+    try:
+        # Download, validate and reshard are committed already and skipped; only precache runs.
+        with pytest.raises(GateFailed, match="every stored value finite"):
+            pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2, overrides={"precache.image_latents.model": str(tmp_path / "nan-vae")})
+    finally:
+        os.environ.pop("SHARDSMITH_DEMO_DIR", None)
+    assert (store / "releases" / "LATEST").read_text() == latest
+    assert sorted(p.name for p in (store / "releases").iterdir() if p.name.startswith("v")) == ["v0001", "v0002"]
+    reports = sorted((store / "reports").iterdir(), key=lambda p: p.stat().st_mtime)
+    run = json.loads((reports[-1] / "run.json").read_text())
+    assert run["phases"][-1]["phase"] == "precache" and run["phases"][-1]["by_reason"] == {"nonfinite_encoding": run["phases"][-1]["rows"]}
+    assert "every stored value finite" in run["blocked"]

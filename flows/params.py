@@ -1,0 +1,113 @@
+"""Typed flow parameters: the forms the Prefect UI shows, with the recipe models' bounds."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import annotated_types
+from pydantic import BaseModel, Field, model_validator
+
+from tasks.recipe import DownloadConfig, DownloadGate, ExecutionConfig, ReshardConfig, ValidateGate, _Frozen
+
+# Keys of ``RecipeOverrides.extra`` and of ``--set``: dotted recipe paths.
+_DOTTED = r"^[a-z_]+(\.[a-z_]+)+$"
+
+RecipePath = Annotated[
+    str,
+    Field(min_length=1, description="Recipe YAML; a relative path is relative to the project folder (the deployments' working directory)."),
+]
+ClusterChoice = Annotated[
+    str,
+    Field(
+        pattern=r"^(local|cuda|(tcp|tls|ucx|inproc)://\S+)$",
+        description="local (a Dask LocalCluster), cuda (one worker per GPU) or an existing scheduler, tcp://host:8786. Empty: the recipe's.",
+    ),
+]
+Workers = Annotated[int, Field(ge=1, le=512, description="Worker processes of a local cluster. Empty: the recipe's (or one per core).")]
+StorageRoot = Annotated[str, Field(min_length=1, description="Storage root, a local path or s3://bucket/prefix. Empty: the recipe's.")]
+
+
+def _like(model: type[BaseModel], name: str, key: str, description: str) -> Any:
+    """An optional field with the bounds of ``model.name``, overriding the recipe key ``key``.
+
+    Bounds come from the recipe model itself, so the form and the recipe never disagree.
+    """
+    bounds: dict[str, Any] = {}
+    for meta in model.model_fields[name].metadata:
+        for attr in ("ge", "gt", "le", "lt"):
+            if isinstance(meta, getattr(annotated_types, attr.capitalize())):
+                bounds[attr] = getattr(meta, attr)
+    return Field(default=None, description=description, json_schema_extra={"recipe_key": key}, **bounds)
+
+
+class RecipeOverrides(_Frozen):
+    """Recipe values for one run; empty fields keep the recipe's.
+
+    Args:
+        samples_per_shard: samples in every released shard (``reshard.samples_per_shard``).
+        download_timeout_s: deadline per request attempt (``download.timeout_s``).
+        download_retries: further attempts for 429, 5xx and connection errors (``download.retries``).
+        max_inflight: concurrent requests per download shard (``download.max_inflight``).
+        per_host: concurrent requests per host per shard (``download.per_host``).
+        task_retries: Prefect retries of a failed shard task (``execution.task_retries``).
+        min_success_rate: download gate, ok / rows at least (``gates.download.min_success_rate``).
+        max_reject_rate: validation gate, rejected / rows at most (``gates.validate.max_reject_rate``).
+        min_samples: validation gate, accepted samples at least (``gates.validate.min_samples``).
+        extra: any other recipe key, dotted (``{"validate.image.min_side": 128}``), as ``--set`` takes.
+    """
+
+    samples_per_shard: int | None = _like(ReshardConfig, "samples_per_shard", "reshard.samples_per_shard", "Samples per released shard; the last shard holds the remainder.")
+    download_timeout_s: float | None = _like(DownloadConfig, "timeout_s", "download.timeout_s", "Seconds per request attempt, connect plus body.")
+    download_retries: int | None = _like(DownloadConfig, "retries", "download.retries", "Further attempts after the first, for 429, 5xx and connection errors.")
+    max_inflight: int | None = _like(DownloadConfig, "max_inflight", "download.max_inflight", "Concurrent requests per download shard.")
+    per_host: int | None = _like(DownloadConfig, "per_host", "download.per_host", "Concurrent requests per host per download shard.")
+    task_retries: int | None = _like(ExecutionConfig, "task_retries", "execution.task_retries", "Prefect retries of a failed shard task.")
+    min_success_rate: float | None = _like(DownloadGate, "min_success_rate", "gates.download.min_success_rate", "Download gate: ok / rows at least this.")
+    max_reject_rate: float | None = _like(ValidateGate, "max_reject_rate", "gates.validate.max_reject_rate", "Validation gate: rejected / rows at most this.")
+    min_samples: int | None = _like(ValidateGate, "min_samples", "gates.validate.min_samples", "Validation gate: accepted samples at least this.")
+    extra: dict[Annotated[str, Field(pattern=_DOTTED)], Any] = Field(
+        default_factory=dict, description='Other recipe keys, dotted: {"validate.image.min_side": 128}.'
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dotted_keys(cls, data: Any) -> Any:
+        # Callers and `--set` pass {"reshard.samples_per_shard": 500}; those keys belong in extra.
+        if isinstance(data, dict) and any("." in str(k) for k in data):
+            data = dict(data)
+            extra = dict(data.pop("extra", None) or {})
+            for k in [k for k in data if "." in str(k)]:
+                extra[k] = data.pop(k)
+            data["extra"] = extra
+        return data
+
+    def dotted(self) -> dict[str, Any]:
+        """The overrides as dotted recipe keys, for ``load_recipe``; typed fields win over ``extra``."""
+        out = dict(self.extra)
+        for name, info in type(self).model_fields.items():
+            value = getattr(self, name)
+            if name != "extra" and value is not None:
+                out[info.json_schema_extra["recipe_key"]] = value
+        return out
+
+
+def recipe_overrides(
+    overrides: RecipeOverrides | dict[str, Any] | None,
+    cluster: str | None = None,
+    storage: str | None = None,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """Dotted recipe overrides from a flow's parameters (the explicit ones win).
+
+    Without a ``cluster`` parameter, ``SHARDSMITH_CLUSTER`` names one: the docker-compose stack
+    sets it on its worker so that deployed runs use the stack's Dask scheduler.
+    """
+    cluster = cluster or os.environ.get("SHARDSMITH_CLUSTER") or None
+    if isinstance(overrides, dict):
+        overrides = RecipeOverrides.model_validate(overrides)
+    out = overrides.dotted() if overrides is not None else {}
+    for key, value in (("execution.cluster", cluster), ("storage", storage), ("execution.workers", workers)):
+        if value:
+            out[key] = value
+    return out

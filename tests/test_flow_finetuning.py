@@ -1,0 +1,126 @@
+"""The fine-tuning dataset end to end: records, images, tiles, tags, packs, gates, its own release."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory, prefect_harness):
+    import os
+
+    from flows.finetuning import finetuning_flow
+    from tasks.demo_finetune import write_finetune_corpus
+
+    root = tmp_path_factory.mktemp("ftdemo")
+    expected = write_finetune_corpus(root, n=20, text_only=10)
+    os.environ["SHARDSMITH_DEMO_DIR"] = str(root)
+    try:
+        packed = finetuning_flow(recipe_path=str(RECIPES / "demo-finetune.yaml"), workers=2)
+        unpacked = finetuning_flow(
+            recipe_path=str(RECIPES / "demo-finetune.yaml"), workers=2,
+            overrides={"finetune.packing.packed": False, "finetune.tiling.store": "grid"},
+        )
+    finally:
+        os.environ.pop("SHARDSMITH_DEMO_DIR", None)
+    return root / "store" / "demo-finetune", packed, unpacked, expected
+
+
+def _samples(tar: Path):
+    from tasks.shards import iter_samples
+
+    with tar.open("rb") as fh:
+        yield from iter_samples(fh)
+
+
+def test_every_record_is_one_ledger_row_with_its_reason(released):
+    store, packed, _, expected = released
+    base = store / "releases" / packed["release"].version
+    ledger = pq.read_table(base / "ledger.parquet")
+    assert ledger.num_rows == sum(expected["records"].values())
+    assert len(set(ledger.column("key").to_pylist())) == ledger.num_rows
+    reasons = Counter(r for r in ledger.column("reason").to_pylist() if r)
+    for reason, n in expected["by_reason"].items():
+        assert reasons[reason] == n, (reason, reasons)
+    # Demo images without an allowed license fail validation; their records follow them.
+    assert reasons["image_rejected"] >= 1
+    details = [d for d, r in zip(ledger.column("detail").to_pylist(), ledger.column("reason").to_pylist()) if r == "image_rejected"]
+    assert all("license" in d or "duplicate_of" in d for d in details)
+
+
+def test_packs_hold_every_accepted_sample_once_within_limits(released):
+    store, packed, _, _ = released
+    base = store / "releases" / packed["release"].version
+    index = json.loads((base / "index.json").read_text())
+    assert index["kind"] == "finetuning" and index["schema"]["packed"] is True
+    schema = index["schema"]
+    assert schema["tile_size"] == 448 and schema["tokens_per_tile"] == 256 and "<tile_global_thumbnail>" in schema["tags"]["all"]
+    ledger = pq.read_table(base / "ledger.parquet").to_pylist()
+    ok = {r["key"] for r in ledger if r["status"] == "ok"}
+    seen: list[str] = []
+    fills = []
+    for shard in index["shards"]:
+        for s in _samples(base / shard["name"]):
+            doc = json.loads(s.members["json"])
+            assert s.key == doc["pack"] and s.key.startswith("pack-")
+            assert doc["tokens"] <= schema["budget"] and doc["images"] <= schema["max_images"]
+            lengths = [x["tokens"]["total"] for x in doc["samples"]]
+            assert doc["cu_seqlens"] == [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+            for pos, sample in enumerate(doc["samples"]):
+                seen.append(sample["key"])
+                text = " ".join(t["value"] for t in sample["conversations"])
+                assert text.count("<img>") == len(sample["images"]) and "<image>" not in text
+                for img in sample["images"]:
+                    assert img["member"].startswith(f"s{pos:03d}.") and img["member"] in s.members
+                    rows, cols = img["grid"]
+                    assert rows * cols <= 6 and img["tiles"] == rows * cols + (rows * cols > 1)
+                    assert len(img["tile_members"]) == img["tiles"] and all(t in s.members for t in img["tile_members"])
+                    assert text.count(f"<tile_{rows * cols}>") >= 1
+            fills.append(doc["tokens"] / schema["budget"])
+    assert sorted(seen) == sorted(ok)  # each accepted sample in exactly one pack
+    assert sum(fills) / len(fills) == pytest.approx(index["packing"]["fill_ratio"], abs=1e-4)
+    assert index["packing"]["fill_ratio"] > index["packing"]["pad_to_longest_ratio"]
+    assert index["gates"]["finetune"]["success"] and index["gates"]["validate"]["success"]
+    html = (base / "report.html").read_text()
+    assert 'data-hist="tokens_text"' in html and 'data-hist="tokens_image"' in html and 'data-hist="images"' in html
+    assert (base / ".nv-meta" / "dataset.yaml").is_file() and (base / "shard-000000.idx").is_file()
+
+
+def test_unpacked_release_is_a_new_version_with_one_sample_per_record(released):
+    store, packed, unpacked, _ = released
+    rel = unpacked["release"]
+    assert rel.created and rel.version > packed["release"].version
+    base = store / "releases" / rel.version
+    index = json.loads((base / "index.json").read_text())
+    assert index["schema"]["packed"] is False and index["parent"] == packed["release"].version
+    for shard in index["shards"]:
+        for s in _samples(base / shard["name"]):
+            doc = json.loads(s.members["json"])
+            assert doc["key"] == s.key and set(doc["tokens"]) == {"text", "image", "total"}
+            assert doc["text_only"] == (not doc["images"])
+            for img in doc["images"]:
+                assert img["tile_members"] is None and img["member"] in s.members
+
+
+def test_gate_fails_on_over_budget_pack_and_fill():
+    from tasks.gates import finetune_gate
+    from tasks.recipe import FinetuneGate, PackingConfig
+
+    ledger = pa.table({"key": ["a", "b"], "status": ["ok", "ok"], "reason": pa.nulls(2, pa.string())})
+    samples = pa.table({"key": ["a", "b"], "schema_ok": [True, True], "tags_ok": [True, False], "pack": ["p0", None], "text_only": [False, True]})
+    packs = pa.table({"key": ["p0"], "tokens": [5000], "images": [1], "tiles": [7], "samples": [1]})
+    gate = finetune_gate(ledger, samples, packs, FinetuneGate(min_fill_ratio=0.9), PackingConfig(budget=4096))
+    failed = {o.name for o in gate.failed}
+    assert "no pack over 4096 tokens" in failed
+    assert "tag groups equal images" in failed
+    assert "every accepted sample in a pack" in failed
+    assert "every accepted sample in exactly one pack" in failed
+    assert "fill ratio >= 0.9" not in failed  # 5000 / 4096 is over the minimum
