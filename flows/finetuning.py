@@ -14,7 +14,7 @@ from prefect_dask import DaskTaskRunner
 
 from flows.audit import GateFailed, check_gate, new_run, phase_record, publish, report_dir, run_gate
 from flows.download import download_flow, run_name
-from flows.release import Unreconciled
+from flows.release import reconcile
 from flows.runtime import dask_cluster, gather
 from flows.validate import validate_flow
 from tasks.finetune import (
@@ -33,6 +33,7 @@ from tasks.finetune import (
 from tasks.indexes import ENERGON_CRUDE_TYPE, ShardIndexInput, all_indexes
 from tasks.ledger import Counts, read_parquet
 from tasks.licenses import policy_problems
+from tasks.locks import run_lock
 from tasks.recipe import Recipe, RecipeError, SourceConfig, load_recipe
 from tasks.release import INDEX, ReleaseResult, code_version, commit_index, fingerprint, latest, next_version, now, place_file, read_index, releases_dir, set_latest, verify_shard, write_tables
 from tasks.storage import Storage
@@ -225,14 +226,8 @@ def release_finetune(recipe: Recipe, storage: Storage, ingests: list[IngestResul
         run["release"] = {"version": head, "created": False}
         publish(storage, recipe, run, report)
         return ReleaseResult(head, storage.url(f"{base_dir}/{head}"), False, n_samples, len(shards)), run
-    rows_in = sum(i.rows for i in ingests)
-    problems = []
-    if ledger.num_rows != rows_in:
-        problems.append(f"{ledger.num_rows} ledger rows for {rows_in} records")
-    if pa.compute.count_distinct(ledger.column("key")).as_py() != ledger.num_rows:
-        problems.append("duplicate keys in the ledger")
-    if problems:
-        raise Unreconciled("ledgers do not reconcile; nothing released: " + "; ".join(problems))
+    # Packs hold the ok records; the fine-tuning gate checked each is in exactly one pack.
+    reconcile(storage, recipe, run, ledger, None, sum(i.rows for i in ingests))
 
     version = next_version(storage, recipe.dataset)
     base = f"{base_dir}/{version}"
@@ -268,7 +263,9 @@ def release_finetune(recipe: Recipe, storage: Storage, ingests: list[IngestResul
         "parent": head,
         "run": run["run"],
         "shards": shards,
-        "totals": {"samples": n_samples, "packs": sum(s["samples"] for s in shards), "bytes": sum(s["bytes"] for s in shards), "shards": len(shards), "packs_per_shard": recipe.reshard.samples_per_shard, "tail": shards[-1]["samples"] if shards else 0},
+        # samples: WebDataset samples in the shards (packs when packed), as in every release and
+        # as readers count them; records: the conversation samples they hold.
+        "totals": {"samples": sum(s["samples"] for s in shards), "records": n_samples, "packs": sum(s["samples"] for s in shards) if cfg.packing.packed else 0, "bytes": sum(s["bytes"] for s in shards), "shards": len(shards), "packs_per_shard": recipe.reshard.samples_per_shard, "tail": shards[-1]["samples"] if shards else 0},
         "schema": {
             "packed": cfg.packing.packed,
             "budget": cfg.packing.budget,
@@ -296,7 +293,7 @@ def release_finetune(recipe: Recipe, storage: Storage, ingests: list[IngestResul
     commit_index(storage, f"{base}/{INDEX}", index)
     set_latest(storage, recipe.dataset, version)
     create_markdown_artifact(
-        f"# {recipe.dataset} {version}\n\n{n_samples} samples in {index['totals']['packs']} packs, {len(shards)} shards; "
+        f"# {recipe.dataset} {version}\n\n{n_samples} samples in {index['totals']['samples']} {'packs' if cfg.packing.packed else 'records'}, {len(shards)} shards; "
         f"fill ratio {summary.stats['fill_ratio']}; parent {head or '-'}.\n\n`{storage.url(base)}`\n",
         key=f"{recipe.dataset}-release",
         description=f"{recipe.dataset}: latest release",
@@ -318,13 +315,16 @@ def run_finetuning(recipe: Recipe) -> dict:
     record = new_run(recipe, run_name())
     ex = recipe.execution
     out: dict[str, Any] = {}
-    with dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker) as address:
+    # One run per dataset at a time: a second one waits or refuses, naming the holder.
+    lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record["run"])
+    with lock as held, dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker) as address:
         runner = DaskTaskRunner(address=address)
         ingests = ingest_flow.with_options(task_runner=runner)(recipe=recipe)
         images = image_recipe(recipe, ingests, Storage(recipe.storage, recipe.storage_options), {s.name: s.rows_per_shard for s in recipe.sources})
         if images is not None:
             out["download"], record = download_flow.with_options(task_runner=runner)(recipe=images, run=record)
             out["validate"], record = validate_flow.with_options(task_runner=runner)(recipe=images, download=out["download"], run=record)
+        held.check()
         phases, record = finetune_flow.with_options(task_runner=runner)(
             recipe=recipe, ingests=ingests, download=out.get("download"), validated=out.get("validate"), run=record
         )

@@ -124,3 +124,21 @@ def test_gate_fails_on_over_budget_pack_and_fill():
     assert "every accepted sample in a pack" in failed
     assert "every accepted sample in exactly one pack" in failed
     assert "fill ratio >= 0.9" not in failed  # 5000 / 4096 is over the minimum
+
+
+def test_both_fine_tuning_releases_read_back_with_our_loaders(released):
+    from loaders.packing import OnlinePacker, finetuning_samples, packed_dataset
+    from loaders.release import open_release
+
+    store, packed, unpacked, _ = released
+    packs_release = open_release(str(store), version=packed["release"].version, verify=True)
+    packs = list(packed_dataset(packs_release, shuffle=False, even="pad"))
+    index = json.loads((store / "releases" / packed["release"].version / "index.json").read_text())
+    assert len({p["pack"] for p in packs}) == index["totals"]["samples"]
+    in_packs = sorted(s["key"] for p in packs for s in p["samples"])
+    assert len(in_packs) == len(set(in_packs)) > 0
+    plain = open_release(str(store), version=unpacked["release"].version)
+    budget, cap = plain.schema["budget"], plain.schema["max_images"]
+    online = list(OnlinePacker(finetuning_samples(plain, shuffle=False, even="pad"), budget, cap))
+    assert all(p["tokens"] <= budget and p["images"] <= cap for p in online)
+    assert sorted(s["key"] for p in online for s in p["samples"]) == in_packs

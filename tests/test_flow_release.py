@@ -189,3 +189,33 @@ def test_a_nan_latent_fails_the_precache_gate_and_blocks_the_release(released, t
     run = json.loads((reports[-1] / "run.json").read_text())
     assert run["phases"][-1]["phase"] == "precache" and run["phases"][-1]["by_reason"] == {"nonfinite_encoding": run["phases"][-1]["rows"]}
     assert "every stored value finite" in run["blocked"]
+
+
+def test_the_demo_release_reads_back_with_our_loaders(released):
+    from loaders.dali import DaliLoader
+    from loaders.dataset import ReleaseDataset
+    from loaders.release import open_release
+
+    store, first, *_ = released
+    release = open_release(str(store), version="v0001", verify=True)
+    index = json.loads((store / "releases" / "v0001" / "index.json").read_text())
+    assert release.samples == index["totals"]["samples"] and set(release.encodings) == {"image_latents", "text"}
+    images = ReleaseDataset(release, image_size=64, batch_size=16, seed=0, even="pad")
+    keys = [k for batch in images for k in batch["key"]]
+    assert sorted(keys) == sorted(s.key for s in _release_samples(store / "releases" / "v0001", index))
+    latents = ReleaseDataset(release, mode="latents", batch_size=16, seed=0, even="pad")
+    batch = next(iter(latents))
+    assert tuple(batch["latent"].shape[1:]) == (4, 32, 32) and tuple(batch["text_emb"].shape[1:]) == (32, 32)
+    dali = DaliLoader(release, batch_size=16, image_size=64, shard_id=0, num_shards=1)
+    seen = set()
+    for b in dali:
+        seen.update(b["key"][: b["valid"]])
+    assert seen == set(keys)
+
+
+def _release_samples(base, index):
+    from tasks.shards import iter_samples
+
+    for shard in index["shards"]:
+        with open(base / shard["name"], "rb") as fh:
+            yield from iter_samples(fh)
