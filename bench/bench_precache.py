@@ -119,6 +119,7 @@ def main() -> int:
     ap.add_argument("--resolution", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (Dask workers run with OMP_NUM_THREADS=1)")
     ap.add_argument("--resolutions", type=int, nargs="+", default=[256, 512], help="GPU figures at these sizes (--device cuda)")
     ap.add_argument("--vae", help="a real VAE folder instead of the tiny one (e.g. an SD/SDXL vae)")
     ap.add_argument("--dir", default=str(ROOT / ".bench" / "precache"))
@@ -126,6 +127,7 @@ def main() -> int:
 
     import torch
 
+    torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU visible: run this with --device cuda on a GPU machine", file=sys.stderr)
         return 2
@@ -151,21 +153,28 @@ def main() -> int:
     print(f"shard: {args.samples} demo images ({os.path.getsize(storage.path(shard.tar)) / 1e6:.1f} MB), batch {args.batch}, {args.resolution} px; models loaded in {load_s:.1f} s (not timed below)")
     batches = collect_batches(storage, shard, cfg)
     encoders_only(enc, batches[:1])  # warm-up: first-call allocations
-    stage_s, enc_s, parts = [], [], []
+    # CPU seconds of this process (all its threads: DALI's and torch's) beside wall seconds:
+    # on a shared machine other work stretches wall time, hardly the CPU time a run needs.
+    stage_s, enc_s, stage_cpu, enc_cpu, parts = [], [], [], [], []
     for r in range(args.rounds):
         shutil.rmtree(storage.path(f"out{r}"), ignore_errors=True)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         res = precache_shard(storage, cfg, shard, f"out{r}")
         stage_s.append(time.perf_counter() - start)
+        stage_cpu.append(time.process_time() - cpu)
         parts.append(res.timings)
+        cpu = time.process_time()
         enc_s.append(encoders_only(enc, batches))
+        enc_cpu.append(time.process_time() - cpu)
         shutil.rmtree(storage.path(f"out{r}"), ignore_errors=True)
     n = args.samples
     st, en = statistics.median(stage_s), statistics.median(enc_s)
     print(f"{'':10s} {'median s':>9s} {'samples/s':>10s}   rounds")
     print(f"{'stage':10s} {st:9.2f} {n / st:10.1f}   " + " ".join(f"{x:.2f}" for x in stage_s))
     print(f"{'encoders':10s} {en:9.2f} {n / en:10.1f}   " + " ".join(f"{x:.2f}" for x in enc_s))
-    print(f"ratio encoders / stage: {en / st:.3f}  (per round: " + " ".join(f"{e / s:.3f}" for e, s in zip(enc_s, stage_s)) + ")")
+    print(f"ratio encoders / stage, wall: {en / st:.3f}  (per round: " + " ".join(f"{e / s:.3f}" for e, s in zip(enc_s, stage_s)) + ")")
+    sc, ec = statistics.median(stage_cpu), statistics.median(enc_cpu)
+    print(f"ratio encoders / stage, CPU s: {ec / sc:.3f}  (stage {sc:.1f} CPU s, encoders {ec:.1f} CPU s; per round: " + " ".join(f"{e / s:.3f}" for e, s in zip(enc_cpu, stage_cpu)) + ")")
     mid = parts[len(parts) // 2]
     print("inside the stage (middle round): " + ", ".join(f"{k} {v:.2f}" for k, v in mid.items()))
     if args.device == "cuda":
