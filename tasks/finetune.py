@@ -20,8 +20,7 @@ from tasks.ledger import MEMBER_TYPE, read_parquet, write_parquet
 from tasks.packing import cu_seqlens, pack, pack_stats, pad_to_longest_ratio, padding_cutoff, truncate_at_turns
 from tasks.reasons import OK, status_of
 from tasks.recipe import FinetuneConfig, SourceConfig, TilingConfig, TokensConfig
-from tasks.reshard import _HashingWriter
-from tasks.shards import SampleRecord, ShardWriter, iter_samples
+from tasks.shards import HashingWriter, SampleRecord, ShardWriter, iter_samples
 from tasks.storage import Storage
 from tasks.tiling import TilingError, all_tags, choose_grid, image_size, open_capped, tag_text, tile_count, tile_image, tile_members
 from tasks.tokens import TokenCounter, load_counter
@@ -490,7 +489,7 @@ def write_pack_shard(storage: Storage, spec: OutputSpec, cfg: FinetuneConfig, ta
     pack_rows = []
     try:
         with storage.atomic_writer(tar_rel) as out:
-            hashing = _HashingWriter(out)
+            hashing = HashingWriter(out)
             writer = ShardWriter(hashing)
             for p, members in enumerate(spec.packs):
                 loaded = []

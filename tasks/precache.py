@@ -26,7 +26,7 @@ import pyarrow as pa
 from tasks.indexes import ShardIndexInput, dali_index_name, dali_indexes
 from tasks.ledger import read_parquet, write_parquet
 from tasks.recipe import PrecacheConfig
-from tasks.shards import MemberRecord, SampleRecord, ShardWriter
+from tasks.shards import HashingWriter, MemberRecord, SampleRecord, ShardWriter
 from tasks.storage import Storage
 
 IMAGE_EXTS = "jpg;jpeg;png;webp"
@@ -549,7 +549,7 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     local = _LocalShard(storage, shard)
     try:
         with storage.atomic_writer(tar) as raw:
-            out = _Hashing(raw)
+            out = HashingWriter(raw)
             writer = ShardWriter(out)
             batches = iter_batches(
                 local.tar,
@@ -607,7 +607,7 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
         tar=tar,
         ledger=ledger,
         samples=len(rows),
-        bytes=out.size,
+        bytes=writer.bytes_written,
         sha256=out.sha.hexdigest(),
         records=writer.records,
         encodings=encodings,
@@ -639,23 +639,6 @@ def _add_stats(stats: dict[str, ChannelStats], encodings: dict[str, dict[str, An
         values = stored.get("latent_mean.npy", stored.get("latent.npy"))[1]
         shift = info["shift_factor"] or 0.0
         stats["image_latents"].add((values - shift) * info["scaling_factor"])
-
-
-class _Hashing:
-    """A write-through wrapper that hashes and counts what passes."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw = raw
-        self.sha = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes | memoryview) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        return self.raw.write(data)
-
-    def flush(self) -> None:
-        self.raw.flush()
 
 
 def _summary_json(r: PrecacheResult) -> dict[str, Any]:

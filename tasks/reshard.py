@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from tasks.ledger import LEDGER_SCHEMA, MEMBER_TYPE, read_parquet, write_parquet
 from tasks.reasons import OK, REJECTED
-from tasks.shards import MemberRecord, SampleRecord, ShardError, ShardWriter
+from tasks.shards import HashingWriter, MemberRecord, SampleRecord, ShardError, ShardWriter
 from tasks.storage import Storage
 
 DEFAULT_REQUIRED = ("jpg", "txt", "json")
@@ -350,27 +350,6 @@ def census_input(storage: Storage, tar: str, ledger: str, *, required: Iterable[
 # ---------------------------------------------------------------------------------------------
 
 
-class _HashingWriter:
-    """Passes writes through to a file and hashes them as they go.
-
-    Inline rather than on a helper thread: on two cores a thread cost more CPU (GIL handoffs)
-    than it saved in wall time, and the flow keeps every core busy with other outputs anyway.
-    """
-
-    def __init__(self, fileobj: BinaryIO) -> None:
-        self._fileobj = fileobj
-        self.sha = hashlib.sha256()
-
-    def write(self, data: bytes | memoryview) -> int | None:
-        n = self._fileobj.write(data)
-        if n:
-            self.sha.update(data if n == len(data) else memoryview(data)[:n])
-        return n
-
-    def flush(self) -> None:
-        self._fileobj.flush()
-
-
 class _Inputs:
     """The input tars of one output, each opened on first use and kept until the output is done.
 
@@ -477,7 +456,7 @@ def build_output(storage: Storage, output: OutputPlan, *, window_bytes: int = DE
     inputs = _Inputs(storage, output)
     try:
         with storage.atomic_writer(output.name) as raw_out:
-            out = _HashingWriter(raw_out)
+            out = HashingWriter(raw_out)
             writer = ShardWriter(out)
             for a, b in _windows(lengths, window_bytes):
                 views = _fetch(storage, output, inputs, slots, offsets, lengths, a, b)
