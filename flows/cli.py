@@ -52,7 +52,9 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> 
     from flows.download import PhaseFailed
     from flows.pretraining import run_phases
     from flows.runtime import NoGPU, prefect_api, require_gpu
+    from tasks.locks import LockHeld, LockLost
     from tasks.manifests import ManifestError
+    from tasks.precache import PrecacheError
     from tasks.recipe import RecipeError, load_recipe
 
     try:
@@ -76,7 +78,7 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> 
             return cli_run()
         except RecipeError as err:
             raise _fail(f"{recipe_path}: {err}", 2) from None
-        except (ManifestError, PhaseFailed, NoGPU, GateFailed) as err:
+        except (ManifestError, PhaseFailed, NoGPU, GateFailed, LockHeld, LockLost, PrecacheError) as err:
             raise _fail(f"{type(err).__name__}: {err}", 1) from None
 
 

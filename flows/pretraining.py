@@ -16,7 +16,9 @@ from flows.release import release_flow
 from flows.reshard import reshard_flow
 from flows.validate import validate_flow
 from tasks.licenses import policy_problems
+from tasks.locks import run_lock
 from tasks.recipe import Recipe, RecipeError, load_recipe
+from tasks.storage import Storage
 
 Phase = Literal["download", "validate", "reshard", "precache", "release"]
 PHASES: tuple[Phase, ...] = ("download", "validate", "reshard", "precache", "release")
@@ -60,7 +62,9 @@ def run_phases(recipe: Recipe, phases: list[str]) -> dict:
     record = new_run(recipe, run_name())
     ex = recipe.execution
     out: dict = {"run": record["run"], "record": record}
-    with dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker) as address:
+    # One run per dataset at a time: a second one waits or refuses, naming the holder.
+    lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record["run"])
+    with lock as held, dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker) as address:
         runner = DaskTaskRunner(address=address)
         out["download"], record = download_flow.with_options(task_runner=runner)(recipe=recipe, run=record)
         if last >= PHASES.index("validate"):
@@ -70,6 +74,7 @@ def run_phases(recipe: Recipe, phases: list[str]) -> dict:
         if last >= PHASES.index("precache"):
             out["precache"], record = precache_flow.with_options(task_runner=runner)(recipe=recipe, reshard=out["reshard"], run=record)
         if last >= PHASES.index("release"):
+            held.check()
             out["release"], record = release_flow.with_options(task_runner=runner)(
                 recipe=recipe,
                 download=out["download"],

@@ -8,7 +8,7 @@ import pyarrow as pa
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from flows.audit import publish, report_dir
+from flows.audit import GateFailed, publish, report_dir, run_gate
 from tasks.indexes import ShardIndexInput, all_indexes, dali_indexes
 from tasks.ledger import read_parquet
 from tasks.recipe import Recipe
@@ -32,7 +32,7 @@ from tasks.storage import Storage
 LEDGER_COLUMNS = ["key", "source", "row", "status", "reason"]
 
 
-class Unreconciled(RuntimeError):
+class Unreconciled(GateFailed):
     """The ledgers do not account for every manifest row exactly once; nothing is released."""
 
 
@@ -60,15 +60,25 @@ def release_tables(storage: Storage, download_ledgers: list[str], validate_ledge
     return samples_t, pa.concat_tables(parts)
 
 
-def reconcile(ledger: pa.Table, manifest_rows: int) -> list[str]:
-    """Rows in = ok + rejected + error, no duplicate rows, nothing released without a row."""
-    problems = []
-    if ledger.num_rows != manifest_rows:
-        problems.append(f"{ledger.num_rows} ledger rows for {manifest_rows} manifest rows")
-    keys = ledger.column("key")
-    if pa.compute.count_distinct(keys).as_py() != ledger.num_rows:
-        problems.append("duplicate keys across the phase ledgers")
-    return problems
+def reconcile(storage: Storage, recipe: Recipe, run: dict, ledger: pa.Table, outputs: pa.Table | None, manifest_rows: int) -> dict:
+    """Gate the release on reconciliation (rows in = ok + rejected + error, no duplicate rows,
+    no output without an ok ledger row); raise ``Unreconciled`` after writing the report.
+
+    Returns the gate's entry for index.json.
+    """
+    from tasks.gates import Reconciliation, release_gate
+
+    tally = Reconciliation(manifest_rows)
+    tally.add_ledger(ledger)
+    if outputs is not None:
+        tally.add_outputs(outputs)
+    gate = release_gate(tally, check_outputs=outputs is not None)
+    run_gate(storage, recipe, run, gate)
+    if not gate.success:
+        run["blocked"] = gate.failure_message()
+        url = publish(storage, recipe, run)
+        raise Unreconciled(f"ledgers do not reconcile; nothing released: {run['blocked']}\nreport: {url}")
+    return {"success": True, "outcomes": [o.__dict__ for o in gate.outcomes]}
 
 
 @flow(name="release")
@@ -99,23 +109,24 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
     samples, ledger = release_tables.submit(
         storage, download.ledgers, validated.ledgers, [(n, o.ledger) for n, o in zip(names, reshard.outputs)], reshard.incomplete_rows
     ).result()
-    problems = reconcile(ledger, download.counts.rows)
-    if problems:
-        raise Unreconciled("ledgers do not reconcile; nothing released: " + "; ".join(problems))
+    # The released samples come from the reshard ledgers, the ok rows from the samples table;
+    # reconciling the download and validate ledgers' ok rows too would count a row per phase.
+    reconciled = reconcile(storage, recipe, run, ledger, samples.select(["source", "row"]), download.counts.rows)
 
     version = next_version(storage, recipe.dataset)
     base = f"{base_dir}/{version}"
     for name, o in zip(names, reshard.outputs):
         place_file(storage, o.tar, f"{base}/{name}")
     index_inputs = [ShardIndexInput(name=n, size=o.bytes, samples=o.records) for n, o in zip(names, reshard.outputs)]
+    # Two index files per shard: fsynced together, once, before index.json commits them.
     for rel, data in all_indexes(index_inputs, name=recipe.dataset).items():
-        storage.write_bytes(f"{base}/{rel}", data)
+        storage.write_bytes(f"{base}/{rel}", data, fsync=False)
     if latent_shards:
         for entry, r in zip(latent_shards, precache.results):
             place_file(storage, r.tar, f"{base}/{entry['name']}")
         latent_inputs = [ShardIndexInput(name=e["name"], size=r.bytes, samples=r.records) for e, r in zip(latent_shards, precache.results)]
         for rel, data in dali_indexes(latent_inputs).items():
-            storage.write_bytes(f"{base}/{rel}", data)
+            storage.write_bytes(f"{base}/{rel}", data, fsync=False)
     write_tables(storage, base, samples, ledger)
 
     run["release"] = {"version": version, "created": True, "path": storage.url(base)}
@@ -128,6 +139,8 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
         if phase.get("gate"):
             storage.write_bytes(f"{base}/gates/{phase['phase']}.json", storage.read_bytes(f"{reports}/gates/{phase['phase']}.json"))
             gates[phase["phase"]] = {"success": phase["gate"]["success"], "outcomes": phase["gate"]["outcomes"]}
+    storage.write_bytes(f"{base}/gates/release.json", storage.read_bytes(f"{reports}/gates/release.json"))
+    gates["release"] = reconciled
     index = {
         "version": version,
         "dataset": recipe.dataset,
@@ -156,6 +169,7 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
     }
     if latent_shards:
         index["precache"] = {"shards": latent_shards, "encodings": precache.encodings}
+    storage.sync()  # every file above (links included) is on disk before index.json names it
     commit_index(storage, f"{base}/{INDEX}", index)
     set_latest(storage, recipe.dataset, version)
     create_markdown_artifact(

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.ledger import read_parquet, write_parquet
-from tasks.storage import Storage
+from tasks.storage import Storage, fault_point
 
 VERSION_RE = re.compile(r"^v(\d{4,})$")
 INDEX = "index.json"
@@ -114,6 +114,7 @@ def commit_index(storage: Storage, rel: str, index: dict[str, Any]) -> None:
     if storage.exists(rel):
         raise ReleaseError(f"{storage.url(rel)} exists; releases are immutable")
     if storage.is_local:
+        fault_point(rel, "before")
         # Hard-link a fully written temp file into place: link() fails if the name exists,
         # so two writers cannot both commit.
         tmp = storage.path(rel) + ".tmp"

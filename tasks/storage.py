@@ -3,13 +3,106 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import fnmatch
 import os
 import posixpath
+import signal
 import tempfile
+from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 import fsspec
 from fsspec.core import url_to_fs
+
+
+# Fault injection for the resilience tests; off (one dictionary lookup) unless this is set.
+FAULT_ENV = "SHARDSMITH_FAULT"
+_FAULT_ACTIONS = ("killgroup", "sigkill", "exit", "enospc")
+_FAULT_POINTS = ("before", "write", "commit")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault that the atomic writer injects where its point is reached for a matching path.
+
+    Args:
+        action: ``killgroup`` (SIGKILL to the whole process group: the flow, its workers, as
+            when the machine dies), ``sigkill`` (this process only, as the OOM killer does),
+            ``exit`` (``os._exit(1)``) or ``enospc`` (the write raises ``OSError(ENOSPC)``).
+        point: ``before`` the file is opened, during its first ``write``, or after its
+            ``commit`` (renamed or uploaded, before anything else happens).
+        pattern: an fnmatch glob over the path relative to the storage root.
+        marker: a file path; when set, the fault fires only where it can create that file
+            exclusively, so once across every process of the run. Default: every time.
+
+    ``SHARDSMITH_FAULT`` holds one or more ``ACTION:POINT:GLOB[:MARKER]``, separated by ``;``.
+    """
+
+    action: str
+    point: str
+    pattern: str
+    marker: str | None = None
+
+    def fire(self) -> None:
+        if self.marker:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
+        if self.action == "enospc":
+            raise OSError(errno.ENOSPC, "No space left on device (injected by SHARDSMITH_FAULT)")
+        if self.action == "exit":
+            os._exit(1)
+        if self.action == "killgroup":
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def faults_for(rel: str) -> list[Fault]:
+    """The faults ``SHARDSMITH_FAULT`` asks for at ``rel``; empty (and cheap) when it is unset."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return []
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(";"))):
+        parts = item.split(":", 3)
+        if len(parts) < 3 or parts[0] not in _FAULT_ACTIONS or parts[1] not in _FAULT_POINTS:
+            raise ValueError(f"{FAULT_ENV}: {item!r} is not ACTION:POINT:GLOB[:MARKER] with ACTION in {_FAULT_ACTIONS}, POINT in {_FAULT_POINTS}")
+        fault = Fault(*parts)
+        if fnmatch.fnmatchcase(rel, fault.pattern):
+            out.append(fault)
+    return out
+
+
+def _inject(faults: list[Fault], point: str) -> None:
+    for fault in faults:
+        if fault.point == point:
+            fault.fire()
+
+
+def fault_point(rel: str, point: str) -> None:
+    """Fire the faults asked for at ``rel`` and ``point``, for writers that bypass ``atomic_writer``."""
+    _inject(faults_for(rel), point)
+
+
+class _FaultyFile:
+    """A file object whose first write fires the ``write`` faults; everything else passes through."""
+
+    def __init__(self, fh: IO[bytes], faults: list[Fault]):
+        self._fh = fh
+        self._faults = faults
+
+    def write(self, data: Any) -> int:
+        if self._faults:
+            n = self._fh.write(bytes(data)[: len(data) // 2])  # a torn write: half is on disk
+            faults, self._faults = self._faults, []
+            _inject(faults, "write")
+            return n + self._fh.write(bytes(data)[n:])
+        return self._fh.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fh, name)
 
 
 class Storage:
@@ -84,13 +177,23 @@ class Storage:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.path(rel))
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
-        """Write ``data`` atomically: readers see the old object, or all of the new one."""
-        with self.atomic_writer(rel) as fh:
+    def write_bytes(self, rel: str, data: bytes, fsync: bool = True) -> None:
+        """Write ``data`` atomically: readers see the old object, or all of the new one.
+
+        ``fsync=False`` leaves durability to one ``sync()`` after a batch of writes (thousands
+        of small index files), which must come before whatever commits them.
+        """
+        with self.atomic_writer(rel, fsync=fsync) as fh:
             fh.write(data)
 
+    def sync(self) -> None:
+        """Make every write so far durable: one ``sync()`` for writes made with ``fsync=False``
+        (object stores are durable when a PUT returns)."""
+        if self.is_local:
+            os.sync()
+
     @contextlib.contextmanager
-    def atomic_writer(self, rel: str) -> Iterator[IO[bytes]]:
+    def atomic_writer(self, rel: str, fsync: bool = True) -> Iterator[IO[bytes]]:
         """A binary file that appears under ``rel`` only when the block exits without error.
 
         Locally: a temp file beside the target, fsynced, renamed over it, and the folder
@@ -98,27 +201,32 @@ class Storage:
         for very large files, which is equally invisible until it completes).
         """
         target = self.path(rel)
+        faults = faults_for(rel)
+        _inject(faults, "before")
         if self.is_local:
             folder = os.path.dirname(target)
             os.makedirs(folder, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(target), dir=folder)
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    yield fh
+                    yield _FaultyFile(fh, faults) if faults else fh
                     fh.flush()
-                    os.fsync(fh.fileno())
+                    if fsync:
+                        os.fsync(fh.fileno())
                 os.replace(tmp, target)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
                 raise
-            dfd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            if fsync:
+                dfd = os.open(folder, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
         else:
             with tempfile.NamedTemporaryFile(prefix="shardsmith-spool-") as spool:
-                yield spool
+                yield _FaultyFile(spool, faults) if faults else spool
                 spool.flush()
                 self.fs.put_file(spool.name, target)
+        _inject(faults, "commit")
