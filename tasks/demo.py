@@ -678,7 +678,7 @@ def prepare_demo(out_dir: Path, n: int = 300, seed: int = 0, port: int = 18765) 
 
     out_dir = Path(out_dir)
     images = ensure_images(out_dir, n, seed)
-    make_all(out_dir / "models")  # tiny random-weight encoders for the precache phase
+    make_all(out_dir / "models", ("vae", "clip-text"))  # tiny random-weight encoders for the precache phase
     server = ImageWeb(out_dir / "images", port=port).start()
     try:
         write_manifests(out_dir, images, server.base_url)

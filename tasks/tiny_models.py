@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 # Words the tiny tokenizer knows; anything else becomes [UNK]. Enough for the demo captions.
@@ -143,16 +144,27 @@ def make_clip_vision(path: str | Path, seed: int = 0, image_size: int = 64) -> P
     return path
 
 
-def make_all(root: str | Path) -> dict[str, Path]:
-    """Every tiny model under ``root`` (``vae``, ``clip-text``, ``t5``, ``clip-vision``); kept when present."""
+MAKERS = {"vae": make_vae, "clip-text": make_clip_text, "t5": make_t5_encoder, "clip-vision": make_clip_vision}
+
+
+def make_all(root: str | Path, names: tuple[str, ...] = tuple(MAKERS)) -> dict[str, Path]:
+    """The tiny models ``names`` (default all: ``vae``, ``clip-text``, ``t5``, ``clip-vision``)
+    under ``root``; a model already there is kept."""
     root = Path(root)
-    makers = {"vae": make_vae, "clip-text": make_clip_text, "t5": make_t5_encoder, "clip-vision": make_clip_vision}
     out = {}
-    for name, make in makers.items():
+    for name in names:
+        make = MAKERS[name]
         target = root / name
         if not (target / "config.json").exists():
             tmp = root / f".{name}.tmp-{os.getpid()}"
             make(tmp)
-            os.replace(tmp, target)  # a concurrent maker may have won; both wrote the same model
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                # A concurrent maker got there first (rename onto a non-empty folder fails); its
+                # model is the same one, built from the same config and seed.
+                if not (target / "config.json").exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
         out[name] = target
     return out

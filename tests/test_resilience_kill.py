@@ -124,11 +124,10 @@ def test_killed_mid_phase_at_each_commit_point_then_rerun_is_byte_identical(corp
     store = tmp_path / "crashed"
     # Each kill lands between a shard's tar (committed) and its ledger, or, in the release
     # phase, after every file but index.json; the whole process group dies, workers included.
-    # (validate and precache commit through the same writer, ledger last; a kill there costs
-    # another run of CI time and exercises nothing new.)
+    # (validate, reshard and precache commit through the same writer, ledger last; a kill
+    # there costs another run of CI time and exercises nothing new.)
     kills = [
         ("download", "killgroup:commit:kills/download/pics/000001-*.tar"),
-        ("reshard", "killgroup:commit:kills/reshard/*/shard-000001.tar"),
         ("release", "killgroup:before:kills/releases/*/index.json"),
     ]
     before: dict[str, int] = {}
