@@ -14,7 +14,7 @@ from prefect_dask import DaskTaskRunner
 
 from flows.audit import GateFailed, check_gate, new_run, phase_record, publish, report_dir, run_gate
 from flows.download import download_flow, run_name
-from flows.release import reconcile
+from flows.release import copy_audit, reconcile
 from flows.runtime import dask_cluster, gather
 from flows.validate import validate_flow
 from tasks.finetune import (
@@ -227,7 +227,7 @@ def release_finetune(recipe: Recipe, storage: Storage, ingests: list[IngestResul
         publish(storage, recipe, run, report)
         return ReleaseResult(head, storage.url(f"{base_dir}/{head}"), False, n_samples, len(shards)), run
     # Packs hold the ok records; the fine-tuning gate checked each is in exactly one pack.
-    reconcile(storage, recipe, run, ledger, None, sum(i.rows for i in ingests))
+    reconciled = reconcile(storage, recipe, run, ledger, None, sum(i.rows for i in ingests))
 
     version = next_version(storage, recipe.dataset)
     base = f"{base_dir}/{version}"
@@ -244,13 +244,7 @@ def release_finetune(recipe: Recipe, storage: Storage, ingests: list[IngestResul
     run["release"] = {"version": version, "created": True, "path": storage.url(base)}
     publish(storage, recipe, run, report)
     reports = report_dir(recipe, run["run"])
-    for rel in ("report.html", "run.json"):
-        storage.write_bytes(f"{base}/{rel}", storage.read_bytes(f"{reports}/{rel}"))
-    gates = {}
-    for phase in run["phases"]:
-        if phase.get("gate"):
-            storage.write_bytes(f"{base}/gates/{phase['phase']}.json", storage.read_bytes(f"{reports}/gates/{phase['phase']}.json"))
-            gates[phase["phase"]] = {"success": phase["gate"]["success"], "outcomes": phase["gate"]["outcomes"]}
+    gates = copy_audit(storage, recipe, run, base, reconciled)
     cfg = recipe.finetune
     t = cfg.tiling
     tokenizer = summary.stats.get("tokenizer")

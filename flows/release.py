@@ -81,6 +81,22 @@ def reconcile(storage: Storage, recipe: Recipe, run: dict, ledger: pa.Table, out
     return {"success": True, "outcomes": [o.__dict__ for o in gate.outcomes]}
 
 
+def copy_audit(storage: Storage, recipe: Recipe, run: dict, base: str, reconciled: dict) -> dict:
+    """Copy the run's report, run.json and every gate's JSON (the reconciliation's included)
+    into the release folder ``base``; return the gates' entry for index.json."""
+    reports = report_dir(recipe, run["run"])
+    for rel in ("report.html", "run.json"):
+        storage.write_bytes(f"{base}/{rel}", storage.read_bytes(f"{reports}/{rel}"))
+    gates = {}
+    for phase in run["phases"]:
+        if phase.get("gate"):
+            storage.write_bytes(f"{base}/gates/{phase['phase']}.json", storage.read_bytes(f"{reports}/gates/{phase['phase']}.json"))
+            gates[phase["phase"]] = {"success": phase["gate"]["success"], "outcomes": phase["gate"]["outcomes"]}
+    storage.write_bytes(f"{base}/gates/release.json", storage.read_bytes(f"{reports}/gates/release.json"))
+    gates["release"] = reconciled
+    return gates
+
+
 @flow(name="release")
 def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, run: dict, precache: Any = None) -> tuple[ReleaseResult, dict]:
     """Make ``releases/vNNNN/`` unless the latest release already has the same content.
@@ -132,15 +148,7 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
     run["release"] = {"version": version, "created": True, "path": storage.url(base)}
     publish(storage, recipe, run)
     reports = report_dir(recipe, run["run"])
-    for rel in ("report.html", "run.json"):
-        storage.write_bytes(f"{base}/{rel}", storage.read_bytes(f"{reports}/{rel}"))
-    gates = {}
-    for phase in run["phases"]:
-        if phase.get("gate"):
-            storage.write_bytes(f"{base}/gates/{phase['phase']}.json", storage.read_bytes(f"{reports}/gates/{phase['phase']}.json"))
-            gates[phase["phase"]] = {"success": phase["gate"]["success"], "outcomes": phase["gate"]["outcomes"]}
-    storage.write_bytes(f"{base}/gates/release.json", storage.read_bytes(f"{reports}/gates/release.json"))
-    gates["release"] = reconciled
+    gates = copy_audit(storage, recipe, run, base, reconciled)
     index = {
         "version": version,
         "dataset": recipe.dataset,
