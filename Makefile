@@ -14,11 +14,15 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Both datasets: the pretraining demo (corpus, loopback server, release with latents), then the
+# fine-tuning demo over the same images (conversations, tiles, packs, its own release).
 demo: setup
 	$(VENV)/bin/shardsmith demo
+	$(VENV)/bin/python -m tasks.demo_finetune shardsmith-demo > /dev/null
+	SHARDSMITH_DEMO_DIR=$(CURDIR)/shardsmith-demo $(VENV)/bin/shardsmith run recipes/demo-finetune.yaml
 
 test: setup $(ENERGON)/.installed
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n auto --dist loadfile
 
 # Megatron-Energon and wids read releases in tests; they live in a venv of their own (energon
 # pins tzdata<2026) that sees the project's packages through a .pth file. Optional: if this
