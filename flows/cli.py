@@ -90,7 +90,7 @@ def _print_summary(result: dict) -> None:
     typer.echo("")
     typer.secho(f"download: {c.rows} rows -> {c.ok} ok, {c.rejected} rejected, {c.error} error", bold=True)
     for reason, n in c.by_reason.items():
-        typer.echo(f"  {reason:<22} {n}")
+        typer.echo(f"  {reason:<24} {n}")
     typer.echo(f"  shards: {dl.shards} ({dl.shards_skipped} already done), {dl.samples_per_s} samples/s, {dl.mb_per_s} MB/s")
     typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/download/")
     val = result.get("validate")
@@ -98,8 +98,16 @@ def _print_summary(result: dict) -> None:
         c = val.counts
         typer.secho(f"validate: {c.rows} samples -> {c.ok} ok, {c.rejected} rejected ({val.duplicates} duplicates)", bold=True)
         for reason, n in _grouped(c.by_reason).items():
-            typer.echo(f"  {reason:<22} {n}")
+            typer.echo(f"  {reason:<24} {n}")
         typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/validate/")
+    ft = result.get("finetune")
+    if ft is not None:
+        c, st = ft.counts, ft.stats
+        typer.secho(f"finetune: {c.rows} records -> {c.ok} ok, {c.rejected} rejected, {c.error} error", bold=True)
+        for reason, n in _grouped(c.by_reason).items():
+            typer.echo(f"  {reason:<24} {n}")
+        fill = f", fill {st['fill_ratio']:.3f} (padding to the longest: {st['pad_to_longest_ratio']:.3f})" if st.get("fill_ratio") is not None else ""
+        typer.echo(f"  {st['samples']} samples in {st['packs']} packs, cut-off {st['cutoff']} tokens{fill}")
     rs = result.get("reshard")
     if rs is not None:
         typer.secho(f"reshard: {rs.samples} samples -> {len(rs.outputs)} shards of {rs.samples_per_shard} (last holds {rs.tail})", bold=True)
