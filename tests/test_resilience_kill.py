@@ -39,6 +39,9 @@ validate:
 reshard:
   samples_per_shard: 3
   seed: 11
+precache:
+  image_latents: {{model: {vae}, resolution: 64}}
+  batch_size: 2
 gates:
   download: {{min_success_rate: 0.5}}
   validate: {{max_reject_rate: 0.9}}
@@ -71,7 +74,10 @@ def write_corpus(root: Path, n: int = 16) -> tuple[object, Path]:
             w.writerow([f"{server.base_url}/img/{name}", f"generated scene number {i} with shapes", LICENSES[i % 3]])
         w.writerow([f"{server.base_url}/status/404", "a missing picture", "CC0-1.0"])
     recipe = root / "recipe.yaml"
-    recipe.write_text(RECIPE.format(store=root / "unused-store", manifest=manifest))
+    from tasks.tiny_models import make_all
+
+    vae = make_all(root / "models", ("vae",))["vae"]
+    recipe.write_text(RECIPE.format(store=root / "unused-store", manifest=manifest, vae=vae))
     return server, recipe
 
 
@@ -122,12 +128,14 @@ def test_killed_mid_phase_at_each_commit_point_then_rerun_is_byte_identical(corp
     assert want_index["totals"]["samples"] >= 6 and {r["status"] for r in want_ledger} == {"ok", "rejected", "error"}
 
     store = tmp_path / "crashed"
-    # Each kill lands between a shard's tar (committed) and its ledger, or, in the release
-    # phase, after every file but index.json; the whole process group dies, workers included.
-    # (validate, reshard and precache commit through the same writer, ledger last; a kill
-    # there costs another run of CI time and exercises nothing new.)
+    # Each kill lands between a shard's tar (committed) and its ledger, in every phase, or, in
+    # the release phase, after every file but index.json; the whole process group dies, workers
+    # included.
     kills = [
         ("download", "killgroup:commit:kills/download/pics/000001-*.tar"),
+        ("validate", "killgroup:commit:kills/validate/pics/000001-*.tar"),
+        ("reshard", "killgroup:commit:kills/reshard/*/shard-000001.tar"),
+        ("precache", "killgroup:commit:kills/precache/*/shard-000001.tar"),
         ("release", "killgroup:before:kills/releases/*/index.json"),
     ]
     before: dict[str, int] = {}
@@ -140,7 +148,7 @@ def test_killed_mid_phase_at_each_commit_point_then_rerun_is_byte_identical(corp
             ledgers = {p.name[: -len(".ledger.parquet")] for p in (store / "kills" / phase).rglob("*.ledger.parquet")}
             assert tars - ledgers, f"{phase}: the kill did not land between a tar and its ledger"
         # What was committed before this kill is never redone by the runs after it.
-        now = {**committed(store, "download"), **committed(store, "validate"), **committed(store, "reshard")}
+        now = {k: v for phase_dir in ("download", "validate", "reshard", "precache") for k, v in committed(store, phase_dir).items()}
         assert {k: now.get(k) for k in before} == before
         before = now
         lock = json.loads((store / "kills" / "run.lock").read_text())
