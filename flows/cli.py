@@ -50,8 +50,7 @@ def _fail(message: str, code: int) -> typer.Exit:
 def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> dict:
     from flows.audit import GateFailed
     from flows.download import PhaseFailed
-    from flows.pretraining import run_phases
-    from flows.runtime import NoGPU, prefect_api, require_gpu
+    from flows.runtime import NoGPU, Session, require_gpu, stop_on_signals
     from tasks.locks import LockHeld, LockLost
     from tasks.manifests import ManifestError
     from tasks.precache import PrecacheError
@@ -63,23 +62,29 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> 
             require_gpu()
     except (RecipeError, NoGPU) as err:
         raise _fail(str(err), 2) from None
-    with prefect_api():
+    ex = recipe.execution
+    # The Prefect server and the Dask cluster start side by side, while this process imports
+    # the flows; the flows ask for the cluster's address when they first need it.
+    with Session(ex.cluster, ex.workers, ex.threads_per_worker) as session, stop_on_signals(session):
         from prefect import flow
+
+        from flows.pretraining import run_phases
 
         @flow(name=f"shardsmith-{recipe.dataset}")
         def cli_run() -> dict:
             if recipe.kind == "finetuning":
                 from flows.finetuning import run_finetuning
 
-                return run_finetuning(recipe)  # its phases always run together
-            return run_phases(recipe, phases)
+                return run_finetuning(recipe, session)  # its phases always run together
+            return run_phases(recipe, phases, session)
 
-        try:
-            return cli_run()
-        except RecipeError as err:
-            raise _fail(f"{recipe_path}: {err}", 2) from None
-        except (ManifestError, PhaseFailed, NoGPU, GateFailed, LockHeld, LockLost, PrecacheError) as err:
-            raise _fail(f"{type(err).__name__}: {err}", 1) from None
+        with session.api():
+            try:
+                return cli_run()
+            except RecipeError as err:
+                raise _fail(f"{recipe_path}: {err}", 2) from None
+            except (ManifestError, PhaseFailed, NoGPU, GateFailed, LockHeld, LockLost, PrecacheError) as err:
+                raise _fail(f"{type(err).__name__}: {err}", 1) from None
 
 
 def _print_summary(result: dict) -> None:
@@ -111,6 +116,17 @@ def _print_summary(result: dict) -> None:
     rs = result.get("reshard")
     if rs is not None:
         typer.secho(f"reshard: {rs.samples} samples -> {len(rs.outputs)} shards of {rs.samples_per_shard} (last holds {rs.tail})", bold=True)
+        if rs.incomplete:
+            typer.echo(f"  {'incomplete_sample':<24} {rs.incomplete}")
+    pc = result.get("precache")
+    if pc is not None:
+        skipped = sum(1 for r in pc.results if getattr(r, "skipped", False))
+        typer.secho(f"precache: {pc.samples} samples encoded in {len(pc.results)} latent shards ({skipped} already done)", bold=True)
+        for name, enc in pc.encodings.items():
+            shape = "x".join(str(d) for d in enc.get("shape", ()))
+            typer.echo(f"  {name:<24} {shape} {enc.get('dtype', '')}")
+    elif "precache" in result:
+        typer.echo("precache: no encoders configured")
     rel = result.get("release")
     if rel is not None:
         state = "released" if rel.created else "unchanged, still"
@@ -118,6 +134,32 @@ def _print_summary(result: dict) -> None:
     record = result.get("record") or {}
     report_dir = f"{dl.storage}/{dl.dataset}/reports/{record.get('run', dl.run)}"
     typer.echo(f"  report:             {report_dir}/report.html")
+
+
+def _logs(verbose: bool) -> None:
+    """Before Prefect and Dask are imported: their INFO logs off the terminal unless asked for.
+
+    The Prefect UI still gets every log of the run (only the console handler is raised).
+    """
+    if verbose:
+        return
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    import warnings
+
+    # Dask says so when its default HTTP port is taken (another cluster runs); it picks another.
+    warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
+
+
+def _progress(enabled: bool):
+    """The live per-phase progress display on stderr (off for --json, which prints only JSON)."""
+    import contextlib
+
+    if not enabled:
+        return contextlib.nullcontext()
+    from flows.progress import Terminal
+
+    return Terminal()
 
 
 def _grouped(by_reason: dict[str, int]) -> dict[str, int]:
@@ -138,8 +180,10 @@ def run(
     workers: Annotated[Optional[int], typer.Option(help="Worker processes of a local cluster.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: download.timeout_s=5")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect's and Dask's INFO logs.")] = False,
 ) -> None:
     """Run a recipe's phases."""
+    _logs(verbose)
     overrides = _parse_sets(set_ or [])
     if cluster:
         overrides["execution.cluster"] = cluster
@@ -150,7 +194,8 @@ def run(
     from flows.pretraining import PHASES
 
     phases = [p.value for p in phase] if phase else list(PHASES)
-    result = _run(recipe, phases, overrides)
+    with _progress(not json_out):
+        result = _run(recipe, phases, overrides)
     if json_out:
         from dataclasses import asdict
 
@@ -164,8 +209,10 @@ def demo(
     directory: Annotated[Path, typer.Option("--dir", help="Where the demo corpus and its outputs go.")] = Path("shardsmith-demo"),
     images: Annotated[int, typer.Option(help="Images in the generated corpus.")] = 300,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect's and Dask's INFO logs.")] = False,
 ) -> None:
     """Generate a demo corpus, serve it on loopback, and run the demo recipe on it."""
+    _logs(verbose)
     from tasks.demo import prepare_demo
 
     directory = directory.resolve()
@@ -179,7 +226,8 @@ def demo(
             overrides["execution.workers"] = workers
         from flows.pretraining import PHASES
 
-        result = _run(RECIPES / "demo.yaml", list(PHASES), overrides)
+        with _progress(True):
+            result = _run(RECIPES / "demo.yaml", list(PHASES), overrides)
     finally:
         server.stop()
     _print_summary(result)
@@ -344,10 +392,17 @@ def _locate_run(target: str, storage: str | None) -> tuple[str, str]:
 
 
 def main() -> None:
+    from flows import runtime
+
     try:
         app()
+    except SystemExit as exit_:
+        # typer turns KeyboardInterrupt (our Interrupted included) into exit status 130.
+        if runtime.stopped_by is not None:
+            sys.exit(128 + runtime.stopped_by)
+        raise
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(128 + (runtime.stopped_by or 2))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
 
+from flows import progress as terminal
 from flows.audit import check_gate, phase_record, run_gate
 from tasks.download import ShardResult, download_shard, shard_paths
 from tasks.ledger import Counts, read_ledger
@@ -97,17 +98,21 @@ def download_flow(recipe: Recipe, run: dict) -> tuple[DownloadSummary, dict]:
     results: list[ShardResult] = []
     failed: list[str] = []
     last_update = 0.0
+    terminal.start("download", len(futures), sum(r.rows for r in refs))
     for done, fut in enumerate(as_completed(list(futures)), start=1):
         ref, tar_rel, ledger_rel = futures[fut]
         try:
             results.append(fut.result())
+            terminal.advance("download", results[-1])
         except Exception as err:  # a shard that failed after its retries; reported, then raised
             failed.append(f"{tar_rel}: {type(err).__name__}: {err}")
             logger.error("shard %s failed: %s", tar_rel, err)
+            terminal.advance("download")
         now = time.monotonic()
         if now - last_update > 1.0 or done == len(futures):
             update_progress_artifact(progress, 100.0 * done / max(len(futures), 1))
             last_update = now
+    terminal.finish("download")
     seconds = time.perf_counter() - started
     counts = sum((r.counts for r in results), Counts.zero())
     fresh = [r for r in results if not r.skipped]

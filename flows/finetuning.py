@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from prefect_dask import DaskTaskRunner
 from flows.audit import GateFailed, check_gate, new_run, phase_record, publish, report_dir, run_gate
 from flows.download import download_flow, run_name
 from flows.release import copy_audit, reconcile
-from flows.runtime import dask_cluster, gather
+from flows.runtime import Session, cleanup_on_stop, dask_cluster, gather
 from flows.validate import validate_flow
 from tasks.finetune import (
     BuildResult,
@@ -296,8 +297,11 @@ def release_finetune(recipe: Recipe, storage: Storage, ingests: list[IngestResul
     return ReleaseResult(version, storage.url(base), True, n_samples, len(shards)), run
 
 
-def run_finetuning(recipe: Recipe) -> dict:
-    """Run every fine-tuning phase on one Dask cluster; returns each phase's summary."""
+def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
+    """Run every fine-tuning phase on one Dask cluster; returns each phase's summary.
+
+    ``session`` holds the cluster the caller started (see run_phases).
+    """
     if recipe.kind != "finetuning":
         raise RecipeError(f"{recipe.dataset}: kind is {recipe.kind}, not finetuning")
     problems = policy_problems(recipe.validate_.license)
@@ -311,8 +315,9 @@ def run_finetuning(recipe: Recipe) -> dict:
     out: dict[str, Any] = {}
     # One run per dataset at a time: a second one waits or refuses, naming the holder.
     lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record["run"])
-    with lock as held, dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker) as address:
-        runner = DaskTaskRunner(address=address)
+    cluster = contextlib.nullcontext(session.address()) if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
+    with lock as held, cluster as scheduler, cleanup_on_stop(session, held):
+        runner = DaskTaskRunner(address=scheduler)
         ingests = ingest_flow.with_options(task_runner=runner)(recipe=recipe)
         images = image_recipe(recipe, ingests, Storage(recipe.storage, recipe.storage_options), {s.name: s.rows_per_shard for s in recipe.sources})
         if images is not None:

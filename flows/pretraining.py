@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Literal
 
 from prefect import flow
@@ -11,7 +12,7 @@ from flows.audit import new_run
 from flows.download import download_flow, run_name
 from flows.precache import precache_flow
 from flows.params import ClusterChoice, RecipeOverrides, RecipePath, StorageRoot, Workers, recipe_overrides
-from flows.runtime import dask_cluster
+from flows.runtime import Session, cleanup_on_stop, dask_cluster
 from flows.release import release_flow
 from flows.reshard import reshard_flow
 from flows.validate import validate_flow
@@ -47,9 +48,13 @@ def pretraining_flow(
     return run_phases(recipe, list(phases or PHASES))
 
 
-def run_phases(recipe: Recipe, phases: list[str]) -> dict:
+def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None) -> dict:
     """Run phases in pipeline order; a phase needs the ones before it (done now or earlier:
-    their committed shards are skipped, so rerunning them is cheap)."""
+    their committed shards are skipped, so rerunning them is cheap).
+
+    ``session`` holds the cluster the caller started (the CLI starts it beside the Prefect
+    server); without it the recipe's ``execution.cluster`` is used here.
+    """
     wanted = [p for p in PHASES if p in phases]
     if not wanted:
         return {}
@@ -64,8 +69,9 @@ def run_phases(recipe: Recipe, phases: list[str]) -> dict:
     out: dict = {"run": record["run"], "record": record}
     # One run per dataset at a time: a second one waits or refuses, naming the holder.
     lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record["run"])
-    with lock as held, dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker) as address:
-        runner = DaskTaskRunner(address=address)
+    cluster = contextlib.nullcontext(session.address()) if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
+    with lock as held, cluster as scheduler, cleanup_on_stop(session, held):
+        runner = DaskTaskRunner(address=scheduler)
         out["download"], record = download_flow.with_options(task_runner=runner)(recipe=recipe, run=record)
         if last >= PHASES.index("validate"):
             out["validate"], record = validate_flow.with_options(task_runner=runner)(recipe=recipe, download=out["download"], run=record)

@@ -6,6 +6,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 from typing import Iterator
 
 log = logging.getLogger("shardsmith")
@@ -27,6 +33,85 @@ def worker_env() -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_SHARED_PREFIXES)}
 
 
+class LocalServer:
+    """A Prefect API server for one run, started in the background and stopped after it.
+
+    Args:
+        port: loopback port; default: a free one.
+
+    ``start()`` returns at once, so the flow process, the Dask cluster and the server start
+    side by side; ``wait()`` blocks until the API answers. This is the command Prefect's own
+    ephemeral server runs (uvicorn over ``create_app``, no UI), in a session of its own, so a
+    Ctrl-C in the terminal reaches only the CLI, which stops the server last, after the flow
+    has recorded how the run ended.
+    """
+
+    def __init__(self, port: int | None = None):
+        self.port = port or _free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "LocalServer":
+        from prefect.settings import get_current_settings
+
+        env = {
+            **os.environ,
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            # Block types are for deployments and automations, which a one-run server has none of.
+            "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+        }
+        env.pop("PREFECT_API_URL", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return self
+
+    def wait(self, timeout: float) -> str:
+        """Block until ``/api/health`` answers; returns the API URL."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(f"the local Prefect server exited with code {self.process.returncode} before it answered")
+                try:
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        return self.api_url
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the local Prefect server did not answer within {timeout:.0f} s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _startup_timeout() -> float:
+    return float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
+
+
 @contextlib.contextmanager
 def prefect_api() -> Iterator[str]:
     """Use the configured Prefect API, or start one local server for this run and stop it after."""
@@ -36,15 +121,12 @@ def prefect_api() -> Iterator[str]:
     if url:
         yield str(url)
         return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
-    server = SubprocessASGIServer()
-    server.start(timeout=timeout)
+    server = LocalServer().start()
     try:
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
+        api = server.wait(_startup_timeout())
+        with temporary_settings({PREFECT_API_URL: api}):
             try:
-                yield server.api_url
+                yield api
             finally:
                 _drain_prefect_workers()
     finally:
@@ -101,6 +183,46 @@ def _cuda_cluster(threads_per_worker: int, env: dict[str, str]):
         raise
 
 
+# Worker settings, measured on the download and validate phases (bench/RESULTS.md):
+# - no MALLOC_TRIM_THRESHOLD_: Dask sets it to 64 KiB to hand memory back eagerly, and setting
+#   it turns off glibc's adaptive mmap threshold, so every image body (100 KB to MBs) is
+#   mmapped, page-faulted in and unmapped again;
+# - no statistical profiler: it samples every thread every 10 ms for a dashboard we do not run.
+WORKER_CONFIG = {
+    "distributed.nanny.pre-spawn-environ": {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1},
+    "distributed.worker.profile.enabled": False,
+}
+# Imported by every worker as it starts (see flows/worker.py), while the Prefect server starts.
+WORKER_PRELOAD = "flows.worker"
+
+
+def start_cluster(choice: str, workers: int | None, threads_per_worker: int, env: dict[str, str]):
+    """A new ``local`` or ``cuda`` Dask cluster whose workers get ``env`` and our worker settings."""
+    import dask
+
+    with dask.config.set(WORKER_CONFIG):
+        if choice == "cuda":
+            return _cuda_cluster(threads_per_worker, env)
+        from distributed import LocalCluster
+
+        return LocalCluster(
+            n_workers=workers or default_workers(),
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            dashboard_address=None,
+            env=env,
+            preload=[WORKER_PRELOAD],
+        )
+
+
+def close_cluster(cluster) -> None:
+    """Close a cluster we started; a worker slow to exit is killed (the run's work is committed)."""
+    try:
+        cluster.close(timeout=60)
+    except (TimeoutError, asyncio.TimeoutError) as err:
+        log.warning("dask cluster did not close within 60 s (%r); its workers were killed", err)
+
+
 @contextlib.contextmanager
 def dask_cluster(choice: str, workers: int | None = None, threads_per_worker: int = 1) -> Iterator[str]:
     """Yield a scheduler address for ``local``, ``cuda`` or an existing scheduler's address.
@@ -112,45 +234,241 @@ def dask_cluster(choice: str, workers: int | None = None, threads_per_worker: in
     if choice not in ("local", "cuda"):
         yield choice
         return
-    env = worker_env()
-    if choice == "local":
-        from distributed import LocalCluster
-
-        cluster = LocalCluster(
-            n_workers=workers or default_workers(),
-            threads_per_worker=threads_per_worker,
-            processes=True,
-            dashboard_address=None,
-            env=env,
-        )
-    else:
-        cluster = _cuda_cluster(threads_per_worker, env)
+    cluster = start_cluster(choice, workers, threads_per_worker, worker_env())
     try:
         log.info("dask cluster %s at %s", choice, cluster.scheduler_address)
         yield cluster.scheduler_address
     finally:
-        # A worker that takes long to exit (DALI and torch thread pools, a loaded machine) is
-        # killed by its nanny; the run's work is committed by then, so a slow close is not a
-        # failed run.
+        close_cluster(cluster)
+
+
+class Session:
+    """What one CLI run needs, started side by side: the Prefect API and the Dask cluster.
+
+    Args:
+        cluster: ``local``, ``cuda`` or a scheduler address (the recipe's ``execution.cluster``).
+        workers, threads_per_worker: of a cluster we start.
+
+    Without a configured ``PREFECT_API_URL`` a :class:`LocalServer` starts; the cluster starts
+    in a thread at the same time, its workers importing the stage modules meanwhile, and the
+    caller goes on reading the recipe and planning. ``api()`` and ``address()`` wait for
+    their part. On exit the cluster closes and the server stops, side by side.
+    """
+
+    def __init__(self, cluster: str, workers: int | None = None, threads_per_worker: int = 1):
+        from prefect.settings import get_current_settings
+
+        self.choice = cluster
+        self.server: LocalServer | None = None
+        configured = get_current_settings().api.url
+        if configured:
+            self.api_url = str(configured)
+        else:
+            self.server = LocalServer().start()
+            self.api_url = self.server.api_url
+        self._cluster = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if cluster in ("local", "cuda"):
+            env = {**worker_env(), "PREFECT_API_URL": self.api_url}
+            self._thread = threading.Thread(
+                target=self._start_cluster, args=(cluster, workers, threads_per_worker, env), name="start-dask-cluster", daemon=True
+            )
+            self._thread.start()
+
+    def _start_cluster(self, choice: str, workers: int | None, threads: int, env: dict[str, str]) -> None:
         try:
-            cluster.close(timeout=60)
-        except (TimeoutError, asyncio.TimeoutError) as err:
-            log.warning("dask cluster did not close within 60 s (%r); its workers were killed", err)
+            self._cluster = start_cluster(choice, workers, threads, env)
+        except BaseException as err:  # handed to whoever asks for the address
+            self._error = err
+
+    @contextlib.contextmanager
+    def api(self) -> Iterator[str]:
+        """The Prefect API for the block: the configured one, or ours once it answers."""
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        if self.server is None:
+            yield self.api_url
+            return
+        self.server.wait(_startup_timeout())
+        with temporary_settings({PREFECT_API_URL: self.api_url}):
+            try:
+                yield self.api_url
+            finally:
+                _drain_prefect_workers()
+
+    def address(self) -> str:
+        """The scheduler address, once the cluster we start is up (or the configured one)."""
+        if self._thread is None:
+            return self.choice
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._cluster.scheduler_address
+
+    @property
+    def owns_cluster(self) -> bool:
+        return self._thread is not None
+
+    def stop_workers(self) -> None:
+        """Kill our cluster's worker processes now, and keep their nannies from restarting them.
+
+        What a killed worker was writing stays a temp file beside its target, never committed;
+        the next run's lock sweep removes it.
+        """
+        cluster = self._cluster
+        if cluster is None:
+            return
+        pids = []
+        for nanny in list(getattr(cluster, "workers", {}).values()):
+            with contextlib.suppress(Exception):
+                nanny.close_gracefully(reason="shardsmith-stop")  # only a status: no restart
+                if nanny.pid:
+                    pids.append(nanny.pid)
+        _kill(pids)
+
+    def close(self) -> None:
+        stoppers = []
+        if self._thread is not None:
+            self._thread.join()
+            if self._cluster is not None:
+                stoppers.append(threading.Thread(target=close_cluster, args=(self._cluster,), daemon=True))
+        if self.server is not None:
+            stoppers.append(threading.Thread(target=self.server.stop, daemon=True))
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join(timeout=70)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def gather(futures: dict, progress, offset: float, share: float, logger, what: str = "shard") -> list:
-    """Results in completion order; a shard that failed after its retries raises after all finish."""
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run; ``signum`` says which (exit status 128 + signum)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+# The signal that stopped this process's run, for the CLI's exit status (128 + signum).
+stopped_by: int | None = None
+
+# How long a stopping run may take to record its end, release the lock and stop its servers
+# before the watchdog kills what is left and exits.
+STOP_GRACE_S = 20.0
+
+
+@contextlib.contextmanager
+def stop_on_signals(session: Session) -> Iterator[None]:
+    """SIGINT and SIGTERM stop the run within about ``STOP_GRACE_S`` seconds, exit 128 + signum.
+
+    The first signal kills the workers of our cluster (what they were writing stays a temp
+    file, never committed, removed by the next run) and raises :class:`Interrupted` in the main
+    thread, so the flows record a crashed run, the dataset lock is released and the servers
+    stop on the way out. A watchdog ends the process if that takes too long; a second signal
+    ends it at once. Inside a flow, Prefect's own SIGTERM handler runs first and hands the
+    signal back to ours when the outermost flow run has recorded it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    state: dict[str, int] = {}
+
+    def hard_exit(signum: int) -> None:
+        session.stop_workers()
+        if session.server is not None and session.server.process is not None:
+            _kill([session.server.process.pid])
+        os._exit(128 + signum)
+
+    def watchdog(signum: int) -> None:
+        time.sleep(STOP_GRACE_S)
+        log.error("the run did not stop within %.0f s of %s; killing what is left", STOP_GRACE_S, signal.Signals(signum).name)
+        hard_exit(signum)
+
+    def handler(signum: int, _frame: object) -> None:
+        if state:
+            hard_exit(state["signum"])
+        global stopped_by
+        state["signum"] = stopped_by = signum
+        sys.stderr.write(f"\n{signal.Signals(signum).name}: stopping; committed shards stay, the rest is redone by the next run\n")
+        threading.Thread(target=watchdog, args=(signum,), name="stop-watchdog", daemon=True).start()
+        session.stop_workers()
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except BaseException:
+        if state:  # a signal came: what is propagating is (or replaced) our Interrupted
+            session.stop_workers()
+            raise Interrupted(state["signum"]) from None
+        raise
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def cleanup_on_stop(session: Session | None, lock) -> Iterator[None]:
+    """On a signal inside the block, stop our workers and sweep their temp files while the
+    dataset lock (``lock``, a held RunLock) is still ours, so only committed outputs remain.
+
+    Prefect's SIGTERM handler runs first inside a flow and raises ``TerminationSignal`` here,
+    before our own handler has run; a cluster we did not start is left alone (its workers may
+    still write, and the next run's sweep removes what they leave).
+    """
+    from prefect.exceptions import ExternalSignal
+
+    try:
+        yield
+    except (KeyboardInterrupt, ExternalSignal):
+        if session is not None and session.owns_cluster:
+            session.stop_workers()
+            with contextlib.suppress(Exception):
+                lock.sweep()
+        raise
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def gather(futures: dict, progress, offset: float, share: float, logger, what: str = "shard", rows: int | None = None) -> list:
+    """Results in completion order; a shard that failed after its retries raises after all finish.
+
+    ``progress`` is the phase's Prefect progress artifact (``offset`` + ``share`` percent of it
+    is this step); the terminal of a CLI run shows ``what`` with shards and rows done.
+    """
     from prefect.artifacts import update_progress_artifact
     from prefect.futures import as_completed
 
+    from flows import progress as terminal
+
     out, failed = [], []
+    terminal.start(what, len(futures), rows)
+    last = 0.0
     for done, fut in enumerate(as_completed(list(futures)), start=1):
         try:
-            out.append(fut.result())
+            result = fut.result()
+            out.append(result)
+            terminal.advance(what, result)
         except Exception as err:
             failed.append(f"{futures[fut]}: {type(err).__name__}: {err}")
             logger.error("shard %s failed: %s", futures[fut], err)
-        update_progress_artifact(progress, offset + share * done / max(len(futures), 1))
+            terminal.advance(what)
+        # One API call a second at most: a thousand small shards must not mean a thousand calls.
+        now = time.monotonic()
+        if progress is not None and (now - last > 1.0 or done == len(futures)):
+            update_progress_artifact(progress, offset + share * done / max(len(futures), 1))
+            last = now
+    terminal.finish(what)
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(futures)} {what} shards failed:\n" + "\n".join(failed[:20]))
     return out

@@ -83,7 +83,7 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
         tar_rel, table_rel = candidate_paths(recipe.dataset, source, index, tar, chash)
         fut = validate_shard_task.with_options(**retries).submit(storage, source, index, tar, ledger, cfg, tar_rel, table_rel)
         futures[fut] = tar
-    cands: list[CandidateResult] = sorted(gather(futures, progress, 0.0, 80.0, logger), key=lambda c: (c.source, c.index))
+    cands: list[CandidateResult] = sorted(gather(futures, progress, 0.0, 80.0, logger, "validate"), key=lambda c: (c.source, c.index))
 
     order = {s.name: i for i, s in enumerate(recipe.sources)}
     by_table = dedup_task.submit(storage, [c.table for c in cands], cfg.dedup, order).result()
@@ -94,7 +94,7 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
         mine = by_table.get(c.table, {})
         tar_rel, ledger_rel = final_paths(recipe.dataset, c.source, c.index, c.table, mine)
         futures[finalize_shard_task.with_options(**retries).submit(storage, c, mine, tar_rel, ledger_rel)] = c.tar
-    results: list[ShardResult] = sorted(gather(futures, progress, 80.0, 20.0, logger), key=lambda r: (r.source, r.index))
+    results: list[ShardResult] = sorted(gather(futures, progress, 80.0, 20.0, logger, "finalize"), key=lambda r: (r.source, r.index))
 
     ledger = pa.concat_tables([read_ledger(storage, r.ledger) for r in results]) if results else None
     counts = Counts.of(ledger) if ledger is not None else Counts.zero()

@@ -1,0 +1,99 @@
+"""SIGTERM and SIGINT end `shardsmith run` promptly: workers stopped, lock released, only committed shards left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GRACE_S = 30  # what the README promises
+
+
+def _recipe(tmp_path: Path, web) -> Path:
+    # Chunk 0 is five quick rows, chunk 1 five rows whose bodies drip one byte every 0.5 s:
+    # the first commits, the second is still fetching when the signal comes.
+    rows = ["url,caption,license"]
+    rows += [f"{web.url('/img/a.jpg')}?u={i},a red square number {i},CC0-1.0" for i in range(5)]
+    rows += [f"{web.url('/slow/a.jpg')}?u={i},a slow square number {i},CC0-1.0" for i in range(5)]
+    (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"""dataset: sig
+storage: {tmp_path / 'store'}
+sources:
+  - name: s
+    manifest: {tmp_path / 'm.csv'}
+    rows_per_shard: 5
+download:
+  timeout_s: 600
+  retries: 0
+  network:
+    allowed_networks: ["127.0.0.1/32"]
+execution:
+  cluster: local
+  workers: 2
+"""
+    )
+    return recipe
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_run_within_the_grace_period(tmp_path, web, signum):
+    recipe = _recipe(tmp_path, web)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", str(recipe), "--phase", "download"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    store = tmp_path / "store" / "sig"
+    try:
+        deadline = time.monotonic() + 300
+        # Wait until the quick chunk has committed (its ledger exists) and the slow one is fetching.
+        while not list((store / "download").rglob("000000-*.ledger.parquet")):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the quick shard never committed"
+            time.sleep(0.5)
+        time.sleep(1.0)
+        children = _descendants(proc.pid)
+        assert children, "the run has no worker processes"
+        # SIGINT as a terminal's Ctrl-C sends it: to the whole foreground process group.
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=GRACE_S + 30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert took < GRACE_S, f"took {took:.1f} s to stop"
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert f"{signal.Signals(signum).name}: stopping" in err
+    assert "Traceback" not in err
+    # Every process the run started is gone (the server and the workers).
+    time.sleep(1.0)
+    alive = [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"left running: {alive}"
+    # The lock is released; the quick shard is committed, the slow one left nothing that counts.
+    assert not (store / "run.lock").exists()
+    ledgers = sorted(p.name for p in (store / "download").rglob("*.ledger.parquet"))
+    tars = sorted(p.name for p in (store / "download").rglob("*.tar"))
+    assert [n.split("-")[0] for n in ledgers] == ["000000"]
+    assert [n.split("-")[0] for n in tars] == ["000000"]
