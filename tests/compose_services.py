@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from deployments.serve import stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
@@ -157,6 +159,27 @@ class Process:
         with contextlib.suppress(OSError):
             return f"--- {self.name} ({self.log})\n" + self.log.read_text(errors="replace")[-chars:]
         return f"--- {self.name}: no log"
+
+
+def stop(p: Process, grace_s: float = 10) -> None:
+    """Stop a service and everything it started, also what left its process group.
+
+    The Prefect worker starts each flow run in a session of its own, so a signal to the
+    worker's group does not reach it; its descendants are collected first and, when the group
+    is gone, whatever of them is still alive is killed by pid.
+    """
+    import psutil
+
+    try:
+        descendants = psutil.Process(p.proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    stop_process(p.proc, grace_s=grace_s)
+    _, alive = psutil.wait_procs(descendants, timeout=grace_s)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def wait_healthy(p: Process) -> None:

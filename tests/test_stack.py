@@ -26,10 +26,11 @@ from compose_services import (
     interpolate,
     load_compose,
     service_folder,
+    stop,
     wait_healthy,
 )
 
-from deployments.serve import free_port, stop_process
+from deployments.serve import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -44,11 +45,26 @@ VARIABLES = {
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
+def loopback_parameters(port: int) -> dict:
+    """Run parameters for a corpus on a loopback port instead of port 80.
+
+    Where the URL policy refuses ports other than 80 and 443 unless the recipe lists them
+    (``download.network.allowed_ports``), the run lists this one, as a custom run from the UI
+    would; the deployment and its recipe are used as shipped otherwise.
+    """
+    from tasks.recipe import NetworkConfig
+
+    if "allowed_ports" not in NetworkConfig.model_fields:
+        return {}
+    return {"overrides": {"extra": {"download.network.allowed_ports": [port]}}}
+
+
 @dataclass
 class Stack:
     api: str
     auth: tuple[str, str]
     scheduler: str
+    corpus_port: int
     bucket: str
     s3_options: dict
     corpus: Path
@@ -85,7 +101,7 @@ def stack(tmp_path_factory, s3_endpoint):
 
     procs: list[Process] = []
 
-    def start(name: str, service: str, ports: dict[int, int], extra_args: tuple[str, ...] = (), extra_env: dict | None = None) -> Process:
+    def start(name: str, service: str, ports: dict[int, int], extra_args: tuple[str, ...] = (), extra_env: dict | None = None, cwd: Path | None = None) -> Process:
         svc = services[service]
         folder = service_folder(root, name)
         env = {**base_env(folder), **local.env(svc.get("environment")), **(extra_env or {})}
@@ -93,8 +109,11 @@ def stack(tmp_path_factory, s3_endpoint):
         log = root / "logs" / f"{name}.log"
         with open(log, "wb") as out:
             # Its own session, so stopping it stops its children (nannies, flow-run subprocesses).
-            proc = subprocess.Popen(argv, cwd=folder["HOME"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        p = Process(name, proc, log, healthcheck_argv(svc, ports), healthcheck_deadline_s(svc))
+            # The working folder is the container's own unless the service needs the project's files.
+            proc = subprocess.Popen(argv, cwd=cwd or folder["HOME"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        p = Process(name, proc, log)
+        if "healthcheck" in svc:
+            p.check, p.deadline_s = healthcheck_argv(svc, ports), healthcheck_deadline_s(svc)
         procs.append(p)
         return p
 
@@ -127,14 +146,9 @@ def stack(tmp_path_factory, s3_endpoint):
 
         s3fs.S3FileSystem(**s3_options).mkdir(bucket)
 
-        # prefect-deploy: its own shell command, in the image's working directory.
-        deploy = services["prefect-deploy"]
-        folder = service_folder(root, "prefect-deploy")
-        out = subprocess.run(
-            local.argv(deploy["command"], {}), cwd=ROOT, env={**base_env(folder), **local.env(deploy["environment"])},
-            capture_output=True, text=True, timeout=600,
-        )
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        # prefect-deploy: its own shell command, in the image's working directory, to the end.
+        deploy = start("prefect-deploy", "prefect-deploy", {}, cwd=ROOT)
+        assert deploy.proc.wait(timeout=900) == 0, deploy.tail()
 
         health = free_port()
         # Prefect's default webserver port is the one the compose healthcheck asks.
@@ -146,6 +160,7 @@ def stack(tmp_path_factory, s3_endpoint):
             api=f"http://127.0.0.1:{api}/api",
             auth=(user, password),
             scheduler=f"tcp://127.0.0.1:{sched}",
+            corpus_port=corpus,
             bucket=bucket,
             s3_options=s3_options,
             corpus=root / "volumes" / "demo",
@@ -153,7 +168,7 @@ def stack(tmp_path_factory, s3_endpoint):
         )
     finally:
         for p in reversed(procs):
-            stop_process(p.proc, grace_s=10)
+            stop(p)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +181,7 @@ def run(stack):
         assert dep.status_code == 200, dep.text
         schedules = dep.json()["schedules"]
         assert [s["active"] for s in schedules] == [True]  # the nightly that releases
-        created = http.post(f"/deployments/{dep.json()['id']}/create_flow_run", json={})
+        created = http.post(f"/deployments/{dep.json()['id']}/create_flow_run", json={"parameters": loopback_parameters(stack.corpus_port)})
         assert created.status_code == 201, created.text
         run_id = created.json()["id"]
         # A guard against a hang, not a timing assertion.
