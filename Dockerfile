@@ -30,9 +30,11 @@ COPY tasks ./tasks
 COPY loaders ./loaders
 COPY deployments ./deployments
 COPY recipes ./recipes
+# /shared (Prefect results) and /demo (the demo corpus) are mount points of named volumes; a
+# new volume takes the owner of the folder it is mounted over, so the user below can write it.
 RUN pip install --no-deps . \
     && useradd --create-home --uid 1000 shardsmith \
-    && mkdir -p /shared && chown shardsmith /shared
+    && mkdir -p /shared /demo && chown shardsmith /shared /demo
 
 USER shardsmith
 ENTRYPOINT ["tini", "--"]

@@ -1,7 +1,8 @@
-"""The docker-compose stack: valid against the compose spec, and every command exists in the image."""
+"""The docker-compose stack: valid against the compose spec, its commands and healthchecks real, its demo reachable and fenced."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 import shutil
@@ -13,9 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-COMPOSE = ROOT / "docker-compose.yml"
+from compose_services import COMPOSE, ROOT, env_example, interpolate, variable_defaults
+
 OURS = {"prefect-deploy", "prefect-worker", "dask-scheduler", "dask-worker", "dask-cuda-worker"}
+# Built from our image too, but holds no Prefect or S3 settings: it only serves the demo corpus.
+CORPUS = "demo-corpus"
+# The packages the image installs (Dockerfile: COPY ... and pip install).
+PACKAGES = ("flows", "tasks", "loaders", "deployments")
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +63,11 @@ def console_scripts() -> set[str]:
 
 
 def executables(command: list[str] | str) -> list[str]:
-    """The programs a compose command runs; ``sh -c`` scripts are split into their commands."""
+    """The programs a compose command runs; ``sh -c`` scripts are split into their commands,
+    ``python -m pkg.module`` is named by its module."""
     argv = command if isinstance(command, list) else shlex.split(command)
+    if argv[:2] == ["python", "-m"]:
+        return [f"-m {argv[2]}"]
     if argv[:2] != ["sh", "-c"]:
         return [argv[0]]
     out = []
@@ -74,12 +82,69 @@ def test_every_command_of_our_services_is_installed_by_our_dependencies(stack):
     scripts = console_scripts()
     assert {"shardsmith", "prefect", "dask", "dask-cuda-worker"} <= scripts
     services = stack["services"]
-    assert OURS <= set(services)
-    for name in OURS:
+    assert OURS | {CORPUS} <= set(services)
+    for name in OURS | {CORPUS}:
         svc = services[name]
         assert svc["build"]["dockerfile"] == "Dockerfile", name
         for exe in executables(svc["command"]):
-            assert exe in scripts, f"{name}: {exe} is not a console script of shardsmith's dependencies"
+            if exe.startswith("-m "):
+                module = exe[3:]
+                assert module.split(".")[0] in PACKAGES and importlib.util.find_spec(module), f"{name}: python -m {module} is not in the image"
+            else:
+                assert exe in scripts, f"{name}: {exe} is not a console script of shardsmith's dependencies"
+
+
+def test_every_long_running_service_has_a_healthcheck_that_waits_can_rely_on(stack):
+    services = stack["services"]
+    one_shot = {name for name, svc in services.items() if svc.get("restart") == "no"}
+    assert one_shot == {"prefect-deploy", "minio-init"}
+    for name in set(services) - one_shot:
+        hc = services[name].get("healthcheck") or {}
+        assert hc.get("test") and hc["test"][0] in ("CMD", "CMD-SHELL"), f"{name} has no healthcheck"
+    for name, svc in services.items():
+        for dep, cond in (svc.get("depends_on") or {}).items():
+            if cond["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits for {dep} to be healthy, which it never is"
+    # Runs start only once the cluster they use and the corpus they read answer.
+    assert services["prefect-worker"]["depends_on"]["dask-scheduler"]["condition"] == "service_healthy"
+    assert services["prefect-worker"]["depends_on"][CORPUS]["condition"] == "service_healthy"
+
+
+def option_of(command: list[str], flag: str) -> str:
+    return command[command.index(flag) + 1]
+
+
+def asked_port(service: dict) -> int:
+    """The loopback port a service's python healthcheck asks."""
+    text = " ".join(service["healthcheck"]["test"])
+    m = re.search(r"http://127\.0\.0\.1:(\d+)/(api/)?health'", text)
+    assert m, text
+    return int(m.group(1))
+
+
+def test_each_healthcheck_asks_the_port_its_service_listens_on(stack):
+    from prefect.settings import get_current_settings
+
+    s = stack["services"]
+
+    def option(name: str, flag: str) -> str:
+        return option_of(s[name]["command"], flag)
+
+    assert asked_port(s["prefect-server"]) == int(option("prefect-server", "--port"))
+    assert f":{asked_port(s['dask-scheduler'])}" == option("dask-scheduler", "--dashboard-address")
+    for name in ("dask-worker", "dask-cuda-worker"):
+        assert f":{asked_port(s[name])}" == option(name, "--dashboard-address")
+    assert asked_port(s[CORPUS]) == int(option(CORPUS, "--port")) == 80
+    # The Prefect worker's healthcheck server listens on Prefect's default webserver port.
+    assert "--with-healthcheck" in s["prefect-worker"]["command"]
+    assert asked_port(s["prefect-worker"]) == get_current_settings().worker.webserver.port
+    # One worker process per container, so the healthcheck covers the whole container.
+    assert option("dask-worker", "--nworkers") == "1" and str(s["dask-worker"]["scale"]).startswith("${DASK_WORKERS")
+
+
+def test_env_example_lists_every_variable_with_the_compose_default():
+    # `cp .env.example .env` must give the stack the file describes, and name every knob.
+    assert env_example() == variable_defaults()
 
 
 def test_stack_wiring(stack):
@@ -112,6 +177,58 @@ def test_stack_wiring(stack):
     assert s["minio-init"]["depends_on"]["minio"]["condition"] == "service_healthy"
 
 
+def test_the_demo_corpus_is_the_one_private_address_the_stack_recipe_reaches(stack):
+    import ipaddress
+
+    from tasks.recipe import load_recipe
+    from tasks.urlguard import AddressPolicy
+
+    s = stack["services"]
+    demo_net = stack["networks"]["demo"]
+    assert demo_net["internal"] is True
+    defaults = variable_defaults()
+    subnet = ipaddress.ip_network(interpolate(demo_net["ipam"]["config"][0]["subnet"], {}))
+    corpus = s[CORPUS]
+    address = ipaddress.ip_address(interpolate(corpus["networks"]["demo"]["ipv4_address"], {}))
+    assert address in subnet and str(address) == defaults["SHARDSMITH_DEMO_ADDRESS"]
+    assert set(corpus["networks"]) == {"demo"} and corpus["environment"] == {"HF_HUB_OFFLINE": "1"}  # no credentials
+    # Only the corpus and the containers that download from it are on that network.
+    on_demo = {name for name, svc in s.items() if "demo" in (svc.get("networks") or [])}
+    assert on_demo == {CORPUS, "prefect-worker", "dask-worker", "dask-cuda-worker"}
+
+    # The stack recipe, as the worker's environment resolves it.
+    env = interpolate(s["prefect-worker"]["environment"], {})
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        recipe = load_recipe(ROOT / "recipes" / "stack-demo.yaml")
+    assert recipe.storage == f"s3://{defaults['SHARDSMITH_BUCKET']}/datasets"
+    base_url = option_of(corpus["command"], "--base-url")
+    assert env["SHARDSMITH_DEMO_URL"] == base_url == "http://demo-corpus"  # port 80: no port in the URLs
+    assert all(src.manifest.startswith(f"{base_url}/manifests/") for src in recipe.sources)
+    mounts = {v.split(":")[1] for v in s["dask-worker"]["volumes"]}
+    assert option_of(corpus["command"], "--out") in mounts
+    assert recipe.precache.image_latents.model.startswith(env["SHARDSMITH_DEMO_MODELS"] + "/")
+    net = recipe.download.network
+    assert not net.allow_private_networks and net.allowed_networks == (f"{address}/32",)
+    policy = AddressPolicy.from_config(net)
+    assert policy.allows(address)
+    # Another container on the demo network (a worker's own address), one on the default
+    # network (MinIO, PostgreSQL, the Prefect API) and the host's loopback stay refused.
+    for other in (address + 1, ipaddress.ip_address("172.18.0.5"), ipaddress.ip_address("127.0.0.1")):
+        assert not policy.allows(other), other
+
+
+def test_the_active_nightly_schedule_is_the_stacks_demo():
+    deploy = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+    active = {d["name"]: d for d in deploy["deployments"] if any(s.get("active", True) for s in d.get("schedules") or [])}
+    assert list(active) == ["stack-demo"]
+    assert active["stack-demo"]["parameters"]["recipe_path"] == "recipes/stack-demo.yaml"
+    # The laptop demo's schedule stays, paused: it needs a server only `shardsmith demo` runs.
+    demo = next(d for d in deploy["deployments"] if d["name"] == "demo")
+    assert [s["active"] for s in demo["schedules"]] == [False]
+
+
 def test_dockerfile_holds_what_the_services_run():
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11", text, re.M)  # pyproject: requires-python 3.11
@@ -121,6 +238,8 @@ def test_dockerfile_holds_what_the_services_run():
         assert f"COPY {folder} ./{folder}" in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored and "flows" not in ignored
+    # Mount points of the named volumes, owned by the user the services run as.
+    assert "mkdir -p /shared /demo && chown shardsmith /shared /demo" in text
 
 
 def _has_compose() -> bool:
