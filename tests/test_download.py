@@ -10,10 +10,12 @@ import tarfile
 
 import pytest
 
-from tasks.download import Fetcher, judge, opted_out, parse_retry_after
+from tasks.fetch import Fetcher, judge, parse_retry_after
 from tasks.recipe import DownloadConfig, NetworkConfig
+from tasks.robots import opted_out
 
-LOOPBACK = NetworkConfig(allowed_networks=("127.0.0.1/32",))
+# The session's image server listens on loopback at a random port.
+LOOPBACK = NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True)
 
 
 def cfg(**kw) -> DownloadConfig:
@@ -32,9 +34,8 @@ def fetch_all(urls: list[str], config: DownloadConfig):
 
 def outcome(url: str, config: DownloadConfig | None = None):
     config = config or cfg()
-    fetched = fetch_all([url], config)[0]
-    reason, fmt = judge(fetched, config.allowed_formats)
-    return reason, fmt, fetched
+    fetched = judge(fetch_all([url], config)[0], config.allowed_formats)
+    return fetched.reason, fetched.format, fetched
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("a.jpg", "jpeg"), ("b.png", "png"), ("c.webp", "webp"), ("d.gif", "gif"), ("e.bmp", "bmp")])
@@ -139,10 +140,10 @@ def test_redirect_to_another_scheme_is_refused(web):
 
 
 def test_loopback_refused_without_the_recipe_flag(web):
-    config = cfg(network=NetworkConfig())
+    config = cfg(network=NetworkConfig(any_port=True))
     assert outcome(f"{web.base_url}/img/a.jpg", config)[0] == "blocked_address"
     assert outcome(f"http://localhost:{web.port}/img/a.jpg", config)[0] == "blocked_address"
-    assert outcome(f"{web.base_url}/img/a.jpg", cfg(network=NetworkConfig(allow_private_networks=True)))[0] is None
+    assert outcome(f"{web.base_url}/img/a.jpg", cfg(network=NetworkConfig(allow_private_networks=True, any_port=True)))[0] is None
 
 
 def test_robots_txt_when_the_recipe_asks(web):
@@ -210,7 +211,7 @@ def test_retry_after_forms():
 
 
 def test_file_urls_under_the_root(tmp_path, image_dir):
-    config = cfg(network=NetworkConfig(file_root=str(image_dir)))
+    config = cfg(network=NetworkConfig(file_root=str(image_dir), any_port=True))
     assert outcome(f"file://{image_dir}/a.jpg", config)[:2] == (None, "jpeg")
     assert outcome(f"file://{image_dir}/missing.jpg", config)[0] == "read_error"
     assert outcome(f"file://{tmp_path}/x.jpg", config)[0] == "blocked_scheme"
