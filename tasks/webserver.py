@@ -434,12 +434,17 @@ class ImageWeb:
         await self._stopping_within(24 * 3600)
         raise web.HTTPServiceUnavailable()
 
-    async def _slow(self, request: web.Request) -> web.StreamResponse:
-        f = self._file(request.match_info["name"])
+    async def _declared(self, request: web.Request, f: _File) -> web.StreamResponse:
+        """A streamed response whose headers, sent now, declare the whole file."""
         resp = web.StreamResponse()
         resp.content_type = f.content_type
         resp.content_length = len(f.body)
         await resp.prepare(request)
+        return resp
+
+    async def _slow(self, request: web.Request) -> web.StreamResponse:
+        f = self._file(request.match_info["name"])
+        resp = await self._declared(request, f)
         if request.method == "HEAD":
             return resp
         with self._stream(request):
@@ -494,10 +499,7 @@ class ImageWeb:
 
     async def _short(self, request: web.Request) -> web.StreamResponse:
         f = self._file(request.match_info["name"])
-        resp = web.StreamResponse()
-        resp.content_type = f.content_type
-        resp.content_length = len(f.body)
-        await resp.prepare(request)
+        resp = await self._declared(request, f)
         if request.method == "HEAD":
             return resp
         await resp.write(f.body[: len(f.body) // 2])
