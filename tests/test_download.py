@@ -83,11 +83,13 @@ def test_429_with_retry_after_over_the_cap_gives_up_at_once(web):
     assert reason == "rate_limited"
     assert fetched.attempts == 1
     assert web.hits[path] == 1
+    assert fetched.detail == "HTTP 429 Too Many Requests, Retry-After 600 s over download.max_retry_after_s"
 
 
 def test_slow_drip_hits_the_deadline(web):
-    reason, _, _ = outcome(f"{web.base_url}/slow/a.jpg", cfg(timeout_s=1.0, retries=0))
+    reason, _, fetched = outcome(f"{web.base_url}/slow/a.jpg", cfg(timeout_s=1.0, retries=0))
     assert reason == "timeout"
+    assert fetched.detail == "no complete response within download.timeout_s (1 s)"
 
 
 def test_endless_body_hits_the_byte_cap(web):
@@ -123,7 +125,9 @@ def test_format_not_on_the_allowlist(web):
 
 def test_redirects_are_followed_and_capped(web):
     assert outcome(f"{web.base_url}/redirect-chain/3/a.jpg")[0] is None
-    assert outcome(f"{web.base_url}/redirect-chain/7/a.jpg", cfg(max_redirects=5))[0] == "too_many_redirects"
+    reason, _, fetched = outcome(f"{web.base_url}/redirect-chain/7/a.jpg", cfg(max_redirects=5))
+    assert reason == "too_many_redirects"
+    assert fetched.detail == f"more than download.max_redirects (5); the last to {web.base_url}/redirect-chain/1/a.jpg"
 
 
 @pytest.mark.parametrize("target", ["http://127.0.0.2:{port}/img/a.jpg", "http://[::ffff:127.0.0.3]:{port}/img/a.jpg"])

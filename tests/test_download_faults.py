@@ -244,11 +244,49 @@ def test_rows_are_written_as_they_complete_and_the_ledger_is_in_row_order(tmp_pa
         assert sample.key == row["key"]
 
 
-def test_manifest_rejects_keep_their_detail_and_origin():
-    rows = [{"row": 0, "url": "not a url", "reason": "invalid_url", "detail": "no scheme", "origin": "m.csv:2"}, {"row": 1, "url": None, "reason": None}]
+def test_manifest_rejects_keep_their_detail():
+    rows = [{"row": 0, "url": "not a url", "reason": "invalid_url", "detail": "no scheme"}, {"row": 1, "url": None, "reason": None}]
     got = {row["row"]: fetched for row, fetched in iter_completed(rows, cfg())}
     assert (got[0].reason, got[0].detail, got[0].attempts) == ("invalid_url", "no scheme", 0)
     assert (got[1].reason, got[1].detail) == ("missing_url", "the row has no URL")
+
+
+def test_chunk_detail_and_origin_reach_the_ledger(tmp_path, monkeypatch, web):
+    """Chunks that carry ``detail`` and ``origin`` columns (the manifest reader adds them) fill the ledger's."""
+    import pyarrow as pa
+
+    import tasks.download
+
+    real_read_chunk = tasks.download.read_chunk
+
+    def read_chunk(storage, ref):
+        table = real_read_chunk(storage, ref)
+        origins = [f"m.csv line {line}" for line in table.column("line").to_pylist()]
+        details = ["a made-up manifest detail" if reason else None for reason in table.column("reason").to_pylist()]
+        return table.append_column("detail", pa.array(details, pa.string())).append_column("origin", pa.array(origins, pa.string()))
+
+    monkeypatch.setattr(tasks.download, "read_chunk", read_chunk)
+    ledger, _, _ = run_shard(tmp_path, [f"{web.base_url}/img/a.jpg", "ftp://example.com/x.jpg"], cfg())
+    assert [(r["reason"], r["detail"], r["origin"]) for r in ledger] == [
+        (None, None, "m.csv line 2"),
+        ("unsupported_scheme", "a made-up manifest detail", "m.csv line 3"),
+    ]
+
+
+def test_bodies_waiting_for_a_slow_caller_are_bounded(web):
+    """2 x max_inflight rows under way or done, max_inflight handed over, one held: never all of them."""
+    import time
+
+    rows = [{"row": i, "url": f"{web.base_url}/img/a.jpg?bound={i}", "reason": None} for i in range(100)]
+    before = web.stats()["requests"]
+    results = iter_completed(rows, cfg(max_inflight=2, respect_robots_txt=False))
+    try:
+        next(results)
+        time.sleep(1.0)  # the caller is busy; the fetch thread runs on until the bound stops it
+        started = web.stats()["requests"] - before
+    finally:
+        results.close()
+    assert 1 <= started <= 1 + 8 + 2 + 1  # taken + window + handed over + one waiting for room
 
 
 def test_leaving_early_stops_the_fetching(web):
