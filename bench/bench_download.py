@@ -356,6 +356,7 @@ def run_shardsmith(children: Children, args, rnd: int, manifest: Path, work: Pat
         "download:\n"
         "  network:\n"
         '    allowed_networks: ["127.0.0.1/32"]\n'
+        '    any_port: true\n'
         "execution:\n"
         "  cluster: local\n"
         f"  workers: {args.workers}\n"

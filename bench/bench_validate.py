@@ -144,6 +144,7 @@ sources:
 download:
   network:
     allowed_networks: ["127.0.0.1/32"]
+    any_port: true
 validate:
   license:
     allow: [{LICENSE}]

@@ -33,6 +33,7 @@ LEDGER_SCHEMA = pa.schema(
         ("http_status", pa.int32()),
         ("attempts", pa.int32()),
         ("detail", pa.string()),  # free text for people; never grouped on
+        ("origin", pa.string()),  # where the row came from (manifest file and line), for people
         # validation
         ("license", pa.string()),  # normalised SPDX id
         ("width", pa.int32()),  # of the stored image
@@ -61,6 +62,7 @@ class LedgerRow:
     http_status: int | None = None
     attempts: int | None = None
     detail: str | None = None
+    origin: str | None = None
     license: str | None = None
     width: int | None = None
     height: int | None = None

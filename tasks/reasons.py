@@ -13,10 +13,13 @@ REASONS: dict[str, tuple[str, str]] = {
     # manifest rows
     "unparsable_row": (REJECTED, "the manifest line could not be parsed (bad JSON, wrong field count)"),
     "missing_url": (REJECTED, "the row has no URL"),
-    "invalid_url": (REJECTED, "the URL cannot be parsed or has no host"),
+    "invalid_url": (REJECTED, "the URL cannot be parsed, has no host, or a malformed host name (a label over 63 or a name over 253 characters, a character not valid in a host, bad IDNA); the detail says which"),
     "unsupported_scheme": (REJECTED, "the URL scheme is not http, https, file or s3"),
     # network policy (SSRF guard)
-    "blocked_address": (REJECTED, "the host resolves to a loopback, private, link-local or other non-global address"),
+    "blocked_address": (REJECTED, "the host is or resolves to a loopback, private, link-local or other non-global address (the detail names it)"),
+    "credentials_in_url": (REJECTED, "the URL carries a user name or password (user:secret@host); refused, so they are never sent"),
+    "port_not_allowed": (REJECTED, "the URL's port (explicit, or its scheme's default) is not 80, 443 or in download.network.allowed_ports"),
+    "url_too_long": (REJECTED, "the URL is longer than download.network.max_url_chars"),
     "blocked_scheme": (REJECTED, "file:// or s3:// URL not allowed by the recipe (no file_root, bucket not listed, or outside the root)"),
     "too_many_redirects": (REJECTED, "more redirect hops than download.max_redirects"),
     "robots_disallowed": (REJECTED, "robots.txt disallows our user agent for this path"),
@@ -28,12 +31,13 @@ REASONS: dict[str, tuple[str, str]] = {
     "format_not_allowed": (REJECTED, "an image format not in download.allowed_formats / validate.image.allowed_formats"),
     "truncated_image": (REJECTED, "the image ends before its format's end marker, or the decoder runs out of data"),
     # fetch failures
-    "timeout": (ERROR, "the request did not complete within download.timeout_s"),
+    "timeout": (ERROR, "the request did not complete within download.timeout_s, or the shard's download.shard_timeout_s passed first (the detail says which)"),
     "connection_error": (ERROR, "connection refused, reset or closed early"),
     "dns_error": (ERROR, "the host name does not resolve"),
     "tls_error": (ERROR, "the TLS handshake failed"),
     "rate_limited": (ERROR, "429 with a Retry-After longer than download.max_retry_after_s"),
     "read_error": (ERROR, "a file:// or s3:// source could not be read"),
+    "fetch_failed": (ERROR, "an unexpected exception while fetching or judging the row (the detail names it); the other rows go on"),
     # content (tasks/images.py)
     "file_too_small": (REJECTED, "the downloaded file is smaller than validate.image.min_bytes"),
     "file_too_large": (REJECTED, "the downloaded file is larger than validate.image.max_bytes"),

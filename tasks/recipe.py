@@ -49,18 +49,29 @@ class SourceConfig(_Frozen):
 
 
 class NetworkConfig(_Frozen):
-    """Which addresses downloads may reach (SSRF guard).
+    """Which URLs and addresses downloads may reach (the URL policy and SSRF guard).
+
+    Every URL, and every redirect target, is checked before any socket opens.
 
     Args:
         allow_private_networks: allow every non-global address (loopback, private, link-local).
             Off by default; only for tests, demos and trusted intranets.
         allowed_networks: CIDRs allowed even though they are not global, e.g. ``127.0.0.1/32``.
+        allowed_ports: ports allowed besides 80 and 443, which are always allowed. A URL
+            without a port uses its scheme's default (80 for http, 443 for https). Default none.
+        any_port: allow every port (1-65535). Off by default; for tests and demos whose
+            loopback server listens on a random port.
+        max_url_chars: longer URLs are refused as ``url_too_long``. Default 2048, the limit
+            browsers and CDNs work with.
         file_root: ``file://`` URLs are allowed only under this directory (off when unset).
         s3_buckets: ``s3://`` URLs are allowed only for these buckets.
     """
 
     allow_private_networks: bool = False
     allowed_networks: tuple[str, ...] = ()
+    allowed_ports: tuple[int, ...] = ()
+    any_port: bool = False
+    max_url_chars: int = Field(default=2048, ge=64, le=1_000_000)
     file_root: str | None = None
     s3_buckets: tuple[str, ...] = ()
 
@@ -71,6 +82,14 @@ class NetworkConfig(_Frozen):
 
         for cidr in value:
             ipaddress.ip_network(cidr, strict=False)
+        return value
+
+    @field_validator("allowed_ports")
+    @classmethod
+    def _ports(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [p for p in value if not 1 <= p <= 65535]
+        if bad:
+            raise ValueError(f"ports must be 1-65535, got {bad}")
         return value
 
 
@@ -91,7 +110,11 @@ class DownloadConfig(_Frozen):
         opt_out_directives: ``X-Robots-Tag`` directives that reject a sample as ``opted_out``.
         respect_robots_txt: fetch and honour robots.txt per host.
         allowed_formats: image formats sniffed from the bytes that are kept.
-        network: the SSRF guard.
+        shard_timeout_s: deadline for one shard's fetching. Rows still pending when it passes
+            are recorded ``timeout`` (the detail says the shard deadline passed) and the shard
+            commits. A backstop, not a pace: each request attempt has ``timeout_s`` already.
+            Default 3600 s (one hour).
+        network: the URL policy and SSRF guard.
     """
 
     timeout_s: float = Field(default=20.0, gt=0, le=600)
@@ -107,6 +130,7 @@ class DownloadConfig(_Frozen):
     opt_out_directives: tuple[str, ...] = ("noai", "noimageai", "noml")
     respect_robots_txt: bool = False
     allowed_formats: tuple[str, ...] = ("jpeg", "png", "webp", "gif", "bmp", "tiff")
+    shard_timeout_s: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600)
     network: NetworkConfig = NetworkConfig()
 
 

@@ -92,6 +92,9 @@ def validate_shard(
     if expected:
         missing = ", ".join(sorted(expected)[:5])
         raise ShardError("tar_missing_sample", storage.url(download_tar), None, f"{len(expected)} ok ledger rows have no sample in the tar: {missing}")
+    # Download tars hold samples in the order their fetches completed; rows in row order keep
+    # the validated shard, and so every later phase, independent of that order.
+    rows.sort(key=lambda r: r["row"])
     table = pa.Table.from_pylist(rows, schema=CANDIDATE_SCHEMA)
     write_parquet(storage, table_rel, table)
     return CandidateResult(source, index, tar_rel, table_rel, Counts.of(table), time.perf_counter() - start)

@@ -72,16 +72,19 @@ class ImageWeb:
     - ``/ratelimit/{seconds}/{n}/{name}``: 429 with ``Retry-After: {seconds}`` for the first
       ``n`` hits on this exact path, then the file.
     - ``/slow/{name}``: headers, then the body one byte every 0.5 s until the client leaves.
+    - ``/hang``: never answers, not even headers, until the server stops.
     - ``/endless``: a chunked image/jpeg of a JPEG prefix and then zeros, never ending.
     - ``/html-as-jpeg``: an HTML page labelled image/jpeg.
     - ``/truncated/{name}``: the first half of the file, as a complete response.
+    - ``/short/{name}``: Content-Length of the whole file, the first half of it, then the
+      connection closes (a body cut off in transit).
     - ``/optout/{name}``: the file with ``X-Robots-Tag: noai, noimageai``.
     - ``/optout-other-bot/{name}``: the file with ``X-Robots-Tag: otherbot: noai`` (scoped to
       another user agent, so it is not an opt-out for us).
     - ``/redirect?to=URL``: 302 to URL.
     - ``/redirect-chain/{n}/{name}``: 302 to ``/redirect-chain/{n-1}/{name}``; the file at 0.
     - ``/private/{name}``: the file (the default robots.txt disallows ``/private/``).
-    - ``/robots.txt``: ``robots_txt``, or 404 when it is None.
+    - ``/robots.txt``: ``robots_txt``; 404 when it is None; that status when it is an int.
 
     ``{name}`` is one path segment naming a file directly in ``root``; names with a separator
     or a leading dot are refused with 403, so an encoded ``..%2F`` cannot leave the root. The
@@ -98,13 +101,15 @@ class ImageWeb:
         port: preferred port; 0 (the default) takes an ephemeral one. A nonzero port that is
             busy falls back to an ephemeral one, so check ``port`` / ``base_url`` after
             ``start()``.
-        robots_txt: body of ``/robots.txt``; None answers 404. Default disallows
+        robots_txt: body of ``/robots.txt``; None answers 404, an int answers that HTTP
+            status (e.g. 503, which RFC 9309 crawlers take as "disallow all"). Default disallows
             ``/private/`` for every user agent.
         cache_bytes: memory for cached file bodies. Default 256 MiB.
 
     Stats, read from any thread (take ``lock`` to iterate ``hits`` while the server runs, or
     use ``stats()``): ``hits`` counts requests by path without the query and, for requests
-    with one, also by path with the query; ``user_agents`` holds every User-Agent seen;
+    with one, also by path with the query; ``user_agents`` holds every User-Agent seen and
+    ``authorizations`` every Authorization header (credentials must never arrive here);
     ``requests`` counts all requests; ``in_flight`` is the number of handlers running now and
     ``max_concurrent`` the highest it has been. ``reset_stats()`` starts them over (which also
     restarts the flaky and rate-limit sequences).
@@ -115,7 +120,7 @@ class ImageWeb:
         root: str | Path | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
-        robots_txt: str | None = DEFAULT_ROBOTS_TXT,
+        robots_txt: str | int | None = DEFAULT_ROBOTS_TXT,
         cache_bytes: int = 256 * 1024 * 1024,
     ):
         self.root = Path(root) if root is not None else None
@@ -127,6 +132,7 @@ class ImageWeb:
         self.lock = threading.Lock()
         self.hits: collections.Counter[str] = collections.Counter()
         self.user_agents: set[str] = set()
+        self.authorizations: set[str] = set()
         self.requests = 0
         self.in_flight = 0
         self.max_concurrent = 0
@@ -264,6 +270,7 @@ class ImageWeb:
         with self.lock:
             self.hits.clear()
             self.user_agents.clear()
+            self.authorizations.clear()
             self.requests = 0
             self.max_concurrent = self.in_flight
 
@@ -273,6 +280,7 @@ class ImageWeb:
             return {
                 "hits": collections.Counter(self.hits),
                 "user_agents": set(self.user_agents),
+                "authorizations": set(self.authorizations),
                 "requests": self.requests,
                 "in_flight": self.in_flight,
                 "max_concurrent": self.max_concurrent,
@@ -289,6 +297,9 @@ class ImageWeb:
             agent = request.headers.get("User-Agent")
             if agent is not None:
                 self.user_agents.add(agent)
+            auth = request.headers.get("Authorization")
+            if auth is not None:
+                self.authorizations.add(auth)
             self.in_flight += 1
             if self.in_flight > self.max_concurrent:
                 self.max_concurrent = self.in_flight
@@ -356,8 +367,10 @@ class ImageWeb:
                 web.get("/slow/{name}", self._slow),
                 web.get("/delay/{ms}/{name}", self._delay),
                 web.get("/endless", self._endless),
+                web.get("/hang", self._hang),
                 web.get("/html-as-jpeg", self._html_as_jpeg),
                 web.get("/truncated/{name}", self._truncated),
+                web.get("/short/{name}", self._short),
                 web.get("/optout/{name}", self._optout),
                 web.get("/optout-other-bot/{name}", self._optout_other_bot),
                 web.get("/redirect", self._redirect),
@@ -416,12 +429,22 @@ class ImageWeb:
             raise web.HTTPServiceUnavailable()
         return self._file_response(request.match_info["name"])
 
-    async def _slow(self, request: web.Request) -> web.StreamResponse:
-        f = self._file(request.match_info["name"])
+    async def _hang(self, request: web.Request) -> web.StreamResponse:
+        """No status line, no headers: a server that accepted the connection and went silent."""
+        await self._stopping_within(24 * 3600)
+        raise web.HTTPServiceUnavailable()
+
+    async def _declared(self, request: web.Request, f: _File) -> web.StreamResponse:
+        """A streamed response whose headers, sent now, declare the whole file."""
         resp = web.StreamResponse()
         resp.content_type = f.content_type
         resp.content_length = len(f.body)
         await resp.prepare(request)
+        return resp
+
+    async def _slow(self, request: web.Request) -> web.StreamResponse:
+        f = self._file(request.match_info["name"])
+        resp = await self._declared(request, f)
         if request.method == "HEAD":
             return resp
         with self._stream(request):
@@ -474,6 +497,16 @@ class ImageWeb:
         f = self._file(request.match_info["name"])
         return web.Response(body=f.body[: len(f.body) // 2], content_type=f.content_type)
 
+    async def _short(self, request: web.Request) -> web.StreamResponse:
+        f = self._file(request.match_info["name"])
+        resp = await self._declared(request, f)
+        if request.method == "HEAD":
+            return resp
+        await resp.write(f.body[: len(f.body) // 2])
+        if request.transport is not None:
+            request.transport.close()  # after the write is flushed: the client sees a cut body
+        return resp
+
     async def _optout(self, request: web.Request) -> web.StreamResponse:
         return self._file_response(request.match_info["name"], {"X-Robots-Tag": "noai, noimageai"})
 
@@ -499,6 +532,8 @@ class ImageWeb:
     async def _robots(self, request: web.Request) -> web.StreamResponse:
         if self.robots_txt is None:
             raise web.HTTPNotFound(text="no robots.txt\n")
+        if isinstance(self.robots_txt, int):
+            return web.Response(status=self.robots_txt, text=f"status {self.robots_txt}\n")
         return web.Response(text=self.robots_txt, content_type="text/plain")
 
 

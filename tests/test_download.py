@@ -10,10 +10,12 @@ import tarfile
 
 import pytest
 
-from tasks.download import Fetcher, judge, opted_out, parse_retry_after
+from tasks.fetch import Fetcher, judge, parse_retry_after
 from tasks.recipe import DownloadConfig, NetworkConfig
+from tasks.robots import opted_out
 
-LOOPBACK = NetworkConfig(allowed_networks=("127.0.0.1/32",))
+# The session's image server listens on loopback at a random port.
+LOOPBACK = NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True)
 
 
 def cfg(**kw) -> DownloadConfig:
@@ -32,9 +34,8 @@ def fetch_all(urls: list[str], config: DownloadConfig):
 
 def outcome(url: str, config: DownloadConfig | None = None):
     config = config or cfg()
-    fetched = fetch_all([url], config)[0]
-    reason, fmt = judge(fetched, config.allowed_formats)
-    return reason, fmt, fetched
+    fetched = judge(fetch_all([url], config)[0], config.allowed_formats)
+    return fetched.reason, fetched.format, fetched
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("a.jpg", "jpeg"), ("b.png", "png"), ("c.webp", "webp"), ("d.gif", "gif"), ("e.bmp", "bmp")])
@@ -82,11 +83,13 @@ def test_429_with_retry_after_over_the_cap_gives_up_at_once(web):
     assert reason == "rate_limited"
     assert fetched.attempts == 1
     assert web.hits[path] == 1
+    assert fetched.detail == "HTTP 429 Too Many Requests, Retry-After 600 s over download.max_retry_after_s"
 
 
 def test_slow_drip_hits_the_deadline(web):
-    reason, _, _ = outcome(f"{web.base_url}/slow/a.jpg", cfg(timeout_s=1.0, retries=0))
+    reason, _, fetched = outcome(f"{web.base_url}/slow/a.jpg", cfg(timeout_s=1.0, retries=0))
     assert reason == "timeout"
+    assert fetched.detail == "no complete response within download.timeout_s (1 s)"
 
 
 def test_endless_body_hits_the_byte_cap(web):
@@ -122,7 +125,9 @@ def test_format_not_on_the_allowlist(web):
 
 def test_redirects_are_followed_and_capped(web):
     assert outcome(f"{web.base_url}/redirect-chain/3/a.jpg")[0] is None
-    assert outcome(f"{web.base_url}/redirect-chain/7/a.jpg", cfg(max_redirects=5))[0] == "too_many_redirects"
+    reason, _, fetched = outcome(f"{web.base_url}/redirect-chain/7/a.jpg", cfg(max_redirects=5))
+    assert reason == "too_many_redirects"
+    assert fetched.detail == f"more than download.max_redirects (5); the last to {web.base_url}/redirect-chain/1/a.jpg"
 
 
 @pytest.mark.parametrize("target", ["http://127.0.0.2:{port}/img/a.jpg", "http://[::ffff:127.0.0.3]:{port}/img/a.jpg"])
@@ -139,10 +144,10 @@ def test_redirect_to_another_scheme_is_refused(web):
 
 
 def test_loopback_refused_without_the_recipe_flag(web):
-    config = cfg(network=NetworkConfig())
+    config = cfg(network=NetworkConfig(any_port=True))
     assert outcome(f"{web.base_url}/img/a.jpg", config)[0] == "blocked_address"
     assert outcome(f"http://localhost:{web.port}/img/a.jpg", config)[0] == "blocked_address"
-    assert outcome(f"{web.base_url}/img/a.jpg", cfg(network=NetworkConfig(allow_private_networks=True)))[0] is None
+    assert outcome(f"{web.base_url}/img/a.jpg", cfg(network=NetworkConfig(allow_private_networks=True, any_port=True)))[0] is None
 
 
 def test_robots_txt_when_the_recipe_asks(web):
@@ -210,7 +215,7 @@ def test_retry_after_forms():
 
 
 def test_file_urls_under_the_root(tmp_path, image_dir):
-    config = cfg(network=NetworkConfig(file_root=str(image_dir)))
+    config = cfg(network=NetworkConfig(file_root=str(image_dir), any_port=True))
     assert outcome(f"file://{image_dir}/a.jpg", config)[:2] == (None, "jpeg")
     assert outcome(f"file://{image_dir}/missing.jpg", config)[0] == "read_error"
     assert outcome(f"file://{tmp_path}/x.jpg", config)[0] == "blocked_scheme"

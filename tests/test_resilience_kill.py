@@ -29,6 +29,7 @@ download:
   retries: 0
   network:
     allowed_networks: ["127.0.0.1/32"]
+    any_port: true
 validate:
   license:
     allow: [CC0-1.0, CC-BY-4.0]

@@ -22,7 +22,7 @@ from tasks.recipe import DownloadConfig, NetworkConfig, SourceConfig
 from tasks.shards import iter_samples
 from tasks.storage import FAULT_ENV, Storage
 
-CFG = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",)))
+CFG = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True))
 ROWS = 24
 
 
@@ -102,7 +102,7 @@ def test_a_full_disk_fails_the_run_with_a_clear_message_and_the_rerun_completes(
             "dataset": "ds",
             "storage": str(tmp_path / "store"),
             "sources": [{"name": "web", "manifest": str(manifest), "rows_per_shard": 6}],
-            "download": {"timeout_s": 5, "retries": 0, "network": {"allowed_networks": ["127.0.0.1/32"]}},
+            "download": {"timeout_s": 5, "retries": 0, "network": {"allowed_networks": ["127.0.0.1/32"], "any_port": True}},
             "execution": {"workers": 1, "task_retries": 0},
         }
     )

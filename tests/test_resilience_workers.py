@@ -20,7 +20,7 @@ def recipe_for(tmp_path, web) -> Recipe:
             "dataset": "ds",
             "storage": str(tmp_path / "store"),
             "sources": [{"name": "web", "manifest": str(manifest), "rows_per_shard": PER_SHARD}],
-            "download": {"timeout_s": 5, "retries": 0, "network": {"allowed_networks": ["127.0.0.1/32"]}},
+            "download": {"timeout_s": 5, "retries": 0, "network": {"allowed_networks": ["127.0.0.1/32"], "any_port": True}},
             "execution": {"workers": 2, "task_retries": 0},
         }
     )

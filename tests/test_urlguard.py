@@ -5,7 +5,16 @@ import asyncio
 import pytest
 
 from tasks.recipe import NetworkConfig
-from tasks.urlguard import AddressPolicy, BlockedAddress, GuardedResolver, check_url
+from tasks.urlguard import AddressPolicy, BlockedAddress, GuardedResolver, InvalidHost, check_url
+
+LONG_LABEL = "a" * 64
+
+
+def reason_of(url: str, net: NetworkConfig | None = None, policy: AddressPolicy | None = None) -> str | None:
+    refusal = check_url(url, net or NetworkConfig(), policy or AddressPolicy())
+    if refusal is not None:
+        assert refusal.detail, f"{url}: {refusal.reason} without a detail"
+    return None if refusal is None else refusal.reason
 
 REFUSED = [
     "127.0.0.1", "127.1.2.3", "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254",
@@ -49,14 +58,81 @@ def test_allow_private_networks_allows_everything():
         ("javascript:alert(1)", "unsupported_scheme"),
         ("http:///x.jpg", "invalid_url"),
         ("http://example.com:99999/x.jpg", "invalid_url"),
+        ("http://example.com:0/x.jpg", "invalid_url"),
         ("file:///etc/passwd", "blocked_scheme"),
         ("s3://someone-elses-bucket/x.jpg", "blocked_scheme"),
         ("https://example.com/x.jpg", None),
         ("http://8.8.8.8/x.jpg", None),
+        # credentials: refused whatever else the URL says, so they are never sent
+        ("http://user:secret@example.com/x.jpg", "credentials_in_url"),
+        ("https://user@example.com/x.jpg", "credentials_in_url"),
+        ("http://:secret@example.com/x.jpg", "credentials_in_url"),
+        # ports: 80 and 443 for either scheme; no port means the scheme's default
+        ("http://example.com:80/x.jpg", None),
+        ("https://example.com:443/x.jpg", None),
+        ("http://example.com:443/x.jpg", None),
+        ("http://example.com:6379/x.jpg", "port_not_allowed"),
+        ("https://example.com:8443/x.jpg", "port_not_allowed"),
+        ("http://8.8.8.8:22/", "port_not_allowed"),
+        # host names
+        (f"http://{LONG_LABEL}.example.com/x.jpg", "invalid_url"),
+        ("http://" + ".".join(["a" * 60] * 5) + "/x.jpg", "invalid_url"),  # 304 characters
+        ("http://exa%41mple.com/x.jpg", "invalid_url"),
+        ("http://ex ample.com/x.jpg", "invalid_url"),
+        ("http://a..b.com/x.jpg", "invalid_url"),
+        ("http://xn--zz.com/x.jpg", "invalid_url"),  # not valid punycode
+        ("http://xn--bcher-kva.de/x.jpg", None),
+        ("http://bücher.de/x.jpg", None),  # IDNA-encoded as aiohttp will send it
+        ("http://example.com./x.jpg", None),  # a fully qualified name
+        ("http://[::1/x.jpg", "invalid_url"),
+        ("http://exa\tmple.com/x.jpg", "invalid_url"),
     ],
 )
 def test_check_url(url, reason):
-    assert check_url(url, NetworkConfig(), AddressPolicy()) == reason
+    assert reason_of(url) == reason
+
+
+def test_url_length_cap_is_configurable():
+    url = "https://example.com/" + "a" * 2100
+    assert reason_of(url) == "url_too_long"
+    assert reason_of(url, NetworkConfig(max_url_chars=4096)) is None
+    assert reason_of("https://example.com/" + "a" * 100_000, NetworkConfig(max_url_chars=4096)) == "url_too_long"
+    refusal = check_url(url, NetworkConfig(), AddressPolicy())
+    assert refusal.detail == f"URL is {len(url)} characters, over download.network.max_url_chars (2048)"
+
+
+def test_ports_the_recipe_allows():
+    assert reason_of("http://example.com:8080/x.jpg") == "port_not_allowed"
+    assert reason_of("http://example.com:8080/x.jpg", NetworkConfig(allowed_ports=(8080,))) is None
+    assert reason_of("http://example.com:8081/x.jpg", NetworkConfig(allowed_ports=(8080,))) == "port_not_allowed"
+    assert reason_of("http://example.com/x.jpg", NetworkConfig(allowed_ports=(8080,))) is None  # 80 stays
+    assert reason_of("http://example.com:6379/x.jpg", NetworkConfig(any_port=True)) is None
+    assert reason_of("http://example.com:0/x.jpg", NetworkConfig(any_port=True)) == "invalid_url"
+
+
+def test_allowed_ports_are_validated():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="1-65535"):
+        NetworkConfig(allowed_ports=(0,))
+
+
+@pytest.mark.parametrize(
+    ("url", "detail"),
+    [
+        (f"http://{LONG_LABEL}.example.com/x.jpg", "is 64 characters, over 63"),
+        ("http://" + ".".join(["a" * 60] * 5) + "/x.jpg", "host name is 304 characters, over 253"),
+        ("http://exa%41mple.com/x.jpg", "character '%' is not valid in a host name"),
+        ("http://xn--zz.com/x.jpg", "is not valid IDNA"),
+        ("http://127.0.0.2/x.jpg", "refused address 127.0.0.2 (loopback)"),
+        ("http://[::ffff:10.1.2.3]/x.jpg", "refused address ::ffff:a01:203 (wraps 10.1.2.3, private)"),
+        ("http://169.254.169.254/latest", "refused address 169.254.169.254 (link-local)"),
+        ("http://example.com:6379/x.jpg", "port 6379 is not allowed"),
+        ("ftp://example.com/x.jpg", "scheme 'ftp' is not http, https, file or s3"),
+    ],
+)
+def test_refusals_say_what_is_wrong(url, detail):
+    assert detail in check_url(url, NetworkConfig(), AddressPolicy()).detail
 
 
 def test_file_urls_only_under_the_root(tmp_path):
@@ -68,14 +144,14 @@ def test_file_urls_only_under_the_root(tmp_path):
     net = NetworkConfig(file_root=str(root))
     policy = AddressPolicy()
     assert check_url(f"file://{root}/ok.jpg", net, policy) is None
-    assert check_url(f"file://{root}/../outside.jpg", net, policy) == "blocked_scheme"
-    assert check_url(f"file://{root}/link.jpg", net, policy) == "blocked_scheme"
+    assert reason_of(f"file://{root}/../outside.jpg", net, policy) == "blocked_scheme"
+    assert reason_of(f"file://{root}/link.jpg", net, policy) == "blocked_scheme"
 
 
 def test_s3_only_for_listed_buckets():
     net = NetworkConfig(s3_buckets=("ours",))
     assert check_url("s3://ours/a.jpg", net, AddressPolicy()) is None
-    assert check_url("s3://theirs/a.jpg", net, AddressPolicy()) == "blocked_scheme"
+    assert reason_of("s3://theirs/a.jpg", net) == "blocked_scheme"
 
 
 def test_resolver_refuses_names_that_resolve_to_loopback():
@@ -113,3 +189,29 @@ def test_resolver_keeps_allowed_addresses():
 
     hosts = {r["host"] for r in asyncio.run(go())}
     assert hosts and all(h.startswith("127.") for h in hosts)
+
+
+def test_resolver_turns_an_idna_error_of_getaddrinfo_into_invalid_host():
+    """getaddrinfo raises UnicodeError on a label over 63 characters: the real call, no mock."""
+
+    async def go():
+        resolver = GuardedResolver(AddressPolicy())
+        try:
+            with pytest.raises(InvalidHost, match="UnicodeError"):
+                await resolver.resolve(f"{LONG_LABEL}.example.com", 80)
+        finally:
+            await resolver.close()
+
+    asyncio.run(go())
+
+
+def test_refused_resolution_names_the_addresses():
+    async def go():
+        resolver = GuardedResolver(AddressPolicy())
+        try:
+            with pytest.raises(BlockedAddress, match=r"127\.0\.0\.1 \(loopback\)"):
+                await resolver.resolve("localhost", 80)
+        finally:
+            await resolver.close()
+
+    asyncio.run(go())

@@ -15,7 +15,7 @@ from tasks.shards import iter_samples
 from tasks.storage import Storage
 from tasks.validate import DEDUP_COLUMNS, candidate_paths, final_paths, finalize_shard, find_duplicates, validate_shard
 
-DL = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",)))
+DL = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True))
 CFG = ValidateConfig(license=LicensePolicy(allow=("CC0-1.0", "CC-BY-4.0")), image=ImageRules(min_side=32), dedup=DedupConfig(hamming_threshold=6))
 
 ROWS = [  # (image, caption, license, expected reason after validation)

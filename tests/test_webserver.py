@@ -173,10 +173,17 @@ def test_user_agents_are_recorded(web):
     assert {"testbot/1.0 (+https://example.org)", "otherbot/2"} <= web.user_agents
 
 
+def test_authorization_headers_are_recorded(web):
+    get(web, "/img/a.jpg")
+    assert web.authorizations == set()
+    get(web, "/img/a.jpg", headers={"Authorization": "Basic dXNlcjpzZWNyZXQ="})
+    assert web.stats()["authorizations"] == {"Basic dXNlcjpzZWNyZXQ="}
+
+
 def test_reset_stats_forgets_everything(web):
-    get(web, "/img/a.jpg", headers={"User-Agent": "x/1"})
+    get(web, "/img/a.jpg", headers={"User-Agent": "x/1", "Authorization": "Bearer x"})
     web.reset_stats()
-    assert web.hits == {} and web.user_agents == set() and web.requests == 0
+    assert web.hits == {} and web.user_agents == set() and web.authorizations == set() and web.requests == 0
     assert web.max_concurrent == 0
 
 
@@ -238,6 +245,19 @@ def test_truncated_is_the_first_half_as_a_complete_response(web, files):
     assert b"\xff\xd9" not in body[2:]  # no end-of-image marker
 
 
+def test_short_declares_the_whole_file_and_sends_half(web, files):
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    try:
+        conn.request("GET", "/short/b.png")
+        resp = conn.getresponse()
+        assert int(resp.headers["Content-Length"]) == len(files["b.png"])
+        with pytest.raises(http.client.IncompleteRead) as cut:
+            resp.read()
+        assert cut.value.partial == files["b.png"][: len(files["b.png"]) // 2]
+    finally:
+        conn.close()
+
+
 def test_optout_headers(web, files):
     status, headers, body = get(web, "/optout/a.jpg")
     assert (status, body) == (200, files["a.jpg"])
@@ -284,6 +304,8 @@ def test_robots_txt_configurable_or_absent(root):
         assert get(web, "/robots.txt")[2] == b"User-agent: shardsmith\nDisallow: /\n"
     with ImageWeb(root, robots_txt=None) as web:
         assert get(web, "/robots.txt")[0] == 404
+    with ImageWeb(root, robots_txt=503) as web:
+        assert get(web, "/robots.txt")[0] == 503
 
 
 # --------------------------------------------------------------------------- streams
@@ -330,6 +352,20 @@ def test_endless_streams_until_the_client_leaves(web):
     assert data[64:] == bytes(len(data) - 64)
     conn.close()
     wait_until(lambda: web.in_flight == 0, "the endless handler to notice the disconnect")
+
+
+def test_hang_sends_nothing_until_the_server_stops(root):
+    web = ImageWeb(root).start()
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    try:
+        conn.request("GET", "/hang")
+        wait_until(lambda: web.in_flight == 1, "the hang handler to start")
+        conn.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            conn.getresponse()  # not even a status line
+        web.stop()  # raises if the hanging handler keeps the serving thread alive
+    finally:
+        conn.close()
 
 
 def test_stop_ends_open_streams(root):
