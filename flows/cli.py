@@ -143,8 +143,9 @@ def _logs(verbose: bool) -> None:
     """
     if verbose:
         return
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    # A failed gate or shard is printed by the CLI itself, once, without a traceback.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
     import warnings
 
     # Dask says so when its default HTTP port is taken (another cluster runs); it picks another.

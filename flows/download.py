@@ -11,13 +11,14 @@ from datetime import datetime, timezone
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
-from prefect.futures import as_completed
 from prefect.runtime import flow_run
 
-from flows import progress as terminal
 from flows.audit import check_gate, phase_record, run_gate
+from flows.runtime import gather_all
 from tasks.download import ShardResult, download_shard, shard_paths
-from tasks.ledger import Counts, read_ledger
+from tasks.ledger import Counts, committed, concat_ledgers, read_ledgers
+from tasks.onepass import download_and_validate
+from tasks.validate import CandidateResult, candidate_config_hash, candidate_paths
 from tasks.manifests import SourcePlan, plan_source
 from tasks.recipe import Recipe
 from tasks.storage import Storage
@@ -45,6 +46,7 @@ class DownloadSummary:
     report: str = ""
     ledgers: list[str] = field(default_factory=list)
     tars: list[str] = field(default_factory=list)
+    candidates: list[CandidateResult] = field(default_factory=list)  # validated in the same pass
 
 
 @task(name="plan-source", retries=2, retry_delay_seconds=2)
@@ -55,6 +57,11 @@ def plan_source_task(source, storage: Storage, dataset: str, options: dict) -> S
 @task(name="download-shard", task_run_name="download-{ref.source}-{ref.index:06d}")
 def download_shard_task(ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict) -> ShardResult:
     return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options)
+
+
+@task(name="download-validate-shard", task_run_name="download-validate-{ref.source}-{ref.index:06d}")
+def download_validate_task(ref, storage: Storage, dcfg, vcfg, download: tuple[str, str], candidates: tuple[str, str], s3_options: dict) -> tuple[ShardResult, CandidateResult]:
+    return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options)
 
 
 def download_config_hash(recipe: Recipe) -> str:
@@ -76,48 +83,56 @@ def run_name() -> str:
 
 
 @flow(name="download", log_prints=False)
-def download_flow(recipe: Recipe, run: dict) -> tuple[DownloadSummary, dict]:
-    """Download every manifest row of the recipe into shards (skipping committed ones), then gate."""
+def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> tuple[DownloadSummary, dict]:
+    """Download every manifest row of the recipe into shards (skipping committed ones), then gate.
+
+    With ``fuse_validation`` each chunk is fetched and validated in one task (tasks/onepass.py): the
+    raw shards of this phase and the candidate shards of the validation phase come out of one
+    pass over the bytes, and the validation flow then only deduplicates and gates.
+    """
     from tasks.gates import download_gate
 
     logger = get_run_logger()
     started = time.perf_counter()
     storage = Storage(recipe.storage, recipe.storage_options)
-    plans = [f.result() for f in [plan_source_task.submit(s, storage, recipe.dataset, recipe.storage_options) for s in recipe.sources]]
+    plans = plan_sources(recipe, storage)
     refs = [c for p in plans for c in p.chunks]
     chash = download_config_hash(recipe)
-    shard_task = download_shard_task.with_options(
-        retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s
-    )
+    vhash = candidate_config_hash(recipe)
+    retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
     key = f"{recipe.dataset}-download"
     progress = create_progress_artifact(0.0, key=f"{key}-progress", description=f"{recipe.dataset}: download shards done")
+    paths = {ref: shard_paths(recipe.dataset, ref, chash) for ref in refs}
+    cand_paths = {ref: candidate_paths(recipe.dataset, ref.source, ref.index, paths[ref][0], vhash) for ref in refs} if fuse_validation else {}
+    done = committed(storage, [p[1] for p in paths.values()] + [p[1] for p in cand_paths.values()])
     futures = {}
     for ref in refs:
-        tar_rel, ledger_rel = shard_paths(recipe.dataset, ref, chash)
-        futures[shard_task.submit(ref, storage, recipe.download, tar_rel, ledger_rel, recipe.storage_options)] = (ref, tar_rel, ledger_rel)
+        tar_rel, ledger_rel = paths[ref]
+        if ledger_rel in done and (not fuse_validation or cand_paths[ref][1] in done):
+            continue  # committed by an earlier run: nothing to submit
+        if fuse_validation:
+            fut = download_validate_task.with_options(**retries).submit(ref, storage, recipe.download, recipe.validate_, paths[ref], cand_paths[ref], recipe.storage_options)
+        else:
+            fut = download_shard_task.with_options(**retries).submit(ref, storage, recipe.download, tar_rel, ledger_rel, recipe.storage_options)
+        futures[fut] = tar_rel
+    fresh, failed = gather_all(futures, progress, "download", rows=sum(r.rows for r in refs))
+    candidates = [f[1] for f in fresh] if fuse_validation else []
+    fresh_results = [f[0] for f in fresh] if fuse_validation else fresh
+    by_ledger = {r.ledger: r for r in fresh_results}
+    ledger_rels = [paths[ref][1] for ref in refs]
+    tables = read_ledgers(storage, ledger_rels, ["key", "source", "status", "reason", "bytes"], missing_ok=True)
     results: list[ShardResult] = []
-    failed: list[str] = []
-    last_update = 0.0
-    terminal.start("download", len(futures), sum(r.rows for r in refs))
-    for done, fut in enumerate(as_completed(list(futures)), start=1):
-        ref, tar_rel, ledger_rel = futures[fut]
-        try:
-            results.append(fut.result())
-            terminal.advance("download", results[-1])
-        except Exception as err:  # a shard that failed after its retries; reported, then raised
-            failed.append(f"{tar_rel}: {type(err).__name__}: {err}")
-            logger.error("shard %s failed: %s", tar_rel, err)
-            terminal.advance("download")
-        now = time.monotonic()
-        if now - last_update > 1.0 or done == len(futures):
-            update_progress_artifact(progress, 100.0 * done / max(len(futures), 1))
-            last_update = now
-    terminal.finish("download")
+    for ref in refs:
+        tar_rel, ledger_rel = paths[ref]
+        if ledger_rel in by_ledger:
+            results.append(by_ledger[ledger_rel])
+        elif tables.get(ledger_rel) is not None:
+            counts = Counts.of(tables[ledger_rel])
+            results.append(ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok))
     seconds = time.perf_counter() - started
     counts = sum((r.counts for r in results), Counts.zero())
-    fresh = [r for r in results if not r.skipped]
-    fresh_ok = sum(r.counts.ok for r in fresh)
-    fresh_bytes = sum(r.counts.bytes for r in fresh)
+    fresh_ok = sum(r.counts.ok for r in fresh_results)
+    fresh_bytes = sum(r.counts.bytes for r in fresh_results)
     summary = DownloadSummary(
         dataset=recipe.dataset,
         run=run["run"],
@@ -130,8 +145,9 @@ def download_flow(recipe: Recipe, run: dict) -> tuple[DownloadSummary, dict]:
         samples_per_s=round(fresh_ok / seconds, 1) if seconds else 0.0,
         mb_per_s=round(fresh_bytes / 1e6 / seconds, 2) if seconds else 0.0,
         manifests={p.source: p.manifest_sha256 for p in plans},
-        ledgers=sorted(r.ledger for r in results),
-        tars=sorted(r.tar for r in results),
+        ledgers=[r.ledger for r in results],
+        tars=[r.tar for r in results],
+        candidates=candidates,
     )
     summary.report = write_summary(storage, summary)
     logger.info(
@@ -142,12 +158,20 @@ def download_flow(recipe: Recipe, run: dict) -> tuple[DownloadSummary, dict]:
         # The gate and its report (which post this artifact on success) will not run.
         create_markdown_artifact(summary_markdown(summary), key=f"{key}-summary", description=f"{recipe.dataset}: download summary")
         raise PhaseFailed(f"{len(failed)} of {len(refs)} download shards failed; see {summary.report}:\n" + "\n".join(failed[:20]))
-    ledger = pa.concat_tables([read_ledger(storage, r.ledger, ["key", "source", "status", "reason"]) for r in results])
+    ledger = concat_ledgers([tables.get(r.ledger) for r in results], ["key", "source", "status", "reason"])
     gate = download_gate(ledger, sum(p.rows for p in plans), recipe.gates.download)
     links = run_gate(storage, recipe, run, gate)
     run["phases"].append(phase_record("download", counts, ledger, seconds, summary.samples_per_s, gate, links))
     check_gate(storage, recipe, run, gate)
     return summary, run
+
+
+def plan_sources(recipe: Recipe, storage: Storage) -> list[SourcePlan]:
+    """Every source's plan; sources are planned side by side in threads of this process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(recipe.sources)))) as pool:
+        return list(pool.map(lambda s: plan_source(s, storage, recipe.dataset, recipe.storage_options), recipe.sources))
 
 
 def summary_markdown(s: DownloadSummary) -> str:

@@ -321,7 +321,7 @@ def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
         ingests = ingest_flow.with_options(task_runner=runner)(recipe=recipe)
         images = image_recipe(recipe, ingests, Storage(recipe.storage, recipe.storage_options), {s.name: s.rows_per_shard for s in recipe.sources})
         if images is not None:
-            out["download"], record = download_flow.with_options(task_runner=runner)(recipe=images, run=record)
+            out["download"], record = download_flow.with_options(task_runner=runner)(recipe=images, run=record, fuse_validation=True)
             out["validate"], record = validate_flow.with_options(task_runner=runner)(recipe=images, download=out["download"], run=record)
         held.check()
         phases, record = finetune_flow.with_options(task_runner=runner)(

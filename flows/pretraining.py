@@ -72,7 +72,9 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
     cluster = contextlib.nullcontext(session.address()) if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
     with lock as held, cluster as scheduler, cleanup_on_stop(session, held):
         runner = DaskTaskRunner(address=scheduler)
-        out["download"], record = download_flow.with_options(task_runner=runner)(recipe=recipe, run=record)
+        # With validation to follow, each chunk is fetched and validated in one pass.
+        fuse = last >= PHASES.index("validate")
+        out["download"], record = download_flow.with_options(task_runner=runner)(recipe=recipe, run=record, fuse_validation=fuse)
         if last >= PHASES.index("validate"):
             out["validate"], record = validate_flow.with_options(task_runner=runner)(recipe=recipe, download=out["download"], run=record)
         if last >= PHASES.index("reshard"):

@@ -440,35 +440,53 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def gather(futures: dict, progress, offset: float, share: float, logger, what: str = "shard", rows: int | None = None) -> list:
-    """Results in completion order; a shard that failed after its retries raises after all finish.
+def gather_all(futures: dict, progress, what: str, rows: int | None = None, offset: float = 0.0, share: float = 100.0, logger=None) -> tuple[list, list[str]]:
+    """(results, failures) in completion order; a failure is ``"{label}: {Type}: {message}"``.
 
-    ``progress`` is the phase's Prefect progress artifact (``offset`` + ``share`` percent of it
-    is this step); the terminal of a CLI run shows ``what`` with shards and rows done.
+    ``futures`` maps each future to a label for people (its shard). ``progress`` is the phase's
+    Prefect progress artifact (``offset`` + ``share`` percent of it is this step), updated at
+    most once a second; the terminal of a CLI run shows ``what`` with shards and rows done.
     """
     from prefect.artifacts import update_progress_artifact
     from prefect.futures import as_completed
 
     from flows import progress as terminal
 
+    if logger is None:
+        from prefect import get_run_logger
+
+        logger = get_run_logger()
     out, failed = [], []
-    terminal.start(what, len(futures), rows)
+    if futures:
+        terminal.start(what, len(futures), rows)
     last = 0.0
     for done, fut in enumerate(as_completed(list(futures)), start=1):
         try:
             result = fut.result()
             out.append(result)
-            terminal.advance(what, result)
+            terminal.advance(what, result[0] if isinstance(result, tuple) else result)
         except Exception as err:
             failed.append(f"{futures[fut]}: {type(err).__name__}: {err}")
             logger.error("shard %s failed: %s", futures[fut], err)
             terminal.advance(what)
-        # One API call a second at most: a thousand small shards must not mean a thousand calls.
         now = time.monotonic()
         if progress is not None and (now - last > 1.0 or done == len(futures)):
             update_progress_artifact(progress, offset + share * done / max(len(futures), 1))
             last = now
-    terminal.finish(what)
+    if not futures and progress is not None:
+        update_progress_artifact(progress, offset + share)
+    if futures:
+        terminal.finish(what)
+    return out, failed
+
+
+def gather(futures: dict, progress, offset: float, share: float, logger, what: str = "shard", rows: int | None = None) -> list:
+    """Results in completion order; a shard that failed after its retries raises after all finish.
+
+    ``progress`` is the phase's Prefect progress artifact (``offset`` + ``share`` percent of it
+    is this step); the terminal of a CLI run shows ``what`` with shards and rows done.
+    """
+    out, failed = gather_all(futures, progress, what, rows, offset, share, logger)
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(futures)} {what} shards failed:\n" + "\n".join(failed[:20]))
     return out

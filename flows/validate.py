@@ -13,10 +13,19 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from flows.audit import check_gate, phase_record, run_gate
 from flows.runtime import gather
 from tasks.download import ShardResult
-from tasks.ledger import Counts, read_ledger, read_parquet
+from tasks.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers, read_parquet
 from tasks.recipe import Recipe
 from tasks.storage import Storage
-from tasks.validate import CandidateResult, candidate_paths, final_paths, finalize_shard, find_duplicates, validate_shard
+from tasks.validate import (
+    CandidateResult,
+    candidate_config_hash,
+    candidate_paths,
+    final_paths,
+    finalize_shard,
+    find_duplicates,
+    thumbs_path,
+    validate_shard,
+)
 
 REPORT_COLUMNS = ["key", "source", "status", "reason", "license", "width", "height", "caption_chars", "bytes"]
 
@@ -65,7 +74,8 @@ def finalize_shard_task(storage: Storage, cand: CandidateResult, dups: dict[str,
 
 @flow(name="validate")
 def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSummary, dict]:
-    """Validate every downloaded shard, dedup across the dataset, gate, and report."""
+    """Validate every downloaded shard (unless the download phase already did, in one pass),
+    dedup across the dataset, gate, and report."""
     from tasks.gates import validate_gate
     from tasks.licenses import review_problem
 
@@ -74,29 +84,47 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
     storage = Storage(recipe.storage, recipe.storage_options)
     cfg = recipe.validate_
     retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
-    chash = recipe.config_hash(cfg.license, cfg.image, cfg.caption)
+    chash = candidate_config_hash(recipe)
     progress = create_progress_artifact(0.0, key=f"{recipe.dataset}-validate-progress", description=f"{recipe.dataset}: validation shards done")
 
-    futures = {}
+    fused = {c.table: c for c in getattr(download, "candidates", [])}
+    wanted = []
     for tar, ledger in zip(download.tars, download.ledgers):
         source, index = _source_index(tar)
-        tar_rel, table_rel = candidate_paths(recipe.dataset, source, index, tar, chash)
-        fut = validate_shard_task.with_options(**retries).submit(storage, source, index, tar, ledger, cfg, tar_rel, table_rel)
-        futures[fut] = tar
-    cands: list[CandidateResult] = sorted(gather(futures, progress, 0.0, 80.0, logger, "validate"), key=lambda c: (c.source, c.index))
+        wanted.append((source, index, tar, ledger, *candidate_paths(recipe.dataset, source, index, tar, chash)))
+    done = committed(storage, [w[5] for w in wanted if w[5] not in fused])
+    counted = read_ledgers(storage, sorted(done), COUNT_COLUMNS)
+    cands: list[CandidateResult] = []
+    futures = {}
+    for source, index, tar, ledger, tar_rel, table_rel in wanted:
+        if table_rel in fused:
+            cands.append(fused[table_rel])
+        elif table_rel in done:
+            cands.append(CandidateResult(source, index, tar_rel, table_rel, Counts.of(counted[table_rel]), 0.0, skipped=True))
+        else:
+            futures[validate_shard_task.with_options(**retries).submit(storage, source, index, tar, ledger, cfg, tar_rel, table_rel)] = tar
+    cands += gather(futures, progress, 0.0, 80.0, logger, "validate")
+    cands.sort(key=lambda c: (c.source, c.index))
 
     order = {s.name: i for i, s in enumerate(recipe.sources)}
-    by_table = dedup_task.submit(storage, [c.table for c in cands], cfg.dedup, order).result()
+    by_table = dedup_task.submit(storage, [c.table for c in cands], cfg.dedup, order).result() if cands else {}
     n_dups = sum(len(d) for d in by_table.values())
 
+    # A shard that dedup leaves alone is final as it is; only the others are copied again.
+    results: list[ShardResult] = []
     futures = {}
     for c in cands:
         mine = by_table.get(c.table, {})
-        tar_rel, ledger_rel = final_paths(recipe.dataset, c.source, c.index, c.table, mine)
+        if not mine:
+            results.append(finalize_shard(storage, c, mine, c.tar, c.table))
+            continue
+        tar_rel, ledger_rel = final_paths(recipe.dataset, c.source, c.index, c, mine)
         futures[finalize_shard_task.with_options(**retries).submit(storage, c, mine, tar_rel, ledger_rel)] = c.tar
-    results: list[ShardResult] = sorted(gather(futures, progress, 80.0, 20.0, logger, "finalize"), key=lambda r: (r.source, r.index))
+    results += gather(futures, progress, 80.0, 20.0, logger, "finalize")
+    results.sort(key=lambda r: (r.source, r.index))
 
-    ledger = pa.concat_tables([read_ledger(storage, r.ledger) for r in results]) if results else None
+    tables = read_ledgers(storage, [r.ledger for r in results])
+    ledger = pa.concat_tables([tables[r.ledger] for r in results]) if results else None
     counts = Counts.of(ledger) if ledger is not None else Counts.zero()
     seconds = time.perf_counter() - started
     samples = _report_samples(storage, ledger, cands)
@@ -110,13 +138,13 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
         review_problem(cfg.license) is None,
     )
     links = run_gate(storage, recipe, run, gate)
-    fresh = sum(r.counts.ok for r in results if not r.skipped)
+    fresh = sum(r.counts.ok for r in results if not r.skipped) + sum(c.counts.ok for c in cands if not c.skipped)
     summary = ValidateSummary(
         dataset=recipe.dataset,
         run=run["run"],
         counts=counts,
         shards=len(results),
-        shards_skipped=sum(r.skipped for r in results),
+        shards_skipped=sum(c.skipped for c in cands),
         duplicates=n_dups,
         seconds=round(seconds, 3),
         samples_per_s=round(fresh / seconds, 1) if seconds else 0.0,
@@ -155,10 +183,8 @@ def _report_samples(storage: Storage, ledger: pa.Table | None, cands: list[Candi
     if ledger is None:
         return None
     thumbs: dict[str, bytes] = {}
-    for c in cands:
-        t = read_parquet(storage, c.table, ["key", "thumbnail"])
-        for k, th in zip(t.column("key").to_pylist(), t.column("thumbnail").to_pylist()):
-            if th is not None:
-                thumbs[k] = th
+    files = [thumbs_path(c.table) for c in cands]
+    for table in read_ledgers(storage, sorted(committed(storage, files))).values():
+        thumbs.update(zip(table.column("key").to_pylist(), table.column("thumbnail").to_pylist()))
     base = _with_aspect(ledger.select(REPORT_COLUMNS))
     return base.append_column("thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary()))

@@ -60,8 +60,8 @@ def download_shard(
         # Samples go into the tar as their fetches complete, so a slow row holds back none
         # after it; the ledger, sorted by row below, is what later phases read in order.
         for row, fetched in iter_completed(rows, cfg, s3_options):
-            ledger.append(_record(row, fetched, ref.source, tar_rel, writer))
-        _check_every_row_once(rows, ledger, tar_rel)
+            ledger.append(record_row(row, fetched, ref.source, tar_rel, writer)[0])
+        check_every_row_once(rows, ledger, tar_rel)
         # A shard with no accepted sample is still committed (an empty tar), so every chunk
         # has the same two outputs.
         writer.close()
@@ -88,8 +88,8 @@ def _sample_json(row: dict[str, Any], key: str, source: str, entry: LedgerRow) -
     return json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")
 
 
-def _record(row: dict[str, Any], fetched: Fetched, source: str, tar_rel: str, writer: ShardWriter) -> LedgerRow:
-    """One row's ledger entry; an accepted row's sample is written to the shard first."""
+def record_row(row: dict[str, Any], fetched: Fetched, source: str, tar_rel: str, writer: ShardWriter) -> tuple[LedgerRow, dict[str, bytes] | None]:
+    """One row's ledger entry, and its sample's members when accepted (written to the shard first)."""
     key = sample_key(source, row["row"])
     entry = LedgerRow(
         key=key,
@@ -113,10 +113,11 @@ def _record(row: dict[str, Any], fetched: Fetched, source: str, tar_rel: str, wr
         rec = writer.write_sample(key, members)
         entry.shard, entry.offset, entry.length = tar_rel, rec.offset, rec.length
         entry.members = rec.members_as_dicts()
-    return entry
+        return entry, members
+    return entry, None
 
 
-def _check_every_row_once(rows: list[dict[str, Any]], ledger: list[LedgerRow], tar_rel: str) -> None:
+def check_every_row_once(rows: list[dict[str, Any]], ledger: list[LedgerRow], tar_rel: str) -> None:
     """Nothing is lost: a shard whose results do not match its rows one to one is not committed."""
     want = sorted(r["row"] for r in rows)
     got = sorted(entry.row for entry in ledger)

@@ -108,6 +108,52 @@ def read_ledger(storage: Storage, rel: str, columns: list[str] | None = None) ->
     return read_parquet(storage, rel, columns)
 
 
+def read_ledgers(storage: Storage, rels: list[str], columns: list[str] | None = None, missing_ok: bool = False, threads: int = 16) -> dict[str, pa.Table | None]:
+    """Many ledgers at once (threads: on object stores each is a request); ``None`` for a
+    missing one when ``missing_ok``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(rel: str) -> pa.Table | None:
+        try:
+            return read_parquet(storage, rel, columns)
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            raise
+
+    unique = list(dict.fromkeys(rels))
+    if len(unique) <= 1:
+        return {rel: one(rel) for rel in unique}
+    with ThreadPoolExecutor(max_workers=min(threads, len(unique))) as pool:
+        return dict(zip(unique, pool.map(one, unique)))
+
+
+def concat_ledgers(tables: list[pa.Table | None], columns: list[str]) -> pa.Table:
+    """The given columns of the tables, one after the other; an empty ledger when there are none."""
+    present = [t.select(columns) for t in tables if t is not None]
+    if not present:
+        return pa.table({c: pa.array([], LEDGER_SCHEMA.field(c).type) for c in columns})
+    return pa.concat_tables(present)
+
+
+def committed(storage: Storage, rels: list[str]) -> set[str]:
+    """Which of ``rels`` exist, from one listing per folder instead of one request per file."""
+    import posixpath
+
+    by_folder: dict[str, set[str]] = {}
+    for rel in rels:
+        by_folder.setdefault(posixpath.dirname(rel), set()).add(rel)
+    out: set[str] = set()
+    for folder, wanted in by_folder.items():
+        names = set(storage.listdir(folder))
+        out.update(rel for rel in wanted if posixpath.basename(rel) in names)
+    return out
+
+
+# The columns Counts.of reads: enough to count a ledger without loading it whole.
+COUNT_COLUMNS = ["status", "reason", "bytes"]
+
+
 @dataclass(frozen=True)
 class Counts:
     """Per-status counts and per-reason counts of one or more ledgers."""

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 import time
 from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 
 from tasks.captions import caption_verdict
 from tasks.download import ShardResult
 from tasks.images import process_image
-from tasks.ledger import LEDGER_SCHEMA, Counts, LedgerRow, read_ledger, read_parquet, write_ledger, write_parquet
+from tasks.ledger import COUNT_COLUMNS, LEDGER_SCHEMA, Counts, LedgerRow, read_ledger, read_parquet, write_ledger, write_parquet
 from tasks.licenses import license_verdict
 from tasks.reasons import OK, status_of
 from tasks.recipe import DedupConfig, ValidateConfig
@@ -23,14 +26,23 @@ from tasks.sniff import EXTENSIONS
 from tasks.storage import Storage
 
 IMAGE_EXTS = frozenset(EXTENSIONS.values()) | {"jpeg", "tif"}
-CANDIDATE_SCHEMA = LEDGER_SCHEMA.append(pa.field("thumbnail", pa.binary()))
+# Thumbnails of a few rejected samples per reason, for the audit report, beside the ledger.
+THUMBS_SCHEMA = pa.schema([("key", pa.string()), ("thumbnail", pa.binary())])
+THUMBNAILS_PER_REASON = 3
+# Threads that decode and re-encode images in one task: Pillow releases the GIL while it
+# decodes, resizes and encodes, so they overlap each other and the fetches of a fused task.
+DECODE_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)))
 # Columns the dedup pass needs from every candidate table (a few dozen bytes per sample).
 DEDUP_COLUMNS = ["key", "source", "row", "status", "pixel_sha256", "phash"]
 
 
 @dataclass(frozen=True)
 class CandidateResult:
-    """Pass 1 of one shard: accepted candidates (before dedup) and every input's verdict."""
+    """Pass 1 of one shard: accepted candidates (before dedup) and every input's verdict.
+
+    ``table`` is a ledger (LEDGER_SCHEMA): a shard whose candidates dedup leaves alone is
+    final as it is, with no second copy.
+    """
 
     source: str
     index: int
@@ -46,11 +58,137 @@ def stage_hash(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def candidate_config_hash(recipe: Any) -> str:
+    """Hash of the validation settings that change what a candidate shard holds (dedup decides later)."""
+    cfg = recipe.validate_
+    return recipe.config_hash(cfg.license, cfg.image, cfg.caption)
+
+
 def candidate_paths(dataset: str, source: str, index: int, download_tar: str, config_hash: str) -> tuple[str, str]:
-    """(tar, table) of a download shard's candidates, named by that shard and the config."""
+    """(tar, ledger) of a download shard's candidates, named by that shard and the config."""
     digest = stage_hash(download_tar, config_hash)
     stem = f"{dataset}/validate/candidates/{source}/{index:06d}-{digest}"
-    return stem + ".tar", stem + ".parquet"
+    return stem + ".tar", stem + ".ledger.parquet"
+
+
+def thumbs_path(ledger_rel: str) -> str:
+    """Where a candidate ledger's thumbnails are (written before it, only when there are any)."""
+    return ledger_rel[: -len(".ledger.parquet")] + ".thumbs.parquet"
+
+
+class Judge:
+    """One sample's verdict (license, caption, image), safe to call from several threads.
+
+    Args:
+        cfg: the recipe's validation config.
+        thumbnails_per_reason: rejected samples per reason that get a thumbnail for the report.
+    """
+
+    def __init__(self, cfg: ValidateConfig, thumbnails_per_reason: int = THUMBNAILS_PER_REASON):
+        self.cfg = cfg
+        self.limit = thumbnails_per_reason
+        self._thumbs: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def want_thumbnail(self, reason: str) -> bool:
+        with self._lock:
+            return self._thumbs[reason] < self.limit
+
+    def took_thumbnail(self, reason: str) -> bool:
+        """Count one thumbnail for ``reason``; False when the cap was reached meanwhile."""
+        with self._lock:
+            if self._thumbs[reason] >= self.limit:
+                return False
+            self._thumbs[reason] += 1
+            return True
+
+    def __call__(self, key: str, members: dict[str, bytes], down: dict[str, Any]) -> "Judged":
+        row, out, thumbnail = _judge(key, members, down, self)
+        return Judged(key, row, out, thumbnail)
+
+
+@dataclass
+class Judged:
+    """A judged sample: its ledger row, and its re-encoded members when accepted."""
+
+    key: str
+    row: dict[str, Any]
+    members: dict[str, bytes] | None
+    thumbnail: bytes | None
+
+
+class CandidateShard:
+    """Writes one shard's candidates: accepted samples as they come, then thumbnails, then the ledger.
+
+    Args:
+        storage: the storage root.
+        tar_rel, ledger_rel: the candidate shard and its ledger (the ledger commits it).
+        out: the open atomic writer of ``tar_rel``.
+    """
+
+    def __init__(self, storage: Storage, tar_rel: str, ledger_rel: str, out: Any):
+        self.storage, self.tar_rel, self.ledger_rel = storage, tar_rel, ledger_rel
+        self.writer = ShardWriter(out)
+        self.rows: list[dict[str, Any]] = []
+        self.thumbs: list[tuple[str, bytes]] = []
+
+    def add(self, judged: Judged) -> None:
+        if judged.members is not None:
+            rec = self.writer.write_sample(judged.key, judged.members)
+            judged.row.update(shard=self.tar_rel, offset=rec.offset, length=rec.length, members=rec.members_as_dicts())
+        if judged.thumbnail is not None:
+            self.thumbs.append((judged.key, judged.thumbnail))
+        self.rows.append(judged.row)
+
+    def close_tar(self) -> None:
+        self.writer.close()
+
+    def commit(self) -> Counts:
+        """Thumbnails, then the ledger in row order (the tar holds samples in the order they
+        were judged; rows in row order keep every later phase independent of that order)."""
+        if self.thumbs:
+            self.thumbs.sort()
+            keys, blobs = zip(*self.thumbs)
+            write_parquet(self.storage, thumbs_path(self.ledger_rel), pa.table([list(keys), list(blobs)], schema=THUMBS_SCHEMA))
+        self.rows.sort(key=lambda r: r["row"])
+        return Counts.of(write_ledger(self.storage, self.ledger_rel, pa.Table.from_pylist(self.rows, schema=LEDGER_SCHEMA)))
+
+
+class JudgePool:
+    """Judges samples on ``threads`` threads, at most two per thread in flight (bounded memory).
+
+    ``submit`` returns the samples judged so far, in the order they finished; ``drain`` the rest.
+    """
+
+    def __init__(self, judge: Judge, threads: int = DECODE_THREADS):
+        self.judge = judge
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="judge")
+        self.limit = 2 * threads
+        self.pending: set[Future] = set()
+
+    def submit(self, key: str, members: dict[str, bytes], down: dict[str, Any]) -> Iterator[Judged]:
+        while len(self.pending) >= self.limit:
+            yield from self._finished(FIRST_COMPLETED)
+        self.pending.add(self.pool.submit(self.judge, key, members, down))
+        yield from self._finished(None, block=False)
+
+    def drain(self) -> Iterator[Judged]:
+        while self.pending:
+            yield from self._finished(FIRST_COMPLETED)
+
+    def _finished(self, when: str | None, block: bool = True) -> Iterator[Judged]:
+        done = {f for f in self.pending if f.done()} if not block else wait(self.pending, return_when=when).done
+        for fut in done:
+            self.pending.discard(fut)
+            yield fut.result()
+
+    def __enter__(self) -> "JudgePool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fut in self.pending:
+            fut.cancel()
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def validate_shard(
@@ -62,62 +200,52 @@ def validate_shard(
     cfg: ValidateConfig,
     tar_rel: str,
     table_rel: str,
-    thumbnails_per_reason: int = 3,
+    thumbnails_per_reason: int = THUMBNAILS_PER_REASON,
 ) -> CandidateResult:
     """Judge every sample of one download shard; write the accepted ones, re-encoded.
 
-    The candidate table has a row for every sample the download accepted (the inputs of this
+    The candidate ledger has a row for every sample the download accepted (the inputs of this
     phase), with its verdict, the normalised license, image size and the dedup hashes. It is
-    written last and commits the shard.
+    written last and commits the shard. Samples are judged on a few threads while the tar is
+    read.
     """
     start = time.perf_counter()
     if storage.exists(table_rel):
-        table = read_parquet(storage, table_rel)
-        return CandidateResult(source, index, tar_rel, table_rel, Counts.of(table), 0.0, skipped=True)
+        return CandidateResult(source, index, tar_rel, table_rel, Counts.of(read_ledger(storage, table_rel, COUNT_COLUMNS)), 0.0, skipped=True)
     expected = {r["key"]: r for r in read_ledger(storage, download_ledger).to_pylist() if r["status"] == OK}
-    rows: list[dict[str, Any]] = []
-    thumbs: Counter[str] = Counter()
-    with storage.open(download_tar, "rb") as src, storage.atomic_writer(tar_rel) as out:
-        writer = ShardWriter(out)
+    with storage.open(download_tar, "rb") as src, storage.atomic_writer(tar_rel) as out, JudgePool(Judge(cfg, thumbnails_per_reason)) as pool:
+        shard = CandidateShard(storage, tar_rel, table_rel, out)
         for sample in iter_samples(src, path=storage.url(download_tar)):
             down = expected.pop(sample.key, None)
             if down is None:
                 raise ShardError("tar_unexpected_sample", storage.url(download_tar), sample.key, "sample has no ok row in the download ledger")
-            row, members = _judge(sample.key, sample.members, down, cfg, thumbs, thumbnails_per_reason)
-            if members is not None:
-                rec = writer.write_sample(sample.key, members)
-                row.update(shard=tar_rel, offset=rec.offset, length=rec.length, members=rec.members_as_dicts())
-            rows.append(row)
-        writer.close()
+            for judged in pool.submit(sample.key, sample.members, down):
+                shard.add(judged)
+        for judged in pool.drain():
+            shard.add(judged)
+        shard.close_tar()
     if expected:
         missing = ", ".join(sorted(expected)[:5])
         raise ShardError("tar_missing_sample", storage.url(download_tar), None, f"{len(expected)} ok ledger rows have no sample in the tar: {missing}")
-    # Download tars hold samples in the order their fetches completed; rows in row order keep
-    # the validated shard, and so every later phase, independent of that order.
-    rows.sort(key=lambda r: r["row"])
-    table = pa.Table.from_pylist(rows, schema=CANDIDATE_SCHEMA)
-    write_parquet(storage, table_rel, table)
-    return CandidateResult(source, index, tar_rel, table_rel, Counts.of(table), time.perf_counter() - start)
+    counts = shard.commit()
+    return CandidateResult(source, index, tar_rel, table_rel, counts, time.perf_counter() - start)
 
 
-def _judge(
-    key: str,
-    members: dict[str, bytes],
-    down: dict[str, Any],
-    cfg: ValidateConfig,
-    thumbs: Counter[str],
-    thumbnails_per_reason: int,
-) -> tuple[dict[str, Any], dict[str, bytes] | None]:
-    """One sample's verdict: cheap checks (license, caption) before decoding the image."""
+def _judge(key: str, members: dict[str, bytes], down: dict[str, Any], judge: Judge) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
+    """One sample's (ledger row, re-encoded members or None, thumbnail or None).
+
+    Cheap checks (license, caption) come before decoding the image.
+    """
+    cfg = judge.cfg
     meta = json.loads(members.get("json", b"{}"))
     image_ext = next((ext for ext in members if ext in IMAGE_EXTS), None)
     spdx, reason, detail = license_verdict(meta.get("license"), down["source"], cfg.license)
     caption, caption_reason = caption_verdict(meta.get("caption", members.get("txt", b"").decode("utf-8", "replace") or None), cfg.caption)
     if reason is None:
-        reason = caption_reason
+        reason, detail = caption_reason, (detail if caption_reason is None else _caption_detail(caption_reason, caption, cfg))
     if reason is None and image_ext is None:
-        reason, detail = "not_an_image", "no image member in the sample"
-    want_thumb = reason is not None and thumbs[reason] < thumbnails_per_reason
+        reason, detail = "not_an_image", f"no image member in the sample (members: {', '.join(sorted(members))})"
+    want_thumb = reason is not None and judge.want_thumbnail(reason)
     outcome = None
     if image_ext is not None and (reason is None or want_thumb):
         # Thumbnails only for the few rejected samples the report shows; an image the rules
@@ -125,7 +253,7 @@ def _judge(
         outcome = process_image(members[image_ext], cfg.image, thumbnail=want_thumb)
         if reason is None and outcome.reason is not None:
             reason, detail = outcome.reason, outcome.detail
-            want_thumb = thumbs[reason] < thumbnails_per_reason
+            want_thumb = judge.want_thumbnail(reason)
             if want_thumb:
                 outcome = process_image(members[image_ext], cfg.image, thumbnail=True)
     row = LedgerRow(
@@ -137,16 +265,15 @@ def _judge(
         detail=detail,
         license=spdx,
         caption_chars=len(caption) if caption else None,
+        origin=down.get("origin"),
     ).as_dict()
     thumbnail = None
     if outcome is not None:
         row.update(format=outcome.src_format, pixel_sha256=outcome.pixel_sha256, phash=outcome.phash, width=outcome.width, height=outcome.height)
-        if reason is not None and want_thumb and outcome.thumbnail:
+        if reason is not None and want_thumb and outcome.thumbnail and judge.took_thumbnail(reason):
             thumbnail = outcome.thumbnail
-            thumbs[reason] += 1
-    row["thumbnail"] = thumbnail
     if reason is not None:
-        return row, None
+        return row, None, thumbnail
     meta.update(
         caption=caption,
         license=spdx,
@@ -168,7 +295,20 @@ def _judge(
     if caption is not None:
         out["txt"] = caption.encode("utf-8")
     # Thumbnails of accepted samples are not kept: the report shows rejected ones.
-    return row, out
+    return row, out, None
+
+
+def _caption_detail(reason: str, caption: str | None, cfg: ValidateConfig) -> str:
+    """What a person needs to see about a rejected caption: its length against the bound."""
+    rules = cfg.caption
+    n = len(caption) if caption else 0
+    if reason == "caption_too_long":
+        return f"{n} characters > max_chars {rules.max_chars}"
+    if reason == "caption_too_short":
+        return f"{n} characters, {len(caption.split()) if caption else 0} words (min_chars {rules.min_chars}, min_words {rules.min_words})"
+    if reason == "caption_missing":
+        return "no caption after cleanup"
+    return f"{n} characters"
 
 
 def find_duplicates(tables: list[pa.Table], cfg: DedupConfig, source_order: dict[str, int]) -> dict[str, str]:
@@ -225,9 +365,14 @@ def _bands(n: int) -> list[tuple[int, int]]:
     return out
 
 
-def final_paths(dataset: str, source: str, index: int, table_rel: str, dups: dict[str, str]) -> tuple[str, str]:
-    """(tar, ledger) of a validated shard, named by its candidates and its dedup decisions."""
-    digest = stage_hash(table_rel, sorted(dups.items()))
+def final_paths(dataset: str, source: str, index: int, cand: CandidateResult, dups: dict[str, str]) -> tuple[str, str]:
+    """(tar, ledger) of a validated shard, named by its candidates and its dedup decisions.
+
+    A shard that dedup leaves alone is its candidates, as written: no second copy.
+    """
+    if not dups:
+        return cand.tar, cand.table
+    digest = stage_hash(cand.table, sorted(dups.items()))
     stem = f"{dataset}/validate/{source}/{index:06d}-{digest}"
     return stem + ".tar", stem + ".ledger.parquet"
 
@@ -241,20 +386,20 @@ def finalize_shard(
 ) -> ShardResult:
     """Copy the accepted, non-duplicate candidates' byte ranges into the validated shard."""
     start = time.perf_counter()
+    if not dups:
+        return ShardResult(cand.source, cand.index, cand.tar, cand.table, cand.counts, 0.0, skipped=True, samples=cand.counts.ok)
     if storage.exists(ledger_rel):
-        counts = Counts.of(read_ledger(storage, ledger_rel))
+        counts = Counts.of(read_ledger(storage, ledger_rel, COUNT_COLUMNS))
         return ShardResult(cand.source, cand.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
-    table = read_parquet(storage, cand.table).drop_columns(["thumbnail"])
-    rows = table.to_pylist()
+    rows = read_ledger(storage, cand.table).to_pylist()
     with storage.open(cand.tar, "rb") as src, storage.atomic_writer(tar_rel) as out:
         writer = ShardWriter(out)
-        for row in rows:
-            if row["status"] != OK:
-                continue
+        # Copied in tar order (sequential reads); the ledger keeps row order.
+        for row in sorted((r for r in rows if r["status"] == OK), key=lambda r: r["offset"]):
             original = dups.get(row["key"])
             if original is not None:
                 reason = f"duplicate_of:{original}"
-                row.update(status=status_of(reason), reason=reason, shard=None, offset=None, length=None, members=None)
+                row.update(status=status_of(reason), reason=reason, detail=f"duplicate of {original}", shard=None, offset=None, length=None, members=None)
                 continue
             src.seek(row["offset"])
             raw = src.read(row["length"])

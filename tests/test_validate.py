@@ -56,7 +56,7 @@ def run_validation(storage, tar, ledger):
     from tasks.ledger import read_parquet
 
     dups = find_duplicates([read_parquet(storage, cand.table, DEDUP_COLUMNS)], CFG.dedup, {"web": 0})
-    out_tar, out_ledger = final_paths("ds", "web", 0, cand.table, dups)
+    out_tar, out_ledger = final_paths("ds", "web", 0, cand, dups)
     return cand, dups, finalize_shard(storage, cand, dups, out_tar, out_ledger)
 
 
@@ -74,9 +74,11 @@ def test_validated_shard_holds_exactly_the_ok_samples_reencoded(downloaded):
     _, _, result = run_validation(storage, tar, ledger)
     ledger_rows = read_ledger(storage, result.ledger).to_pylist()
     data = storage.read_bytes(result.tar)
-    samples = list(iter_samples(io.BytesIO(data)))
-    assert [s.key for s in samples] == [r["key"] for r in ledger_rows if r["status"] == "ok"]
-    for s, r in zip(samples, (r for r in ledger_rows if r["status"] == "ok")):
+    samples = {s.key: s for s in iter_samples(io.BytesIO(data))}
+    # Exactly the ok samples (in the order they were judged; the ledger keeps row order).
+    ok = [r for r in ledger_rows if r["status"] == "ok"]
+    assert sorted(samples) == sorted(r["key"] for r in ok) and len(samples) == len(ok)
+    for s, r in ((samples[r["key"]], r) for r in ok):
         assert set(s.members) == {"jpg", "json", "txt"}
         meta = json.loads(s.members["json"])
         assert meta["license"] == r["license"] and meta["width"] == r["width"]
@@ -96,10 +98,13 @@ def test_rerun_is_skipped(downloaded):
 def test_rejected_samples_carry_a_few_thumbnails(downloaded):
     from tasks.ledger import read_parquet
 
+    from tasks.validate import thumbs_path
+
     storage, tar, ledger = downloaded
     cand, _, _ = run_validation(storage, tar, ledger)
-    table = read_parquet(storage, cand.table).to_pylist()
-    thumbs = {r["reason"]: r["thumbnail"] for r in table if r["thumbnail"] is not None}
+    reasons = {r["key"]: r["reason"] for r in read_parquet(storage, cand.table).to_pylist()}
+    table = read_parquet(storage, thumbs_path(cand.table)).to_pylist()
+    thumbs = {reasons[r["key"]]: r["thumbnail"] for r in table}
     assert "license_not_allowed" in thumbs and thumbs["license_not_allowed"][:3] == b"\xff\xd8\xff"
     assert "image_too_small" in thumbs  # rejected by the image rules, decoded again for the report
-    assert all(r["thumbnail"] is None for r in table if r["status"] == "ok")
+    assert all(reasons[r["key"]] is not None for r in table)  # accepted samples carry none
