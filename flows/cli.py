@@ -146,8 +146,16 @@ def _logs(verbose: bool) -> None:
     # A failed gate or shard is printed by the CLI itself, once, without a traceback.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    import logging
     import warnings
 
+    # Our own warnings (a stale lock broken, a slow cluster close) still reach the terminal.
+    ours = logging.getLogger("shardsmith")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    ours.addHandler(handler)
+    ours.propagate = False
     # Dask says so when its default HTTP port is taken (another cluster runs); it picks another.
     warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
 

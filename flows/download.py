@@ -115,7 +115,8 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         else:
             fut = download_shard_task.with_options(**retries).submit(ref, storage, recipe.download, tar_rel, ledger_rel, recipe.storage_options)
         futures[fut] = tar_rel
-    fresh, failed = gather_all(futures, progress, "download", rows=sum(r.rows for r in refs))
+    todo = {paths[ref][0] for ref in refs} & set(futures.values())
+    fresh, failed = gather_all(futures, progress, "download", rows=sum(r.rows for r in refs if paths[r][0] in todo))
     candidates = [f[1] for f in fresh] if fuse_validation else []
     fresh_results = [f[0] for f in fresh] if fuse_validation else fresh
     by_ledger = {r.ledger: r for r in fresh_results}
