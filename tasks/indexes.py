@@ -37,22 +37,14 @@ DALI_INDEX_VERSION = "v1.2"
 #   energon, so it is left out.
 # - ".nv-meta/split.yaml": `yaml.dump({"split_parts": {part: names}, "exclude": []},
 #   sort_keys=False)`, the names collapsed into brace ranges in order (bracecollapse.py,
-#   keep_order=True); readers brace-expand them again. With a ratio (tools/prepare.py
-#   `--split-ratio 1,0,0`, or the interactive prompt) every part of train, val and test is
-#   written, empty ones as `[]`; `energon lint` checks train, val and test by default and
-#   refuses a split.yaml without one of them ("Invalid split part: 'val'").
-# - ".nv-meta/dataset.yaml": tools/prepare.py, non-interactive with --sample-type and
-#   --field-map: `yaml.dump({"sample_type": {"__module__": "megatron.energon", "__class__":
-#   cls}, "field_map": {...}}, sort_keys=False)`; for CrudeWebdataset the class itself at top
-#   level and no field map.
-# - A CrudeWebdataset (samples a Cooker in the training TaskEncoder turns into energon samples)
-#   cannot be read without cookers: `energon lint`, `energon preview` and a TaskEncoder without
-#   cookers stop at "No cookers registered, but got crude dataset". Energon's docs (Crude
-#   Datasets) keep the crude config as a second file beside dataset.yaml; so does a crude
-#   release here: ".nv-meta/crude.yaml" is the CrudeWebdataset config (`dataset_config:
-#   crude.yaml` in a metadataset, or get_train_dataset(..., dataset_config="crude.yaml")), and
-#   dataset.yaml describes each sample as a TextSample whose `text` is its decoded `json` member,
-#   which every reader with defaults can load.
+#   keep_order=True); readers brace-expand them again. From a ratio (`--split-ratio 1,0,0`)
+#   it writes train, val and test, empty ones as `[]`; `energon lint` checks all three.
+# - ".nv-meta/dataset.yaml": tools/prepare.py with --sample-type and --field-map:
+#   `yaml.dump({"sample_type": {"__module__": "megatron.energon", "__class__": cls},
+#   "field_map": {...}}, sort_keys=False)`; for CrudeWebdataset the class at top level. No
+#   energon tool reads a crude dataset without cookers (lint: "No cookers registered"), so, as
+#   energon's docs on crude datasets suggest, its config goes to ".nv-meta/crude.yaml" and
+#   dataset.yaml reads each sample as a TextSample of its decoded `json` member.
 # `energon prepare` also writes .nv-meta/index.sqlite and index.uuid, needed only for lookups
 # by sample key, joined datasets and media metadata; training and validation loaders
 # (ShardInfosITarReader) read the .tar.idx files. Run `energon prepare --tar-index-only` on a
@@ -62,7 +54,6 @@ ENERGON_MODULE = "megatron.energon"
 ENERGON_CRUDE_TYPE = "CrudeWebdataset"
 ENERGON_CRUDE_CONFIG = "crude.yaml"
 _CRUDE_DEFAULT_VIEW = ("TextSample", {"text": "json"})
-# The parts `energon prepare` writes from a train/val/test ratio, and `energon lint` checks.
 ENERGON_DEFAULT_PARTS = ("train", "val", "test")
 # For image-caption pairs energon offers CaptioningSample (image: tensor, caption: str); this
 # field map is what `energon prepare --sample-type CaptioningSample --field-map` takes for
@@ -253,8 +244,7 @@ def _collapse_ranges(names: Sequence[str]) -> list[str]:
 
 
 def _split_parts(names: list[str], split_parts: Mapping[str, str | Sequence[str]] | None) -> dict[str, list[str]]:
-    if split_parts is None:
-        # As `energon prepare --split-ratio 1,0,0` writes it: val and test present and empty.
+    if split_parts is None:  # as `energon prepare --split-ratio 1,0,0` writes it
         return {part: list(names) if part == "train" else [] for part in ENERGON_DEFAULT_PARTS}
     if not split_parts:
         raise ValueError("split_parts is empty; leave it None to put every shard in 'train'")
@@ -355,17 +345,15 @@ def energon_indexes(
     Args:
         shards: the release's shards, in release order.
         sample_type: an energon sample class, or ``"CrudeWebdataset"`` for plain dicts that a
-            Cooker turns into samples (default ``"CaptioningSample"``). A crude dataset's config
-            goes to ``.nv-meta/crude.yaml``, and dataset.yaml reads each sample as a TextSample
-            of its ``json`` member (every sample needs one), so that ``energon lint`` and
-            ``energon info`` pass with their defaults.
+            Cooker turns into samples, configured in ``crude.yaml`` (every sample then needs a
+            ``json`` member, dataset.yaml's view). Default ``"CaptioningSample"``.
         field_map: sample field -> member extension (default ``{"image": "jpg", "caption":
             "txt"}`` for CaptioningSample; required for other classes, refused for
             CrudeWebdataset). Every sample must have a member for every field.
         split_parts: part name -> regex (or regexes) matched at the start of shard names, as
             ``energon prepare --split-parts train:pattern`` takes them (default: every shard
-            in ``train``, ``val`` and ``test`` empty, as ``--split-ratio 1,0,0`` writes it). A
-            pattern that matches nothing, or a shard in two parts, raises.
+            in ``train``, ``val`` and ``test`` empty). A pattern that matches nothing, or a
+            shard in two parts, raises.
     """
     shards = list(shards)
     return _energon(shards, _walk_all(shards), sample_type, field_map, split_parts)

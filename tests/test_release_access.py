@@ -83,8 +83,11 @@ def strict_umask():
     os.umask(old)
 
 
-def _modes(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)) or ".": stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}
+def _assert_modes(root: Path, file_mode: int, dir_mode: int) -> None:
+    """Every file under ``root`` has ``file_mode`` and every folder (``root`` too) ``dir_mode``."""
+    for path in [root, *root.rglob("*")]:
+        want = dir_mode if path.is_dir() else file_mode
+        assert stat.S_IMODE(path.stat().st_mode) == want, f"{path}: {stat.S_IMODE(path.stat().st_mode):o}, want {want:o}"
 
 
 def _read_as_nobody(dataset: Path, private_copy: Path) -> dict:
@@ -101,9 +104,7 @@ def _read_as_nobody(dataset: Path, private_copy: Path) -> dict:
 def test_a_release_made_under_umask_077_is_read_whole_by_nobody(shared_dir, strict_umask, tmp_path):
     _need_root()
     dataset = Path(pretraining_release(str(shared_dir / "store"), [3, 2], latents=True))
-    modes = _modes(shared_dir / "store")
-    assert {m for p, m in modes.items() if (shared_dir / "store" / p).is_dir()} == {0o755}
-    assert {m for p, m in modes.items() if (shared_dir / "store" / p).is_file()} == {0o644}
+    _assert_modes(shared_dir / "store", 0o644, 0o755)
     private = tmp_path / "copy"
     shutil.copytree(dataset, private)
 
@@ -125,6 +126,7 @@ def test_a_finetuning_release_is_read_by_nobody_too(shared_dir, strict_umask, tm
     _need_root()
     url, records = finetuning_release(str(shared_dir / "store"), [3, 2], packed_budget=400)
     dataset = Path(url)
+    _assert_modes(shared_dir / "store", 0o644, 0o755)
     private = tmp_path / "copy"
     shutil.copytree(dataset, private)
     got = _read_as_nobody(dataset, private)
@@ -136,9 +138,7 @@ def test_a_stricter_file_mode_keeps_others_out(shared_dir, tmp_path):
     _need_root()
     options = {"file_mode": "0640"}
     dataset = Path(pretraining_release(str(shared_dir / "store"), [2], storage_options=options))
-    modes = _modes(shared_dir / "store")
-    assert {m for p, m in modes.items() if (shared_dir / "store" / p).is_dir()} == {0o750}
-    assert {m for p, m in modes.items() if (shared_dir / "store" / p).is_file()} == {0o640}
+    _assert_modes(shared_dir / "store", 0o640, 0o750)
     private = tmp_path / "copy"
     shutil.copytree(dataset, private)
 
