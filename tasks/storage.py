@@ -270,9 +270,12 @@ class Storage:
         os.chmod(path, self.dir_mode)
 
     def set_mode(self, rel: str) -> None:
-        """Give the local file ``rel`` the file mode (for files made by link or copy)."""
+        """Give the local file ``rel`` the file mode (for files made by link or copy); a file
+        that has it already is left alone, so one owned by another account passes."""
         if self.is_local:
-            os.chmod(self.path(rel), self.file_mode)
+            path = self.path(rel)
+            if os.stat(path).st_mode & 0o7777 != self.file_mode:
+                os.chmod(path, self.file_mode)
 
     def create_exclusive(self, rel: str, data: bytes) -> str | None:
         """Create ``rel`` holding ``data`` only if nothing is there; ``FileExistsError`` if

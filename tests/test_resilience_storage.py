@@ -336,6 +336,20 @@ def test_stale_reason_reads_unparsable_locks_by_age():
     assert stale_reason(None, ttl_s=60, age_s=120) == "unreadable lock file"
 
 
+def test_taking_the_lock_sweeps_killed_writers_temp_files_but_not_a_rival_lock_attempt(tmp_path):
+    storage = Storage(str(tmp_path / "store"))
+    base = tmp_path / "store" / "ds"
+    (base / "releases" / "v0001").mkdir(parents=True)
+    torn = [base / "releases" / "v0001" / ".tmp-abc-shard-000000.tar", base / "releases" / "v0001" / "index.json.0123abcd.tmp"]
+    for path in torn:
+        path.write_bytes(b"torn")
+    rival = base / "run.lock.4567cdef.tmp"  # another run's lock attempt, about to be linked
+    rival.write_bytes(b"{}")
+    with RunLock(storage, "ds", "r1") as lock:
+        assert not any(p.exists() for p in torn) and rival.exists()
+        assert lock.sweep() == 0
+
+
 # --- the release commit ---------------------------------------------------------------------------
 
 
