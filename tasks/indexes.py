@@ -37,11 +37,14 @@ DALI_INDEX_VERSION = "v1.2"
 #   energon, so it is left out.
 # - ".nv-meta/split.yaml": `yaml.dump({"split_parts": {part: names}, "exclude": []},
 #   sort_keys=False)`, the names collapsed into brace ranges in order (bracecollapse.py,
-#   keep_order=True); readers brace-expand them again.
-# - ".nv-meta/dataset.yaml": tools/prepare.py, non-interactive with --sample-type and
-#   --field-map: `yaml.dump({"sample_type": {"__module__": "megatron.energon", "__class__":
-#   cls}, "field_map": {...}}, sort_keys=False)`; for CrudeWebdataset the class itself at top
-#   level and no field map.
+#   keep_order=True); readers brace-expand them again. From a ratio (`--split-ratio 1,0,0`)
+#   it writes train, val and test, empty ones as `[]`; `energon lint` checks all three.
+# - ".nv-meta/dataset.yaml": tools/prepare.py with --sample-type and --field-map:
+#   `yaml.dump({"sample_type": {"__module__": "megatron.energon", "__class__": cls},
+#   "field_map": {...}}, sort_keys=False)`; for CrudeWebdataset the class at top level. No
+#   energon tool reads a crude dataset without cookers (lint: "No cookers registered"), so, as
+#   energon's docs on crude datasets suggest, its config goes to ".nv-meta/crude.yaml" and
+#   dataset.yaml reads each sample as a TextSample of its decoded `json` member.
 # `energon prepare` also writes .nv-meta/index.sqlite and index.uuid, needed only for lookups
 # by sample key, joined datasets and media metadata; training and validation loaders
 # (ShardInfosITarReader) read the .tar.idx files. Run `energon prepare --tar-index-only` on a
@@ -49,6 +52,9 @@ DALI_INDEX_VERSION = "v1.2"
 ENERGON_META_FOLDER = ".nv-meta"
 ENERGON_MODULE = "megatron.energon"
 ENERGON_CRUDE_TYPE = "CrudeWebdataset"
+ENERGON_CRUDE_CONFIG = "crude.yaml"
+_CRUDE_DEFAULT_VIEW = ("TextSample", {"text": "json"})
+ENERGON_DEFAULT_PARTS = ("train", "val", "test")
 # For image-caption pairs energon offers CaptioningSample (image: tensor, caption: str); this
 # field map is what `energon prepare --sample-type CaptioningSample --field-map` takes for
 # shards whose members are key.jpg and key.txt.
@@ -238,8 +244,8 @@ def _collapse_ranges(names: Sequence[str]) -> list[str]:
 
 
 def _split_parts(names: list[str], split_parts: Mapping[str, str | Sequence[str]] | None) -> dict[str, list[str]]:
-    if split_parts is None:
-        return {"train": list(names)}
+    if split_parts is None:  # as `energon prepare --split-ratio 1,0,0` writes it
+        return {part: list(names) if part == "train" else [] for part in ENERGON_DEFAULT_PARTS}
     if not split_parts:
         raise ValueError("split_parts is empty; leave it None to put every shard in 'train'")
     owner: dict[str, str] = {}
@@ -305,6 +311,9 @@ def _energon(
     split_parts: Mapping[str, str | Sequence[str]] | None,
 ) -> dict[str, bytes]:
     dataset = _dataset_yaml(sample_type, field_map)
+    crude = "field_map" not in dataset
+    if crude:
+        dataset, crude_config = _dataset_yaml(*_CRUDE_DEFAULT_VIEW), dataset
     _check_field_map(shards, dataset)
     names = [w.name for w in walked]
     parts = _split_parts(names, split_parts)
@@ -318,6 +327,8 @@ def _energon(
         f"{ENERGON_META_FOLDER}/split.yaml": yaml.dump(split, sort_keys=False).encode("utf-8"),
         f"{ENERGON_META_FOLDER}/.info.json": json.dumps(info, indent=2).encode("utf-8"),
     }
+    if crude:
+        out[f"{ENERGON_META_FOLDER}/{ENERGON_CRUDE_CONFIG}"] = yaml.dump(crude_config, sort_keys=False).encode("utf-8")
     out.update({energon_index_name(w.name): w.energon_offsets for w in walked})
     return out
 
@@ -334,13 +345,15 @@ def energon_indexes(
     Args:
         shards: the release's shards, in release order.
         sample_type: an energon sample class, or ``"CrudeWebdataset"`` for plain dicts that a
-            Cooker turns into samples (default ``"CaptioningSample"``).
+            Cooker turns into samples, configured in ``crude.yaml`` (every sample then needs a
+            ``json`` member, dataset.yaml's view). Default ``"CaptioningSample"``.
         field_map: sample field -> member extension (default ``{"image": "jpg", "caption":
             "txt"}`` for CaptioningSample; required for other classes, refused for
             CrudeWebdataset). Every sample must have a member for every field.
         split_parts: part name -> regex (or regexes) matched at the start of shard names, as
             ``energon prepare --split-parts train:pattern`` takes them (default: every shard
-            in ``train``). A pattern that matches nothing, or a shard in two parts, raises.
+            in ``train``, ``val`` and ``test`` empty). A pattern that matches nothing, or a
+            shard in two parts, raises.
     """
     shards = list(shards)
     return _energon(shards, _walk_all(shards), sample_type, field_map, split_parts)

@@ -8,115 +8,30 @@ import re
 import unicodedata
 from urllib.parse import urlsplit
 
+from tasks.license_names import (  # noqa: F401 - re-exported: the names are part of this module's API
+    ALL_RIGHTS_RESERVED,
+    DEPRECATED_IDS,
+    LICENSE_ALIASES,
+    LICENSE_REFS,
+    MISSING_VALUES,
+    PUBLIC_DOMAIN,
+    SPDX_KNOWN,
+    SPDX_LISTED,
+)
 from tasks.recipe import LicensePolicy
-
-# Ids on the SPDX License List (https://spdx.org/licenses/) that normalisation can produce.
-# Every Creative Commons id on the list is here, ports included, so "CC BY-SA 3.0 DE" finds
-# its port; the rest are the licenses that image, text and data manifests actually carry.
-_CC_IDS = (
-    "CC-BY-1.0", "CC-BY-2.0", "CC-BY-2.5", "CC-BY-2.5-AU", "CC-BY-3.0", "CC-BY-3.0-AT",
-    "CC-BY-3.0-AU", "CC-BY-3.0-DE", "CC-BY-3.0-IGO", "CC-BY-3.0-NL", "CC-BY-3.0-US", "CC-BY-4.0",
-    "CC-BY-NC-1.0", "CC-BY-NC-2.0", "CC-BY-NC-2.5", "CC-BY-NC-3.0", "CC-BY-NC-3.0-DE",
-    "CC-BY-NC-4.0", "CC-BY-NC-ND-1.0", "CC-BY-NC-ND-2.0", "CC-BY-NC-ND-2.5", "CC-BY-NC-ND-3.0",
-    "CC-BY-NC-ND-3.0-DE", "CC-BY-NC-ND-3.0-IGO", "CC-BY-NC-ND-4.0", "CC-BY-NC-SA-1.0",
-    "CC-BY-NC-SA-2.0", "CC-BY-NC-SA-2.0-DE", "CC-BY-NC-SA-2.0-FR", "CC-BY-NC-SA-2.0-UK",
-    "CC-BY-NC-SA-2.5", "CC-BY-NC-SA-3.0", "CC-BY-NC-SA-3.0-DE", "CC-BY-NC-SA-3.0-IGO",
-    "CC-BY-NC-SA-4.0", "CC-BY-ND-1.0", "CC-BY-ND-2.0", "CC-BY-ND-2.5", "CC-BY-ND-3.0",
-    "CC-BY-ND-3.0-DE", "CC-BY-ND-4.0", "CC-BY-SA-1.0", "CC-BY-SA-2.0", "CC-BY-SA-2.0-UK",
-    "CC-BY-SA-2.1-JP", "CC-BY-SA-2.5", "CC-BY-SA-3.0", "CC-BY-SA-3.0-AT", "CC-BY-SA-3.0-DE",
-    "CC-BY-SA-3.0-IGO", "CC-BY-SA-4.0", "CC-SA-1.0", "CC-PDDC", "CC-PDM-1.0", "CC0-1.0",
+from tasks.spdx import (
+    UNKNOWN,
+    UNKNOWN_EXCEPTION,
+    blockers,
+    is_choice_or_combination,
+    is_expression,
+    listed_license,
+    looks_like_expression,
+    normalize_expression,
 )
-_OTHER_IDS = (
-    "0BSD", "AGPL-3.0-only", "AGPL-3.0-or-later", "Apache-1.0", "Apache-1.1", "Apache-2.0",
-    "Artistic-2.0", "BSD-2-Clause", "BSD-3-Clause", "BSD-4-Clause", "BSL-1.0",
-    "CDLA-Permissive-1.0", "CDLA-Permissive-2.0", "CDLA-Sharing-1.0", "DL-DE-BY-2.0",
-    "DL-DE-ZERO-2.0", "EPL-1.0", "EPL-2.0", "etalab-2.0", "GFDL-1.2-only", "GFDL-1.2-or-later",
-    "GFDL-1.3-only", "GFDL-1.3-or-later", "GPL-2.0-only", "GPL-2.0-or-later", "GPL-3.0-only",
-    "GPL-3.0-or-later", "ISC", "LGPL-2.1-only", "LGPL-2.1-or-later", "LGPL-3.0-only",
-    "LGPL-3.0-or-later", "MIT", "MIT-0", "MPL-1.1", "MPL-2.0", "NLOD-2.0", "ODbL-1.0",
-    "ODC-By-1.0", "OFL-1.1", "OGL-Canada-2.0", "OGL-UK-2.0", "OGL-UK-3.0", "PDDL-1.0",
-    "Unlicense", "WTFPL", "Zlib",
-)
-SPDX_LISTED: frozenset[str] = frozenset(_CC_IDS + _OTHER_IDS)
 
-# What the SPDX list has no id for gets a LicenseRef (SPDX's form for ids outside the list).
-PUBLIC_DOMAIN = "LicenseRef-Public-Domain"
-ALL_RIGHTS_RESERVED = "LicenseRef-All-Rights-Reserved"
-# A license string that was present but could not be recognised. normalize_license returns
-# it (never None) so that "the manifest said something we do not understand" stays distinct
-# from "the manifest said nothing".
-UNKNOWN = "LicenseRef-Unknown"
-LICENSE_REFS: frozenset[str] = frozenset({PUBLIC_DOMAIN, ALL_RIGHTS_RESERVED, UNKNOWN})
-
-SPDX_KNOWN: frozenset[str] = SPDX_LISTED | LICENSE_REFS
 _BY_LOWER = {i.lower(): i for i in SPDX_KNOWN}
 
-# Values that mean "no license given" rather than "a license we do not know": a source
-# default then applies. Spreadsheet and dataframe exports write nulls in all these ways.
-MISSING_VALUES = frozenset({"", "none", "null", "nil", "nan", "n/a", "na", "-", "--", "?", "unknown",
-                            "not specified", "unspecified"})
-
-# Free-form spellings, compacted by _compact at import, so each entry covers its case,
-# spacing, punctuation, "License"/"Version" words and "v2"/"2.0" variants at once. The
-# Creative Commons BY family is parsed structurally instead (_parse_cc), since its elements,
-# versions and ports combine into too many spellings to list.
-LICENSE_ALIASES: dict[str, str] = {
-    # Creative Commons public-domain tools
-    "CC0": "CC0-1.0", "CC0 1.0": "CC0-1.0", "CC-0": "CC0-1.0", "CC Zero": "CC0-1.0", "CC Zero 1.0": "CC0-1.0",
-    "Creative Commons Zero": "CC0-1.0", "Creative Commons CC0": "CC0-1.0",
-    "Public Domain Dedication": "CC0-1.0", "CC0 Public Domain Dedication": "CC0-1.0",
-    "CC0 1.0 Universal Public Domain Dedication": "CC0-1.0",
-    "Public Domain Mark": "CC-PDM-1.0", "Public Domain Mark 1.0": "CC-PDM-1.0",
-    "PDM": "CC-PDM-1.0", "PDM 1.0": "CC-PDM-1.0", "CC PDM": "CC-PDM-1.0", "CC PDM 1.0": "CC-PDM-1.0",
-    "Creative Commons Public Domain Mark": "CC-PDM-1.0",
-    "Public Domain Dedication and Certification": "CC-PDDC",
-    "Creative Commons Public Domain Dedication and Certification": "CC-PDDC",
-    "Public domain": PUBLIC_DOMAIN, "PD": PUBLIC_DOMAIN,
-    # Open Data Commons and government data licenses
-    "PDDL": "PDDL-1.0", "ODC PDDL": "PDDL-1.0", "Public Domain Dedication and License": "PDDL-1.0",
-    "Open Data Commons Public Domain Dedication and License": "PDDL-1.0",
-    "ODbL": "ODbL-1.0", "ODC ODbL": "ODbL-1.0", "Open Database License": "ODbL-1.0",
-    "Open Data Commons Open Database License": "ODbL-1.0",
-    "ODC-By": "ODC-By-1.0", "Open Data Commons Attribution License": "ODC-By-1.0",
-    "OGL-UK 3.0": "OGL-UK-3.0", "OGL 3.0": "OGL-UK-3.0", "Open Government Licence 3.0": "OGL-UK-3.0",
-    "Open Government Licence 2.0": "OGL-UK-2.0", "Open Government Licence Canada 2.0": "OGL-Canada-2.0",
-    "Etalab 2.0": "etalab-2.0", "Licence Ouverte 2.0": "etalab-2.0",
-    "Datenlizenz Deutschland Namensnennung 2.0": "DL-DE-BY-2.0",
-    "Datenlizenz Deutschland Zero 2.0": "DL-DE-ZERO-2.0",
-    "CDLA Permissive 1.0": "CDLA-Permissive-1.0", "CDLA Permissive 2.0": "CDLA-Permissive-2.0",
-    "CDLA Sharing 1.0": "CDLA-Sharing-1.0",
-    "Community Data License Agreement Permissive 2.0": "CDLA-Permissive-2.0",
-    # permissive software licenses
-    "Apache 2.0": "Apache-2.0", "ASL 2.0": "Apache-2.0", "AL 2.0": "Apache-2.0",
-    "Apache 1.1": "Apache-1.1", "Apache 1.0": "Apache-1.0",
-    "MIT": "MIT", "The MIT License (MIT)": "MIT", "Expat": "MIT", "MIT/Expat": "MIT",
-    "MIT No Attribution": "MIT-0",
-    "BSD 3-Clause": "BSD-3-Clause", "BSD-3": "BSD-3-Clause", "3-Clause BSD": "BSD-3-Clause",
-    "New BSD": "BSD-3-Clause", "Modified BSD": "BSD-3-Clause", "Revised BSD": "BSD-3-Clause",
-    'BSD 3-Clause "New" or "Revised" License': "BSD-3-Clause",
-    "BSD 2-Clause": "BSD-2-Clause", "BSD-2": "BSD-2-Clause", "2-Clause BSD": "BSD-2-Clause",
-    "Simplified BSD": "BSD-2-Clause", "FreeBSD": "BSD-2-Clause",
-    'BSD 2-Clause "Simplified" License': "BSD-2-Clause",
-    "BSD 4-Clause": "BSD-4-Clause", "Original BSD": "BSD-4-Clause",
-    "Zero-Clause BSD": "0BSD", "BSD Zero Clause": "0BSD",
-    "ISC": "ISC", "Unlicense": "Unlicense", "WTFPL": "WTFPL", "zlib": "Zlib",
-    "Boost Software License 1.0": "BSL-1.0", "Boost 1.0": "BSL-1.0",
-    "MPL 2.0": "MPL-2.0", "Mozilla Public License 2.0": "MPL-2.0", "MPL 1.1": "MPL-1.1",
-    "EPL 2.0": "EPL-2.0", "Eclipse Public License 2.0": "EPL-2.0", "EPL 1.0": "EPL-1.0",
-    "SIL Open Font License 1.1": "OFL-1.1", "OFL 1.1": "OFL-1.1", "Artistic 2.0": "Artistic-2.0",
-    # GNU family: a bare version means "only", as SPDX's deprecated GPL-3.0 did
-    "GPL 2": "GPL-2.0-only", "GPL 2+": "GPL-2.0-or-later",
-    "GPL 3": "GPL-3.0-only", "GPL 3+": "GPL-3.0-or-later",
-    "LGPL 2.1": "LGPL-2.1-only", "LGPL 2.1+": "LGPL-2.1-or-later",
-    "LGPL 3": "LGPL-3.0-only", "LGPL 3+": "LGPL-3.0-or-later",
-    "AGPL 3": "AGPL-3.0-only", "AGPL 3+": "AGPL-3.0-or-later",
-    "GFDL 1.2": "GFDL-1.2-only", "GFDL 1.2+": "GFDL-1.2-or-later",
-    "GFDL 1.3": "GFDL-1.3-only", "GFDL 1.3+": "GFDL-1.3-or-later",
-    # no license granted
-    "All rights reserved": ALL_RIGHTS_RESERVED, "Copyright": ALL_RIGHTS_RESERVED,
-    "Copyrighted": ALL_RIGHTS_RESERVED, "Proprietary": ALL_RIGHTS_RESERVED,
-    "In Copyright": ALL_RIGHTS_RESERVED,
-}
 
 # Rewrites applied before compaction, in order: long names to the short forms the alias
 # table uses, "or later" to "+", and words that never change which license is meant.
@@ -149,13 +64,6 @@ def _compact(text: str) -> str:
 _ALIASES: dict[str, str] = {_compact(k): v for k, v in LICENSE_ALIASES.items()}
 # Every listed id also answers to its own compacted form ("apache-2", "cc-by-sa-4").
 _ALIASES.update({_compact(i): i for i in SPDX_LISTED if _compact(i) not in _ALIASES})
-# Deprecated SPDX ids still common in manifests.
-_DEPRECATED = {
-    "gpl-2.0": "GPL-2.0-only", "gpl-2.0+": "GPL-2.0-or-later", "gpl-3.0": "GPL-3.0-only",
-    "gpl-3.0+": "GPL-3.0-or-later", "lgpl-2.1": "LGPL-2.1-only", "lgpl-2.1+": "LGPL-2.1-or-later",
-    "lgpl-3.0": "LGPL-3.0-only", "lgpl-3.0+": "LGPL-3.0-or-later", "agpl-3.0": "AGPL-3.0-only",
-    "gfdl-1.2": "GFDL-1.2-only", "gfdl-1.3": "GFDL-1.3-only",
-}
 
 _LICENSE_REF = re.compile(r"^licenseref-[a-z0-9.-]+$", re.IGNORECASE)
 _WIKIMEDIA_PD = re.compile(r"^pd[-_ ][a-z0-9 _.-]+$", re.IGNORECASE)  # PD-old, PD-US, PD-self
@@ -258,7 +166,7 @@ def _from_url(url: str) -> str:
         return "Apache-2.0"
     if host == "gnu.org" and len(segs) >= 2 and segs[0] == "licenses":
         name = re.sub(r"(\.en)?\.(html?|txt)$", "", segs[1])
-        return _DEPRECATED.get(name.replace("fdl", "gfdl", 1) if name.startswith("fdl") else name, UNKNOWN)
+        return DEPRECATED_IDS.get(name.replace("fdl", "gfdl", 1) if name.startswith("fdl") else name, UNKNOWN)
     if host == "opendatacommons.org" and len(segs) >= 2 and segs[0] == "licenses":
         return {"odbl": "ODbL-1.0", "by": "ODC-By-1.0", "pddl": "PDDL-1.0"}.get(segs[1], UNKNOWN)
     if host == "nationalarchives.gov.uk" and "open-government-licence" in segs:
@@ -276,22 +184,26 @@ def _normalize_text(text: str) -> str | None:
     lower = text.lower()
     if lower in _BY_LOWER:
         return _BY_LOWER[lower]
-    if lower in _DEPRECATED:
-        return _DEPRECATED[lower]
+    if lower in DEPRECATED_IDS:
+        return DEPRECATED_IDS[lower]
     cc = _parse_cc(text)
     if cc is not None:
         return cc
-    return _ALIASES.get(_compact(text))
+    # The alias table first ("BSD 3-Clause New or Revised"), then every other id on the SPDX
+    # License List, as license-expression ships it.
+    return _ALIASES.get(_compact(text)) or listed_license(text)
 
 
 def normalize_license(raw: str | None) -> str | None:
-    """Normalise a manifest's license value to an SPDX id.
+    """Normalise a manifest's license value to an SPDX id or SPDX expression.
 
     Args:
         raw: the value as written: an SPDX id in any case, a name ("CC BY-SA 3.0 DE",
             "Apache License, Version 2.0", "Attribution 4.0 International"), a license URL
             (creativecommons.org, spdx.org, opensource.org, gnu.org, apache.org,
-            opendatacommons.org), or a copyright notice.
+            opendatacommons.org), a copyright notice, or an SPDX expression of any of these
+            joined by AND, OR and WITH, with parentheses ("MIT OR Apache-2.0",
+            "CC BY 4.0 AND ODbL-1.0", "GPL-2.0-or-later WITH Classpath-exception-2.0").
 
     Returns:
         None when the value is missing: None, blank, or a null spelling in MISSING_VALUES
@@ -301,12 +213,18 @@ def normalize_license(raw: str | None) -> str | None:
         value that is present but not recognised. Deprecated SPDX ids become their current
         form (``GPL-3.0`` -> ``GPL-3.0-only``); a CC port SPDX does not list becomes the
         unported id (``CC BY 3.0 FR`` -> ``CC-BY-3.0``); a CC license without a version is
-        UNKNOWN, since the versions grant different terms.
+        UNKNOWN, since the versions grant different terms. An expression comes back as
+        license-expression renders it, each part normalised (``mit or CC BY 4.0`` ->
+        ``MIT OR CC-BY-4.0``), unrecognised parts as ``LicenseRef-Unknown`` (exceptions:
+        ``AdditionRef-Unknown``); one with no recognised license at all is UNKNOWN.
+        A value that is not a string is never read as text (``str(["MIT"])`` would pass as
+        MIT): a float NaN (a dataframe's null) is missing, anything else UNKNOWN.
     """
     if raw is None:
         return None
-    # Numbers, NaN and lists from loosely typed manifests are judged by their text.
-    text = raw if isinstance(raw, str) else str(raw)
+    if not isinstance(raw, str):
+        return None if isinstance(raw, float) and raw != raw else UNKNOWN
+    text = raw
     # Long values are free text, not repeated license names: not worth a cache slot.
     return _normalize(text) if len(text) <= 256 else _normalize.__wrapped__(text)
 
@@ -324,6 +242,10 @@ def _normalize(raw: str) -> str | None:
     found = _normalize_text(text)
     if found is not None:
         return found
+    if looks_like_expression(text):
+        expression = normalize_expression(text, _normalize)
+        if expression is not None:
+            return expression
     if _WIKIMEDIA_PD.match(text):
         return PUBLIC_DOMAIN
     if _ARR_MARK.search(text) and not _GRANT_WORDS.search(_ARR_MARK.sub(" ", text)):
@@ -355,9 +277,16 @@ def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> tupl
         ``(spdx, reason, detail)``. Accepted: ``(id, None, None)``. Rejected with
         ``license_missing`` (no value and no source default) or ``license_not_allowed`` (an id
         outside ``policy.allow``, with that id as ``spdx``; or an unrecognised value under
-        ``unknown: reject``, with ``spdx`` None). ``detail`` says which value and why. An
+        ``unknown: reject``, with ``spdx`` None; or a value that is not a string, such as a
+        JSON list, whatever the policy). ``detail`` says which value and why. An
         unrecognised value under ``unknown: allow`` is accepted as ``LicenseRef-Unknown``.
+        An expression is judged part by part (``tasks.spdx.blockers``): ``OR`` passes when one
+        alternative is allowed, ``AND`` when all are, unrecognised parts follow ``unknown``;
+        ``spdx`` is then the normalised expression, and the detail names the parts that fail.
     """
+    if raw is not None and not isinstance(raw, str) and normalize_license(raw) is not None:
+        # The manifest readers refuse such values first; a list is never one of its elements.
+        return None, "license_not_allowed", f"license value is a {type(raw).__name__}, not a string: {_shown(repr(raw))}"
     spdx = normalize_license(raw)
     shown_raw = raw
     origin = ""
@@ -374,6 +303,12 @@ def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> tupl
         if policy.unknown == "allow":
             return UNKNOWN, None, None
         return None, "license_not_allowed", f"unrecognised license: {_shown(str(shown_raw))}{origin}"
+    if is_expression(spdx):
+        why = blockers(spdx, _allowed(tuple(policy.allow)), policy.unknown == "allow")
+        if not why:
+            return spdx, None, None
+        parts = [f"{b} (validate.license.unknown: reject)" if b.startswith("an unrecognised") else f"{b} is not in validate.license.allow" for b in why]
+        return spdx, "license_not_allowed", f"{spdx} (from {_shown(str(shown_raw))}): {'; '.join(parts)}{origin}"
     if spdx not in _allowed(tuple(policy.allow)):
         return spdx, "license_not_allowed", f"{spdx} is not in validate.license.allow{origin}"
     return spdx, None, None
@@ -387,8 +322,14 @@ def policy_problems(policy: LicensePolicy) -> list[str]:
     """
     problems = []
     for entry in policy.allow:
-        if normalize_license(entry) in (None, UNKNOWN):
+        spdx = normalize_license(entry)
+        if spdx in (None, UNKNOWN) or (is_expression(spdx) and (UNKNOWN in spdx or UNKNOWN_EXCEPTION in spdx)):
             problems.append(f"validate.license.allow: {entry!r} is not a recognised license; write an SPDX id such as CC-BY-4.0")
+        elif is_choice_or_combination(spdx):
+            problems.append(
+                f"validate.license.allow: {entry!r} joins licenses with AND or OR; list each license on its own "
+                "(a sample's OR passes when one alternative is allowed, its AND when every part is)"
+            )
     for source, default in sorted(policy.source_defaults.items()):
         if normalize_license(default) in (None, UNKNOWN):
             problems.append(f"validate.license.source_defaults.{source}: {default!r} is not a recognised license")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -17,7 +16,7 @@ from typing import Any, Iterator
 from pydantic import Field
 
 from tasks.recipe import _Frozen
-from tasks.storage import Storage
+from tasks.storage import Storage, lost_race
 
 log = logging.getLogger("shardsmith")
 
@@ -108,29 +107,18 @@ def stale_reason(holder: Holder | None, ttl_s: float, now: float | None = None, 
 class _LocalBackend:
     """Exclusive create by link(): the name appears complete, and only if it did not exist."""
 
-    def __init__(self, path: str):
-        self.path = path
-
-    def _tmp(self, data: bytes) -> str:
-        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        return tmp
+    def __init__(self, storage: Storage, rel: str):
+        self.storage = storage
+        self.rel = rel
+        self.path = storage.path(rel)
 
     def create(self, data: bytes) -> Any:
         """The new version, or None when the lock exists."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = self._tmp(data)
         try:
-            os.link(tmp, self.path)
-            return data
+            self.storage.create_exclusive(self.rel, data)
         except FileExistsError:
             return None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        return data
 
     def read(self) -> tuple[bytes, Any, float] | None:
         """(content, version, age in seconds), or None when there is no lock."""
@@ -147,7 +135,7 @@ class _LocalBackend:
         current = self.read()
         if current is None or current[1] != version:
             return None
-        os.replace(self._tmp(data), self.path)
+        self.storage.replace_local(self.rel, data)
         return data
 
     def delete(self, version: Any) -> bool:
@@ -171,21 +159,17 @@ class _S3Backend:
     """Conditional requests: PUT with If-None-Match: * creates, If-Match on the ETag updates and deletes."""
 
     def __init__(self, storage: Storage, rel: str):
+        self.storage = storage
+        self.rel = rel
         self.fs = storage.fs
         self.path = storage.path(rel)
         self.bucket, _, self.key = self.path.partition("/")
 
     def create(self, data: bytes) -> Any:
         try:
-            resp = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=data, IfNoneMatch="*")
+            return self.storage.create_exclusive(self.rel, data)
         except FileExistsError:
             return None
-        except OSError as err:
-            if err.errno in (errno.EINVAL, errno.EBUSY):  # 412 or 409: a concurrent write won
-                return None
-            raise
-        self.fs.invalidate_cache(self.path)
-        return resp.get("ETag")
 
     def read(self) -> tuple[bytes, Any, float] | None:
         self.fs.invalidate_cache(self.path)
@@ -206,7 +190,7 @@ class _S3Backend:
         except FileNotFoundError:
             return None
         except OSError as err:
-            if err.errno == errno.EINVAL:  # 412: no longer at this version
+            if lost_race(err):  # 412: no longer at this version
                 return None
             raise
         self.fs.invalidate_cache(self.path)
@@ -239,7 +223,7 @@ class RunLock:
         self.rel = f"{dataset}/{LOCK_NAME}"
         self.run = run
         self.config = config or LockConfig()
-        self._backend = _LocalBackend(storage.path(self.rel)) if storage.is_local else _S3Backend(storage, self.rel)
+        self._backend = _LocalBackend(storage, self.rel) if storage.is_local else _S3Backend(storage, self.rel)
         self._holder: Holder | None = None
         self._version: Any = None
         self._stop = threading.Event()
@@ -299,9 +283,9 @@ class RunLock:
         removed = 0
         for folder, _dirs, files in os.walk(os.path.dirname(self.storage.path(self.rel))):
             for name in files:
-                # The atomic writer's temp files, and commit_index's; not the lock's own, which
-                # a run trying to take the lock right now may be about to link.
-                if name.startswith(".tmp-") or name == "index.json.tmp":
+                # The atomic writer's temp files, and create_exclusive's (index.json's); not the
+                # lock's own, which a run trying to take the lock right now may be about to link.
+                if name.startswith(".tmp-") or (name.endswith(".tmp") and not name.startswith(LOCK_NAME + ".")):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(folder, name))
                         removed += 1

@@ -583,7 +583,9 @@ class Recipe(_Frozen):
         dataset: dataset name; the top folder under the storage root.
         kind: ``pretraining`` (caption pairs) or ``finetuning`` (conversations).
         storage: root URL, local path or ``s3://bucket/prefix``.
-        storage_options: passed to fsspec (e.g. ``endpoint_url`` for S3-compatible stores).
+        storage_options: passed to fsspec (e.g. ``endpoint_url`` for S3-compatible stores),
+            except ``file_mode``: the mode of local files written (default ``0644``, folders
+            ``0755``; stricter such as ``0640`` or ``0600``; see ``tasks.storage.file_modes``).
         sources: the URL manifests.
     """
 
@@ -601,6 +603,14 @@ class Recipe(_Frozen):
     execution: ExecutionConfig = ExecutionConfig()
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @field_validator("storage_options")
+    @classmethod
+    def _file_mode(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from tasks.storage import FILE_MODE_OPTION, file_modes
+
+        file_modes(v.get(FILE_MODE_OPTION))  # raises ValueError naming the setting
+        return v
 
     @model_validator(mode="after")
     def _unique_sources(self) -> "Recipe":

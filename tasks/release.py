@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -94,42 +95,43 @@ class ReleaseResult:
 
 def place_file(storage: Storage, src_rel: str, dst_rel: str) -> None:
     """Put a work file into a release: a hard link where the storage is local (the work files
-    are content addressed and never rewritten), a server-side copy on object stores."""
+    are content addressed and never rewritten), a server-side copy on object stores.
+
+    Locally the placed file gets the storage's file mode (0644 by default), and so does the
+    work file it shares an inode with: work files written before modes were set, or under
+    another ``file_mode``, would otherwise carry their old mode into the release.
+    """
     if storage.is_local:
         dst = storage.path(dst_rel)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        storage.make_folder(posixpath.dirname(dst_rel))
         try:
             os.link(storage.path(src_rel), dst)
-            return
         except OSError:
-            pass
-        storage.fs.copy(storage.path(src_rel), dst)
+            storage.fs.copy(storage.path(src_rel), dst)
+        storage.set_mode(dst_rel)
     else:
         storage.fs.copy(storage.path(src_rel), storage.path(dst_rel))
 
 
 def commit_index(storage: Storage, rel: str, index: dict[str, Any]) -> None:
-    """Write index.json so that it is never overwritten: an existing one is an error."""
+    """Write index.json so that it is never overwritten: an existing one is an error.
+
+    The create is exclusive on every storage (``Storage.create_exclusive``: link() locally, a
+    PUT with ``If-None-Match: *`` on S3), so of two writers racing for one version exactly one
+    commits and the other gets ``ReleaseError``. An index.json that already holds exactly these
+    bytes is this writer's own (a PUT retried after its reply was lost), not a conflict.
+    """
     data = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
-    if storage.exists(rel):
-        raise ReleaseError(f"{storage.url(rel)} exists; releases are immutable")
-    if storage.is_local:
-        fault_point(rel, "before")
-        # Hard-link a fully written temp file into place: link() fails if the name exists,
-        # so two writers cannot both commit.
-        tmp = storage.path(rel) + ".tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+    fault_point(rel, "before")
+    try:
+        storage.create_exclusive(rel, data)
+    except FileExistsError:
         try:
-            os.link(tmp, storage.path(rel))
-        except FileExistsError:
-            raise ReleaseError(f"{storage.url(rel)} exists; releases are immutable") from None
-        finally:
-            os.unlink(tmp)
-    else:
-        storage.write_bytes(rel, data)
+            ours = storage.read_bytes(rel) == data
+        except FileNotFoundError:
+            ours = False
+        if not ours:
+            raise ReleaseError(f"{storage.url(rel)} exists; releases are immutable (another run committed this version)") from None
 
 
 def set_latest(storage: Storage, dataset: str, version: str) -> None:

@@ -27,6 +27,7 @@ from tasks.indexes import (
 )
 from tasks.shards import MemberRecord, ShardWriter
 from tasks.storage import Storage
+from release_fixtures import finetuning_release, pretraining_release
 
 REPO = Path(__file__).resolve().parents[1]
 # megatron-energon 7.4.1 would downgrade tzdata in the project venv (multi-storage-client pins
@@ -134,7 +135,7 @@ def test_dali_index_bytes(release):
 
 def test_dali_index_matches_wds2idx(release, tmp_path):
     if importlib.util.find_spec("wds2idx") is None or shutil.which("tar") is None:
-        pytest.skip("DALI's wds2idx (or GNU tar, which it runs) is not installed")
+        _missing("DALI's wds2idx (or GNU tar, which it runs) is not installed")
     from wds2idx import IndexCreator
 
     for shard in release["shards"]:
@@ -244,12 +245,27 @@ def test_energon_meta_files(release):
         b"  image: jpg\n"
         b"  caption: txt\n"
     )
-    assert files[".nv-meta/split.yaml"] == b"split_parts:\n  train:\n  - shard-{000000..000002}.tar\nexclude: []\n"
+    # val and test present and empty, as `energon prepare --split-ratio 1,0,0` writes them:
+    # `energon lint` checks all three by default and refuses a missing one.
+    assert files[".nv-meta/split.yaml"] == (
+        b"split_parts:\n  train:\n  - shard-{000000..000002}.tar\n  val: []\n  test: []\nexclude: []\n"
+    )
     assert json.loads(files[".nv-meta/.info.json"]) == {
         "shard_counts": {"shard-000000.tar": 4, "shard-000001.tar": 7, "shard-000002.tar": 1}
     }
+    assert ".nv-meta/crude.yaml" not in files
+
+
+def test_energon_crude_config_beside_a_dataset_yaml_every_reader_loads(release):
     crude = energon_indexes(release["shards"], sample_type="CrudeWebdataset")
-    assert crude[".nv-meta/dataset.yaml"] == b"__module__: megatron.energon\n__class__: CrudeWebdataset\n"
+    assert crude[".nv-meta/crude.yaml"] == b"__module__: megatron.energon\n__class__: CrudeWebdataset\n"
+    assert crude[".nv-meta/dataset.yaml"] == (
+        b"sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: json\n"
+    )
+    # The default view needs a json member in every sample.
+    no_json = replace(release["shards"][2], samples=[replace(release["shards"][2].samples[0], members=release["shards"][2].samples[0].members[:1])])
+    with pytest.raises(ValueError, match="no member for field 'text'"):
+        energon_indexes([no_json], sample_type="CrudeWebdataset")
 
 
 def test_energon_split_parts(release):
@@ -347,7 +363,7 @@ def test_bad_records_raise(release):
 
 _READERS_SCRIPT = r'''
 import contextlib, json, os, sys
-release, reference, cache = sys.argv[1:4]
+release, reference, cache, reference_default, chat = sys.argv[1:6]
 out = {}
 with contextlib.redirect_stdout(sys.stderr):
     try:
@@ -377,8 +393,38 @@ with contextlib.redirect_stdout(sys.stderr):
          "--sample-type", "CaptioningSample", "--field-map", json.dumps({"image": "jpg", "caption": "txt"})],
         standalone_mode=False,
     )
+    # What a release without split_parts should match: every shard in train, by ratio.
+    command.main(
+        [reference_default, "--non-interactive", "--no-progress", "--num-workers", "1", "--split-ratio", "1,0,0",
+         "--sample-type", "CaptioningSample", "--field-map", json.dumps({"image": "jpg", "caption": "txt"})],
+        standalone_mode=False,
+    )
+
+    # A fine-tuning release through its crude.yaml and a TaskEncoder with a cooker, as training
+    # reads it; and through dataset.yaml with energon's defaults, as its own tools do.
+    from megatron.energon import Cooker, DefaultTaskEncoder, TextSample, basic_sample_keys, stateless
+
+    @stateless
+    def cook(sample):
+        return TextSample(**basic_sample_keys(sample), text=sample["json"]["key"])
+
+    class Encoder(DefaultTaskEncoder):
+        cookers = [Cooker(cook)]
+
+    ds = get_val_dataset(chat, split_part="train", worker_config=worker_config, batch_size=1,
+                         dataset_config="crude.yaml", task_encoder=Encoder())
+    out["cooked"] = [b.text[0] for b in get_loader(ds)]
+    ds = get_val_dataset(chat, split_part="train", worker_config=worker_config, batch_size=1)
+    out["default_view"] = [[b.__class__.__name__, b.text["key"][0]] for b in get_loader(ds)]
 print(json.dumps(out))
 '''
+
+
+def _missing(why: str) -> None:
+    """Skip for a developer without the reader; fail in CI, where `make test` builds it."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why} (CI=true: the real readers must run here; see the Makefile's energon-venv)")
+    pytest.skip(why)
 
 
 def _readers_python() -> str | None:
@@ -396,19 +442,22 @@ def _readers_python() -> str | None:
 def readers(release, tmp_path_factory):
     python = _readers_python()
     if python is None:
-        pytest.skip(
-            "megatron-energon is not installed; create .bench/energon-venv (python3.11 -m venv, a .pth "
-            "file naming the project venv's site-packages, pip install megatron-energon==7.4.1 wids)"
+        _missing(
+            "megatron-energon is not installed; create .bench/energon-venv (`make energon-venv`: python3.11 -m venv, "
+            "a .pth file naming the project venv's site-packages, pip install megatron-energon==7.4.1 wids)"
         )
     work = tmp_path_factory.mktemp("readers")
-    reference = work / "reference"
-    reference.mkdir()
-    for shard in release["shards"]:
-        shutil.copyfile(release["root"] / shard.name, reference / shard.name)
+    reference, reference_default = work / "reference", work / "reference-default"
+    for folder in (reference, reference_default):
+        folder.mkdir()
+        for shard in release["shards"]:
+            shutil.copyfile(release["root"] / shard.name, folder / shard.name)
+    chat_url, chat_records = finetuning_release(str(work / "store"), [3, 2])
+    chat = Path(chat_url) / "releases" / "v0001"
     script = work / "readers.py"
     script.write_text(_READERS_SCRIPT)
     proc = subprocess.run(
-        [python, str(script), str(release["root"]), str(reference), str(work / "wids-cache")],
+        [python, str(script), str(release["root"]), str(reference), str(work / "wids-cache"), str(reference_default), str(chat)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -416,7 +465,12 @@ def readers(release, tmp_path_factory):
     )
     if proc.returncode != 0:
         pytest.fail(f"reader script failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return {"reference": reference, **json.loads(proc.stdout.strip().splitlines()[-1])}
+    return {
+        "reference": reference,
+        "reference_default": reference_default,
+        "chat_keys": [r["key"] for r in chat_records],
+        **json.loads(proc.stdout.strip().splitlines()[-1]),
+    }
 
 
 def test_energon_reads_the_release(release, readers):
@@ -440,11 +494,20 @@ def test_energon_prepare_writes_the_same_bytes(release, readers):
     theirs = json.loads((reference / ".nv-meta/.info.json").read_text())
     assert theirs.pop("energon_version")
     assert ours[".nv-meta/.info.json"] == json.dumps(theirs, indent=2).encode()
+    # Without split parts: what `energon prepare --split-ratio 1,0,0` writes, val and test empty.
+    default = readers["reference_default"] / ".nv-meta"
+    for rel in ("split.yaml", "dataset.yaml"):
+        assert release["files"][f".nv-meta/{rel}"] == (default / rel).read_bytes(), rel
+
+
+def test_energon_reads_a_crude_release_with_cookers_and_with_its_defaults(readers):
+    assert readers["cooked"] == readers["chat_keys"]
+    assert readers["default_view"] == [["TextSample", key] for key in readers["chat_keys"]]
 
 
 def test_wids_reads_the_release(release, readers):
     if readers["wids"] is None:
-        pytest.skip("wids is not installed beside megatron-energon")
+        _missing("wids is not installed beside megatron-energon")
     result = readers["wids"]
     expected = release["expected"]
     assert result["len"] == len(expected)
@@ -452,3 +515,35 @@ def test_wids_reads_the_release(release, readers):
     shard_of = [s.name for s, n in zip(release["shards"], COUNTS) for _ in range(n)]
     want = [[key, caption.decode("utf-8"), shard] for (key, caption), shard in zip(expected, shard_of)]
     assert result["rows"] == want
+
+
+# ---------------------------------------------------------------------------------------------
+# energon's own checks, with their defaults, on each kind of release
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lint_releases(tmp_path_factory) -> dict[str, Path]:
+    """A pretraining release (with latents), and fine-tuning releases unpacked and packed."""
+    root = tmp_path_factory.mktemp("lint")
+    pre = pretraining_release(str(root), [3, 2], latents=True)
+    chat, _ = finetuning_release(str(root), [3, 2])
+    packed, _ = finetuning_release(str(root), [6, 5], packed_budget=400, dataset="chat-packed")
+    return {name: Path(url) / "releases" / "v0001" for name, url in (("pretraining", pre), ("finetuning", chat), ("finetuning-packed", packed))}
+
+
+@pytest.mark.parametrize("kind", ["pretraining", "finetuning", "finetuning-packed"])
+def test_energon_lint_and_info_pass_with_their_defaults(kind, lint_releases, tmp_path):
+    python = _readers_python()
+    if python is None:
+        _missing("megatron-energon is not installed (see the readers fixture)")
+    script = Path(python).parent / "energon"
+    energon = [str(script)] if script.exists() else [python, "-c", "from megatron.energon.cli.main import main; main()"]
+    release = lint_releases[kind]
+    lint = subprocess.run([*energon, "lint", str(release)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert lint.returncode == 0, lint.stdout[-2000:] + lint.stderr[-4000:]
+    assert "Skipping empty split part val" in lint.stdout and "Skipping empty split part test" in lint.stdout
+    info = subprocess.run([*energon, "info", str(release)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert info.returncode == 0, info.stdout[-2000:] + info.stderr[-4000:]
+    samples = sum(json.loads((release / ".nv-meta" / ".info.json").read_text())["shard_counts"].values())
+    assert f"`train`: 100%, {samples} samples" in info.stdout

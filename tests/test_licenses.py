@@ -262,3 +262,150 @@ def test_review_problem():
     assert review_problem(reviewed, today=dt.date(2025, 3, 1)) is None
     future = review_problem(reviewed, today=dt.date(2025, 2, 28))
     assert future is not None and "2025-03-01" in future
+
+
+# --- SPDX expressions (license-expression) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("MIT OR Apache-2.0", "MIT OR Apache-2.0"),
+        ("mit or apache-2.0", "MIT OR Apache-2.0"),  # operators in lower case, ids in any case
+        ("CC BY 4.0 AND ODbL", "CC-BY-4.0 AND ODbL-1.0"),  # parts go through the aliases
+        ("(MIT AND (GPL-3.0+ OR Apache 2.0))", "MIT AND (GPL-3.0-or-later OR Apache-2.0)"),
+        ("MIT AND Apache-2.0 OR CC0", "(MIT AND Apache-2.0) OR CC0-1.0"),  # AND binds tighter
+        ("GPL-2.0-or-later WITH Classpath-exception-2.0", "GPL-2.0-or-later WITH Classpath-exception-2.0"),
+        ("gpl-2.0 with classpath-exception-2.0", "GPL-2.0-only WITH Classpath-exception-2.0"),
+        ("GPL-2.0-only WITH Our-Own-Exception", "GPL-2.0-only WITH AdditionRef-Unknown"),
+        ("Foo-1.0 OR MIT", "LicenseRef-Unknown OR MIT"),
+        ("CC BY 4.0 OR Public domain", "CC-BY-4.0 OR LicenseRef-Public-Domain"),
+        ("LicenseRef-Getty-Editorial AND CC-BY-4.0", "LicenseRef-Getty-Editorial AND CC-BY-4.0"),
+        ("Beerware OR MIT", "Beerware OR MIT"),  # every SPDX-listed id, from license-expression
+        # Not expressions: aliases that contain "or", free text, broken syntax.
+        ('BSD 3-Clause "New" or "Revised" License', "BSD-3-Clause"),
+        ("GNU General Public License v3 or later", "GPL-3.0-or-later"),
+        ("photo by Jane with permission", UNKNOWN),
+        ("MIT OR", UNKNOWN),
+        ("(MIT AND Apache-2.0", UNKNOWN),
+        ("Apache License, Version 2.0 OR MIT", UNKNOWN),  # a comma is not allowed in a part
+    ],
+)
+def test_expressions_normalise_part_by_part(raw, expected):
+    assert normalize_license(raw) == expected
+
+
+def test_listed_ids_beyond_the_alias_table_come_from_the_spdx_list():
+    assert normalize_license("beerware") == "Beerware"
+    assert normalize_license("Classpath-exception-2.0") == UNKNOWN  # an exception is not a license
+
+
+def test_or_passes_when_one_alternative_is_allowed():
+    p = policy(allow=("MIT",))
+    assert license_verdict("MIT OR Apache-2.0", "s", p) == ("MIT OR Apache-2.0", None, None)
+    assert license_verdict("GPL-3.0-only OR MIT", "s", p)[1] is None
+    spdx, reason, detail = license_verdict("GPL-3.0-only OR Apache-2.0", "s", p)
+    assert (spdx, reason) == ("GPL-3.0-only OR Apache-2.0", "license_not_allowed")
+    assert "Apache-2.0 is not in validate.license.allow" in detail and "GPL-3.0-only is not in" in detail
+
+
+def test_and_passes_only_when_every_part_is_allowed():
+    p = policy(allow=("CC-BY-4.0",))
+    spdx, reason, detail = license_verdict("CC BY 4.0 AND ODbL-1.0", "s", p)
+    assert (spdx, reason) == ("CC-BY-4.0 AND ODbL-1.0", "license_not_allowed")
+    assert "ODbL-1.0 is not in validate.license.allow" in detail and "CC-BY-4.0 is not" not in detail
+    assert license_verdict("CC BY 4.0 AND ODbL-1.0", "s", policy(allow=("CC-BY-4.0", "ODbL-1.0")))[1] is None
+
+
+def test_parentheses_decide_what_binds():
+    p = policy(allow=("MIT", "Apache-2.0"))
+    assert license_verdict("MIT AND (GPL-3.0-only OR Apache-2.0)", "s", p)[1] is None
+    assert license_verdict("(MIT AND GPL-3.0-only) OR Apache-2.0", "s", p)[1] is None
+    assert license_verdict("(MIT OR Apache-2.0) AND GPL-3.0-only", "s", p)[1] == "license_not_allowed"
+
+
+def test_with_an_exception_passes_where_its_license_does():
+    raw = "GPL-2.0-or-later WITH Classpath-exception-2.0"
+    # A listed exception only adds permissions: allowed when the license is.
+    assert license_verdict(raw, "s", policy(allow=("GPL-2.0-or-later",)))[1] is None
+    # Or when the allowlist names the whole term, and only that term.
+    only_term = policy(allow=(raw,))
+    assert license_verdict(raw, "s", only_term)[1] is None
+    assert license_verdict("GPL-2.0-or-later", "s", only_term)[1] == "license_not_allowed"
+    assert license_verdict("GPL-2.0-or-later WITH LLVM-exception", "s", only_term)[1] == "license_not_allowed"
+    assert license_verdict(raw, "s", policy(allow=("MIT",)))[1] == "license_not_allowed"
+
+
+def test_unknown_parts_follow_the_unknown_policy():
+    reject = policy(allow=("MIT",))
+    allow = policy(allow=("MIT",), unknown="allow")
+    # An allowed alternative is enough whatever the other one is.
+    assert license_verdict("Foo-1.0 OR MIT", "s", reject) == ("LicenseRef-Unknown OR MIT", None, None)
+    spdx, reason, detail = license_verdict("Foo-1.0 AND MIT", "s", reject)
+    assert (spdx, reason) == ("LicenseRef-Unknown AND MIT", "license_not_allowed")
+    assert "an unrecognised license (validate.license.unknown: reject)" in detail and "'Foo-1.0 AND MIT'" in detail
+    assert license_verdict("Foo-1.0 AND MIT", "s", allow) == ("LicenseRef-Unknown AND MIT", None, None)
+    exception = "MIT WITH Our-Own-Exception"
+    assert "an unrecognised exception" in license_verdict(exception, "s", reject)[2]
+    assert license_verdict(exception, "s", allow) == ("MIT WITH AdditionRef-Unknown", None, None)
+    # A recognised part outside the allowlist still fails under unknown: allow.
+    assert license_verdict("Foo-1.0 AND GPL-3.0-only", "s", allow)[1] == "license_not_allowed"
+
+
+def test_a_source_default_may_be_an_expression():
+    p = policy(allow=("CC0-1.0",), source_defaults={"scans": "CC0-1.0 OR CC-BY-4.0"})
+    assert license_verdict(None, "scans", p) == ("CC0-1.0 OR CC-BY-4.0", None, None)
+    assert policy_problems(p) == []
+
+
+@pytest.mark.parametrize("raw", [["MIT"], ["CC BY 4.0", "MIT"], {"id": "MIT"}, 42, True])
+def test_a_value_that_is_not_a_string_is_refused_never_read_as_its_first_element(raw):
+    for p in (policy(allow=("MIT", "CC-BY-4.0")), policy(allow=("MIT", "CC-BY-4.0"), unknown="allow")):
+        spdx, reason, detail = license_verdict(raw, "s", p)
+        assert (spdx, reason) == (None, "license_not_allowed")
+        assert f"license value is a {type(raw).__name__}, not a string" in detail
+    assert normalize_license(raw) == UNKNOWN
+
+
+def test_policy_problems_name_expressions_in_the_allowlist():
+    p = policy(allow=("MIT OR Apache-2.0", "GPL-2.0-only WITH Classpath-exception-2.0", "Foo WITH Classpath-exception-2.0"))
+    problems = policy_problems(p)
+    assert len(problems) == 2
+    assert "'MIT OR Apache-2.0' joins licenses with AND or OR" in problems[0]
+    assert "'Foo WITH Classpath-exception-2.0' is not a recognised license" in problems[1]
+
+
+def test_expressions_through_the_validate_stage(tmp_path, web):
+    """Manifest rows with expressions, downloaded from the loopback server and validated: the
+    ledger carries each row's reason and the normalised expression."""
+    import csv
+
+    from tasks.download import download_shard, shard_paths
+    from tasks.ledger import read_parquet
+    from tasks.manifests import plan_source
+    from tasks.recipe import DownloadConfig, ImageRules, NetworkConfig, SourceConfig, ValidateConfig
+    from tasks.storage import Storage
+    from tasks.validate import candidate_paths, validate_shard
+
+    rows = [  # license as written, (normalised, reason)
+        ("mit or apache-2.0", ("MIT OR Apache-2.0", None)),
+        ("CC BY 4.0 AND ODbL-1.0", ("CC-BY-4.0 AND ODbL-1.0", "license_not_allowed")),
+        ("GPL-2.0-or-later WITH Classpath-exception-2.0 OR CC0", ("GPL-2.0-or-later WITH Classpath-exception-2.0 OR CC0-1.0", None)),
+        ("Foo-1.0 AND MIT", ("LicenseRef-Unknown AND MIT", "license_not_allowed")),
+    ]
+    manifest = tmp_path / "m.csv"
+    with open(manifest, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["url", "caption", "license"])
+        for i, (lic, _) in enumerate(rows):
+            w.writerow([f"{web.base_url}/img/photo.jpg?n={i}", f"caption {i}", lic])
+    storage = Storage(str(tmp_path / "store"))
+    ref = plan_source(SourceConfig(name="web", manifest=str(manifest)), storage, "ds").chunks[0]
+    tar, ledger = shard_paths("ds", ref, "x")
+    dl = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",)))
+    assert download_shard(ref, storage, dl, tar, ledger).counts.ok == len(rows)
+    cfg = ValidateConfig(license=LicensePolicy(allow=("MIT", "CC0-1.0", "CC-BY-4.0")), image=ImageRules(min_side=32))
+    cand_tar, cand_table = candidate_paths("ds", "web", 0, tar, "cfg")
+    cand = validate_shard(storage, "web", 0, tar, ledger, cfg, cand_tar, cand_table)
+    got = read_parquet(storage, cand.table, ["row", "license", "reason"]).to_pylist()
+    assert [(r["license"], r["reason"]) for r in sorted(got, key=lambda r: r["row"])] == [want for _, want in rows]

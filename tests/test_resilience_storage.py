@@ -1,4 +1,4 @@
-"""Storage faults: a full disk mid-shard, S3 connections cut mid-upload, two runs of one dataset."""
+"""Storage faults: a full disk mid-shard, S3 connections cut mid-upload, two runs of one dataset, two commits of one release."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tasks.ledger import read_ledger
 from tasks.locks import LockConfig, LockHeld, RunLock, stale_reason
 from tasks.manifests import plan_source
 from tasks.recipe import DownloadConfig, NetworkConfig, SourceConfig
+from tasks.release import ReleaseError, commit_index
 from tasks.shards import iter_samples
 from tasks.storage import FAULT_ENV, Storage
 
@@ -230,7 +231,8 @@ def test_an_s3_upload_that_keeps_failing_publishes_nothing(s3_direct):
 
 @pytest.fixture(params=["local", "s3"])
 def lock_storage(request, tmp_path) -> Storage:
-    """A storage root for lock tests: a local folder, or a fresh bucket on the moto server."""
+    """A storage root for tests of exclusive creates (the lock, index.json): a local folder,
+    or a fresh bucket on the moto server."""
     if request.param == "local":
         return Storage(str(tmp_path / "store"))
     bucket, options = request.getfixturevalue("s3_bucket")
@@ -332,3 +334,75 @@ def test_the_pretraining_run_refuses_while_another_holds_the_dataset(tmp_path, p
 def test_stale_reason_reads_unparsable_locks_by_age():
     assert stale_reason(None, ttl_s=60, age_s=5) is None
     assert stale_reason(None, ttl_s=60, age_s=120) == "unreadable lock file"
+
+
+def test_taking_the_lock_sweeps_killed_writers_temp_files_but_not_a_rival_lock_attempt(tmp_path):
+    storage = Storage(str(tmp_path / "store"))
+    base = tmp_path / "store" / "ds"
+    (base / "releases" / "v0001").mkdir(parents=True)
+    torn = [base / "releases" / "v0001" / ".tmp-abc-shard-000000.tar", base / "releases" / "v0001" / "index.json.0123abcd.tmp"]
+    for path in torn:
+        path.write_bytes(b"torn")
+    rival = base / "run.lock.4567cdef.tmp"  # another run's lock attempt, about to be linked
+    rival.write_bytes(b"{}")
+    with RunLock(storage, "ds", "r1") as lock:
+        assert not any(p.exists() for p in torn) and rival.exists()
+        assert lock.sweep() == 0
+
+
+# --- the release commit ---------------------------------------------------------------------------
+
+
+def _race(storage: Storage, rel: str, writers: int = 2) -> tuple[list[int], list[BaseException]]:
+    """``writers`` threads commit different index.json bodies to ``rel`` at the same moment;
+    returns which writers committed and what the others raised."""
+    barrier = threading.Barrier(writers)
+    won: list[int] = []
+    lost: list[BaseException] = []
+    lock = threading.Lock()
+
+    def commit(i: int) -> None:
+        # A Storage per writer, as two runs on two machines would have.
+        mine = Storage(storage.root, storage.options)
+        barrier.wait()
+        try:
+            commit_index(mine, rel, {"version": "v0001", "writer": i})
+        except BaseException as err:  # noqa: BLE001 - collected for the assertions
+            with lock:
+                lost.append(err)
+        else:
+            with lock:
+                won.append(i)
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return won, lost
+
+
+def test_two_racing_index_commits_one_wins_the_other_gets_a_clear_error(lock_storage):
+    storage = lock_storage
+    # Many rounds: a check-then-PUT commit lets both writers through in most of them.
+    for n in range(12):
+        rel = f"ds/releases/v{n + 1:04d}/index.json"
+        won, lost = _race(storage, rel)
+        assert len(won) == 1, f"round {n}: {len(won)} writers committed {rel}"
+        assert len(lost) == 1 and isinstance(lost[0], ReleaseError), lost
+        assert "exists; releases are immutable" in str(lost[0]) and storage.url(rel) in str(lost[0])
+        assert json.loads(storage.read_bytes(rel))["writer"] == won[0]
+
+
+def test_an_index_commit_never_overwrites_and_a_repeat_of_the_same_bytes_is_not_a_conflict(lock_storage):
+    storage = lock_storage
+    rel = "ds/releases/v0001/index.json"
+    commit_index(storage, rel, {"version": "v0001", "writer": 0})
+    # The same bytes again: this writer's own PUT, retried after its reply was lost.
+    commit_index(storage, rel, {"version": "v0001", "writer": 0})
+    with pytest.raises(ReleaseError, match="exists; releases are immutable"):
+        commit_index(storage, rel, {"version": "v0001", "writer": 1})
+    assert json.loads(storage.read_bytes(rel))["writer"] == 0
+    if storage.is_local:
+        # Nothing left beside it: the temp file the link was made from is gone.
+        assert storage.listdir("ds/releases/v0001") == ["index.json"]
