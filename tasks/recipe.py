@@ -626,7 +626,10 @@ class Recipe(_Frozen):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def recipe_hash(self) -> str:
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """Hash of what the recipe says the dataset is: where and how it runs (``execution``,
+        ``storage``, ``storage_options`` with their credentials and file modes) is left out, so
+        moving the store or adding workers makes no new release."""
+        blob = json.dumps(self.model_dump(mode="json", exclude={"execution", "storage", "storage_options"}), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -104,3 +104,10 @@ def test_recipe_hash_changes_with_content(tmp_path):
     b = load_recipe(write(tmp_path, GOOD), {"download.retries": 3})
     assert a.recipe_hash() != b.recipe_hash()
     assert a.recipe_hash() == load_recipe(write(tmp_path, GOOD)).recipe_hash()
+
+
+def test_recipe_hash_leaves_out_where_and_how_it_runs(tmp_path):
+    """Same content, another store or cluster: the same release fingerprint, so no new release."""
+    a = load_recipe(write(tmp_path, GOOD))
+    moved = load_recipe(write(tmp_path, GOOD), {"storage": "s3://b/p", "execution.workers": 7, "execution.cluster": "tcp://h:8786"})
+    assert a.recipe_hash() == moved.recipe_hash()
