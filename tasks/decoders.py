@@ -1,0 +1,194 @@
+"""Image decoders for tasks.images: Pillow (with libjpeg's scaled decode) and libwebp's still-image decoder, chosen by bench/bench_decode.py."""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+
+from imagecodecs import WebpError, webp_decode
+from PIL import Image
+
+# What a decoder raises on hostile or broken bytes (Pillow's fuzzers see these; imagecodecs'
+# libwebp wrapper raises WebpError). MemoryError is not among them: the pixel cap makes it a
+# worker problem, not a property of the sample.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, KeyError, WebpError)
+
+# Sniffed format -> the one Pillow plugin allowed to parse it. Hostile bytes never reach the
+# other plugins' parsers; a format without a plugin here (heif) is ``undecodable_image``.
+PIL_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF", "avif": "AVIF"}
+
+# bench/bench_decode.py turns these off to measure the old paths beside the new ones.
+JPEG_DRAFT = True
+STILL_WEBP = True
+
+TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+_VP8X_ANIMATION = 0x02
+_VP8_START = b"\x9d\x01\x2a"
+_VP8L_SIGNATURE = 0x2F
+
+Box = tuple[float, float, float, float]
+
+
+def orientation(img: Image.Image) -> int:
+    """EXIF orientation 1..8 (Pillow's reading: EXIF, else XMP's ``tiff:Orientation``); broken or odd values count as 1."""
+    try:
+        value = img.getexif().get(0x0112, 1)
+    except DECODE_ERRORS:
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def box_after(box: Box, size: tuple[int, int], turn: int) -> Box:
+    """Where a stored-orientation box of an image of ``size`` lies after the EXIF transpose ``turn``."""
+    x0, y0, x1, y1 = box
+    w, h = size
+    return {
+        1: (x0, y0, x1, y1),
+        2: (w - x1, y0, w - x0, y1),
+        3: (w - x1, h - y1, w - x0, h - y0),
+        4: (x0, h - y1, x1, h - y0),
+        5: (y0, x0, y1, x1),
+        6: (h - y1, x0, h - y0, x1),
+        7: (h - y1, w - x1, h - y0, w - x0),
+        8: (y0, w - x1, y1, w - x0),
+    }[turn]
+
+
+def draft(img: Image.Image, need: tuple[int, int]) -> Box | None:
+    """Ask libjpeg for a 1/2, 1/4 or 1/8 decode that is still at least ``need`` (stored orientation).
+
+    Returns the box of the whole picture in drafted pixels (the last row and column may be
+    partial), or None when the image is decoded at full size.
+    """
+    if not JPEG_DRAFT or img.format not in ("JPEG", "MPO"):
+        return None
+    w, h = img.size
+    for k in (8, 4, 2):
+        if w // k >= need[0] and h // k >= need[1]:
+            break
+    else:
+        return None
+    # Pillow picks the largest of 8/4/2/1 not above min(w // rw, h // rh); asking for
+    # (w // k, h // k) makes that exactly k.
+    result = img.draft(None, (max(1, w // k), max(1, h // k)))
+    if result is None:  # progressive or multi-tile files: full decode
+        return None
+    return result[1]
+
+
+class PillowSource:
+    """An image opened lazily by Pillow: header fields now, pixels (drafted for JPEG) on ``load``.
+
+    Args:
+        img: the image from ``Image.open``, restricted to the sniffed format's plugin.
+    """
+
+    def __init__(self, img: Image.Image) -> None:
+        self.img = img
+        self.size = img.size
+        # A PNG may keep its eXIf chunk after the pixels, and reading it there decodes them;
+        # its orientation is read after the decode instead.
+        self._late_exif = img.format == "PNG" and "exif" not in img.info
+
+    def animated(self) -> bool:
+        return self.img.format != "MPO" and bool(getattr(self.img, "is_animated", False))
+
+    def orientation(self) -> int | None:
+        """None when it can only be read after the decode."""
+        return None if self._late_exif else orientation(self.img)
+
+    def load(self, want: tuple[int, int] | None) -> tuple[Image.Image, Box | None, int | None]:
+        """(pixels in stored orientation, the picture's box when drafted, orientation if read late)."""
+        box = draft(self.img, want) if want is not None else None
+        self.img.load()
+        return self.img, box, orientation(self.img) if self._late_exif else None
+
+
+@dataclass(frozen=True)
+class WebPInfo:
+    """What a WebP's RIFF chunks say, read before any decoder runs.
+
+    Args:
+        width, height: the canvas (VP8X) or the bitstream's size (simple VP8 / VP8L files).
+        animated: the VP8X animation flag is set.
+        exif, xmp: the EXIF and XMP chunks' payloads, when present (VP8X files only).
+    """
+
+    width: int
+    height: int
+    animated: bool
+    exif: bytes | None = None
+    xmp: bytes | None = None
+
+
+def webp_info(data: bytes) -> WebPInfo | None:
+    """Size, animation flag and metadata chunks of a WebP; None when its first chunk is no VP8X, VP8 or VP8L header."""
+    end = min(len(data), 8 + int.from_bytes(data[4:8], "little"))
+    tag, size = data[12:16], int.from_bytes(data[16:20], "little")
+    body = data[20 : 20 + min(size, 30)]
+    if tag == b"VP8 " and len(body) >= 10 and body[3:6] == _VP8_START:
+        return WebPInfo(int.from_bytes(body[6:8], "little") & 0x3FFF, int.from_bytes(body[8:10], "little") & 0x3FFF, False)
+    if tag == b"VP8L" and len(body) >= 5 and body[0] == _VP8L_SIGNATURE:
+        bits = int.from_bytes(body[1:5], "little")
+        return WebPInfo((bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1, False)
+    if tag != b"VP8X" or len(body) < 10:
+        return None
+    width, height = 1 + int.from_bytes(body[4:7], "little"), 1 + int.from_bytes(body[7:10], "little")
+    animated = bool(body[0] & _VP8X_ANIMATION)
+    chunks: dict[bytes, bytes] = {}
+    pos = 20 + size + (size & 1)
+    while not animated and pos + 8 <= end:  # only chunk headers are read, so this is cheap
+        tag, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], "little")
+        if tag in (b"EXIF", b"XMP "):
+            chunks.setdefault(tag, data[pos + 8 : pos + 8 + size])
+        pos += 8 + size + (size & 1)
+    return WebPInfo(width, height, animated, chunks.get(b"EXIF"), chunks.get(b"XMP "))
+
+
+class StillWebPSource:
+    """A still WebP decoded by libwebp's simple decoder (imagecodecs), not the animation decoder.
+
+    Pillow 13 decodes every WebP through ``WebPAnimDecoder``: a zeroed RGBA canvas, a copy of
+    it into a bytes object, then an unpack. The simple decoder writes RGB (RGBA when the file
+    has alpha) straight into the array: the same pixels, bit for bit, for less than half the
+    work (bench/RESULTS.md). The size was read from the header and checked against the pixel
+    cap before this runs; libwebp sizes its output from the same header fields.
+
+    Args:
+        data: the file's bytes.
+        info: what :func:`webp_info` read from them.
+    """
+
+    def __init__(self, data: bytes, info: WebPInfo) -> None:
+        self.data = data
+        self.info = info
+        self.size = (info.width, info.height)
+
+    def animated(self) -> bool:
+        return False
+
+    def orientation(self) -> int:
+        # Read as Pillow reads it for every other format, so the rules stay one set.
+        carrier = Image.new("L", (1, 1))
+        carrier.info.update({k: v for k, v in (("exif", self.info.exif), ("xmp", self.info.xmp)) if v})
+        return orientation(carrier)
+
+    def load(self, want: tuple[int, int] | None) -> tuple[Image.Image, None, None]:
+        pixels = webp_decode(self.data)
+        if pixels.shape[1::-1] != self.size:
+            raise ValueError(f"decoded {pixels.shape[1]}x{pixels.shape[0]}, header says {self.size[0]}x{self.size[1]}")
+        return Image.fromarray(pixels), None, None
+
+
+def open_pillow(data: bytes, fmt: str) -> Image.Image:
+    """Pillow's lazy open, with only the sniffed format's plugin allowed to parse the bytes."""
+    return Image.open(io.BytesIO(data), formats=[PIL_FORMATS[fmt]])
