@@ -1,0 +1,223 @@
+"""tasks.decoders through process_image: still WebP through libwebp's simple decoder, the same verdicts and pixels as Pillow's path."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import struct
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, WebPImagePlugin
+
+from tasks import decoders
+from tasks.images import process_image
+from tasks.recipe import ImageRules
+from tests.test_images import EXACT, encode, pixels, scene, two_frames
+
+RULES = (
+    ImageRules(resize_mode="border", image_size=256),  # the benchmark's setting (img2dataset's defaults)
+    ImageRules(min_side=1, max_aspect_ratio=1000.0, output_format="png"),  # no resize, lossless output
+    ImageRules(min_side=1, resize_mode="center_crop", image_size=48, animated="reject"),
+)
+
+
+def old_path(data: bytes, rules: ImageRules, **kw):
+    """process_image with every WebP through Pillow's animation decoder, as before."""
+    decoders.STILL_WEBP = False
+    try:
+        return process_image(data, rules, **kw)
+    finally:
+        decoders.STILL_WEBP = True
+
+
+def exif_bytes(orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+def rgba_picture() -> Image.Image:
+    arr = np.zeros((64, 64, 4), np.uint8)
+    arr[:, :16] = (12, 200, 7, 0)  # garbage colour, fully transparent
+    arr[:, 16:32] = (0, 0, 0, 0)
+    arr[:, 32:48] = (255, 0, 0, 255)
+    arr[:, 48:] = (0, 0, 0, 128)  # half-transparent black
+    return Image.fromarray(arr)
+
+
+def still_webps() -> dict[str, bytes]:
+    photo = scene(50, (320, 240))
+    return {
+        "lossy": encode(photo, "WEBP", quality=80),
+        "lossless": encode(photo, "WEBP", lossless=True),
+        "lossy-alpha": encode(rgba_picture(), "WEBP", quality=90),
+        "lossless-alpha": encode(rgba_picture(), "WEBP", lossless=True),
+        "exif-6": encode(photo, "WEBP", lossless=True, exif=exif_bytes(6)),
+        "grey": encode(photo.convert("L"), "WEBP", quality=80),
+        "large": encode(scene(51, (1203, 901)), "WEBP", quality=75),
+        "tiny": encode(scene(52, (40, 3)), "WEBP", lossless=True),  # rejected by the header rules
+    }
+
+
+@pytest.fixture
+def spies(monkeypatch):
+    """Counts calls to libwebp's simple decoder; Pillow's animation decoder fails the test unless allowed."""
+    calls = {"simple": 0, "anim": 0}
+    real_simple, real_anim = decoders.webp_decode, WebPImagePlugin._webp.WebPAnimDecoder
+
+    def simple(data, *a, **kw):
+        calls["simple"] += 1
+        return real_simple(data, *a, **kw)
+
+    def anim(data):
+        calls["anim"] += 1
+        if not calls.get("anim_allowed"):
+            pytest.fail("Pillow's animation decoder was built")
+        return real_anim(data)
+
+    monkeypatch.setattr(decoders, "webp_decode", simple)
+    monkeypatch.setattr(WebPImagePlugin._webp, "WebPAnimDecoder", anim)
+    return calls
+
+
+def vp8x_file(width: int, height: int, flags: int = 0) -> bytes:
+    """A VP8X header claiming a ``width`` x ``height`` canvas, around a real 1x1 VP8 frame."""
+    small = encode(Image.new("RGB", (1, 1), (9, 9, 9)), "WEBP")
+    frame = small[12:]  # the VP8 chunk
+    vp8x = b"VP8X" + struct.pack("<I", 10) + bytes([flags, 0, 0, 0]) + (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+    body = b"WEBP" + vp8x + frame
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+# ----------------------------------------------------------------------------- which decoder
+
+
+def test_still_webp_never_builds_the_animation_decoder(spies):
+    for name, data in still_webps().items():
+        outcome = process_image(data, RULES[0])
+        assert outcome.src_format == "webp", name
+        assert outcome.reason == ("image_too_small" if name == "tiny" else None), (name, outcome.detail)
+    assert spies["anim"] == 0
+    assert spies["simple"] == len(still_webps()) - 1  # the tiny one is judged on its header
+
+
+def test_animated_webp_goes_through_pillow(spies):
+    spies["anim_allowed"] = True
+    data = two_frames("WEBP")
+    assert data[12:16] == b"VP8X" and data[20] & 0x02  # the animation flag the sniffer reads
+    kept = process_image(data, ImageRules(animated="first_frame", output_format="png"))
+    assert np.abs(pixels(kept).mean(axis=(0, 1)) - (255, 0, 0)).max() < 8
+    assert process_image(data, ImageRules(animated="reject")).reason == "animated_image"
+    assert spies["simple"] == 0 and spies["anim"] >= 2
+
+
+# ----------------------------------------------------------------------------- same results as before
+
+
+@pytest.mark.parametrize("rules", RULES, ids=["border-256", "no-resize-png", "crop-48-reject"])
+def test_still_webp_outcomes_equal_the_animation_decoders(rules):
+    """Bit for bit: verdict, detail, pixel key, pHash, output bytes and thumbnail."""
+    for name, data in still_webps().items():
+        new = process_image(data, rules, thumbnail=True)
+        old = old_path(data, rules, thumbnail=True)
+        assert dataclasses.asdict(new) == dataclasses.asdict(old), name
+
+
+def test_verdicts_on_broken_webps_equal_the_animation_decoders():
+    """Bytes flipped and cut in still WebPs: the same verdict and the same output as Pillow's path.
+
+    One verdict may differ by design: a header whose canvas breaks a header rule (aspect ratio,
+    min side) is rejected by that rule before any decode, where Pillow's animation decoder
+    failed to build first.
+    """
+    seeds = list(still_webps().values())[:6]
+    rng = np.random.default_rng(1)
+    seen = set()
+    for case in range(300):
+        data = bytearray(seeds[case % len(seeds)])
+        for _ in range(int(rng.choice([1, 3, 12]))):
+            at = int(rng.integers(0, len(data)))
+            if rng.random() < 0.7:
+                data[at] = int(rng.integers(0, 256))
+            elif len(data) > 64:
+                del data[at : at + int(rng.integers(1, 48))]
+        rules = RULES[1 + case % 2]
+        new, old = process_image(bytes(data), rules), old_path(bytes(data), rules)
+        if new.reason in ("aspect_ratio", "image_too_small") and old.reason == "undecodable_image":
+            continue
+        assert (new.reason, new.pixel_sha256, new.data) == (old.reason, old.pixel_sha256, old.data), case
+        seen.add(new.reason)
+    assert {None, "truncated_image", "undecodable_image"} <= seen
+
+
+# ----------------------------------------------------------------------------- normalisation
+
+
+@pytest.mark.parametrize("lossless", [True, False])
+def test_webp_alpha_composited_on_white(lossless):
+    data = encode(rgba_picture(), "WEBP", lossless=lossless, quality=100)
+    with Image.open(io.BytesIO(data)) as check:
+        assert check.mode == "RGBA"
+    out = pixels(process_image(data, EXACT))
+    tolerance = 0 if lossless else 6
+    assert (out[:, 2:30] >= 255 - tolerance).all()  # transparent, whatever colour it held
+    assert (np.abs(out[:, 50:62] - 127) <= 1 + tolerance).all()
+    assert (np.abs(out[:, 34:46] - (255, 0, 0)) <= tolerance).all()
+
+
+def test_webp_exif_orientation_applied():
+    img = Image.new("RGB", (40, 20), (0, 0, 0))
+    ImageDraw.Draw(img).rectangle((0, 0, 6, 6), fill=(255, 255, 255))
+    data = encode(img, "WEBP", lossless=True, exif=exif_bytes(6))
+    assert b"EXIF" in data
+    outcome = process_image(data, EXACT)
+    arr = pixels(outcome)
+    assert (outcome.width, outcome.height, outcome.orig_width, outcome.orig_height) == (20, 40, 20, 40)
+    assert arr[2, 17].min() > 200  # stored top-left is displayed top-right after a quarter turn
+    assert arr[2, 2].max() < 60 and arr[37, 17].max() < 60
+    # The same picture stored upright as a PNG has the same exact-duplicate key.
+    upright = encode(img.transpose(Image.Transpose.ROTATE_270), "PNG")
+    assert outcome.pixel_sha256 == process_image(upright, EXACT).pixel_sha256
+
+
+# ----------------------------------------------------------------------------- hostile WebPs
+
+
+def test_truncated_webp():
+    data = encode(scene(53, (320, 240)), "WEBP")
+    cut = data[: len(data) // 2]
+    assert process_image(cut, ImageRules()).reason == "truncated_image"  # RIFF declares more
+    # The RIFF size patched to fit: the decoder itself finds the frame short.
+    patched = cut[:4] + struct.pack("<I", len(cut) - 8) + cut[8:]
+    outcome = process_image(patched, ImageRules())
+    assert outcome.reason == "undecodable_image" and "Webp" in outcome.detail
+    assert old_path(patched, ImageRules()).reason == "undecodable_image"
+
+
+def test_webp_without_an_image_chunk_is_undecodable(spies):
+    body = b"WEBP" + b"JUNK" + struct.pack("<I", 8) + bytes(8)
+    outcome = process_image(b"RIFF" + struct.pack("<I", len(body)) + body, ImageRules(min_bytes=0))
+    assert outcome.reason == "undecodable_image" and "VP8X" in outcome.detail
+    assert spies == {"simple": 0, "anim": 0}
+
+
+@pytest.mark.parametrize("flags", [0x00, 0x02, 0x10], ids=["still", "animated", "alpha"])
+def test_webp_bomb_never_decoded(spies, flags):
+    # 16384 x 16384 = 268 Mpx: over Pillow's own guard, so over any cap a recipe can set.
+    data = vp8x_file(16384, 16384, flags)
+    assert len(data) < 100
+    for rules in (ImageRules(), ImageRules(max_pixels=10**11)):
+        outcome = process_image(data, rules)
+        assert outcome.reason == "decompression_bomb", outcome
+    # 60 Mpx: above the default max_pixels (50 M), below Pillow's guard.
+    outcome = process_image(vp8x_file(10_000, 6_000, flags), ImageRules())
+    assert outcome.reason == "decompression_bomb" and "max_pixels" in outcome.detail
+    assert spies == {"simple": 0, "anim": 0}  # neither decoder was ever built
+
+
+def test_webp_header_size_disagreeing_with_the_frame_is_undecodable():
+    # A still VP8X whose canvas (300 x 200) is not its 1 x 1 frame: libwebp refuses it.
+    outcome = process_image(vp8x_file(300, 200), ImageRules())
+    assert outcome.reason == "undecodable_image"
+    assert old_path(vp8x_file(300, 200), ImageRules()).reason == "undecodable_image"
