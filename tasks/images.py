@@ -74,7 +74,18 @@ import numpy as np
 from PIL import Image
 
 from tasks import decoders
-from tasks.decoders import DECODE_ERRORS, PIL_FORMATS, TRANSPOSE, PillowSource, StillWebPSource, box_after, open_pillow, webp_info
+from tasks.decoders import (
+    DECODE_ERRORS,
+    PIL_FORMATS,
+    TRANSPOSE,
+    PillowSource,
+    PlainPngSource,
+    StillWebPSource,
+    box_after,
+    open_pillow,
+    plain_png,
+    webp_info,
+)
 from tasks.recipe import ImageRules
 from tasks.sniff import is_truncated, sniff_format
 
@@ -312,6 +323,8 @@ def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) ->
             return ImageOutcome("decompression_bomb", bomb, src_format=fmt)
         if not info.animated and decoders.STILL_WEBP:
             return _decide(StillWebPSource(data, info), fmt, rules, thumbnail)
+    if fmt == "png" and decoders.PLAIN_PNG and (png_size := plain_png(data)) is not None:
+        return _decide(PlainPngSource(data, png_size), fmt, rules, thumbnail)
     try:
         img = open_pillow(data, fmt)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -323,7 +336,7 @@ def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) ->
         return _decide(PillowSource(img), fmt, rules, thumbnail)
 
 
-def _decide(src: PillowSource | StillWebPSource, fmt: str, rules: ImageRules, thumbnail: bool) -> ImageOutcome:
+def _decide(src: PillowSource | StillWebPSource | PlainPngSource, fmt: str, rules: ImageRules, thumbnail: bool) -> ImageOutcome:
     width, height = src.size
     if width < 1 or height < 1:
         return ImageOutcome("undecodable_image", f"header size {width}x{height}", src_format=fmt)

@@ -1,4 +1,4 @@
-"""tasks.decoders through process_image: still WebP through libwebp's simple decoder, the same verdicts and pixels as Pillow's path."""
+"""tasks.decoders through process_image: still WebP and plain PNG through libwebp and libpng, with the same verdicts and pixels as Pillow's path."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import dataclasses
 import io
 import struct
 
+import zlib
+
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw, WebPImagePlugin
+from PIL import Image, ImageDraw, PngImagePlugin, WebPImagePlugin
 
 from tasks import decoders
 from tasks.images import process_image
@@ -23,12 +25,12 @@ RULES = (
 
 
 def old_path(data: bytes, rules: ImageRules, **kw):
-    """process_image with every WebP through Pillow's animation decoder, as before."""
-    decoders.STILL_WEBP = False
+    """process_image with every WebP and PNG decoded by Pillow, as before."""
+    decoders.STILL_WEBP = decoders.PLAIN_PNG = False
     try:
         return process_image(data, rules, **kw)
     finally:
-        decoders.STILL_WEBP = True
+        decoders.STILL_WEBP = decoders.PLAIN_PNG = True
 
 
 def exif_bytes(orientation: int) -> bytes:
@@ -60,11 +62,54 @@ def still_webps() -> dict[str, bytes]:
     }
 
 
+def png_chunk(tag: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
+
+
+def with_chunk(png: bytes, chunk: bytes) -> bytes:
+    """``chunk`` inserted right after IHDR."""
+    return png[:33] + chunk + png[33:]
+
+
+def plain_pngs() -> dict[str, bytes]:
+    photo = scene(54, (320, 240))
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Software", "a painter")
+    info.add(b"gAMA", (45455).to_bytes(4, "big"))
+    info.add(b"sRGB", b"\0")
+    return {
+        "rgb": encode(photo, "PNG"),
+        "rgba": encode(rgba_picture(), "PNG"),
+        "grey": encode(photo.convert("L"), "PNG"),
+        "grey-alpha": encode(rgba_picture().convert("LA"), "PNG"),
+        "ancillary": encode(photo, "PNG", pnginfo=info, dpi=(96, 96)),
+        "unknown-ancillary": with_chunk(encode(photo, "PNG"), png_chunk(b"iDOT", bytes(28))),
+        "large": encode(scene(55, (1000, 750)), "PNG", compress_level=1),
+        "tiny": encode(scene(56, (40, 3)), "PNG"),  # rejected by the header rules
+    }
+
+
+def pillow_pngs() -> dict[str, bytes]:
+    """PNGs whose chunks Pillow reads beyond the header: they stay with Pillow."""
+    photo = scene(57, (120, 90))
+    xmp = PngImagePlugin.PngInfo()
+    xmp.add_text("XML:com.adobe.xmp", '<x tiff:Orientation="6"/>')
+    return {
+        "palette": encode(photo.convert("P"), "PNG"),
+        "trns": encode(photo, "PNG", transparency=(0, 0, 0)),
+        "16-bit": encode(Image.fromarray(np.full((30, 40), 40000, np.uint16)), "PNG"),
+        "exif": encode(photo, "PNG", exif=exif_bytes(6)),
+        "icc": encode(photo, "PNG", icc_profile=b"not really a profile"),
+        "xmp-text": encode(photo, "PNG", pnginfo=xmp),
+        "apng": two_frames("PNG"),
+    }
+
+
 @pytest.fixture
 def spies(monkeypatch):
     """Counts calls to libwebp's simple decoder; Pillow's animation decoder fails the test unless allowed."""
-    calls = {"simple": 0, "anim": 0}
-    real_simple, real_anim = decoders.webp_decode, WebPImagePlugin._webp.WebPAnimDecoder
+    calls = {"simple": 0, "anim": 0, "libpng": 0}
+    real_simple, real_anim, real_png = decoders.webp_decode, WebPImagePlugin._webp.WebPAnimDecoder, decoders.png_decode
 
     def simple(data, *a, **kw):
         calls["simple"] += 1
@@ -76,7 +121,12 @@ def spies(monkeypatch):
             pytest.fail("Pillow's animation decoder was built")
         return real_anim(data)
 
+    def libpng(data, *a, **kw):
+        calls["libpng"] += 1
+        return real_png(data, *a, **kw)
+
     monkeypatch.setattr(decoders, "webp_decode", simple)
+    monkeypatch.setattr(decoders, "png_decode", libpng)
     monkeypatch.setattr(WebPImagePlugin._webp, "WebPAnimDecoder", anim)
     return calls
 
@@ -112,7 +162,51 @@ def test_animated_webp_goes_through_pillow(spies):
     assert spies["simple"] == 0 and spies["anim"] >= 2
 
 
+def test_plain_png_decoded_by_libpng_the_rest_by_pillow(spies):
+    for name, data in plain_pngs().items():
+        assert decoders.plain_png(data) is not None, name
+        assert process_image(data, RULES[1]).reason is None, name
+    assert spies["libpng"] == len(plain_pngs())
+    for name, data in pillow_pngs().items():
+        assert decoders.plain_png(data) is None, name
+        assert process_image(data, RULES[1]).reason is None, name
+    assert spies["libpng"] == len(plain_pngs())
+
+
 # ----------------------------------------------------------------------------- same results as before
+
+
+@pytest.mark.parametrize("rules", RULES, ids=["border-256", "no-resize-png", "crop-48-reject"])
+def test_plain_png_outcomes_equal_pillows(rules):
+    for name, data in {**plain_pngs(), **pillow_pngs()}.items():
+        new = process_image(data, rules, thumbnail=True)
+        old = old_path(data, rules, thumbnail=True)
+        assert dataclasses.asdict(new) == dataclasses.asdict(old), name
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda png: png[:-16] + bytes(4) + png[-12:], id="idat-crc"),  # libpng refuses, Pillow never checks it
+        pytest.param(lambda png: with_chunk(png, png_chunk(b"ABCD", b"x")), id="unknown-critical-chunk"),
+        pytest.param(lambda png: with_chunk(png, png_chunk(b"gAMA", b"\0\1")), id="short-gAMA"),
+        pytest.param(lambda png: with_chunk(png, png_chunk(b"pHYs", bytes(9))[:-1] + b"\0"), id="bad-ancillary-crc"),
+        pytest.param(lambda png: png[: len(png) // 2] + png[-12:], id="cut-idat"),
+    ],
+)
+def test_broken_png_verdicts_are_pillows(damage):
+    """Whatever libpng refuses, or a check only Pillow makes, ends with Pillow's verdict and detail."""
+    data = damage(encode(scene(58, (160, 120)), "PNG"))
+    new, old = process_image(data, ImageRules()), old_path(data, ImageRules())
+    assert dataclasses.asdict(new) == dataclasses.asdict(old)
+
+
+def test_png_xmp_text_chunk_is_a_verdict_not_a_crash():
+    # Pillow 13's getexif() searches a PNG's "xmp" text (a str) with a bytes pattern: TypeError.
+    info = PngImagePlugin.PngInfo()
+    info.add_text("xmp", '<x tiff:Orientation="6"/>')
+    outcome = process_image(encode(scene(59, (120, 90)), "PNG", pnginfo=info), EXACT)
+    assert outcome.reason is None and (outcome.width, outcome.height) == (120, 90)
 
 
 @pytest.mark.parametrize("rules", RULES, ids=["border-256", "no-resize-png", "crop-48-reject"])
@@ -124,14 +218,16 @@ def test_still_webp_outcomes_equal_the_animation_decoders(rules):
         assert dataclasses.asdict(new) == dataclasses.asdict(old), name
 
 
-def test_verdicts_on_broken_webps_equal_the_animation_decoders():
-    """Bytes flipped and cut in still WebPs: the same verdict and the same output as Pillow's path.
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("fmt", ["webp", "png"])
+def test_verdicts_on_mutated_files_equal_pillows(fmt):
+    """Bytes flipped and cut in still WebPs and plain PNGs: the same verdict and output as Pillow's path.
 
     One verdict may differ by design: a header whose canvas breaks a header rule (aspect ratio,
     min side) is rejected by that rule before any decode, where Pillow's animation decoder
     failed to build first.
     """
-    seeds = list(still_webps().values())[:6]
+    seeds = list(still_webps().values() if fmt == "webp" else plain_pngs().values())[:6]
     rng = np.random.default_rng(1)
     seen = set()
     for case in range(300):
@@ -148,7 +244,7 @@ def test_verdicts_on_broken_webps_equal_the_animation_decoders():
             continue
         assert (new.reason, new.pixel_sha256, new.data) == (old.reason, old.pixel_sha256, old.data), case
         seen.add(new.reason)
-    assert {None, "truncated_image", "undecodable_image"} <= seen
+    assert {None, "undecodable_image"} <= seen
 
 
 # ----------------------------------------------------------------------------- normalisation
@@ -199,7 +295,7 @@ def test_webp_without_an_image_chunk_is_undecodable(spies):
     body = b"WEBP" + b"JUNK" + struct.pack("<I", 8) + bytes(8)
     outcome = process_image(b"RIFF" + struct.pack("<I", len(body)) + body, ImageRules(min_bytes=0))
     assert outcome.reason == "undecodable_image" and "VP8X" in outcome.detail
-    assert spies == {"simple": 0, "anim": 0}
+    assert (spies["simple"], spies["anim"]) == (0, 0)
 
 
 @pytest.mark.parametrize("flags", [0x00, 0x02, 0x10], ids=["still", "animated", "alpha"])
@@ -213,7 +309,7 @@ def test_webp_bomb_never_decoded(spies, flags):
     # 60 Mpx: above the default max_pixels (50 M), below Pillow's guard.
     outcome = process_image(vp8x_file(10_000, 6_000, flags), ImageRules())
     assert outcome.reason == "decompression_bomb" and "max_pixels" in outcome.detail
-    assert spies == {"simple": 0, "anim": 0}  # neither decoder was ever built
+    assert (spies["simple"], spies["anim"]) == (0, 0)  # neither decoder was ever built
 
 
 def test_webp_header_size_disagreeing_with_the_frame_is_undecodable():
