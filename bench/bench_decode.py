@@ -14,7 +14,9 @@ runs, alternating, for ``--repeats`` rounds, each method over each format's imag
   ``WebPDecodeRGBInto``), ``opencv`` (same libwebp call), ``webp-scaled`` (libwebp with
   ``use_scaling`` straight to the target, through the ``webp`` package's cffi: see
   :func:`webp_scaled`); PNG ``pillow``, ``imagecodecs`` (libpng), ``imagecodecs-spng``,
-  ``opencv``, ``pyspng``.
+  ``opencv``, ``pyspng``;
+- the steps of ``process_image``'s accepted path one by one (decode, pixel hash, resize,
+  pHash, re-encode) and the resize variants not taken (``reducing_gap``).
 
 Candidates that are not project dependencies (opencv-python-headless, webp, pyspng) run only
 when importable and are skipped otherwise. Printed: CPU ms per image (process CPU time, all
@@ -218,6 +220,77 @@ def process_runner(old: bool):
     return run
 
 
+STEPS = ("decode", "pixel sha256", "resize", "pHash", "crop/pad + JPEG q95", "resize gap 2", "resize gap 1")
+
+
+def step_costs(fmt: str, images: list[bytes]) -> dict[str, float]:
+    """CPU ms per image of each step of process_image's accepted path (one thread, no rotation).
+
+    Also times the resize variants not taken: Pillow's ``reducing_gap`` (``reduce()`` by an
+    integer factor first, then BOX), and reports how far their pixels are from the exact area
+    average.
+    """
+    import numpy as np
+    from PIL import Image
+
+    from tasks import decoders, images as im
+    from tasks.recipe import ImageRules
+
+    rules = ImageRules(resize_mode="border", image_size=SIDE)
+    clock = time.thread_time
+    total = dict.fromkeys(STEPS, 0.0) | {"gap 2 mean diff": 0.0, "gap 1 mean diff": 0.0}
+    for data in images:
+        t0 = clock()
+        if fmt == "webp":
+            src = decoders.StillWebPSource(data, decoders.webp_info(data))
+        elif fmt == "png" and (size := decoders.plain_png(data)) is not None:
+            src = decoders.PlainPngSource(data, size)
+        else:
+            src = decoders.PillowSource(decoders.open_pillow(data, fmt))
+        target = im._resize_dims(*src.size, rules)
+        stored, box, _ = src.load(target)
+        rgb = decoders.to_rgb(stored)
+        t1 = clock()
+        im._pixel_sha256(rgb, src.size)
+        t2 = clock()
+        scaled = im._scale(rgb, target, box)
+        t3 = clock()
+        im.phash(scaled)
+        t4 = clock()
+        im._encode(im._crop_or_pad(scaled, rules), "jpeg", 95)
+        t5 = clock()
+        gap2 = rgb.resize(target, Image.Resampling.BOX, box=box, reducing_gap=2.0)
+        t6 = clock()
+        gap1 = rgb.resize(target, Image.Resampling.BOX, box=box, reducing_gap=1.0)
+        t7 = clock()
+        for step, dt in zip(STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6)):
+            total[step] += dt
+        exact = np.asarray(scaled, np.int16)
+        total["gap 2 mean diff"] += float(np.abs(np.asarray(gap2, np.int16) - exact).mean())
+        total["gap 1 mean diff"] += float(np.abs(np.asarray(gap1, np.int16) - exact).mean())
+    return {k: (1000 * v if "diff" not in k else v) / len(images) for k, v in total.items()}
+
+
+def jpeg_sampling() -> str:
+    """Chroma subsampling of a q95 re-encode: Pillow's (what process_image writes) and OpenCV's (img2dataset's)."""
+    import numpy as np
+    from PIL import Image, JpegImagePlugin
+
+    from tasks.images import _encode
+
+    arr = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    names = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}
+    with Image.open(io.BytesIO(_encode(Image.fromarray(arr), "jpeg", 95))) as img:
+        found = f"Pillow q95 {names.get(JpegImagePlugin.get_sampling(img), '?')}"
+    if available("opencv") is None:
+        import cv2
+
+        ok, buf = cv2.imencode(".jpg", arr, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        with Image.open(io.BytesIO(buf.tobytes())) as img:
+            found += f", cv2.imencode q95 {names.get(JpegImagePlugin.get_sampling(img), '?')}"
+    return found
+
+
 def run_threaded(fn, images: list[bytes], threads: int) -> int:
     with ThreadPoolExecutor(max_workers=threads) as ex:
         return sum(1 for _ in ex.map(fn, images))
@@ -266,7 +339,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu: dict[tuple, list[float]] = {key: [] for key in jobs}
     rate: dict[tuple, list[float]] = {key: [] for key in jobs}
+    steps: dict[str, list[dict[str, float]]] = {fmt: [] for fmt in MIX}
     for rnd in range(args.repeats):
+        for fmt in MIX:
+            steps[fmt].append(step_costs(fmt, pool[fmt]))
         for key, run in jobs.items():
             images = pool[key[1]]
             wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -301,6 +377,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             c, r = med[("decoder", fmt, method)]
             print(f"| {fmt} | {method} | {c:.1f} | {c / base:.2f} | {r:.0f} |")
+    print("\nprocess_image's steps, new path, one thread (CPU ms per image, median), and resize variants not taken:\n")
+    keys = [*STEPS, "gap 2 mean diff", "gap 1 mean diff"]
+    print("| format | " + " | ".join(keys) + " |")
+    print("|---|" + "---:|" * len(keys))
+    for fmt in MIX:
+        row = [statistics.median(r[k] for r in steps[fmt]) for k in keys]
+        print(f"| {fmt} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
+    print("(diff: mean absolute difference per sample, 0-255, from the plain BOX resize)")
+    print(f"\nre-encode: {jpeg_sampling()}; optimize off in both")
     if args.json:
         results = {" ".join(key): {"cpu_ms": cpu[key], "img_s": rate[key]} for key in jobs}
         args.json.write_text(json.dumps({"results": results, "skipped": skipped, "mix": mixed}, indent=2))

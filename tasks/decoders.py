@@ -7,6 +7,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 from imagecodecs import PngError, WebpError, png_decode, webp_decode
 from PIL import Image, PngImagePlugin
 
@@ -23,6 +24,10 @@ PIL_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "bmp"
 JPEG_DRAFT = True
 STILL_WEBP = True
 PLAIN_PNG = True
+
+WHITE = (255, 255, 255)
+_GREY16 = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_ALPHA = ("RGBA", "RGBa", "LA", "La", "PA")
 
 TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
@@ -46,6 +51,38 @@ _PNG_MIN_LENGTH = {b"IHDR": 13, b"gAMA": 4, b"sRGB": 1, b"pHYs": 9, b"cHRM": 32}
 _PNG_ORIENTATION_TEXT = {b"exif", b"Raw profile type exif", b"XML:com.adobe.xmp", b"xmp"}
 
 Box = tuple[float, float, float, float]
+
+
+class Unsupported(Exception):
+    """A decoded pixel mode without a defined conversion to 8-bit RGB."""
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB, alpha composited on white; raises Unsupported for modes without a meaning."""
+    mode = img.mode
+    if mode == "RGB" and "transparency" not in img.info:
+        return img
+    if mode in _GREY16:
+        arr = np.asarray(img)
+        if mode == "I" and arr.size and (int(arr.min()) < 0 or int(arr.max()) > 65535):
+            raise Unsupported("32-bit integer samples outside 0..65535")
+        wide = arr.astype(np.uint32)
+        grey = ((wide + 128) // 257).astype(np.uint8)
+        trns = img.info.get("transparency")
+        if isinstance(trns, int):
+            grey[wide == trns] = 255
+        return Image.fromarray(grey).convert("RGB")
+    if mode in ("F",) or mode.startswith(("I;", "F;")):
+        raise Unsupported(f"pixel mode {mode}")
+    if mode in _ALPHA or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        out = Image.new("RGB", img.size, WHITE)
+        out.paste(rgba, (0, 0), rgba)
+        return out
+    try:
+        return img.convert("RGB")
+    except ValueError as err:
+        raise Unsupported(f"pixel mode {mode}") from err
 
 
 def orientation(img: Image.Image) -> int:
@@ -101,6 +138,8 @@ class PillowSource:
     Args:
         img: the image from ``Image.open``, restricted to the sniffed format's plugin.
     """
+
+    pixels = None  # the decoded array, for fast sources (see images._pixel_sha256)
 
     def __init__(self, img: Image.Image) -> None:
         self.img = img
@@ -169,14 +208,16 @@ class StillWebPSource:
 
     Pillow 13 decodes every WebP through ``WebPAnimDecoder``: a zeroed RGBA canvas, a copy of
     it into a bytes object, then an unpack. The simple decoder writes RGB (RGBA when the file
-    has alpha) straight into the array: the same pixels, bit for bit, for less than half the
-    work (bench/RESULTS.md). The size was read from the header and checked against the pixel
+    has alpha) straight into the array: the same pixels, bit for bit, for about 0.6x the
+    decoder's CPU (bench/RESULTS.md). The size was read from the header and checked against the pixel
     cap before this runs; libwebp sizes its output from the same header fields.
 
     Args:
         data: the file's bytes.
         info: what :func:`webp_info` read from them.
     """
+
+    pixels: np.ndarray | None = None
 
     def __init__(self, data: bytes, info: WebPInfo) -> None:
         self.data = data
@@ -196,6 +237,7 @@ class StillWebPSource:
         pixels = webp_decode(self.data)
         if pixels.shape[1::-1] != self.size:
             raise ValueError(f"decoded {pixels.shape[1]}x{pixels.shape[0]}, header says {self.size[0]}x{self.size[1]}")
+        self.pixels = pixels
         return Image.fromarray(pixels), None, None
 
 
@@ -249,6 +291,8 @@ class PlainPngSource:
         size: what :func:`plain_png` read from IHDR.
     """
 
+    pixels: np.ndarray | None = None
+
     def __init__(self, data: bytes, size: tuple[int, int]) -> None:
         self.data = data
         self.size = size
@@ -268,6 +312,7 @@ class PlainPngSource:
             return img, None, None
         if pixels.shape[1::-1] != self.size:
             raise ValueError(f"decoded {pixels.shape[1]}x{pixels.shape[0]}, header says {self.size[0]}x{self.size[1]}")
+        self.pixels = pixels
         return Image.fromarray(pixels), None, None
 
 

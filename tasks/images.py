@@ -1,10 +1,11 @@
 """Untrusted image bytes decoded under limits, normalised to RGB, re-encoded from pixels, and hashed for dedup.
 
-Decisions (the tests in tests/test_images.py pin each one):
+Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each one):
 
 - Order: file size bounds, format sniffed from the bytes, end-marker truncation check, header
-  (Pillow's ``Image.open`` is lazy, restricted to the sniffed format's plugin), pixel cap,
-  then the header-level rules (animated, ``min_side``, ``max_aspect_ratio``), and only then the
+  (Pillow's ``Image.open`` is lazy, restricted to the sniffed format's plugin; a WebP's size,
+  animation flag and metadata chunks, and a PNG's IHDR and chunk list, are read from the
+  bytes), pixel cap, then the header-level rules (animated, ``min_side``, ``max_aspect_ratio``), and only then the
   decode. Short side and aspect ratio do not change under EXIF rotation, so checking them on
   the header gives the same verdict as checking the decoded image, without paying for a
   decode; a broken file that is also too small is reported as ``image_too_small``. With
@@ -15,12 +16,16 @@ Decisions (the tests in tests/test_images.py pin each one):
   of extreme aspect ratios). Pillow's own guard (``Image.MAX_IMAGE_PIXELS``, a process-wide
   setting that this module leaves alone) raises ``DecompressionBombError`` at twice its value
   (about 179 Mpx by default); that is ``decompression_bomb`` too, so the effective cap is the
-  smaller of the two.
+  smaller of the two, also where libwebp or libpng decodes. A WebP's canvas is checked before
+  Pillow's WebP plugin runs at all (it builds the animation decoder, which allocates the
+  canvas, before it reports the size).
 - Truncation: ``ImageFile.LOAD_TRUNCATED_IMAGES`` stays False (never changed here), so a
   decoder that runs out of data raises and the image is ``truncated_image``; the end-marker
   check from tasks.sniff runs first and also catches a PNG cut only before ``IEND``. A JPEG
   whose scan data is cut but which still ends in an EOI marker is concealed by libjpeg (grey
-  rows) and accepted; neither Pillow nor OpenCV reports it.
+  rows) and accepted; neither Pillow nor OpenCV reports it. A WebP shorter than its RIFF
+  header declares is ``truncated_image``; one whose RIFF size was edited to fit the cut is
+  ``undecodable_image`` (libwebp does not say truncated, with either decoder).
 - Animated: GIF / APNG / WebP with more than one frame, and multi-page TIFF. MPO (the JPEG
   extension phones use for depth maps and previews) is not animation: its first image is used.
 - Normalisation to 8-bit RGB: EXIF orientation applied; alpha (RGBA, LA, PA, premultiplied,
@@ -35,6 +40,16 @@ Decisions (the tests in tests/test_images.py pin each one):
   to ``image_size`` and pads to a square with white; ``no`` keeps the size. New sizes are
   ``round(side * scale)``; downscaling averages areas (Pillow BOX, img2dataset's ``area``),
   upscaling uses Lanczos (img2dataset's ``lanczos``).
+- Decoders (tasks/decoders.py; each chosen by bench/bench_decode.py, figures in
+  bench/RESULTS.md): Pillow for every format but these two. A still WebP (no animation flag
+  in VP8X) goes to libwebp's simple decoder through imagecodecs, not Pillow's animation
+  decoder: the same pixels bit for bit, EXIF orientation read from its EXIF chunk (and XMP)
+  as Pillow reads it. An animated WebP stays with Pillow (first frame or reject). A plain PNG
+  (8-bit grey, RGB, grey + alpha or RGBA; no palette, ``tRNS``, ``eXIf``, ICC, compressed or
+  orientation-bearing text, or APNG chunks; every chunk but IDAT with a right CRC) goes to
+  libpng through imagecodecs; whatever libpng refuses is decoded by Pillow, so its verdict and
+  detail are Pillow's. Neither is decoded at a reduced scale: PNG has none, and no maintained
+  binding exposes libwebp's scaled decoding, so WebP pixels are hashed at full resolution.
 - JPEG draft: when a JPEG is to be scaled down by at least 2x, libjpeg decodes it at 1/2, 1/4
   or 1/8 scale (Pillow's ``draft``), never below the resize target, so the full-resolution
   pixels are never produced (benchmarked in bench/bench_decode.py). The limits still hold:
@@ -78,12 +93,15 @@ from tasks.decoders import (
     DECODE_ERRORS,
     PIL_FORMATS,
     TRANSPOSE,
+    WHITE,
     PillowSource,
     PlainPngSource,
     StillWebPSource,
     box_after,
     open_pillow,
+    Unsupported,
     plain_png,
+    to_rgb,
     webp_info,
 )
 from tasks.recipe import ImageRules
@@ -110,12 +128,7 @@ OUTPUT_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp"}
 THUMBNAIL_SIDE = 96
 PHASH_MIN_SIDE = 64  # the scaled image stands in for the decoded one in the pHash from this size
 THUMBNAIL_QUALITY = 80
-WHITE = (255, 255, 255)
 DETAIL_CHARS = 160  # decoder messages are cut so details stay short
-
-_GREY16 = ("I;16", "I;16L", "I;16B", "I;16N", "I")
-_ALPHA = ("RGBA", "RGBa", "LA", "La", "PA")
-
 
 def _dct_rows(n: int = 32, keep: int = 8) -> np.ndarray:
     k = np.arange(keep)[:, None]
@@ -170,10 +183,6 @@ def hamming(a: int, b: int) -> int:
     return (a ^ b).bit_count()
 
 
-class _Unsupported(Exception):
-    """A decoded pixel mode without a defined conversion to 8-bit RGB."""
-
-
 def _short(err: BaseException) -> str:
     if isinstance(err, Image.UnidentifiedImageError):
         return "UnidentifiedImageError: the decoder does not recognise the data"  # its text holds an address
@@ -212,37 +221,10 @@ def _thumb_dims(width: int, height: int) -> tuple[int, int]:
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def _to_rgb(img: Image.Image) -> Image.Image:
-    """8-bit RGB, alpha composited on white; raises _Unsupported for modes without a meaning."""
-    mode = img.mode
-    if mode == "RGB" and "transparency" not in img.info:
-        return img
-    if mode in _GREY16:
-        arr = np.asarray(img)
-        if mode == "I" and arr.size and (int(arr.min()) < 0 or int(arr.max()) > 65535):
-            raise _Unsupported("32-bit integer samples outside 0..65535")
-        wide = arr.astype(np.uint32)
-        grey = ((wide + 128) // 257).astype(np.uint8)
-        trns = img.info.get("transparency")
-        if isinstance(trns, int):
-            grey[wide == trns] = 255
-        return Image.fromarray(grey).convert("RGB")
-    if mode in ("F",) or mode.startswith(("I;", "F;")):
-        raise _Unsupported(f"pixel mode {mode}")
-    if mode in _ALPHA or "transparency" in img.info:
-        rgba = img.convert("RGBA")
-        out = Image.new("RGB", img.size, WHITE)
-        out.paste(rgba, (0, 0), rgba)
-        return out
-    try:
-        return img.convert("RGB")
-    except ValueError as err:
-        raise _Unsupported(f"pixel mode {mode}") from err
-
-
-def _pixel_sha256(rgb: Image.Image, orig: tuple[int, int]) -> str:
+def _pixel_sha256(rgb: Image.Image, orig: tuple[int, int], raw: np.ndarray | None = None) -> str:
+    """``raw``: the decoder's own RGB array when it holds exactly ``rgb``'s bytes (hashed without a copy)."""
     digest = hashlib.sha256(b"rgb8 %dx%d %dx%d\n" % (orig[0], orig[1], rgb.width, rgb.height))
-    digest.update(rgb.tobytes())
+    digest.update(rgb.tobytes() if raw is None else np.ascontiguousarray(raw))
     return digest.hexdigest()
 
 
@@ -376,8 +358,8 @@ def _decide(src: PillowSource | StillWebPSource | PlainPngSource, fmt: str, rule
     try:
         stored, box, late = src.load(want)
         orientation = late if orientation is None else orientation
-        stored_rgb = _to_rgb(stored)
-    except _Unsupported as err:
+        stored_rgb = to_rgb(stored)
+    except Unsupported as err:
         verdict = verdict or ("unsupported_image_mode", str(err))
         return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
     except DECODE_ERRORS as err:
@@ -393,7 +375,8 @@ def _decide(src: PillowSource | StillWebPSource | PlainPngSource, fmt: str, rule
     if verdict is not None:
         return ImageOutcome(*verdict, thumbnail=_thumbnail(rgb), **common)
 
-    pixel_key = _pixel_sha256(rgb, (ow, oh))
+    unchanged = stored_rgb is stored and method is None  # RGB as decoded, not rotated
+    pixel_key = _pixel_sha256(rgb, (ow, oh), src.pixels if unchanged else None)
     target = _resize_dims(ow, oh, rules)
     scaled = _scale(rgb, target, box) if target is not None else rgb
     # The scaled picture is still the whole picture and far cheaper to average down to 32x32.
