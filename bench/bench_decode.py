@@ -251,7 +251,7 @@ def step_costs(fmt: str, images: list[bytes]) -> dict[str, float]:
         stored, box, _ = src.load(target)
         rgb = decoders.to_rgb(stored)
         t1 = clock()
-        im._pixel_sha256(rgb, src.size)
+        im._pixel_sha256(rgb, src.size, src.pixels if rgb is stored else None)  # as process_image hashes it
         t2 = clock()
         scaled = im._scale(rgb, target, box)
         t3 = clock()

@@ -5,12 +5,12 @@ Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each
 - Order: file size bounds, format sniffed from the bytes, end-marker truncation check, header
   (Pillow's ``Image.open`` is lazy, restricted to the sniffed format's plugin; a WebP's size,
   animation flag and metadata chunks, and a PNG's IHDR and chunk list, are read from the
-  bytes), pixel cap, then the header-level rules (animated, ``min_side``, ``max_aspect_ratio``), and only then the
-  decode. Short side and aspect ratio do not change under EXIF rotation, so checking them on
-  the header gives the same verdict as checking the decoded image, without paying for a
-  decode; a broken file that is also too small is reported as ``image_too_small``. With
-  ``thumbnail=True`` an image rejected by those rules is still decoded (drafted) for the
-  thumbnail the audit report shows.
+  bytes), pixel cap, then the header-level rules (animated, ``min_side``,
+  ``max_aspect_ratio``), and only then the decode. Short side and aspect ratio do not change
+  under EXIF rotation, so checking them on the header gives the same verdict as checking the
+  decoded image, without paying for a decode; a broken file that is also too small is
+  reported as ``image_too_small``. With ``thumbnail=True`` an image rejected by those rules is
+  still decoded (drafted) for the thumbnail the audit report shows.
 - Pixel cap: ``width * height > rules.max_pixels`` from the header is ``decompression_bomb``,
   never decoded; so is a resize target over the cap (only reachable by configuring upscaling
   of extreme aspect ratios). Pillow's own guard (``Image.MAX_IMAGE_PIXELS``, a process-wide
@@ -97,9 +97,9 @@ from tasks.decoders import (
     PillowSource,
     PlainPngSource,
     StillWebPSource,
+    Unsupported,
     box_after,
     open_pillow,
-    Unsupported,
     plain_png,
     to_rgb,
     webp_info,

@@ -15,7 +15,7 @@ from PIL import Image, ImageDraw, PngImagePlugin, WebPImagePlugin
 from tasks import decoders
 from tasks.images import process_image
 from tasks.recipe import ImageRules
-from tests.test_images import EXACT, encode, pixels, scene, two_frames
+from test_images import EXACT, encode, pixels, scene, two_frames
 
 RULES = (
     ImageRules(resize_mode="border", image_size=256),  # the benchmark's setting (img2dataset's defaults)
