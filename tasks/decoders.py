@@ -11,8 +11,8 @@ import numpy as np
 from imagecodecs import PngError, WebpError, png_decode, webp_decode
 from PIL import Image, PngImagePlugin
 
-# What a decoder raises on hostile or broken bytes (Pillow's fuzzers see these; imagecodecs'
-# libwebp wrapper raises WebpError). MemoryError is not among them: the pixel cap makes it a
+# What a decoder raises on hostile or broken bytes (Pillow's fuzzers see these; imagecodecs
+# raises WebpError and PngError). MemoryError is not among them: the pixel cap makes it a
 # worker problem, not a property of the sample.
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, KeyError, WebpError, PngError)
 
@@ -208,8 +208,8 @@ class StillWebPSource:
 
     Pillow 13 decodes every WebP through ``WebPAnimDecoder``: a zeroed RGBA canvas, a copy of
     it into a bytes object, then an unpack. The simple decoder writes RGB (RGBA when the file
-    has alpha) straight into the array: the same pixels, bit for bit, for about 0.6x the
-    decoder's CPU (bench/RESULTS.md). The size was read from the header and checked against the pixel
+    has alpha) straight into the array: the same pixels, bit for bit, decode + resize in 0.79x
+    the CPU (bench/RESULTS.md). The size was read from the header and checked against the pixel
     cap before this runs; libwebp sizes its output from the same header fields.
 
     Args:
@@ -282,7 +282,7 @@ def plain_png(data: bytes) -> tuple[int, int] | None:
 class PlainPngSource:
     """A plain PNG (see :func:`plain_png`) decoded by libpng (imagecodecs), with Pillow deciding whatever libpng refuses.
 
-    libpng with zlib-ng decodes these in about half of Pillow's time, to the same pixels. A
+    libpng with zlib-ng decodes these to the same pixels, decode + resize in 0.65x Pillow's CPU. A
     file libpng refuses (a broken stream, a cut IDAT, an IDAT CRC Pillow does not check) is
     handed to Pillow, so its verdict and detail are Pillow's, as before.
 
