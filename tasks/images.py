@@ -1,26 +1,31 @@
 """Untrusted image bytes decoded under limits, normalised to RGB, re-encoded from pixels, and hashed for dedup.
 
-Decisions (the tests in tests/test_images.py pin each one):
+Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each one):
 
 - Order: file size bounds, format sniffed from the bytes, end-marker truncation check, header
-  (Pillow's ``Image.open`` is lazy, restricted to the sniffed format's plugin), pixel cap,
-  then the header-level rules (animated, ``min_side``, ``max_aspect_ratio``), and only then the
-  decode. Short side and aspect ratio do not change under EXIF rotation, so checking them on
-  the header gives the same verdict as checking the decoded image, without paying for a
-  decode; a broken file that is also too small is reported as ``image_too_small``. With
-  ``thumbnail=True`` an image rejected by those rules is still decoded (drafted) for the
-  thumbnail the audit report shows.
+  (Pillow's ``Image.open`` is lazy, restricted to the sniffed format's plugin; a WebP's size,
+  animation flag and metadata chunks, and a PNG's IHDR and chunk list, are read from the
+  bytes), pixel cap, then the header-level rules (animated, ``min_side``,
+  ``max_aspect_ratio``), and only then the decode. Short side and aspect ratio do not change
+  under EXIF rotation, so checking them on the header gives the same verdict as checking the
+  decoded image, without paying for a decode; a broken file that is also too small is
+  reported as ``image_too_small``. With ``thumbnail=True`` an image rejected by those rules is
+  still decoded (drafted) for the thumbnail the audit report shows.
 - Pixel cap: ``width * height > rules.max_pixels`` from the header is ``decompression_bomb``,
   never decoded; so is a resize target over the cap (only reachable by configuring upscaling
   of extreme aspect ratios). Pillow's own guard (``Image.MAX_IMAGE_PIXELS``, a process-wide
   setting that this module leaves alone) raises ``DecompressionBombError`` at twice its value
   (about 179 Mpx by default); that is ``decompression_bomb`` too, so the effective cap is the
-  smaller of the two.
+  smaller of the two, also where libwebp or libpng decodes. A WebP's canvas is checked before
+  Pillow's WebP plugin runs at all (it builds the animation decoder, which allocates the
+  canvas, before it reports the size).
 - Truncation: ``ImageFile.LOAD_TRUNCATED_IMAGES`` stays False (never changed here), so a
   decoder that runs out of data raises and the image is ``truncated_image``; the end-marker
   check from tasks.sniff runs first and also catches a PNG cut only before ``IEND``. A JPEG
   whose scan data is cut but which still ends in an EOI marker is concealed by libjpeg (grey
-  rows) and accepted; neither Pillow nor OpenCV reports it.
+  rows) and accepted; neither Pillow nor OpenCV reports it. A WebP shorter than its RIFF
+  header declares is ``truncated_image``; one whose RIFF size was edited to fit the cut is
+  ``undecodable_image`` (libwebp does not say truncated, with either decoder).
 - Animated: GIF / APNG / WebP with more than one frame, and multi-page TIFF. MPO (the JPEG
   extension phones use for depth maps and previews) is not animation: its first image is used.
 - Normalisation to 8-bit RGB: EXIF orientation applied; alpha (RGBA, LA, PA, premultiplied,
@@ -35,6 +40,16 @@ Decisions (the tests in tests/test_images.py pin each one):
   to ``image_size`` and pads to a square with white; ``no`` keeps the size. New sizes are
   ``round(side * scale)``; downscaling averages areas (Pillow BOX, img2dataset's ``area``),
   upscaling uses Lanczos (img2dataset's ``lanczos``).
+- Decoders (tasks/decoders.py; each chosen by bench/bench_decode.py, figures in
+  bench/RESULTS.md): Pillow for every format but these two. A still WebP (no animation flag
+  in VP8X) goes to libwebp's simple decoder through imagecodecs, not Pillow's animation
+  decoder: the same pixels bit for bit, EXIF orientation read from its EXIF chunk (and XMP)
+  as Pillow reads it. An animated WebP stays with Pillow (first frame or reject). A plain PNG
+  (8-bit grey, RGB, grey + alpha or RGBA; no palette, ``tRNS``, ``eXIf``, ICC, compressed or
+  orientation-bearing text, or APNG chunks; every chunk but IDAT with a right CRC) goes to
+  libpng through imagecodecs; whatever libpng refuses is decoded by Pillow, so its verdict and
+  detail are Pillow's. Neither is decoded at a reduced scale: PNG has none, and no maintained
+  binding exposes libwebp's scaled decoding, so WebP pixels are hashed at full resolution.
 - JPEG draft: when a JPEG is to be scaled down by at least 2x, libjpeg decodes it at 1/2, 1/4
   or 1/8 scale (Pillow's ``draft``), never below the resize target, so the full-resolution
   pixels are never produced (benchmarked in bench/bench_decode.py). The limits still hold:
@@ -68,12 +83,27 @@ from __future__ import annotations
 
 import hashlib
 import io
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
+from tasks import decoders
+from tasks.decoders import (
+    DECODE_ERRORS,
+    PIL_FORMATS,
+    TRANSPOSE,
+    WHITE,
+    PillowSource,
+    PlainPngSource,
+    StillWebPSource,
+    Unsupported,
+    box_after,
+    open_pillow,
+    plain_png,
+    to_rgb,
+    webp_info,
+)
 from tasks.recipe import ImageRules
 from tasks.sniff import is_truncated, sniff_format
 
@@ -94,33 +124,11 @@ REASONS = (
     "unsupported_image_mode",
 )
 
-# Sniffed format -> the one Pillow plugin allowed to parse it. Hostile bytes never reach the
-# other plugins' parsers; a format without a plugin here (heif) is ``undecodable_image``.
-PIL_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF", "avif": "AVIF"}
 OUTPUT_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp"}
 THUMBNAIL_SIDE = 96
 PHASH_MIN_SIDE = 64  # the scaled image stands in for the decoded one in the pHash from this size
 THUMBNAIL_QUALITY = 80
-WHITE = (255, 255, 255)
 DETAIL_CHARS = 160  # decoder messages are cut so details stay short
-
-# What a decoder raises on hostile or broken bytes (Pillow's fuzzers see these). MemoryError is
-# not among them: the pixel cap makes it a worker problem, not a property of the sample.
-DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, KeyError)
-
-_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-_GREY16 = ("I;16", "I;16L", "I;16B", "I;16N", "I")
-_ALPHA = ("RGBA", "RGBa", "LA", "La", "PA")
-_JPEG_DRAFT = True  # bench/bench_decode.py turns it off to measure the difference
-
 
 def _dct_rows(n: int = 32, keep: int = 8) -> np.ndarray:
     k = np.arange(keep)[:, None]
@@ -175,10 +183,6 @@ def hamming(a: int, b: int) -> int:
     return (a ^ b).bit_count()
 
 
-class _Unsupported(Exception):
-    """A decoded pixel mode without a defined conversion to 8-bit RGB."""
-
-
 def _short(err: BaseException) -> str:
     if isinstance(err, Image.UnidentifiedImageError):
         return "UnidentifiedImageError: the decoder does not recognise the data"  # its text holds an address
@@ -192,13 +196,15 @@ def _decode_failure(err: BaseException) -> tuple[str, str]:
     return reason, _short(err)
 
 
-def _orientation(img: Image.Image) -> int:
-    """EXIF orientation 1..8; broken or odd EXIF counts as 1 (the metadata is dropped anyway)."""
-    try:
-        value = img.getexif().get(0x0112, 1)
-    except DECODE_ERRORS:
-        return 1
-    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+def _over_cap(width: int, height: int, rules: ImageRules) -> str | None:
+    """Why a header size is a decompression bomb (``max_pixels``, or Pillow's own guard), or None."""
+    pixels = width * height
+    if pixels > rules.max_pixels:
+        return f"{width}x{height} = {pixels} px > max_pixels {rules.max_pixels}"
+    guard = Image.MAX_IMAGE_PIXELS
+    if guard and pixels > 2 * guard:  # where Image.open raises DecompressionBombError
+        return f"{width}x{height} = {pixels} px > Pillow's limit {2 * guard} (2 x Image.MAX_IMAGE_PIXELS)"
+    return None
 
 
 def _resize_dims(width: int, height: int, rules: ImageRules) -> tuple[int, int] | None:
@@ -215,59 +221,10 @@ def _thumb_dims(width: int, height: int) -> tuple[int, int]:
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def _draft(img: Image.Image, need: tuple[int, int]) -> tuple[float, float, float, float] | None:
-    """Ask libjpeg for a 1/2, 1/4 or 1/8 decode that is still at least ``need`` (stored orientation).
-
-    Returns the box of the whole picture in drafted pixels (the last row and column may be
-    partial), or None when the image is decoded at full size.
-    """
-    if not _JPEG_DRAFT or img.format not in ("JPEG", "MPO"):
-        return None
-    w, h = img.size
-    for k in (8, 4, 2):
-        if w // k >= need[0] and h // k >= need[1]:
-            break
-    else:
-        return None
-    # Pillow picks the largest of 8/4/2/1 not above min(w // rw, h // rh); asking for
-    # (w // k, h // k) makes that exactly k.
-    result = img.draft(None, (max(1, w // k), max(1, h // k)))
-    if result is None:  # progressive or multi-tile files: full decode
-        return None
-    return result[1]
-
-
-def _to_rgb(img: Image.Image) -> Image.Image:
-    """8-bit RGB, alpha composited on white; raises _Unsupported for modes without a meaning."""
-    mode = img.mode
-    if mode == "RGB" and "transparency" not in img.info:
-        return img
-    if mode in _GREY16:
-        arr = np.asarray(img)
-        if mode == "I" and arr.size and (int(arr.min()) < 0 or int(arr.max()) > 65535):
-            raise _Unsupported("32-bit integer samples outside 0..65535")
-        wide = arr.astype(np.uint32)
-        grey = ((wide + 128) // 257).astype(np.uint8)
-        trns = img.info.get("transparency")
-        if isinstance(trns, int):
-            grey[wide == trns] = 255
-        return Image.fromarray(grey).convert("RGB")
-    if mode in ("F",) or mode.startswith(("I;", "F;")):
-        raise _Unsupported(f"pixel mode {mode}")
-    if mode in _ALPHA or "transparency" in img.info:
-        rgba = img.convert("RGBA")
-        out = Image.new("RGB", img.size, WHITE)
-        out.paste(rgba, (0, 0), rgba)
-        return out
-    try:
-        return img.convert("RGB")
-    except ValueError as err:
-        raise _Unsupported(f"pixel mode {mode}") from err
-
-
-def _pixel_sha256(rgb: Image.Image, orig: tuple[int, int]) -> str:
+def _pixel_sha256(rgb: Image.Image, orig: tuple[int, int], raw: np.ndarray | None = None) -> str:
+    """``raw``: the decoder's own RGB array when it holds exactly ``rgb``'s bytes (hashed without a copy)."""
     digest = hashlib.sha256(b"rgb8 %dx%d %dx%d\n" % (orig[0], orig[1], rgb.width, rgb.height))
-    digest.update(rgb.tobytes())
+    digest.update(rgb.tobytes() if raw is None else np.ascontiguousarray(raw))
     return digest.hexdigest()
 
 
@@ -320,22 +277,6 @@ def _crop_or_pad(scaled: Image.Image, rules: ImageRules) -> Image.Image:
     return canvas
 
 
-def _box_after(box: tuple[float, float, float, float], size: tuple[int, int], orientation: int) -> tuple[float, float, float, float]:
-    """Where a stored-orientation box of an image of ``size`` lies after the EXIF transpose."""
-    x0, y0, x1, y1 = box
-    w, h = size
-    return {
-        1: (x0, y0, x1, y1),
-        2: (w - x1, y0, w - x0, y1),
-        3: (w - x1, h - y1, w - x0, h - y0),
-        4: (x0, h - y1, x1, h - y0),
-        5: (y0, x0, y1, x1),
-        6: (h - y1, x0, h - y0, x1),
-        7: (h - y1, w - x1, h - y0, w - x0),
-        8: (y0, w - x1, y1, w - x0),
-    }[orientation]
-
-
 def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) -> ImageOutcome:
     """Decide on one image's bytes and, when accepted, re-encode and hash it (see the module docstring)."""
     size = len(data)
@@ -348,42 +289,51 @@ def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) ->
         return ImageOutcome("not_an_image", "no known image signature")
     if fmt not in rules.allowed_formats:
         return ImageOutcome("format_not_allowed", f"{fmt} not in allowed_formats", src_format=fmt)
-    plugin = PIL_FORMATS.get(fmt)
-    if plugin is None:
+    if fmt not in PIL_FORMATS:
         return ImageOutcome("undecodable_image", f"no decoder for {fmt}", src_format=fmt)
     if is_truncated(fmt, data):
         return ImageOutcome("truncated_image", f"{fmt} ends before its end marker", src_format=fmt)
 
+    if fmt == "webp":
+        # Read from the bytes: Pillow's WebP plugin builds the animation decoder, which
+        # allocates the whole canvas, before it returns the size.
+        info = webp_info(data)
+        if info is None:
+            return ImageOutcome("undecodable_image", "webp without a VP8X, VP8 or VP8L header chunk", src_format=fmt)
+        bomb = _over_cap(info.width, info.height, rules)
+        if bomb is not None:
+            return ImageOutcome("decompression_bomb", bomb, src_format=fmt)
+        if not info.animated and decoders.STILL_WEBP:
+            return _decide(StillWebPSource(data, info), fmt, rules, thumbnail)
+    if fmt == "png" and decoders.PLAIN_PNG and (png_size := plain_png(data)) is not None:
+        return _decide(PlainPngSource(data, png_size), fmt, rules, thumbnail)
     try:
-        img = Image.open(io.BytesIO(data), formats=[plugin])
+        img = open_pillow(data, fmt)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         return ImageOutcome("decompression_bomb", _short(err), src_format=fmt)
     except DECODE_ERRORS as err:
         reason, detail = _decode_failure(err)
         return ImageOutcome(reason, detail, src_format=fmt)
     with img:
-        return _process_open(img, fmt, rules, thumbnail)
+        return _decide(PillowSource(img), fmt, rules, thumbnail)
 
 
-def _process_open(img: Image.Image, fmt: str, rules: ImageRules, thumbnail: bool) -> ImageOutcome:
-    width, height = img.size
+def _decide(src: PillowSource | StillWebPSource | PlainPngSource, fmt: str, rules: ImageRules, thumbnail: bool) -> ImageOutcome:
+    width, height = src.size
     if width < 1 or height < 1:
         return ImageOutcome("undecodable_image", f"header size {width}x{height}", src_format=fmt)
-    if width * height > rules.max_pixels:
-        detail = f"{width}x{height} = {width * height} px > max_pixels {rules.max_pixels}"
-        return ImageOutcome("decompression_bomb", detail, src_format=fmt)
+    bomb = _over_cap(width, height, rules)
+    if bomb is not None:
+        return ImageOutcome("decompression_bomb", bomb, src_format=fmt)
     try:
-        animated = img.format != "MPO" and bool(getattr(img, "is_animated", False))
-        # A PNG may keep its eXIf chunk after the pixels, and reading it there decodes them;
-        # its orientation is read after the decode instead.
-        late_exif = img.format == "PNG" and "exif" not in img.info
-        orientation = 1 if late_exif else _orientation(img)
+        animated = src.animated()
+        orientation = src.orientation()
     except DECODE_ERRORS as err:
         reason, detail = _decode_failure(err)
         return ImageOutcome(reason, detail, src_format=fmt)
 
-    def oriented(o: int) -> tuple[int, int]:
-        return (height, width) if o >= 5 else (width, height)
+    def oriented(o: int | None) -> tuple[int, int]:
+        return (height, width) if o is not None and o >= 5 else (width, height)
 
     # Short side, aspect ratio and pixel counts do not change under rotation: judged on the header.
     short, long = min(width, height), max(width, height)
@@ -405,13 +355,11 @@ def _process_open(img: Image.Image, fmt: str, rules: ImageRules, thumbnail: bool
 
     # The draft request is in the file's stored orientation.
     want = _thumb_dims(width, height) if verdict is not None else target
-    box = _draft(img, want) if want is not None else None
     try:
-        img.load()
-        if late_exif:
-            orientation = _orientation(img)
-        stored_rgb = _to_rgb(img)
-    except _Unsupported as err:
+        stored, box, late = src.load(want)
+        orientation = late if orientation is None else orientation
+        stored_rgb = to_rgb(stored)
+    except Unsupported as err:
         verdict = verdict or ("unsupported_image_mode", str(err))
         return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
     except DECODE_ERRORS as err:
@@ -419,15 +367,16 @@ def _process_open(img: Image.Image, fmt: str, rules: ImageRules, thumbnail: bool
         return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
 
     ow, oh = oriented(orientation)
-    method = _TRANSPOSE.get(orientation)
+    method = TRANSPOSE.get(orientation)
     rgb = stored_rgb.transpose(method) if method is not None else stored_rgb
     if box is not None and method is not None:
-        box = _box_after(box, stored_rgb.size, orientation)
+        box = box_after(box, stored_rgb.size, orientation)
     common = {"orig_width": ow, "orig_height": oh, "src_format": fmt}
     if verdict is not None:
         return ImageOutcome(*verdict, thumbnail=_thumbnail(rgb), **common)
 
-    pixel_key = _pixel_sha256(rgb, (ow, oh))
+    unchanged = stored_rgb is stored and method is None  # RGB as decoded, not rotated
+    pixel_key = _pixel_sha256(rgb, (ow, oh), src.pixels if unchanged else None)
     target = _resize_dims(ow, oh, rules)
     scaled = _scale(rgb, target, box) if target is not None else rgb
     # The scaled picture is still the whole picture and far cheaper to average down to 32x32.
@@ -445,5 +394,3 @@ def _process_open(img: Image.Image, fmt: str, rules: ImageRules, thumbnail: bool
         thumbnail=_thumbnail(rgb) if thumbnail else None,
         **common,
     )
-
-

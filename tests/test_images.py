@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFile
 
-from tasks import images
+from tasks import decoders, images
 from tasks.images import ImageOutcome, hamming, process_image
 from tasks.recipe import ImageRules
 
@@ -277,9 +277,9 @@ def test_draft_box_follows_the_transpose(orientation):
     arr = np.zeros((6, 10), np.uint8)
     arr[:4, :7] = 255
     img = Image.fromarray(arr)
-    method = images._TRANSPOSE.get(orientation)
+    method = decoders.TRANSPOSE.get(orientation)
     moved = img.transpose(method) if method is not None else img
-    x0, y0, x1, y1 = (int(v) for v in images._box_after((0, 0, 7, 4), img.size, orientation))
+    x0, y0, x1, y1 = (int(v) for v in decoders.box_after((0, 0, 7, 4), img.size, orientation))
     out = np.asarray(moved)
     assert (out[y0:y1, x0:x1] == 255).all()
     assert out.sum() == 255 * 28
@@ -313,10 +313,10 @@ def test_draft_matches_full_decode():
     rules = ImageRules(resize_mode="center_crop", image_size=128, output_format="png")
     drafted = pixels(process_image(data, rules))
     try:
-        images._JPEG_DRAFT = False
+        decoders.JPEG_DRAFT = False
         full = pixels(process_image(data, rules))
     finally:
-        images._JPEG_DRAFT = True
+        decoders.JPEG_DRAFT = True
     assert drafted.shape == full.shape == (128, 128, 3)
     assert np.abs(drafted - full).mean() < 3
 
