@@ -286,7 +286,7 @@ def test_thumbnails_capped_per_reason(page, page_html):
 
 def test_hostile_data_is_escaped(page_html, samples):
     assert "<script" not in page_html.lower()
-    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page_html  # reason, key and caption
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page_html  # reason, key and caption
     run = make_run(blocked=HOSTILE)
     run["dataset"] = HOSTILE
     run["phases"][0]["by_source"][HOSTILE] = {"rows": 1, "ok": 1}
@@ -381,7 +381,17 @@ def test_write_and_load_round_trip(tmp_path, samples):
     assert run2 == run
     assert samples2.equals(samples)
     assert render_html(run2, samples2) == render_html(run, samples)
-    # a later write without samples leaves no stale table behind
-    paths = write_report(storage, rel, make_run(), None)
-    assert "samples" not in paths and not (tmp_path / rel / "samples.parquet").exists()
-    assert load_run(storage, rel) == (make_run(), None)
+    # A later phase writes without samples: the table stays and the page still draws it.
+    later = make_run()
+    later["phases"].append({"phase": "reshard", "rows": 280, "ok": 280})
+    paths = write_report(storage, rel, later, None)
+    assert paths["samples"] == f"{rel}/samples.parquet"
+    run3, samples3 = load_run(storage, rel)
+    assert run3 == later and samples3.equals(samples)
+    page = Page((tmp_path / rel / "report.html").read_text(encoding="utf-8"))
+    assert page.find("div", data_hist="width")[0]["data-n"] == "9"
+    assert len(page.find("figure", data_reason="duplicate_of")) == 5
+    assert page.find("section", data_phase="reshard")
+    # A run folder without a table says so.
+    write_report(storage, "demo/reports/other", make_run(), None)
+    assert load_run(storage, "demo/reports/other") == (make_run(), None)
