@@ -72,7 +72,7 @@ def phase_record(phase: str, counts: Counts, ledger: pa.Table, seconds: float, s
 
 def run_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any) -> dict[str, str]:
     """Save a gate's JSON and Data Docs under the run's report folder; return relative links."""
-    from tasks.gates import save_gate_report
+    from tasks.data_docs import save_gate_report
 
     base = report_dir(recipe, run["run"])
     written = save_gate_report(gate, storage, f"{base}/gates")
