@@ -468,7 +468,7 @@ def write_report(storage: Storage, rel_dir: str, run: dict, samples: pa.Table | 
         pq.write_table(samples, buf, compression="zstd")
         storage.write_bytes(samples_rel, buf.getvalue())
     else:
-        samples = _read_samples(storage, samples_rel)
+        samples = read_samples(storage, samples_rel)
     if samples is not None:
         paths["samples"] = samples_rel
     storage.write_bytes(paths["json"], (json.dumps(run, indent=2, sort_keys=True, default=str) + "\n").encode())
@@ -477,7 +477,8 @@ def write_report(storage: Storage, rel_dir: str, run: dict, samples: pa.Table | 
     return paths
 
 
-def _read_samples(storage: Storage, rel: str) -> pa.Table | None:
+def read_samples(storage: Storage, rel: str) -> pa.Table | None:
+    """The samples table at ``rel``, or None where there is none."""
     if not storage.exists(rel):
         return None
     with storage.open(rel, "rb") as fh:
@@ -488,4 +489,4 @@ def load_run(storage: Storage, rel_dir: str) -> tuple[dict, pa.Table | None]:
     """Read back what ``write_report`` wrote: the run record and the samples table (or None)."""
     rel_dir = rel_dir.rstrip("/")
     run = json.loads(storage.read_bytes(f"{rel_dir}/{RUN_JSON}"))
-    return run, _read_samples(storage, f"{rel_dir}/{SAMPLES_PARQUET}")
+    return run, read_samples(storage, f"{rel_dir}/{SAMPLES_PARQUET}")
