@@ -9,7 +9,8 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.reasons import family
-from tasks.report import plot_svgs, reason_info, verdict
+from tasks.report import plot_svgs
+from tasks.report_views import reason_info, verdict
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>|#!])")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

@@ -11,17 +11,8 @@ import pyarrow as pa
 import pytest
 
 from tasks.reasons import REASONS
-from tasks.report import (
-    BLOCKED,
-    IN_PROGRESS,
-    PASSED,
-    group_reasons,
-    load_run,
-    reason_group,
-    render_html,
-    summary_text,
-    write_report,
-)
+from tasks.report import load_run, render_html, summary_text, write_report
+from tasks.report_views import BLOCKED, IN_PROGRESS, PASSED, group_reasons, reason_group
 from tasks.storage import Storage
 
 HOSTILE = '<script>alert("x")</script>'
