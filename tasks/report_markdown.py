@@ -86,7 +86,7 @@ def run_summary(run: dict[str, Any], samples: pa.Table | None, links: dict[str, 
     reasons = reason_rows(run)
     if reasons:
         lines += ["", "## Rows by reason", "", "| phase | reason | status | rows | share |", "|---|---|---|---:|---:|"]
-        lines += [f"| {md(r['phase'])} | `{md(r['reason'])}` | {md(r['status'])} | {r['rows']} | {100 * r['share']:.1f}% |" for r in reasons]
+        lines += [f"| {md(r['phase'])} | {md(r['reason'])} | {md(r['status'])} | {r['rows']} | {100 * r['share']:.1f}% |" for r in reasons]
     failed = [g for g in gate_rows(run) if g["result"] == "FAIL"]
     checks = len(gate_rows(run))
     lines += ["", "## Gates", "", f"{checks - len(failed)} of {checks} checks passed."]

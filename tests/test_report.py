@@ -386,3 +386,39 @@ def test_write_and_load_round_trip(tmp_path, samples):
     # A run folder without a table says so.
     write_report(storage, "demo/reports/other", make_run(), None)
     assert load_run(storage, "demo/reports/other") == (make_run(), None)
+
+
+def test_plots_for_the_ui_are_standalone_svg_files(samples):
+    import xml.etree.ElementTree as ET
+
+    from tasks.report import plot_svgs
+
+    run = make_run()
+    run["phases"][0]["phase"] = HOSTILE
+    plots = plot_svgs(run, samples)
+    assert list(plots) == ["status-script-alert-x-script", "status-validate", "hist-width", "hist-height", "hist-aspect", "hist-caption_chars"]
+    for name, svg in plots.items():
+        root = ET.fromstring(svg)  # well-formed on its own: an <img> data: URI shows it
+        assert root.tag == "{http://www.w3.org/2000/svg}svg", name
+        assert "<script" not in svg
+    width = ET.fromstring(plots["hist-width"])
+    bars = [e for e in width.iter("{http://www.w3.org/2000/svg}rect") if e.get("class") == "bar"]
+    assert sum(int(b.get("data-count")) for b in bars) == 9
+    assert plot_svgs({"phases": []}, None) == {}
+
+
+def test_run_summary_markdown_escapes_and_counts(samples):
+    from tasks.report_markdown import gate_rows, md, reason_rows, run_summary
+
+    assert md("a|b <img src=x onerror=y> [l](javascript:x) `c`\n#") == "a\\|b \\<img src=x onerror=y\\> \\[l\\](javascript:x) \\`c\\` \\#"
+    run = make_run(blocked="validate gate failed <b>")
+    text = run_summary(run, samples, {"audit report": "[report.html](http://127.0.0.1:4280/r.html)"})
+    assert "**BLOCKED**: validate gate failed \\<b\\>" in text
+    assert "- audit report: [report.html](http://127.0.0.1:4280/r.html)" in text
+    assert "| download | 306 | 298 | 7 | 1 | 12.3 | PASS |" in text and "| validate | 298 | 280 | 18 | 0 | 3.0 | **FAIL** |" in text
+    assert "2 of 3 checks passed." in text and "| validate | accept rate \\>= 0.99 | \\>= 0.99 | 0.9396 |" in text
+    assert text.count("](data:image/svg+xml;base64,") == 6
+    assert "\\<script\\>" in text and not re.search(r"(?<!\\)<script", text)  # the hostile reason, escaped
+    assert [(r["phase"], r["reason"], r["rows"]) for r in reason_rows(run)][:4] == [
+        ("download", "too_large", 4), ("download", "not_an_image", 3), ("download", "http_404", 1), ("validate", "duplicate_of", 11)]
+    assert [g["result"] for g in gate_rows(run)] == ["PASS", "FAIL", "PASS"]
