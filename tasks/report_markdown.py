@@ -59,7 +59,8 @@ def gate_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
 def image(svg: str, alt: str) -> str:
     """A markdown image of an SVG held in the markdown itself (a data: URI), so the UI shows
     the plot without reaching any server."""
-    return f"![{md(alt)}](data:image/svg+xml;base64,{base64.b64encode(svg.encode('utf-8')).decode('ascii')})"
+    alt = re.sub(r"[^\w .-]+", " ", alt).replace("_", " ")  # alt text is not unescaped by every renderer
+    return f"![{alt}](data:image/svg+xml;base64,{base64.b64encode(svg.encode('utf-8')).decode('ascii')})"
 
 
 def run_summary(run: dict[str, Any], samples: pa.Table | None, links: dict[str, str]) -> str:
