@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import pyarrow as pa
@@ -15,6 +15,9 @@ from tasks.ledger import Counts
 from tasks.reasons import family
 from tasks.recipe import Recipe
 from tasks.storage import Storage
+
+if TYPE_CHECKING:
+    from tasks.report_web import Link
 
 
 class GateFailed(RuntimeError):
@@ -118,7 +121,7 @@ def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.T
     return report.url
 
 
-def post_run_artifacts(storage: Storage, recipe: Recipe, run: dict[str, Any], report: Any, samples: pa.Table | None) -> None:
+def post_run_artifacts(storage: Storage, recipe: Recipe, run: dict[str, Any], report: Link, samples: pa.Table | None) -> None:
     """Create, or update in place, the run's artifacts on the flow run a user started (the
     ``pretraining`` deployment's run, the CLI's ``shardsmith-{dataset}`` run): its summary
     with the key plots (``{dataset}-summary``), rows by reason (``-reasons``), every gate
@@ -188,7 +191,7 @@ def _families(phase: dict[str, Any]) -> dict[str, int]:
     return dict(c.most_common())
 
 
-def _markdown(run: dict[str, Any], phase: dict[str, Any], report: Any) -> str:
+def _markdown(run: dict[str, Any], phase: dict[str, Any], report: Link) -> str:
     from tasks.gates import observed_text
     from tasks.report_markdown import md as _md
     from tasks.report_web import link_markdown

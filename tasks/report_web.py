@@ -112,6 +112,8 @@ class _Handler(BaseHTTPRequestHandler):
         if rel is None:
             return self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8", body)
         st = self.storage
+        if rel and "/" not in rel:  # a dataset's folder: only its reports are shown
+            return self._redirect(quote(f"/{rel}/{REPORTS}/"))
         if st.is_local:
             # A link inside the reports folder must not lead outside the storage root.
             real, root = os.path.realpath(st.path(rel)), os.path.realpath(st.path(""))

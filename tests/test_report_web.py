@@ -78,6 +78,7 @@ def test_server_serves_reports_read_only(served):
     assert request(url, "/demo/reports/20261201T000000Z-abc/gates/data_docs/")[2] == b"<p>docs</p>"
     assert b'href="20261201T000000Z-abc/report.html"' in request(url, "/demo/reports/")[2]
     assert b'href="demo/reports/"' in request(url, "/")[2]
+    assert request(url, "/demo")[1]["location"] == "/demo/reports/"  # not the dataset's other folders
     status, headers, body = request(url, "/demo/reports/20261201T000000Z-abc/report.html", "HEAD")
     assert status == 200 and body == b"" and headers["content-length"] == str(len(PAGE))
     assert request(url, "/demo/reports/20261201T000000Z-abc/report.html", "POST")[0] == 501
