@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: setup demo test bench-download energon-venv clean
+.PHONY: setup demo test system-deps bench-download energon-venv clean
 ENERGON := .bench/energon-venv
 
 $(STAMP): pyproject.toml
@@ -23,6 +23,25 @@ demo: setup
 
 test: setup $(ENERGON)/.installed
 	$(VENV)/bin/python -m pytest -n auto --dist loadfile
+
+# Debian packages the browser check (headless Chromium driven by chromedriver) and the
+# PostgreSQL check of tests/test_deployments.py need. .ci/run installs them (CI runs as root
+# on a fresh Debian machine, where these checks must run, not skip); on a workstation run
+# `sudo make system-deps` once. Installs only what is missing, quietly; never a downloaded browser.
+SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver initdb:postgresql
+system-deps:
+	@missing=""; \
+	for pair in $(SYSTEM_PACKAGES); do \
+	  cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+	  if [ "$$cmd" = initdb ]; then ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && continue; \
+	  else command -v $$cmd >/dev/null 2>&1 && continue; fi; \
+	  missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
 
 # Megatron-Energon and wids read releases in tests; they live in a venv of their own (energon
 # pins tzdata<2026) that sees the project's packages through a .pth file. Optional for a

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import pyarrow as pa
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from tasks.ledger import Counts
 from tasks.reasons import family
 from tasks.recipe import Recipe
 from tasks.storage import Storage
+
+if TYPE_CHECKING:
+    from tasks.report_web import Link
 
 
 class GateFailed(RuntimeError):
@@ -33,7 +38,16 @@ def new_run(recipe: Recipe, run: str) -> dict[str, Any]:
         "finished": None,
         "phases": [],
         "blocked": None,
+        # The flow run this run belongs to (the one a user started): its artifacts go there.
+        "flow_run_id": _current_flow_run_id(),
     }
+
+
+def _current_flow_run_id() -> str | None:
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return str(ctx.flow_run.id) if ctx is not None and ctx.flow_run is not None else None
 
 
 def by_source(ledger: pa.Table) -> dict[str, dict[str, int]]:
@@ -72,7 +86,7 @@ def phase_record(phase: str, counts: Counts, ledger: pa.Table, seconds: float, s
 
 def run_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any) -> dict[str, str]:
     """Save a gate's JSON and Data Docs under the run's report folder; return relative links."""
-    from tasks.gates import save_gate_report
+    from tasks.data_docs import save_gate_report
 
     base = report_dir(recipe, run["run"])
     written = save_gate_report(gate, storage, f"{base}/gates")
@@ -81,31 +95,82 @@ def run_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any) -
 
 
 def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.Table | None = None) -> str:
-    """Write run.json and report.html for the run so far, and post the phase's artifacts."""
-    from tasks.report import write_report
+    """Write run.json and report.html for the run so far, and post its artifacts: the phase's
+    summary and reasons on the phase's own flow run, and the run's summary, reasons, gates,
+    plots and links on the run a user started (see ``post_run_artifacts``).
+
+    Returns the report's link (a URL a browser opens, or its path when nothing serves it).
+    """
+    from tasks.report import read_samples, write_report
+    from tasks.report_web import report_link
 
     base = report_dir(recipe, run["run"])
     run["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     written = write_report(storage, base, run, samples)
-    report_url = storage.url(written.get("html", f"{base}/report.html"))
+    report = report_link(storage, written["html"])
     phase = run["phases"][-1] if run["phases"] else None
     key = recipe.dataset
     if phase is not None:
         name = phase["phase"]
-        create_markdown_artifact(_markdown(run, phase, report_url), key=f"{key}-{name}-summary", description=f"{key}: {name} summary")
-        reasons = Counter()
-        for reason, n in phase["by_reason"].items():
-            reasons[family(reason)] += n
-        table = [{"reason": r, "rows": n, "share": round(n / max(phase["rows"], 1), 4)} for r, n in reasons.most_common()]
+        create_markdown_artifact(_markdown(run, phase, report), key=f"{key}-{name}-summary", description=f"{key}: {name} summary")
+        table = [{"reason": r, "rows": n, "share": round(n / max(phase["rows"], 1), 4)} for r, n in _families(phase).items()]
         create_table_artifact(table or [{"reason": "(none)", "rows": 0, "share": 0.0}], key=f"{key}-{name}-reasons", description=f"{key}: {name} rows by reason")
-    create_link_artifact(report_url, link_text=f"{key} audit report ({run['run']})", key=f"{key}-report", description="HTML audit report")
-    docs = (phase or {}).get("links", {}).get("data_docs")
-    if docs:
+    if samples is None and "samples" in written:
+        samples = read_samples(storage, written["samples"])
+    post_run_artifacts(storage, recipe, run, report, samples)
+    return report.url
+
+
+def post_run_artifacts(storage: Storage, recipe: Recipe, run: dict[str, Any], report: Link, samples: pa.Table | None) -> None:
+    """Create, or update in place, the run's artifacts on the flow run a user started (the
+    ``pretraining`` deployment's run, the CLI's ``shardsmith-{dataset}`` run): its summary
+    with the key plots (``{dataset}-summary``), rows by reason (``-reasons``), every gate
+    check (``-gates``), and links to the report (``-report``) and Data Docs (``-data-docs``).
+
+    Prefect attaches an artifact to the run that creates it, which here is a phase's subflow;
+    naming the top-level run and updating the same artifacts after each phase keeps one
+    current set there, whichever phase wrote last.
+    """
+    from tasks.report_markdown import gate_rows, reason_rows, run_summary
+    from tasks.report_web import link_markdown, report_link
+
+    flow_run_id = run.get("flow_run_id") or _current_flow_run_id()
+    if flow_run_id is None:
+        return  # not inside a flow: nothing to attach to
+    key = recipe.dataset
+    links = {"audit report": link_markdown(report, "report.html")}
+    docs = next((p["links"]["data_docs"] for p in reversed(run["phases"]) if (p.get("links") or {}).get("data_docs")), None)
+    docs_link = report_link(storage, f"{report_dir(recipe, run['run'])}/{docs}") if docs else None
+    if docs_link is not None:
         # One Data Docs site per run lists every gate so far, so the latest link is enough.
-        create_link_artifact(
-            storage.url(f"{base}/{docs}"), link_text=f"{key} gate results, Data Docs ({run['run']})", key=f"{key}-data-docs", description="Great Expectations Data Docs"
+        links["gate results (Great Expectations Data Docs)"] = link_markdown(docs_link, "data_docs/index.html")
+    label = f"{key} audit report ({run['run']})"
+    items = [
+        (f"{key}-summary", "markdown", f"{key}: the run, every phase, reasons, gates, plots", run_summary(run, samples, links)),
+        (f"{key}-reasons", "table", f"{key}: rows by reason, every phase", json.dumps(reason_rows(run) or [{"phase": "", "reason": "(none)", "rows": 0}])),
+        (f"{key}-gates", "table", f"{key}: every gate check", json.dumps(gate_rows(run) or [{"phase": "", "check": "(none)"}])),
+        (f"{key}-report", "markdown", "HTML audit report", link_markdown(report, label)),
+    ]
+    if docs_link is not None:
+        items.append((f"{key}-data-docs", "markdown", "Great Expectations Data Docs", link_markdown(docs_link, f"{key} gate results, Data Docs ({run['run']})")))
+    _upsert_artifacts(UUID(str(flow_run_id)), items)
+
+
+def _upsert_artifacts(flow_run_id: UUID, items: list[tuple[str, str, str, str]]) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[k for k, *_ in items]))
         )
-    return report_url
+        ids = {a.key: a.id for a in found}
+        for key, kind, description, data in items:
+            if key in ids:
+                client.update_artifact(ids[key], ArtifactUpdate(data=data, description=description))
+            else:
+                client.create_artifact(ArtifactCreate(key=key, type=kind, description=description, data=data, flow_run_id=flow_run_id))
 
 
 def check_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, samples: pa.Table | None = None) -> str:
@@ -118,8 +183,18 @@ def check_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any,
     return url
 
 
-def _markdown(run: dict[str, Any], phase: dict[str, Any], report_url: str) -> str:
+def _families(phase: dict[str, Any]) -> dict[str, int]:
+    """Rows by reason family (``duplicate_of:<key>`` counts once as ``duplicate_of``), largest first."""
+    c: Counter[str] = Counter()
+    for reason, n in (phase.get("by_reason") or {}).items():
+        c[family(reason)] += n
+    return dict(c.most_common())
+
+
+def _markdown(run: dict[str, Any], phase: dict[str, Any], report: Link) -> str:
     from tasks.gates import observed_text
+    from tasks.report_markdown import md as _md
+    from tasks.report_web import link_markdown
 
     lines = [
         f"# {run['dataset']}: {phase['phase']} ({run['run']})",
@@ -133,9 +208,9 @@ def _markdown(run: dict[str, Any], phase: dict[str, Any], report_url: str) -> st
     if gate:
         lines += ["| gate | threshold | observed | result |", "|---|---|---|---|"]
         for o in gate["outcomes"]:
-            lines.append(f"| {o['name']} | {o['threshold']} | {observed_text(o['observed'])} | {'PASS' if o['success'] else 'FAIL'} |")
+            lines.append(f"| {_md(o['name'])} | {_md(o['threshold'])} | {_md(observed_text(o['observed']))} | {'PASS' if o['success'] else 'FAIL'} |")
         lines.append("")
     if run.get("blocked"):
-        lines += [f"**BLOCKED**: {run['blocked']}", ""]
-    lines.append(f"Report: [{report_url}]({report_url})")
+        lines += [f"**BLOCKED**: {_md(run['blocked'])}", ""]
+    lines.append("Report: " + link_markdown(report, "audit report"))
     return "\n".join(lines) + "\n"

@@ -250,20 +250,51 @@ def demo(
 
 @app.command()
 def report(
-    target: Annotated[str, typer.Argument(help="A run's report folder (path or URL), or DATASET/RUN, or DATASET/latest under --storage.")],
-    storage: Annotated[Optional[str], typer.Option(help="Storage root, for DATASET/RUN targets.")] = None,
+    target: Annotated[Optional[str], typer.Argument(help="A run's report folder (path or URL), or DATASET/RUN, or DATASET/latest under --storage.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Storage root, for DATASET/RUN targets and for --serve.")] = None,
+    serve: Annotated[bool, typer.Option("--serve", help="Serve the storage root's reports read-only over HTTP until Ctrl-C.")] = False,
+    host: Annotated[str, typer.Option(help="Address --serve listens on (loopback: only this machine can read).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port --serve listens on; 0 picks a free one.", min=0, max=65535)] = 4280,
 ) -> None:
-    """Print a run's audit summary (the same numbers as its HTML report)."""
+    """Print a run's audit summary (the same numbers as its HTML report), or serve every run's
+    reports to a browser (--serve), which is where the Prefect UI's report links lead."""
     from tasks.report import load_run, summary_text
+    from tasks.report_web import report_link
     from tasks.storage import Storage
 
+    if serve:
+        _serve_reports(storage or target, host, port)
+        return
+    if target is None:
+        raise _fail("give a run (a report folder, or DATASET/RUN with --storage), or --serve", 2)
     root, rel = _locate_run(target, storage)
     try:
         run, _ = load_run(Storage(root), rel)
     except FileNotFoundError:
         raise _fail(f"no run.json under {Storage(root).url(rel)}", 2) from None
     typer.echo(summary_text(run))
-    typer.echo(f"HTML report: {Storage(root).url(rel + '/report.html')}")
+    link = report_link(Storage(root), rel + "/report.html")
+    typer.echo(f"HTML report: {link.url}" + (f"\n  ({link.note})" if link.note else ""))
+
+
+def _serve_reports(root: str | None, host: str, port: int) -> None:
+    """`shardsmith report --serve`: the storage root's {dataset}/reports/ over HTTP, read-only."""
+    from tasks.report_web import REPORT_URL_ENV, ReportServer
+    from tasks.storage import Storage
+
+    if not root:
+        raise _fail("give the storage root to serve: shardsmith report --serve --storage ROOT", 2)
+    try:
+        server = ReportServer(Storage(root), host=host, port=port)
+    except OSError as err:
+        raise _fail(f"cannot listen on {host}:{port}: {err}", 1) from None
+    typer.secho(f"serving the reports under {Storage(root).url()} at {server.url}/ (read-only; Ctrl-C stops)", bold=True)
+    typer.echo(f"for links in the Prefect UI, run flows with {REPORT_URL_ENV}={server.url}")
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    finally:
+        server.stop()
 
 
 def _storage_for(dataset_or_recipe: str, storage: str | None) -> tuple[str, "object"]:

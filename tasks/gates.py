@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
-import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -14,7 +12,6 @@ import pyarrow as pa
 
 from tasks.reasons import OK, STATUSES, family
 from tasks.recipe import DownloadGate, FinetuneGate, ImageRules, PackingConfig, PrecacheGate, ValidateGate
-from tasks.storage import Storage
 
 # Not a GE expectation type: the license review is a fact about the recipe, not about the data.
 LICENSE_REVIEW = "shardsmith_license_review_recorded"
@@ -531,103 +528,6 @@ def validate_gate(
 
 
 # --- reports ----------------------------------------------------------------------------------
-
-
-def _build_data_docs(gx: Any, ge_results: list[dict[str, Any]], docs_dir: str) -> None:
-    """Render one GE Data Docs site for stored validation results (JSON) into ``docs_dir``.
-
-    The results are loaded back into an in-memory context's validation results store, with
-    their suites rebuilt from the configurations the results carry, so a report can be
-    rendered from the JSON alone (in another process, or after the run).
-    """
-    from great_expectations.core.expectation_validation_result import (
-        ExpectationSuiteValidationResultSchema,
-    )
-    from great_expectations.core.run_identifier import RunIdentifierSchema
-    from great_expectations.data_context.types.resource_identifiers import (
-        ExpectationSuiteIdentifier,
-        ValidationResultIdentifier,
-    )
-    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
-
-    with _GE_LOCK:
-        context = _context(gx, docs_dir)
-        for ge_result in ge_results:
-            for data in ge_result.get("validations", []):
-                result = ExpectationSuiteValidationResultSchema().load(data)
-                run_id = result.meta["run_id"]
-                if isinstance(run_id, dict):
-                    run_id = RunIdentifierSchema().load(run_id)
-                batch = result.meta.get("active_batch_definition") or {}
-                identifier = ValidationResultIdentifier(
-                    expectation_suite_identifier=ExpectationSuiteIdentifier(name=result.suite_name),
-                    run_id=run_id,
-                    batch_identifier=batch.get("data_asset_name") or result.suite_name,
-                )
-                context.validation_results_store.set(identifier, result)
-                suite = gx.ExpectationSuite(name=result.suite_name)
-                for r in data["results"]:
-                    cfg = r["expectation_config"]
-                    kwargs = {k: v for k, v in cfg.get("kwargs", {}).items() if k != "batch_id"}
-                    config = ExpectationConfiguration(
-                        type=cfg["type"], kwargs=kwargs, meta=cfg.get("meta"), description=cfg.get("description")
-                    )
-                    suite.add_expectation(config.to_domain_obj())
-                context.suites.add(suite)
-        context.build_data_docs()
-
-
-def _saved_reports(storage: Storage, rel_dir: str) -> list[dict[str, Any]]:
-    """The gate reports already in ``rel_dir`` (other files there are skipped)."""
-    reports = []
-    for name in storage.listdir(rel_dir):
-        if not name.endswith(".json"):
-            continue
-        try:
-            data = json.loads(storage.read_bytes(f"{rel_dir}/{name}"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and {"phase", "ge_result", "outcomes"} <= data.keys():
-            reports.append(data)
-    return reports
-
-
-def save_gate_report(result: GateResult, storage: Storage, rel_dir: str) -> dict[str, str]:
-    """Write ``{rel_dir}/{phase}.json`` and the run's GE Data Docs under ``{rel_dir}/data_docs/``.
-
-    The JSON goes first, so a failure while rendering still leaves the verdict behind. The
-    Data Docs site covers every gate report in ``rel_dir`` (so one index lists all phases of
-    the run); it is built in a local temp dir and copied file by file through ``storage``, which
-    works on S3 too. Static assets (fonts, images: most of the site's 4 MB) already there are
-    not copied again. Returns the relative paths: ``json`` and ``data_docs`` (index.html).
-    """
-    rel_dir = rel_dir.strip("/")
-    json_rel = f"{rel_dir}/{result.phase}.json"
-    payload = json.dumps(result.to_json(), indent=2, sort_keys=True, default=_json_default)
-    storage.write_bytes(json_rel, payload.encode())
-    docs_rel = f"{rel_dir}/data_docs"
-    reports = {r["phase"]: r["ge_result"] for r in _saved_reports(storage, rel_dir)}
-    reports[result.phase] = result.ge_result
-    gx = _import_gx()
-    with tempfile.TemporaryDirectory(prefix="shardsmith-docs-") as tmp:
-        _build_data_docs(gx, [reports[p] for p in sorted(reports)], tmp)
-        for folder, _dirs, files in sorted(os.walk(tmp)):
-            for name in sorted(files):
-                path = os.path.join(folder, name)
-                rel = os.path.relpath(path, tmp).replace(os.sep, "/")
-                target = f"{docs_rel}/{rel}"
-                if rel.startswith("static/") and _same_size(storage, target, os.path.getsize(path)):
-                    continue
-                with open(path, "rb") as fh:
-                    storage.write_bytes(target, fh.read())
-    return {"json": json_rel, "data_docs": f"{docs_rel}/index.html"}
-
-
-def _same_size(storage: Storage, rel: str, size: int) -> bool:
-    try:
-        return storage.size(rel) == size
-    except FileNotFoundError:
-        return False
 
 
 def _json_default(value: Any) -> Any:

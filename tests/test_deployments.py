@@ -54,16 +54,22 @@ def served(server, tmp_path_factory):
     """`python -m deployments.serve` pointed at the server, with a small demo corpus online."""
     from tasks.demo import prepare_demo
 
+    from tasks.report_web import REPORT_URL_ENV, ReportServer
+    from tasks.storage import Storage
+
     root = tmp_path_factory.mktemp("demo")
     web, expected = prepare_demo(root, n=40, port=0)
-    env = {**os.environ, "PREFECT_API_URL": server, "SHARDSMITH_DEMO_DIR": str(root)}
+    # What `shardsmith report --serve --storage ROOT/store` runs: the runs' report links lead here.
+    reports = ReportServer(Storage(str(root / "store"))).start()
+    env = {**os.environ, "PREFECT_API_URL": server, "SHARDSMITH_DEMO_DIR": str(root), REPORT_URL_ENV: reports.url}
     log = open(root / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "deployments.serve"], cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield root, expected, proc
+        yield root, expected, proc, reports.url
     finally:
         stop_process(proc)
         log.close()
+        reports.stop()
         web.stop()
 
 
@@ -86,8 +92,30 @@ def wait_for_deployments(url, proc, names, timeout=180):
     pytest.fail(f"deployments {names} not registered within {timeout} s")
 
 
-def test_served_deployments_schedules_forms_and_a_run(server, served):
-    root, expected, proc = served
+# A run with edited parameters, the way the UI's "custom run" starts one.
+RUN_PARAMS = {"phases": ["download"], "workers": 1, "overrides": {"min_success_rate": 0.6, "task_retries": 1}}
+
+
+@pytest.fixture(scope="module")
+def demo_run(server, served):
+    """The demo deployment's run with RUN_PARAMS, finished: (flow run, serve log)."""
+    root, _, proc, _ = served
+    found = wait_for_deployments(server, proc, {"demo", "demo-strict", "nightly-rebuild"})
+    with client(server) as c:
+        run = c.create_flow_run_from_deployment(found["demo"].id, parameters=RUN_PARAMS)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            run = c.read_flow_run(run.id)
+            if run.state.is_final():
+                break
+            time.sleep(1)
+    log = (root / "serve.log").read_text(errors="replace")
+    assert run.state.is_completed(), f"{run.state}\n{log[-4000:]}"
+    return run, log
+
+
+def test_served_deployments_schedules_forms_and_a_run(server, served, demo_run):
+    root, expected, proc, reports_url = served
     found = wait_for_deployments(server, proc, {"demo", "demo-strict", "nightly-rebuild"})
     demo = found["demo"]
 
@@ -124,31 +152,30 @@ def test_served_deployments_schedules_forms_and_a_run(server, served):
         with pytest.raises(PrefectHTTPStatusError):
             c.create_flow_run_from_deployment(demo.id, parameters={"cluster": "somewhere else"})
 
-        # A run with edited parameters, the way the UI's "custom run" starts one.
-        params = {"phases": ["download"], "workers": 1, "overrides": {"min_success_rate": 0.6, "task_retries": 1}}
-        run = c.create_flow_run_from_deployment(demo.id, parameters=params)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            run = c.read_flow_run(run.id)
-            if run.state.is_final():
-                break
-            time.sleep(1)
-        log = (root / "serve.log").read_text(errors="replace")
-        assert run.state.is_completed(), f"{run.state}\n{log[-4000:]}"
+        run, _ = demo_run
         assert run.parameters["overrides"]["min_success_rate"] == 0.6
 
-        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterParentFlowRunId
 
-        keys = ["demo-download-progress", "demo-download-summary", "demo-download-reasons", "demo-report", "demo-data-docs"]
-        arts = {a.key: a for a in c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))}
-    assert set(arts) == set(keys)
-    assert arts["demo-download-progress"].data == 100.0
-    assert str(root) in arts["demo-report"].data and "report.html" in arts["demo-report"].data
-    assert f"| {expected['rows']} | {expected['ok']} |" in arts["demo-download-summary"].data
+        # The run the user started carries the run's artifacts; its phase subflow carries the phase's.
+        arts = {a.key: a for a in c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))}
+        children = c.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+        subflows = [r.id for r in children]
+        assert subflows
+        phase_arts = {a.key: a for a in c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=subflows)))}
+    assert set(arts) == {"demo-summary", "demo-reasons", "demo-gates", "demo-report", "demo-data-docs"}
+    assert {"demo-download-progress", "demo-download-summary", "demo-download-reasons"} <= set(phase_arts)
+    assert phase_arts["demo-download-progress"].data == 100.0
+    assert f"| {expected['rows']} | {expected['ok']} |" in phase_arts["demo-download-summary"].data
+    assert f"| download | {expected['rows']} | {expected['ok']} |" in arts["demo-summary"].data
+    # The links lead to the report server, which serves the report the run wrote.
+    report = next((root / "store" / "demo" / "reports").glob("*/report.html"))
+    url = f"{reports_url}/demo/reports/{report.parent.name}/report.html"
+    assert f"]({url})" in arts["demo-report"].data and f"]({url})" in arts["demo-summary"].data
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.read() == report.read_bytes()
     # The run's outputs are where the recipe says, relative to the project folder.
     assert list((root / "store" / "demo" / "download").rglob("*.ledger.parquet"))
-    report = next((root / "store" / "demo" / "reports").glob("*/report.html"))
-    assert report.stat().st_size > 0
 
 
 def test_ui_serves_deployments_page(server):
@@ -164,40 +191,144 @@ def test_ui_serves_deployments_page(server):
         assert json.loads(r.read())["api_url"] == server
 
 
+def require(what: str, why: str):
+    """Skip for want of a tool on a developer's machine; in CI (CI=true) a missing tool fails,
+    since .ci/run installs it (make system-deps)."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} is missing in CI: {why}")
+    pytest.skip(f"{what} not installed ({why}; `make system-deps` installs it)")
+
+
 CHROMIUM = os.environ.get("SHARDSMITH_CHROMIUM") or next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(n)), None)
+CHROMEDRIVER = os.environ.get("SHARDSMITH_CHROMEDRIVER") or shutil.which("chromedriver")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (see README: Operations, browser check)")
-def test_browser_finds_our_deployments(server, served):
-    root, _, proc = served
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium driven by chromedriver (Debian's chromium and chromium-driver), with a
+    fresh profile and nothing that phones home; never a downloaded browser."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        require("Chromium and chromedriver", "apt-get install chromium chromium-driver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        require("selenium", "the test extra: pip install -e '.[test]'")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1400,1000",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        opts.add_argument(flag)
+    # An explicit driver path: Selenium Manager (which would download one) never runs.
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(driver, condition, what: str, timeout: float = 90):
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.5).until(lambda d: condition(d))
+    except TimeoutException:
+        pytest.fail(f"{what} not seen within {timeout} s at {driver.current_url}:\n{driver.find_element('tag name', 'body').text[:3000]}")
+
+
+def test_browser_finds_our_deployments(server, served, browser):
+    _, _, proc, _ = served
     wait_for_deployments(server, proc, {"demo"})
-    base = server[: -len("/api")]
-    out = subprocess.run(
-        [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000", "--dump-dom", f"{base}/deployments"],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert "demo-strict" in out.stdout and "nightly-rebuild" in out.stdout
+    browser.get(f"{server[: -len('/api')]}/deployments")
+    wait_for(browser, lambda d: "demo-strict" in d.page_source and "nightly-rebuild" in d.page_source, "our deployments")
 
 
-def _postgres_url() -> str | None:
-    """SHARDSMITH_TEST_POSTGRES_URL, or the compose stack's defaults when a server answers on 5432."""
-    import socket
+def test_browser_opens_the_run_its_artifacts_and_its_report(server, served, demo_run, browser):
+    """As a user would: the run's page, its Artifacts tab, the summary with its plot, then the
+    report link, which opens the served report, and the gate results (Data Docs)."""
+    from selenium.webdriver.common.by import By
 
+    root, expected, _, reports_url = served
+    run, _ = demo_run
+    browser.get(f"{server[: -len('/api')]}/runs/flow-run/{run.id}")
+    tab = wait_for(browser, lambda d: next((e for e in d.find_elements(By.XPATH, "//li[contains(@class, 'p-tab')][normalize-space()='Artifacts']") if e.is_displayed()), None), "the Artifacts tab")
+    tab.click()
+    card = wait_for(browser, lambda d: next((e for e in d.find_elements(By.XPATH, "//*[contains(@class, 'artifact-card__title')][normalize-space()='demo-summary']") if e.is_displayed()), None), "the demo-summary artifact")
+    card.click()
+    # The artifact's page renders the markdown: the counts, and the status plot as an image.
+    wait_for(browser, lambda d: "Rows by reason" in d.find_element(By.TAG_NAME, "body").text or "Gates" in d.find_element(By.TAG_NAME, "body").text, "the rendered summary")
+    plot = wait_for(browser, lambda d: next((i for i in d.find_elements(By.CSS_SELECTOR, "img[src^='data:image/svg+xml']") if i.get_property("naturalWidth")), None), "the status plot")
+    assert plot.get_property("naturalWidth") == 600 and plot.get_attribute("alt") == "status download"
+    link = wait_for(browser, lambda d: next((a for a in d.find_elements(By.TAG_NAME, "a") if a.text.strip() == "report.html"), None), "the report link")
+    href = link.get_attribute("href")
+    assert href.startswith(f"{reports_url}/demo/reports/") and href.endswith("/report.html")
+    before = set(browser.window_handles)
+    link.click()  # the UI opens links in a new tab
+    new = wait_for(browser, lambda d: next(iter(set(d.window_handles) - before), None), "the report's tab")
+    browser.switch_to.window(new)
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-verdict]"), "the served report")
+    assert browser.title.startswith("shardsmith report: demo")
+    cell = browser.find_element(By.CSS_SELECTOR, "table[data-table='overview'] tr[data-key='download'] td[data-col='rows']")
+    assert cell.get_attribute("data-value") == str(expected["rows"])
+    # The gate results open from the report too, styled and with their tables, without a network.
+    browser.find_element(By.XPATH, "//a[normalize-space()='data_docs']").click()
+    wait_for(browser, lambda d: d.find_elements(By.XPATH, "//td//a[contains(@href, 'validations/')]"), "the Data Docs index's rows")
+    assert "Great Expectations" in browser.title or "Data Docs" in browser.title
+    assert browser.execute_script("return document.scripts.length") == 0
+
+
+def _initdb() -> str | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb")) if Path("/usr/lib/postgresql").is_dir() else []
+    return str(found[-1]) if found else shutil.which("initdb")
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    """SHARDSMITH_TEST_POSTGRES_URL, else a throwaway PostgreSQL server of our own on loopback
+    (initdb in a temp dir, trust auth, a free port), run as the postgres user when we are root
+    (PostgreSQL refuses to run as root)."""
     url = os.environ.get("SHARDSMITH_TEST_POSTGRES_URL")
     if url:
-        return url
+        yield url
+        return
+    initdb = _initdb()
+    if initdb is None:
+        require("PostgreSQL", "apt-get install postgresql, or set SHARDSMITH_TEST_POSTGRES_URL=postgresql+asyncpg://user:pass@host:5432/db")
+    import pwd
+    import tempfile
+
+    from deployments.serve import free_port
+
+    bindir = Path(initdb).parent
+    as_user: list[str] = []
+    base = Path(tempfile.mkdtemp(prefix="shardsmith-pg-"))
+    if os.geteuid() == 0:
+        pg = pwd.getpwnam("postgres")
+        os.chown(base, pg.pw_uid, pg.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    data = base / "data"
+
+    def pg(*args: str) -> None:
+        out = subprocess.run([*as_user, *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, f"{args[0]} failed:\n{out.stdout}\n{out.stderr}"
+
+    pg(initdb, "-D", str(data), "-U", "prefect", "--auth=trust", "-E", "UTF8", "--no-sync")
+    pg(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(base / "log"), "-w", "-t", "60", "start",
+       "-o", f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off")
     try:
-        socket.create_connection(("127.0.0.1", 5432), timeout=1).close()
-    except OSError:
-        return None
-    return "postgresql+asyncpg://prefect:prefect@127.0.0.1:5432/prefect"
+        pg(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "prefect", "prefect")
+        yield f"postgresql+asyncpg://prefect@127.0.0.1:{port}/prefect"
+    finally:
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True, timeout=120)
+        shutil.rmtree(base, ignore_errors=True)
 
 
-def test_postgres_backend(tmp_path):
-    url = _postgres_url()
-    if url is None:
-        pytest.skip("no PostgreSQL reachable (set SHARDSMITH_TEST_POSTGRES_URL=postgresql+asyncpg://user:pass@host:5432/db)")
-    env = {"PREFECT_HOME": str(tmp_path), "PREFECT_API_DATABASE_CONNECTION_URL": url}
+def test_postgres_backend(tmp_path, postgres_url):
+    env = {"PREFECT_HOME": str(tmp_path), "PREFECT_API_DATABASE_CONNECTION_URL": postgres_url}
     with local_server(env=env, ui=False) as api, client(api) as c:
         from prefect import flow
 

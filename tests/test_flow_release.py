@@ -219,3 +219,24 @@ def _release_samples(base, index):
     for shard in index["shards"]:
         with open(base / shard["name"], "rb") as fh:
             yield from iter_samples(fh)
+
+
+def test_the_final_report_keeps_the_validation_plots_and_thumbnails(released):
+    """Reshard, precache and release publish after validation without a samples table: the
+    final report (and its copy in the release) still draws validation's histograms and the
+    thumbnails of rejected samples."""
+    import re
+
+    store, first, *_ = released
+    run_dir = store / "reports" / first["record"]["run"]
+    assert (run_dir / "samples.parquet").is_file()
+    for page in (run_dir / "report.html", store / "releases" / "v0001" / "report.html"):
+        html = page.read_text(encoding="utf-8")
+        assert "No per-sample table" not in html
+        assert [p for p in re.findall(r'data-phase="(\w+)"', html) if p != ""][-1] == "precache"
+        for column in ("width", "height", "caption_chars"):
+            n = re.search(rf'<div class="hist" data-hist="{column}" data-n="(\d+)"', html)
+            assert n and int(n.group(1)) == first["validate"].counts.ok, column
+        assert re.search(r'<rect class="bar" data-count="[1-9]', html)
+        thumbs = re.findall(r'<figure class="thumb" data-reason="([\w-]+)"[^>]*><img src="data:image/(?:jpeg|png|webp);base64,', html)
+        assert thumbs, "no thumbnails of rejected samples"

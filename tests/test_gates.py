@@ -8,7 +8,8 @@ import re
 import pyarrow as pa
 import pytest
 
-from tasks.gates import LICENSE_REVIEW, GateResult, download_gate, save_gate_report, validate_gate
+from tasks.data_docs import save_gate_report
+from tasks.gates import LICENSE_REVIEW, GateResult, download_gate, validate_gate
 from tasks.ledger import LedgerRow, ledger_table
 from tasks.recipe import DownloadGate, ImageRules, ValidateGate
 from tasks.storage import Storage
@@ -260,7 +261,7 @@ def test_validate_gate_requires_license_review():
 
 
 def _linked_pages(index_html: str) -> list[str]:
-    return re.findall(r"'_table_row_link_path': '([^']+\.html)'", index_html)
+    return sorted(set(re.findall(r'href="((?:validations|expectations)/[^"]+\.html)"', index_html)))
 
 
 def test_save_gate_report_writes_json_and_data_docs(tmp_path):

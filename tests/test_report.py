@@ -11,17 +11,8 @@ import pyarrow as pa
 import pytest
 
 from tasks.reasons import REASONS
-from tasks.report import (
-    BLOCKED,
-    IN_PROGRESS,
-    PASSED,
-    group_reasons,
-    load_run,
-    reason_group,
-    render_html,
-    summary_text,
-    write_report,
-)
+from tasks.report import load_run, render_html, summary_text, write_report
+from tasks.report_views import BLOCKED, IN_PROGRESS, PASSED, group_reasons, reason_group
 from tasks.storage import Storage
 
 HOSTILE = '<script>alert("x")</script>'
@@ -286,7 +277,7 @@ def test_thumbnails_capped_per_reason(page, page_html):
 
 def test_hostile_data_is_escaped(page_html, samples):
     assert "<script" not in page_html.lower()
-    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page_html  # reason, key and caption
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page_html  # reason, key and caption
     run = make_run(blocked=HOSTILE)
     run["dataset"] = HOSTILE
     run["phases"][0]["by_source"][HOSTILE] = {"rows": 1, "ok": 1}
@@ -381,7 +372,53 @@ def test_write_and_load_round_trip(tmp_path, samples):
     assert run2 == run
     assert samples2.equals(samples)
     assert render_html(run2, samples2) == render_html(run, samples)
-    # a later write without samples leaves no stale table behind
-    paths = write_report(storage, rel, make_run(), None)
-    assert "samples" not in paths and not (tmp_path / rel / "samples.parquet").exists()
-    assert load_run(storage, rel) == (make_run(), None)
+    # A later phase writes without samples: the table stays and the page still draws it.
+    later = make_run()
+    later["phases"].append({"phase": "reshard", "rows": 280, "ok": 280})
+    paths = write_report(storage, rel, later, None)
+    assert paths["samples"] == f"{rel}/samples.parquet"
+    run3, samples3 = load_run(storage, rel)
+    assert run3 == later and samples3.equals(samples)
+    page = Page((tmp_path / rel / "report.html").read_text(encoding="utf-8"))
+    assert page.find("div", data_hist="width")[0]["data-n"] == "9"
+    assert len(page.find("figure", data_reason="duplicate_of")) == 5
+    assert page.find("section", data_phase="reshard")
+    # A run folder without a table says so.
+    write_report(storage, "demo/reports/other", make_run(), None)
+    assert load_run(storage, "demo/reports/other") == (make_run(), None)
+
+
+def test_plots_for_the_ui_are_standalone_svg_files(samples):
+    import xml.etree.ElementTree as ET
+
+    from tasks.report import plot_svgs
+
+    run = make_run()
+    run["phases"][0]["phase"] = HOSTILE
+    plots = plot_svgs(run, samples)
+    assert list(plots) == ["status-script-alert-x-script", "status-validate", "hist-width", "hist-height", "hist-aspect", "hist-caption_chars"]
+    for name, svg in plots.items():
+        root = ET.fromstring(svg)  # well-formed on its own: an <img> data: URI shows it
+        assert root.tag == "{http://www.w3.org/2000/svg}svg", name
+        assert "<script" not in svg
+    width = ET.fromstring(plots["hist-width"])
+    bars = [e for e in width.iter("{http://www.w3.org/2000/svg}rect") if e.get("class") == "bar"]
+    assert sum(int(b.get("data-count")) for b in bars) == 9
+    assert plot_svgs({"phases": []}, None) == {}
+
+
+def test_run_summary_markdown_escapes_and_counts(samples):
+    from tasks.report_markdown import gate_rows, md, reason_rows, run_summary
+
+    assert md("a|b <img src=x onerror=y> [l](javascript:x) `c`\n#") == "a\\|b \\<img src=x onerror=y\\> \\[l\\](javascript:x) \\`c\\` \\#"
+    run = make_run(blocked="validate gate failed <b>")
+    text = run_summary(run, samples, {"audit report": "[report.html](http://127.0.0.1:4280/r.html)"})
+    assert "**BLOCKED**: validate gate failed \\<b\\>" in text
+    assert "- audit report: [report.html](http://127.0.0.1:4280/r.html)" in text
+    assert "| download | 306 | 298 | 7 | 1 | 12.3 | PASS |" in text and "| validate | 298 | 280 | 18 | 0 | 3.0 | **FAIL** |" in text
+    assert "2 of 3 checks passed." in text and "| validate | accept rate \\>= 0.99 | \\>= 0.99 | 0.9396 |" in text
+    assert text.count("](data:image/svg+xml;base64,") == 6
+    assert "\\<script\\>" in text and not re.search(r"(?<!\\)<script", text)  # the hostile reason, escaped
+    assert [(r["phase"], r["reason"], r["rows"]) for r in reason_rows(run)][:4] == [
+        ("download", "too_large", 4), ("download", "not_an_image", 3), ("download", "http_404", 1), ("validate", "duplicate_of", 11)]
+    assert [g["result"] for g in gate_rows(run)] == ["PASS", "FAIL", "PASS"]
