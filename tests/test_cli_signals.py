@@ -36,6 +36,7 @@ download:
   retries: 0
   network:
     allowed_networks: ["127.0.0.1/32"]
+    any_port: true
 execution:
   cluster: local
   workers: 2

@@ -402,7 +402,7 @@ def test_expressions_through_the_validate_stage(tmp_path, web):
     storage = Storage(str(tmp_path / "store"))
     ref = plan_source(SourceConfig(name="web", manifest=str(manifest)), storage, "ds").chunks[0]
     tar, ledger = shard_paths("ds", ref, "x")
-    dl = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",)))
+    dl = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True))
     assert download_shard(ref, storage, dl, tar, ledger).counts.ok == len(rows)
     cfg = ValidateConfig(license=LicensePolicy(allow=("MIT", "CC0-1.0", "CC-BY-4.0")), image=ImageRules(min_side=32))
     cand_tar, cand_table = candidate_paths("ds", "web", 0, tar, "cfg")
