@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from uuid import UUID
 
 import pyarrow as pa
@@ -84,14 +84,48 @@ def phase_record(phase: str, counts: Counts, ledger: pa.Table, seconds: float, s
     }
 
 
-def run_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any) -> dict[str, str]:
-    """Save a gate's JSON and Data Docs under the run's report folder; return relative links."""
+def run_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, reused_from: str | None = None) -> dict[str, str]:
+    """Save a gate's JSON and Data Docs under the run's report folder; return relative links.
+
+    A gate reused from run ``reused_from`` keeps its Data Docs there; the link points at them.
+    """
     from tasks.data_docs import save_gate_report
 
     base = report_dir(recipe, run["run"])
-    written = save_gate_report(gate, storage, f"{base}/gates")
+    written = save_gate_report(gate, storage, f"{base}/gates", docs=reused_from is None)
+    if reused_from is not None:
+        written["data_docs"] = f"{report_dir(recipe, reused_from)}/gates/data_docs/index.html"
     # Links in the HTML report are relative to the report's folder.
-    return {name: path[len(base) + 1 :] if path.startswith(base + "/") else path for name, path in written.items()}
+    return {name: path[len(base) + 1 :] if path.startswith(base + "/") else _relative(path, base) for name, path in written.items()}
+
+
+def _relative(path: str, base: str) -> str:
+    import posixpath
+
+    return posixpath.relpath(path, base) if not path.startswith(("/", "s3://", "http")) else path
+
+
+def judge_phase(
+    storage: Storage, recipe: Recipe, run: dict[str, Any], phase: str, files: list[str], settings: tuple[Any, ...], evaluate: Callable[[], Any]
+) -> tuple[Any, dict[str, str]]:
+    """A phase's gate verdict and its report links; a verdict that passed on exactly these
+    files and settings in an earlier run is reused instead of evaluated again (tasks/gate_cache.py)."""
+    from tasks.gate_cache import gate_key, recall, remember, stamps
+
+    try:
+        key = gate_key(phase, stamps(storage, files), *settings)
+    except FileNotFoundError:
+        key = None
+    hit = recall(storage, recipe.dataset, phase, key) if key else None
+    if hit is not None:
+        gate, origin = hit
+        gate.statistics["reused_from"] = origin
+        return gate, run_gate(storage, recipe, run, gate, reused_from=origin)
+    gate = evaluate()
+    links = run_gate(storage, recipe, run, gate)
+    if key:
+        remember(storage, recipe.dataset, phase, key, gate, run["run"])
+    return gate, links
 
 
 def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.Table | None = None) -> str:

@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
-from flows.audit import check_gate, phase_record, run_gate
+from flows.audit import check_gate, judge_phase, phase_record
 from flows.runtime import gather_all
 from tasks.download import ShardResult, download_shard, shard_paths
 from tasks.ledger import Counts, committed, concat_ledgers, read_ledgers
@@ -160,8 +160,11 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         create_markdown_artifact(summary_markdown(summary), key=f"{key}-summary", description=f"{recipe.dataset}: download summary")
         raise PhaseFailed(f"{len(failed)} of {len(refs)} download shards failed; see {summary.report}:\n" + "\n".join(failed[:20]))
     ledger = concat_ledgers([tables.get(r.ledger) for r in results], ["key", "source", "status", "reason"])
-    gate = download_gate(ledger, sum(p.rows for p in plans), recipe.gates.download)
-    links = run_gate(storage, recipe, run, gate)
+    manifest_rows = sum(p.rows for p in plans)
+    gate, links = judge_phase(
+        storage, recipe, run, "download", [r.ledger for r in results], (manifest_rows, recipe.gates.download),
+        lambda: download_gate(ledger, manifest_rows, recipe.gates.download),
+    )  # fmt: skip
     run["phases"].append(phase_record("download", counts, ledger, seconds, summary.samples_per_s, gate, links))
     check_gate(storage, recipe, run, gate)
     return summary, run

@@ -307,9 +307,6 @@ def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
     problems = policy_problems(recipe.validate_.license)
     if problems:
         raise RecipeError("\n".join(f"validate.license: {p}" for p in problems))
-    from tasks.gates import preload
-
-    threading.Thread(target=preload, name="preload-great-expectations", daemon=True).start()
     record = new_run(recipe, run_name())
     ex = recipe.execution
     out: dict[str, Any] = {}

@@ -63,7 +63,6 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
     if problems:
         # An allowlist entry that names no license would silently match nothing.
         raise RecipeError("\n".join(f"validate.license: {p}" for p in problems))
-    _warm_gates()
     record = new_run(recipe, run_name())
     ex = recipe.execution
     out: dict = {"run": record["run"], "record": record}
@@ -93,13 +92,3 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
             )
     out["record"] = record
     return out
-
-
-def _warm_gates() -> None:
-    """Import Great Expectations (about 7 s) in the background while the first phase runs,
-    instead of after its last shard, where every gate needs it."""
-    import threading
-
-    from tasks.gates import preload
-
-    threading.Thread(target=preload, name="preload-great-expectations", daemon=True).start()

@@ -440,6 +440,24 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+_warming = threading.Lock()
+_warmed = False
+
+
+def warm_gates() -> None:
+    """Import Great Expectations (about 5 s) in the background once this process has shard work
+    running, so the gate after it does not wait for it; a rerun with nothing to do (every
+    verdict reused, tasks/gate_cache.py) never imports it."""
+    global _warmed
+    with _warming:
+        if _warmed:
+            return
+        _warmed = True
+    from tasks.gates import preload
+
+    threading.Thread(target=preload, name="preload-great-expectations", daemon=True).start()
+
+
 def gather_all(futures: dict, progress, what: str, rows: int | None = None, offset: float = 0.0, share: float = 100.0, logger=None) -> tuple[list, list[str]]:
     """(results, failures) in completion order; a failure is ``"{label}: {Type}: {message}"``.
 
@@ -458,6 +476,7 @@ def gather_all(futures: dict, progress, what: str, rows: int | None = None, offs
         logger = get_run_logger()
     out, failed = [], []
     if futures:
+        warm_gates()
         terminal.start(what, len(futures), rows)
     last = 0.0
     for done, fut in enumerate(as_completed(list(futures)), start=1):

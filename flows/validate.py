@@ -10,7 +10,7 @@ import pyarrow as pa
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from flows.audit import check_gate, phase_record, run_gate
+from flows.audit import check_gate, judge_phase, phase_record
 from flows.runtime import gather
 from tasks.download import ShardResult
 from tasks.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers, read_parquet
@@ -129,15 +129,13 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
     seconds = time.perf_counter() - started
     samples = _report_samples(storage, ledger, cands)
     accepted = ledger.filter(pa.compute.equal(ledger.column("status"), "ok")) if ledger is not None else None
-    gate = validate_gate(
-        ledger if ledger is not None else pa.table({}),
-        _gate_samples(accepted),
-        recipe.gates.validate_,
-        list(cfg.license.allow),
-        cfg.image,
-        review_problem(cfg.license) is None,
-    )
-    links = run_gate(storage, recipe, run, gate)
+    reviewed = review_problem(cfg.license) is None
+    gate, links = judge_phase(
+        storage, recipe, run, "validate", [r.ledger for r in results], (recipe.gates.validate_, cfg.license.allow, cfg.image, reviewed),
+        lambda: validate_gate(
+            ledger if ledger is not None else pa.table({}), _gate_samples(accepted), recipe.gates.validate_, list(cfg.license.allow), cfg.image, reviewed
+        ),
+    )  # fmt: skip
     fresh = sum(r.counts.ok for r in results if not r.skipped) + sum(c.counts.ok for c in cands if not c.skipped)
     summary = ValidateSummary(
         dataset=recipe.dataset,

@@ -142,19 +142,23 @@ def _saved_reports(storage: Storage, rel_dir: str) -> list[dict[str, Any]]:
     return reports
 
 
-def save_gate_report(result: GateResult, storage: Storage, rel_dir: str) -> dict[str, str]:
+def save_gate_report(result: GateResult, storage: Storage, rel_dir: str, docs: bool = True) -> dict[str, str]:
     """Write ``{rel_dir}/{phase}.json`` and the run's GE Data Docs under ``{rel_dir}/data_docs/``.
 
     The JSON goes first, so a failure while rendering still leaves the verdict behind. The
     Data Docs site covers every gate report in ``rel_dir`` (so one index lists all phases of
     the run); it is built in a local temp dir and copied file by file through ``storage``, which
     works on S3 too. Static assets (fonts, images: most of the site's 4 MB) already there are
-    not copied again. Returns the relative paths: ``json`` and ``data_docs`` (index.html).
+    not copied again. Returns the relative paths: ``json`` and ``data_docs`` (index.html);
+    ``docs=False`` writes the JSON only (a gate reused from an earlier run, whose Data Docs
+    stay with that run).
     """
     rel_dir = rel_dir.strip("/")
     json_rel = f"{rel_dir}/{result.phase}.json"
     payload = json.dumps(result.to_json(), indent=2, sort_keys=True, default=_json_default)
     storage.write_bytes(json_rel, payload.encode())
+    if not docs:
+        return {"json": json_rel}
     docs_rel = f"{rel_dir}/data_docs"
     reports = {r["phase"]: r["ge_result"] for r in _saved_reports(storage, rel_dir)}
     reports[result.phase] = result.ge_result
