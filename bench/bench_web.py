@@ -236,8 +236,12 @@ def _json(stdout: str) -> dict:
     return json.loads(stdout[start + 1 :] if start >= 0 else stdout)
 
 
-def _measure(ctx: Context, run: Run, cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> Timed | None:
-    """Run and fill the run's times; on failure record the error and return None."""
+def _measure(ctx: Context, run: Run, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, prefect: bool) -> Timed | None:
+    """Run and fill the run's times; on failure record the error and return None.
+
+    ``prefect``: the command uses Prefect, so a pre-started server's CPU meanwhile is its cost
+    (img2dataset's runs leave it out: that server idles for shardsmith's sake).
+    """
     roles = Roles()
     try:
         t = timed(ctx.children, cmd, env, cwd, log, ctx.watch, timeout=ctx.args.run_timeout, role=roles)
@@ -249,9 +253,10 @@ def _measure(ctx: Context, run: Run, cmd: list[str], env: dict[str, str], cwd: P
         left = roles.stop_leftovers()
         if left:
             print(f"  warning: {run.tool} left processes behind, killed: {left}", flush=True)
-    run.wall_s, run.cpu_s = t.wall_s, t.cpu_s + t.watched.get("prefect", 0.0)
+    run.wall_s, run.cpu_s = t.wall_s, t.cpu_s + (t.watched.get("prefect", 0.0) if prefect else 0.0)
     run.server_cpu_s, run.other_cpu_s = t.watched.get("server", 0.0), t.watched["other"]
-    run.prefect_cpu_s = t.watched["prefect"] if "prefect" in t.watched else t.sampler.by_role().get("prefect-server")
+    if prefect:
+        run.prefect_cpu_s = t.watched["prefect"] if "prefect" in t.watched else t.sampler.by_role().get("prefect-server")
     return t
 
 
@@ -269,7 +274,7 @@ def run_shardsmith(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: P
     env.pop("PREFECT_API_URL", None)
     if ctx.api:
         env["PREFECT_API_URL"] = ctx.api
-    t = _measure(ctx, run, cmd, env, REPO, folder / f"{run.tool}-{run.round}.log")
+    t = _measure(ctx, run, cmd, env, REPO, folder / f"{run.tool}-{run.round}.log", prefect=True)
     if t is None:
         return run
     try:
@@ -305,7 +310,7 @@ def run_img2dataset(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: 
     if kinds:
         cmd += ["--save_additional_columns", '["kind"]']
     env = child_env(WANDB_MODE="disabled", WANDB_SILENT="true", NO_ALBUMENTATIONS_UPDATE="1")
-    if _measure(ctx, run, cmd, env, folder, folder / "stderr.log") is None:
+    if _measure(ctx, run, cmd, env, folder, folder / "stderr.log", prefect=False) is None:
         return run
     starts, ends = [], []
     for stats in (folder / "out").glob("*_stats.json"):
@@ -494,10 +499,13 @@ def compare(s: dict[str, dict], tool: str, base: str, rate_target: float | None,
 
 
 def agreement(runs: list[Run], expected: int, what: str) -> list[str]:
-    """Warnings when a tool kept other than the expected samples (every URL is distinct)."""
+    """Warnings when the tools kept different numbers of samples, or other than expected
+    (every URL is a distinct image, so both should keep the same ones)."""
+    kept = {name: sorted({r.ok for r in _ok(runs) if r.tool == name}) for name in dict.fromkeys(r.tool for r in runs)}
     lines = []
-    for name in dict.fromkeys(r.tool for r in runs):
-        oks = sorted({r.ok for r in _ok(runs) if r.tool == name})
+    if len({ok for oks in kept.values() for ok in oks}) > 1:
+        lines.append("- WARNING: the tools kept different numbers of samples: " + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in kept.items() if v))
+    for name, oks in kept.items():
         if oks and (oks[0] != expected or oks[-1] != expected):
             lines.append(f"- WARNING: {name} kept {'/'.join(map(str, oks))} samples where {what} gives {expected}")
     return lines
