@@ -176,9 +176,10 @@ class TreeSampler(threading.Thread):
     sample interval is missed; the totals reported come from rusage, this is for the split).
     """
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, role=None) -> None:
         super().__init__(daemon=True)
         self.pid = pid
+        self.role = role or _role  # (psutil.Process, root) -> the name its CPU is counted under
         self.per_pid: dict[int, tuple[str, float]] = {}
         self.timeline: list[tuple[float, float, float]] = []  # (time.time(), tree CPU so far, the root's own CPU so far)
         self._stop_event = threading.Event()
@@ -201,7 +202,7 @@ class TreeSampler(threading.Thread):
                         total += own + t.children_user + t.children_system
                         if p.pid == root.pid:
                             main = own
-                        role = self.per_pid.get(p.pid, (None,))[0] or _role(p, root)
+                        role = self.per_pid.get(p.pid, (None,))[0] or self.role(p, root)
                         self.per_pid[p.pid] = (role, own)
                 self.timeline.append((time.time(), total, main))
             self._stop_event.wait(SAMPLE_S)
@@ -256,8 +257,12 @@ class Timed:
     sampler: TreeSampler
 
 
-def timed(children: Children, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, watch: dict[str, int]) -> Timed:
-    """Run ``cmd`` to completion, as bench_download.timed does, sampling its tree meanwhile."""
+def timed(children: Children, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, watch: dict[str, int], timeout: float | None = None, role=None) -> Timed:
+    """Run ``cmd`` to completion, as bench_download.timed does, sampling its tree meanwhile.
+
+    ``timeout``: stop the command's process group after this many seconds and fail the run
+    (a hung tool must not hang the benchmark); ``role``: passed to :class:`TreeSampler`.
+    """
     before_watch = {k: tree_cpu(pid) for k, pid in watch.items()}
     busy0 = busy_cpu()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -265,10 +270,12 @@ def timed(children: Children, cmd: list[str], env: dict[str, str], cwd: Path, lo
     t0 = time.perf_counter()
     with open(log, "wb") as err:
         proc = children.start(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err)
-        sampler = TreeSampler(proc.pid)
+        sampler = TreeSampler(proc.pid, role)
         sampler.start()
         try:
-            out, _ = proc.communicate()
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out = None
         finally:
             sampler.stop()
             children.stop(proc)
@@ -277,6 +284,8 @@ def timed(children: Children, cmd: list[str], env: dict[str, str], cwd: Path, lo
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     watched = {k: tree_cpu(pid) - before_watch[k] for k, pid in watch.items()}
     watched["other"] = max(0.0, busy_cpu() - busy0 - cpu - sum(watched.values()))
+    if out is None:
+        raise SystemExit(f"{cmd[0]} did not finish within {timeout:g} s and was stopped; stderr: {log}")
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"{cmd[0]} exited with {proc.returncode}; stderr tail ({log}):\n{tail}")

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import mimetypes
 import os
+import random
 import signal
 import socket
 import stat
@@ -42,6 +43,8 @@ CONTENT_TYPES = {
 JPEG_MAGIC = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
 _ZEROS = bytes(64 * 1024)
 _DRIP_INTERVAL_S = 0.5
+_TRICKLE_PIECES = 8
+_CORRUPT_KEEP = 16  # bytes of the real file kept: magic number and first header bytes
 _HTML_PAGE = (
     b"<!DOCTYPE html>\n<html><head><title>Photo of the day</title></head>\n"
     b"<body><h1>Photo of the day</h1><p>Sign in to see this image.</p></body></html>\n"
@@ -72,10 +75,16 @@ class ImageWeb:
     - ``/ratelimit/{seconds}/{n}/{name}``: 429 with ``Retry-After: {seconds}`` for the first
       ``n`` hits on this exact path, then the file.
     - ``/slow/{name}``: headers, then the body one byte every 0.5 s until the client leaves.
+    - ``/trickle/{ms}/{name}``: headers, then the file in 8 pieces spread over ``ms``
+      milliseconds: a slow server whose answer completes.
+    - ``/delay/{ms}/{name}``: nothing for ``ms`` milliseconds, then the file.
     - ``/hang``: never answers, not even headers, until the server stops.
     - ``/endless``: a chunked image/jpeg of a JPEG prefix and then zeros, never ending.
     - ``/html-as-jpeg``: an HTML page labelled image/jpeg.
     - ``/truncated/{name}``: the first half of the file, as a complete response.
+    - ``/corrupt/{name}``: the file's first 16 bytes (its magic number), then garbage to its
+      full length (the same garbage for the same name), labelled as the file.
+    - ``/empty/{name}``: 200 with the file's Content-Type and a body of 0 bytes.
     - ``/short/{name}``: Content-Length of the whole file, the first half of it, then the
       connection closes (a body cut off in transit).
     - ``/optout/{name}``: the file with ``X-Robots-Tag: noai, noimageai``.
@@ -365,11 +374,14 @@ class ImageWeb:
                 web.get("/flaky/{n}/{name}", self._flaky),
                 web.get("/ratelimit/{seconds}/{n}/{name}", self._ratelimit),
                 web.get("/slow/{name}", self._slow),
+                web.get("/trickle/{ms}/{name}", self._trickle),
                 web.get("/delay/{ms}/{name}", self._delay),
                 web.get("/endless", self._endless),
                 web.get("/hang", self._hang),
                 web.get("/html-as-jpeg", self._html_as_jpeg),
                 web.get("/truncated/{name}", self._truncated),
+                web.get("/corrupt/{name}", self._corrupt),
+                web.get("/empty/{name}", self._empty),
                 web.get("/short/{name}", self._short),
                 web.get("/optout/{name}", self._optout),
                 web.get("/optout-other-bot/{name}", self._optout_other_bot),
@@ -458,6 +470,25 @@ class ImageWeb:
         resp.force_close()
         return resp
 
+    async def _trickle(self, request: web.Request) -> web.StreamResponse:
+        ms = self._int(request, "ms", high=600_000)
+        f = self._file(request.match_info["name"])
+        resp = await self._declared(request, f)
+        if request.method == "HEAD":
+            return resp
+        step = -(-len(f.body) // _TRICKLE_PIECES)
+        with self._stream(request):
+            for start in range(0, len(f.body), step):
+                if await self._stopping_within(ms / 1000 / _TRICKLE_PIECES):
+                    resp.force_close()
+                    return resp
+                try:
+                    await resp.write(f.body[start : start + step])
+                except ConnectionError:
+                    return resp
+        await resp.write_eof()
+        return resp
+
     async def _endless(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse()
         resp.content_type = "image/jpeg"
@@ -496,6 +527,18 @@ class ImageWeb:
     async def _truncated(self, request: web.Request) -> web.StreamResponse:
         f = self._file(request.match_info["name"])
         return web.Response(body=f.body[: len(f.body) // 2], content_type=f.content_type)
+
+    async def _corrupt(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        f = self._file(name)
+        head = f.body[:_CORRUPT_KEEP]
+        # Seeded by the name: a retry, or the other tool of a benchmark, gets the same bytes.
+        garbage = random.Random(name).randbytes(max(0, len(f.body) - len(head)))
+        return web.Response(body=head + garbage, content_type=f.content_type)
+
+    async def _empty(self, request: web.Request) -> web.StreamResponse:
+        f = self._file(request.match_info["name"])
+        return web.Response(body=b"", content_type=f.content_type)
 
     async def _short(self, request: web.Request) -> web.StreamResponse:
         f = self._file(request.match_info["name"])

@@ -245,6 +245,29 @@ def test_truncated_is_the_first_half_as_a_complete_response(web, files):
     assert b"\xff\xd9" not in body[2:]  # no end-of-image marker
 
 
+@pytest.mark.parametrize("name", ["a.jpg", "b.png", "c.webp"])
+def test_corrupt_keeps_the_magic_then_garbage_no_decoder_reads(web, files, name):
+    status, headers, body = get(web, f"/corrupt/{name}")
+    real = files[name]
+    assert status == 200
+    assert headers["Content-Type"] == get(web, f"/img/{name}")[1]["Content-Type"]
+    assert len(body) == len(real)
+    assert body[:16] == real[:16]
+    assert body[16:] != real[16:]
+    assert get(web, f"/corrupt/{name}?u=2")[2] == body  # the same garbage every time
+    with pytest.raises((OSError, SyntaxError, ValueError)):
+        with Image.open(io.BytesIO(body)) as img:
+            img.load()
+
+
+def test_empty_is_a_200_with_no_body(web):
+    status, headers, body = get(web, "/empty/b.png")
+    assert (status, body) == (200, b"")
+    assert headers["Content-Type"] == "image/png"
+    assert int(headers["Content-Length"]) == 0
+    assert get(web, "/empty/missing.png")[0] == 404
+
+
 def test_short_declares_the_whole_file_and_sends_half(web, files):
     conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
     try:
@@ -338,6 +361,33 @@ def test_two_slow_requests_overlap(web):
     wait_until(lambda: web.in_flight == 0, "both slow handlers to end")
 
 
+def test_trickle_sends_the_whole_file_over_the_given_time(web, files):
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    try:
+        started = time.monotonic()
+        conn.request("GET", "/trickle/800/a.jpg?u=1")
+        resp = conn.getresponse()
+        assert resp.status == 200
+        assert int(resp.headers["Content-Length"]) == len(files["a.jpg"])
+        assert resp.read() == files["a.jpg"]
+        assert time.monotonic() - started >= 0.8  # the last piece waits the whole 800 ms
+    finally:
+        conn.close()
+    assert get(web, "/trickle/0/b.png")[2] == files["b.png"]
+    assert get(web, "/trickle/x/b.png")[0] == 400
+    assert get(web, "/trickle/10/missing.png")[0] == 404
+
+
+def test_trickle_stops_when_the_client_leaves(web):
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    conn.request("GET", "/trickle/60000/a.jpg")
+    resp = conn.getresponse()
+    assert resp.status == 200
+    wait_until(lambda: web.in_flight == 1, "the trickle handler to start")
+    conn.close()
+    wait_until(lambda: web.in_flight == 0, "the trickle handler to notice the disconnect")
+
+
 def test_endless_streams_until_the_client_leaves(web):
     conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
     conn.request("GET", "/endless")
@@ -376,6 +426,9 @@ def test_stop_ends_open_streams(root):
         conns[1].request("GET", "/endless")
         for conn in conns:
             conn.getresponse().read(1)
+        conns.append(http.client.HTTPConnection("127.0.0.1", web.port, timeout=10))
+        conns[2].request("GET", "/trickle/60000/b.png")
+        assert conns[2].getresponse().status == 200  # its first piece is 7.5 s away
         web.stop()  # raises if the serving thread does not finish
     finally:
         for conn in conns:

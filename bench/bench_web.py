@@ -1,0 +1,732 @@
+"""Issue 13's figures: shardsmith beside img2dataset on web manifests (clean, faulty, download only) and fixed costs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_download import (  # noqa: E402  (corpus server, processes, CPU accounting, report helpers)
+    BENCH_DIR,
+    I2D_REQUIREMENT,
+    I2D_VENV,
+    SHARDSMITH,
+    Children,
+    _fmt,
+    _interrupt,
+    _med,
+    _revision,
+    child_env,
+    ensure_img2dataset,
+    start_image_server,
+    start_prefect_server,
+    wait_for_quiet,
+)
+from bench_validate import (  # noqa: E402  (the unique image pool, recipe and timed runs)
+    I2D_ENCODE_QUALITY,
+    I2D_IMAGE_SIZE,
+    I2D_RESIZE_MODE,
+    LICENSE,
+    Timed,
+    _role,
+    ensure_unique_pool,
+    first_image_size,
+    timed,
+    write_manifest,
+    write_recipe,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = ("validate", "faulty", "download", "fixed")
+FAULT_KINDS = ("404", "500", "slow", "timeout", "truncated", "corrupt", "html", "empty")
+I2D_TIMEOUT_S = 10  # img2dataset 1.47's default --timeout, and the faulty scenario's equal setting
+I2D_RESIZE = ("--resize_mode", I2D_RESIZE_MODE, "--image_size", str(I2D_IMAGE_SIZE), "--encode_quality", str(I2D_ENCODE_QUALITY), "--encode_format", "jpg")
+I2D_NET = ("--timeout", str(I2D_TIMEOUT_S), "--retries", "0")  # img2dataset 1.47's defaults, stated
+TARGET_RATE = 1.5  # shardsmith / img2dataset samples/s, at least
+TARGET_CPU = 0.67  # shardsmith / img2dataset CPU s per 1,000 accepted samples, at most
+TARGET_SMALL_S = 15.0  # a 20-row manifest end to end, wall
+TARGET_NOOP_S = 10.0  # rerunning committed work (and re-checking it before a reshard), wall
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One command of a scenario.
+
+    Args:
+        name: key in the tables.
+        label: what it is, in words.
+        shardsmith: True for ``shardsmith run``, False for img2dataset.
+        phase: shardsmith's ``--phase``. Default validate.
+        sets: shardsmith's ``--set KEY=VALUE`` overrides. Default none.
+        i2d: img2dataset arguments after the common ones (input, output, processes, threads).
+    """
+
+    name: str
+    label: str
+    shardsmith: bool
+    phase: str = "validate"
+    sets: tuple[str, ...] = ()
+    i2d: tuple[str, ...] = ()
+
+
+def scenario_tools(scenario: str, args) -> list[Tool]:
+    """The tools one round of a scenario runs, in turn (the fixed scenario has its own steps)."""
+    i2d_default = Tool("img2dataset", f"img2dataset defaults ({I2D_RESIZE_MODE} {I2D_IMAGE_SIZE}, jpg q{I2D_ENCODE_QUALITY}, timeout {I2D_TIMEOUT_S} s, no retries)", False, i2d=I2D_RESIZE + I2D_NET)
+    if scenario == "validate":
+        return [Tool("shardsmith", "shardsmith run --phase validate, recipe defaults", True), i2d_default]
+    if scenario == "faulty":
+        # Equal settings: img2dataset's timeout, no retries, as many requests in flight per
+        # shard as img2dataset has threads per process, and no cap per host below that.
+        equal = (f"download.timeout_s={I2D_TIMEOUT_S}", "download.retries=0", f"download.max_inflight={args.threads}", f"download.per_host={args.threads}")
+        return [
+            Tool("shardsmith-equal", f"shardsmith --phase validate, img2dataset's network settings ({' '.join(equal)})", True, sets=equal),
+            Tool("shardsmith-defaults", "shardsmith --phase validate, recipe defaults (its own timeout, retries and per-host limit)", True),
+            i2d_default,
+        ]
+    if scenario == "download":
+        return [
+            Tool("shardsmith", "shardsmith run --phase download (bytes stored as fetched)", True, phase="download"),
+            Tool("img2dataset-raw", "img2dataset --resize_mode no --disable_all_reencoding True (bytes stored as fetched)", False, i2d=("--resize_mode", "no", "--disable_all_reencoding", "True") + I2D_NET),
+        ]
+    raise ValueError(scenario)
+
+
+TITLES = {
+    "validate": "manifest to validated 256 px shards (`--phase validate`) beside img2dataset's defaults",
+    "faulty": "the same with faulty URLs; shardsmith with img2dataset's network settings and with its own defaults",
+    "download": "download only (`--phase download`) beside img2dataset storing bytes as fetched",
+    "fixed": "fixed costs: {small} rows end to end, no-op reruns, `--phase reshard` right after a {rows}-row `--phase validate`",
+}
+FIXED_STEPS = {
+    "small": "shardsmith --phase validate, {small}-row manifest, new store",
+    "small-i2d": "img2dataset defaults, the same {small} rows",
+    "noop-small": "the same shardsmith command again (all committed: the nightly no-op)",
+    "big-validate": "shardsmith --phase validate, {rows} rows, new store (set-up of the next two)",
+    "reshard": "shardsmith --phase reshard right after it (re-checks download and validate, then reshards)",
+    "noop-reshard": "the same --phase reshard again (all committed)",
+}
+
+
+# ------------------------------------------------------------------------------------- corpus
+
+
+def fault_path(kind: str, name: str, row: int, slow_ms: int) -> str:
+    """The loopback path of one row of the faulty manifest (tasks/webserver.py's routes)."""
+    return {
+        "ok": f"/img/{name}",
+        "404": f"/status/404?u={row}",
+        "500": f"/status/500?u={row}",
+        "slow": f"/trickle/{slow_ms}/{name}",  # the whole image, spread over slow_ms
+        "timeout": f"/hang?u={row}",  # never answers
+        "truncated": f"/truncated/{name}",  # the first half, as a complete response
+        "corrupt": f"/corrupt/{name}",  # the magic number, then garbage
+        "html": f"/html-as-jpeg?u={row}",
+        "empty": f"/empty/{name}",  # 200, 0 bytes
+    }[kind]
+
+
+def write_faulty_manifest(path: Path, base_url: str, names: list[str], share: float, slow_ms: int, seed: int) -> dict[str, int]:
+    """The clean manifest's rows with ``share`` of them turned faulty, the kinds in equal parts
+    at seeded random rows; a ``kind`` column says which. Returns rows per kind."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = len(names)
+    kinds = ["ok"] * n
+    for j, row in enumerate(np.random.default_rng([seed, 13]).choice(n, size=round(n * share), replace=False)):
+        kinds[int(row)] = FAULT_KINDS[j % len(FAULT_KINDS)]
+    table = pa.table(
+        {
+            "url": [base_url + fault_path(k, name, i, slow_ms) for i, (k, name) in enumerate(zip(kinds, names))],
+            "caption": [f"synthetic photo number {i}" for i in range(n)],
+            "license": [LICENSE] * n,
+            "kind": kinds,
+        }
+    )
+    pq.write_table(table, path)
+    return {k: kinds.count(k) for k in ("ok", *FAULT_KINDS)}
+
+
+# ------------------------------------------------------------------------------------ runs
+
+
+@dataclass
+class Run:
+    scenario: str
+    tool: str
+    round: int
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # the tool's process tree, plus a pre-started Prefect server's CPU meanwhile
+    ok: int = 0
+    rows: int = 0
+    phase_s: float | None = None
+    reshard_s: float | None = None
+    prefect_cpu_s: float | None = None  # the Prefect server's share of cpu_s (sampled when embedded)
+    server_cpu_s: float = 0.0  # the image server, apart
+    other_cpu_s: float = 0.0  # other work on the machine meanwhile
+    reasons: dict[str, int] = field(default_factory=dict)
+    by_kind: dict[str, list[int]] = field(default_factory=dict)  # img2dataset, faulty: kind -> [ok, rows]
+    first_size: tuple[int, int] | None = None
+    error: str | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def cpu_per_1k(self) -> float:
+        return 1000 * self.cpu_s / max(self.ok, 1)
+
+
+class Roles:
+    """TreeSampler's role function: names the CLI's embedded Prefect server apart, and keeps
+    each process's start time, so that a process left behind is found by id, never by name."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+
+    def __call__(self, p, root) -> str:
+        with contextlib.suppress(Exception):
+            self.seen[p.pid] = p.create_time()
+            cmd = " ".join(p.cmdline())
+            if "uvicorn" in cmd and "prefect" in cmd:
+                return "prefect-server"
+        return _role(p, root)
+
+    def stop_leftovers(self) -> list[str]:
+        """Kill what of the run's tree is still alive after the command ended (same pid and start time)."""
+        import psutil
+
+        left = []
+        for pid, created in self.seen.items():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{pid} {' '.join(p.cmdline())[:80]}")
+                    p.kill()
+        return left
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    children: Children
+    work: Path
+    home: Path  # PREFECT_HOME of every shardsmith run (its database persists, as a user's does)
+    watch: dict[str, int]  # image server, and the pre-started Prefect server if any
+    api: str | None  # the pre-started Prefect server's API; None: each CLI starts its own
+
+
+def _json(stdout: str) -> dict:
+    start = stdout.rfind("\n{\n")  # anything a library printed before the summary
+    return json.loads(stdout[start + 1 :] if start >= 0 else stdout)
+
+
+def _measure(ctx: Context, run: Run, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, prefect: bool) -> Timed | None:
+    """Run and fill the run's times; on failure record the error and return None.
+
+    ``prefect``: the command uses Prefect, so a pre-started server's CPU meanwhile is its cost
+    (img2dataset's runs leave it out: that server idles for shardsmith's sake).
+    """
+    roles = Roles()
+    try:
+        t = timed(ctx.children, cmd, env, cwd, log, ctx.watch, timeout=ctx.args.run_timeout, role=roles)
+    except SystemExit as err:
+        run.error = str(err).splitlines()[0]
+        print(f"  FAILED {run.scenario} {run.tool} round {run.round}: {err}", flush=True)
+        return None
+    finally:
+        left = roles.stop_leftovers()
+        if left:
+            print(f"  warning: {run.tool} left processes behind, killed: {left}", flush=True)
+    run.wall_s, run.cpu_s = t.wall_s, t.cpu_s + (t.watched.get("prefect", 0.0) if prefect else 0.0)
+    run.server_cpu_s, run.other_cpu_s = t.watched.get("server", 0.0), t.watched["other"]
+    if prefect:
+        run.prefect_cpu_s = t.watched["prefect"] if "prefect" in t.watched else t.sampler.by_role().get("prefect-server")
+    return t
+
+
+def run_shardsmith(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: Path) -> Run:
+    """``shardsmith run RECIPE --phase P --json`` in ``folder`` (reused: a second run finds its work committed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    store, recipe = folder / "store", folder / "recipe.yaml"
+    if not recipe.exists():
+        write_recipe(recipe, store, manifest, ctx.args)
+    cmd = [str(SHARDSMITH), "run", str(recipe), "--phase", tool.phase, "--json"]
+    for item in tool.sets:
+        cmd += ["--set", item]
+    # The checkout this script is in, not whatever the venv's editable install points at.
+    env = child_env(PYTHONPATH=str(REPO), PREFECT_HOME=str(ctx.home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.pop("PREFECT_API_URL", None)
+    if ctx.api:
+        env["PREFECT_API_URL"] = ctx.api
+    t = _measure(ctx, run, cmd, env, REPO, folder / f"{run.tool}-{run.round}.log", prefect=True)
+    if t is None:
+        return run
+    try:
+        result = _json(t.stdout)
+        dl, val, rs = result["download"], result.get("validate"), result.get("reshard")
+    except (ValueError, KeyError) as err:
+        run.error = f"unreadable --json output ({err!r})"
+        return run
+    run.rows = dl["counts"]["rows"]
+    run.ok = (val or dl)["counts"]["ok"]
+    run.phase_s = sum(p["seconds"] for p in (dl, val, rs) if p)
+    run.reasons = {f"download {k}": v for k, v in dl["counts"]["by_reason"].items()}
+    if val:
+        run.reasons.update({f"validate {k}": v for k, v in val["counts"]["by_reason"].items()})
+        if val.get("tars"):
+            run.first_size = first_image_size([store / rel for rel in val["tars"]])
+    if rs:
+        run.reshard_s = rs["seconds"]
+    return run
+
+
+def run_img2dataset(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: Path, kinds: bool) -> Run:
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    a = ctx.args
+    cmd = [
+        str(I2D_VENV / "bin" / "img2dataset"), "--url_list", str(manifest), "--input_format", "parquet",
+        "--url_col", "url", "--caption_col", "caption", "--output_format", "webdataset", "--output_folder", str(folder / "out"),
+        "--processes_count", str(a.workers), "--thread_count", str(a.threads), "--number_sample_per_shard", str(a.rows_per_shard),
+        "--enable_wandb", "False", *tool.i2d,
+    ]  # fmt: skip
+    if kinds:
+        cmd += ["--save_additional_columns", '["kind"]']
+    env = child_env(WANDB_MODE="disabled", WANDB_SILENT="true", NO_ALBUMENTATIONS_UPDATE="1")
+    if _measure(ctx, run, cmd, env, folder, folder / "stderr.log", prefect=False) is None:
+        return run
+    starts, ends = [], []
+    for stats in (folder / "out").glob("*_stats.json"):
+        s = json.loads(stats.read_text())
+        starts.append(s["start_time"])
+        ends.append(s["end_time"])
+    run.phase_s = (max(ends) - min(starts)) if starts else None
+    for meta in sorted((folder / "out").glob("*.parquet")):
+        t = pq.read_table(meta).to_pydict()
+        run.rows += len(t["status"])
+        run.ok += sum(s == "success" for s in t["status"])
+        for status, message in zip(t["status"], t.get("error_message", [None] * len(t["status"]))):
+            if status != "success":
+                key = (message or status).split(":", 1)[0][:60]
+                run.reasons[key] = run.reasons.get(key, 0) + 1
+        for status, kind in zip(t["status"], t.get("kind", [])):
+            run.by_kind.setdefault(kind, [0, 0])
+            run.by_kind[kind][0] += status == "success"
+            run.by_kind[kind][1] += 1
+    run.first_size = first_image_size(list((folder / "out").glob("*.tar")))
+    return run
+
+
+def run_tool(ctx: Context, scenario: str, tool: Tool, rnd: int, manifest: Path, folder: Path, kinds: bool = False, key: str | None = None) -> Run:
+    """One timed run, after waiting for the machine to go quiet; prints its line."""
+    if ctx.args.quiet_wait > 0:
+        load = wait_for_quiet(ctx.args.quiet_wait)
+        if load >= 0.3:
+            print(f"  (other work still uses {load:.1f} cores after {ctx.args.quiet_wait:g} s; running anyway)", flush=True)
+    run = Run(scenario, key or tool.name, rnd)
+    if tool.shardsmith:
+        run_shardsmith(ctx, run, tool, manifest, folder)
+    else:
+        run_img2dataset(ctx, run, tool, manifest, folder, kinds)
+    if run.error is None:
+        extra = f", reshard {run.reshard_s:.1f} s" if run.reshard_s is not None else ""
+        print(
+            f"  {scenario} round {rnd} {run.tool:<20} {run.wall_s:7.1f} s wall = {run.rate:6.1f} samples/s{extra}; "
+            f"{run.cpu_per_1k:.2f} CPU s/1k; {run.ok}/{run.rows} ok; other load {run.other_cpu_s / max(run.wall_s, 1e-9):.2f} cores",
+            flush=True,
+        )
+    return run
+
+
+def _rounds(args) -> range:
+    return range(1, args.repeats + 1)
+
+
+def _clean(ctx: Context, folder: Path, run: Run) -> None:
+    if not ctx.args.keep and run.error is None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def alternated(ctx: Context, scenario: str, tools: list[Tool], manifest: Path, kinds: bool = False) -> list[Run]:
+    """``--repeats`` rounds of every tool in turn; even rounds run them in reverse order."""
+    runs = []
+    for rnd in _rounds(ctx.args):
+        for tool in tools if rnd % 2 else tools[::-1]:
+            folder = ctx.work / f"{scenario}-{tool.name}-{rnd}"
+            runs.append(run_tool(ctx, scenario, tool, rnd, manifest, folder, kinds))
+            _clean(ctx, folder, runs[-1])
+    return runs
+
+
+def fixed(ctx: Context, small: Path, big: Path) -> list[Run]:
+    """Per round: 20 rows end to end (img2dataset beside it) and again; then a full
+    ``--phase validate``, ``--phase reshard`` on its store, and that reshard again."""
+    ss, i2d = scenario_tools("validate", ctx.args)
+    reshard = Tool("shardsmith", "shardsmith --phase reshard", True, phase="reshard")
+    runs: list[Run] = []
+    for rnd in _rounds(ctx.args):
+        small_dir, big_dir = ctx.work / f"fixed-small-{rnd}", ctx.work / f"fixed-big-{rnd}"
+        for key, tool in [("small", ss), ("small-i2d", i2d)][:: 1 if rnd % 2 else -1]:
+            runs.append(run_tool(ctx, "fixed", tool, rnd, small, small_dir if tool.shardsmith else ctx.work / f"fixed-i2d-{rnd}", key=key))
+        if next(r for r in runs if r.round == rnd and r.tool == "small").error is None:
+            runs.append(run_tool(ctx, "fixed", ss, rnd, small, small_dir, key="noop-small"))
+        runs.append(run_tool(ctx, "fixed", ss, rnd, big, big_dir, key="big-validate"))
+        if runs[-1].error is None:
+            runs.append(run_tool(ctx, "fixed", reshard, rnd, big, big_dir, key="reshard"))
+            if runs[-1].error is None:
+                runs.append(run_tool(ctx, "fixed", reshard, rnd, big, big_dir, key="noop-reshard"))
+        if not ctx.args.keep and not any(r.error for r in runs if r.round == rnd):
+            for folder in (small_dir, big_dir, ctx.work / f"fixed-i2d-{rnd}"):
+                shutil.rmtree(folder, ignore_errors=True)
+    return runs
+
+
+# --------------------------------------------------------------------------------- report
+
+
+def _ok(runs: list[Run]) -> list[Run]:
+    return [r for r in runs if r.error is None]
+
+
+def summary(runs: list[Run]) -> dict[str, dict]:
+    """Medians over the successful rounds of each tool (or fixed step)."""
+    out: dict[str, dict] = {}
+    for name in dict.fromkeys(r.tool for r in runs):
+        rs = _ok([r for r in runs if r.tool == name])
+        failed = sum(1 for r in runs if r.tool == name and r.error)
+        if not rs:
+            out[name] = {"n": 0, "failed": failed}
+            continue
+        out[name] = {
+            "n": len(rs),
+            "failed": failed,
+            "wall": _med([r.wall_s for r in rs]),
+            "wall_min": min(r.wall_s for r in rs),
+            "rate": _med([r.rate for r in rs]),
+            "rate_max": max(r.rate for r in rs),
+            "phase": _med([r.phase_s for r in rs]),
+            "reshard": _med([r.reshard_s for r in rs]),
+            "cpu": _med([r.cpu_s for r in rs]),
+            "cpu_1k": _med([r.cpu_per_1k for r in rs]),
+            "cpu_1k_min": min(r.cpu_per_1k for r in rs),
+            "prefect_1k": _med([1000 * r.prefect_cpu_s / max(r.ok, 1) if r.prefect_cpu_s is not None else None for r in rs]),
+            "ok": sorted({r.ok for r in rs}),
+            "rows": rs[0].rows,
+        }
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _verdict(value: float | None, target: float, at_least: bool) -> str:
+    if value is None:
+        return "-"
+    return "met" if (value >= target if at_least else value <= target) else "**not met**"
+
+
+def per_run_table(runs: list[Run]) -> list[str]:
+    lines = [
+        "| tool | round | wall s | phase s | ok / rows | samples/s (wall) | CPU s | CPU s / 1k ok | of which Prefect server, CPU s / 1k | "
+        "image server CPU s / 1k | other load, cores | first image |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in runs:
+        if r.error:
+            lines.append(f"| {r.tool} | {r.round} | failed: {r.error[:120]} |" + " |" * 9)
+            continue
+        pre = _fmt(1000 * r.prefect_cpu_s / max(r.ok, 1), ".2f") if r.prefect_cpu_s is not None else "-"
+        phase = _fmt(r.phase_s) + (f" (reshard {r.reshard_s:.1f})" if r.reshard_s is not None else "")
+        size = "x".join(map(str, r.first_size)) if r.first_size else "-"
+        lines.append(
+            f"| {r.tool} | {r.round} | {r.wall_s:.1f} | {phase} | {r.ok} / {r.rows} | {r.rate:.1f} | {r.cpu_s:.1f} | {r.cpu_per_1k:.2f} | {pre} | "
+            f"{1000 * r.server_cpu_s / max(r.ok, 1):.2f} | {r.other_cpu_s / r.wall_s:.2f} | {size} |"
+        )
+    return lines
+
+
+def summary_table(s: dict[str, dict], labels: dict[str, str]) -> list[str]:
+    lines = [
+        "| tool | runs | wall s | samples/s (wall) | CPU s / 1k ok | of which Prefect server | ok |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, v in s.items():
+        if not v["n"]:
+            lines.append(f"| {labels.get(name, name)} | 0 ({v['failed']} failed) | - | - | - | - | - |")
+            continue
+        failed = f" ({v['failed']} failed)" if v["failed"] else ""
+        lines.append(
+            f"| {labels.get(name, name)} | {v['n']}{failed} | {v['wall']:.1f} ({v['wall_min']:.1f}) | {v['rate']:.1f} ({v['rate_max']:.1f}) | "
+            f"{v['cpu_1k']:.2f} ({v['cpu_1k_min']:.2f}) | {_fmt(v['prefect_1k'], '.2f')} | {'/'.join(map(str, v['ok']))} of {v['rows']} |"
+        )
+    return lines
+
+
+def compare(s: dict[str, dict], tool: str, base: str, rate_target: float | None, cpu_target: float | None) -> tuple[list[str], list[tuple]]:
+    """Ratio lines shardsmith / img2dataset, and rows for the targets table."""
+    a, b = s.get(tool, {}), s.get(base, {})
+    if not a.get("n") or not b.get("n"):
+        return [f"- {tool} vs {base}: no ratio (a tool has no successful run)"], []
+    rate, cpu = _ratio(a["rate"], b["rate"]), _ratio(a["cpu_1k"], b["cpu_1k"])
+    aim_rate = f"; target >= {rate_target:g}x: {_verdict(rate, rate_target, True)}" if rate_target else ""
+    aim_cpu = f"; target <= {cpu_target:g}x: {_verdict(cpu, cpu_target, False)}" if cpu_target else ""
+    lines = [
+        f"- {tool} / {base}, samples/s over the whole command: **{rate:.2f}x** ({a['rate']:.1f} vs {b['rate']:.1f}; > 1: shardsmith faster){aim_rate}",
+        f"- {tool} / {base}, CPU s per 1,000 accepted samples: **{cpu:.2f}x** ({a['cpu_1k']:.2f} vs {b['cpu_1k']:.2f}; < 1: shardsmith cheaper; "
+        f"i.e. img2dataset uses {1 / cpu:.2f}x shardsmith's CPU per sample){aim_cpu}",
+    ]
+    rows = [(f"{tool} / {base}: samples/s", f"{a['rate']:.1f}", f"{b['rate']:.1f}", f"{rate:.2f}x", f">= {rate_target:g}x" if rate_target else "reported", _verdict(rate, rate_target, True) if rate_target else "-")]
+    rows.append((f"{tool} / {base}: CPU s / 1k ok", f"{a['cpu_1k']:.2f}", f"{b['cpu_1k']:.2f}", f"{cpu:.2f}x", f"<= {cpu_target:g}x" if cpu_target else "reported", _verdict(cpu, cpu_target, False) if cpu_target else "-"))
+    return lines, rows
+
+
+def agreement(runs: list[Run], expected: int, what: str) -> list[str]:
+    """Warnings when the tools kept different numbers of samples, or other than expected
+    (every URL is a distinct image, so both should keep the same ones)."""
+    kept = {name: sorted({r.ok for r in _ok(runs) if r.tool == name}) for name in dict.fromkeys(r.tool for r in runs)}
+    lines = []
+    if len({ok for oks in kept.values() for ok in oks}) > 1:
+        lines.append("- WARNING: the tools kept different numbers of samples: " + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in kept.items() if v))
+    for name, oks in kept.items():
+        if oks and (oks[0] != expected or oks[-1] != expected):
+            lines.append(f"- WARNING: {name} kept {'/'.join(map(str, oks))} samples where {what} gives {expected}")
+    return lines
+
+
+def outcomes(runs: list[Run]) -> list[str]:
+    """What each tool did with the rows it did not keep (first successful round)."""
+    lines = []
+    for name in dict.fromkeys(r.tool for r in runs):
+        first = next((r for r in _ok(runs) if r.tool == name), None)
+        if first is None:
+            continue
+        if first.by_kind:
+            kinds = ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in sorted(first.by_kind.items(), key=lambda kv: -kv[1][1]))
+            lines.append(f"- {name}, kept per row kind: {kinds}")
+        if first.reasons:
+            lines.append(f"- {name}, not kept: " + ", ".join(f"{k} {v}" for k, v in sorted(first.reasons.items(), key=lambda kv: -kv[1])))
+    return lines
+
+
+def report(runs: list[Run], meta: dict, scenarios: list[str], args) -> str:
+    lines = [
+        f"- command: `{meta['command']}`",
+        f"- date: {meta['date']}; machine: {meta['machine']}; load average before: {meta['load_before']}; code: {meta['revision']}; "
+        f"{I2D_REQUIREMENT}; prefect {meta['prefect']}",
+        f"- corpus: {meta['rows']} URLs, each a distinct synthetic image ({meta['url_mb']:.0f} MB, mean {meta['mean_kb']:.0f} KB, "
+        f"200..2000 px; {meta['mix']}), served on loopback by `python -m tasks.webserver`",
+        f"- both tools: {args.workers} processes, {args.rows_per_shard} rows per shard; img2dataset --thread_count {args.threads}, "
+        f"--timeout {I2D_TIMEOUT_S} --retries 0 (its defaults, stated); shardsmith: {meta['prefect_mode']}",
+        "- wall = the whole command; phase = shardsmith's JSON `seconds` of its phases / img2dataset's first shard start to last "
+        "shard end; CPU = user+sys of the tool's process tree" + (" plus the pre-started Prefect server's during the run" if args.prefect == "server" else "")
+        + "; the image server's CPU and other work's load are apart; medians over rounds (best in brackets)",
+    ]
+    targets: list[tuple] = []
+    for scenario in scenarios:
+        rs = [r for r in runs if r.scenario == scenario]
+        if not rs:
+            continue
+        s = summary(rs)
+        if scenario == "fixed":
+            labels = {k: v.format(rows=meta["rows"], small=args.small_rows) for k, v in FIXED_STEPS.items()}
+        else:
+            labels = {t.name: t.label for t in scenario_tools(scenario, args)}
+        lines += ["", f"#### {scenario}: {TITLES[scenario].format(small=args.small_rows, rows=meta['rows'])}", ""]
+        if scenario == "faulty":
+            mix = ", ".join(f"{k} {n}" for k, n in meta["faults"].items())
+            lines += [f"Manifest: {mix} rows (slow = the whole image over {args.slow_ms} ms, so it is kept; timeout = never answers).", ""]
+        lines += ["Per run:", "", *per_run_table(rs), "", "Summary:", "", *summary_table(s, labels), ""]
+        if scenario == "validate":
+            more, rows = compare(s, "shardsmith", "img2dataset", TARGET_RATE, TARGET_CPU)
+            lines += more + agreement(rs, meta["rows"], "the manifest")
+            targets += rows
+        elif scenario == "faulty":
+            more, rows = compare(s, "shardsmith-equal", "img2dataset", TARGET_RATE, None)
+            more2, rows2 = compare(s, "shardsmith-defaults", "img2dataset", None, None)
+            lines += more + more2 + agreement(rs, meta["faults"]["ok"] + meta["faults"].get("slow", 0), "the clean and slow rows") + ["", "Outcomes (round 1):", "", *outcomes(rs)]
+            targets += rows + rows2
+        elif scenario == "download":
+            more, rows = compare(s, "shardsmith", "img2dataset-raw", TARGET_RATE, None)
+            lines += more + agreement(rs, meta["rows"], "the manifest")
+            targets += rows
+        else:
+            fixed_lines, rows = fixed_summary(s, args)
+            lines += fixed_lines
+            targets += rows
+    if targets:
+        lines += [
+            "",
+            "#### Against issue 13's targets (ratios are shardsmith / img2dataset, medians)",
+            "",
+            "| figure | shardsmith | img2dataset | ratio | target | |",
+            "|---|---:|---:|---:|---|---|",
+            *(f"| {' | '.join(row)} |" for row in targets),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def fixed_summary(s: dict[str, dict], args) -> tuple[list[str], list[tuple]]:
+    lines, rows = [], []
+
+    def wall(key: str) -> float | None:
+        return s.get(key, {}).get("wall")
+
+    small, noop, noop_big = wall("small"), wall("noop-small"), wall("noop-reshard")
+    rs = s.get("reshard", {})
+    overhead = rs["wall"] - rs["reshard"] if rs.get("n") and rs.get("reshard") is not None else None
+    for label, value, target in (
+        (f"{args.small_rows} rows end to end, wall s", small, TARGET_SMALL_S),
+        (f"no-op rerun, {args.small_rows} rows, wall s", noop, TARGET_NOOP_S),
+        ("no-op rerun of --phase reshard, wall s", noop_big, TARGET_NOOP_S),
+        ("--phase reshard after validate: wall less the reshard phase, s", overhead, TARGET_NOOP_S),
+    ):
+        base = f"{wall('small-i2d'):.1f}" if label.startswith(f"{args.small_rows} rows") and wall("small-i2d") else "-"
+        rows.append((label, _fmt(value), base, "-", f"<= {target:g} s", _verdict(value, target, False)))
+        lines.append(f"- {label}: {_fmt(value)} (target <= {target:g} s: {_verdict(value, target, False)})")
+    if rs.get("n"):
+        lines.append(f"- --phase reshard after validate: {rs['wall']:.1f} s wall, of which the reshard phase {_fmt(rs['reshard'])} s (JSON `reshard.seconds`)")
+    if s.get("small", {}).get("n"):
+        lines.append(f"- {args.small_rows} rows end to end: {s['small']['cpu']:.1f} CPU s (img2dataset: {_fmt(s.get('small-i2d', {}).get('cpu'))})")
+    return lines, rows
+
+
+# ----------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench/bench_web.py",
+        description="Issue 13's figures: shardsmith beside img2dataset on a loopback web of distinct photo-like images, "
+        "both tools alternated, medians over rounds, ratios against the issue's targets. Pick scenarios with the flags.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("scenarios (at least one)")
+    g.add_argument("--validate", action="store_true", help="--phase validate (256 px border) beside img2dataset's defaults")
+    g.add_argument("--faulty", action="store_true", help="the same with --faulty-share of the URLs faulty; shardsmith with img2dataset's network settings and with its defaults")
+    g.add_argument("--download", action="store_true", help="--phase download beside img2dataset --disable_all_reencoding True")
+    g.add_argument("--fixed", action="store_true", help="fixed costs: a --small-rows manifest end to end, no-op reruns, --phase reshard after a --rows validate")
+    g.add_argument("--all", action="store_true", help="every scenario, in the order above")
+    p.add_argument("--rows", type=int, default=10_000, help="URLs in the manifest, each a distinct image")
+    p.add_argument("--small-rows", type=int, default=20, help="rows of the fixed scenario's small manifest (and of the warm-up)")
+    p.add_argument("--faulty-share", type=float, default=0.2, help="share of faulty rows, the kinds in equal parts: " + ", ".join(FAULT_KINDS))
+    p.add_argument("--slow-ms", type=int, default=3000, help="how long a slow row takes to arrive (complete)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the image pool and of the faulty rows")
+    p.add_argument("--repeats", type=int, default=3, help="rounds; each runs every tool once, in turn (reversed in even rounds)")
+    p.add_argument("--rows-per-shard", type=int, default=1000, help="shardsmith rows_per_shard = img2dataset number_sample_per_shard")
+    p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
+    p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count per process (= shardsmith max_inflight and per_host in the faulty equal-settings run)")
+    p.add_argument("--prefect", choices=("embedded", "server"), default="embedded", help="embedded: each shardsmith command starts its own Prefect server (its CPU is in the tool's tree); server: one started beforehand, its CPU during each run added and shown apart")
+    p.add_argument("--quiet-wait", type=float, default=90.0, help="before each run, wait up to this many seconds for other work to drop under 0.3 cores (0: don't wait)")
+    p.add_argument("--run-timeout", type=float, default=3600.0, help="stop a command after this many seconds and record it as failed")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed --small-rows run of each tool before the rounds (it fills caches and the Prefect database)")
+    p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
+    p.add_argument("--keep", action="store_true", help="keep each run's folder under .bench/web/runs/")
+    args = p.parse_args(argv)
+    args.scenarios = [s for s in SCENARIOS if args.all or getattr(args, s)]
+    if not args.scenarios:
+        p.error("pick at least one scenario: --validate, --faulty, --download, --fixed or --all")
+    if args.rows < 1 or args.small_rows < 1 or args.repeats < 1 or not 0 <= args.faulty_share <= 1:
+        p.error("--rows, --small-rows and --repeats must be at least 1, --faulty-share within 0..1")
+    return args
+
+
+def _machine() -> str:
+    import psutil
+
+    return f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, {platform.machine()}, Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # through the finally below, which stops every child
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    pool_dir, sizes = ensure_unique_pool(max(args.rows, args.small_rows), args.seed)
+    names = list(sizes)
+    ensure_img2dataset()
+    work_root = BENCH_DIR / "web" / "runs"
+    work_root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=dt.datetime.now().strftime("%Y%m%dT%H%M%S-"), dir=work_root))
+    children = Children()
+    runs: list[Run] = []
+    faults: dict[str, int] = {}
+    try:
+        server, base_url = start_image_server(children, pool_dir)
+        ctx = Context(args, children, work, work / "prefect-home", {"server": server.pid}, None)
+        ctx.home.mkdir()
+        if args.prefect == "server":
+            print("starting a Prefect server (not timed) ...", flush=True)
+            prefect, ctx.api = start_prefect_server(children, ctx.home, work / "prefect-server.log")
+            ctx.watch["prefect"] = prefect.pid
+        clean, small = work / "manifest.parquet", work / "manifest-small.parquet"
+        write_manifest(clean, base_url, names[: args.rows])
+        write_manifest(small, base_url, names[: args.small_rows])
+        print(f"{args.rows} URLs at {base_url}; scenarios {', '.join(args.scenarios)}; {args.repeats} round(s); Prefect {args.prefect}", flush=True)
+        if args.warmup:
+            print(f"warm-up (not timed): each tool on {args.small_rows} rows ...", flush=True)
+            for tool in scenario_tools("validate", args):
+                run = run_tool(ctx, "warm-up", tool, 0, small, work / f"warmup-{tool.name}")
+                if run.error:
+                    raise SystemExit(f"warm-up of {tool.name} failed: {run.error}")
+        for scenario in args.scenarios:
+            print(f"{scenario}:", flush=True)
+            if scenario == "faulty":
+                manifest = work / "manifest-faulty.parquet"
+                faults = write_faulty_manifest(manifest, base_url, names[: args.rows], args.faulty_share, args.slow_ms, args.seed)
+                runs += alternated(ctx, scenario, scenario_tools(scenario, args), manifest, kinds=True)
+            elif scenario == "fixed":
+                runs += fixed(ctx, small, clean)
+            else:
+                runs += alternated(ctx, scenario, scenario_tools(scenario, args), clean)
+    except KeyboardInterrupt:
+        print("interrupted; stopping child processes", file=sys.stderr)
+        return 130
+    finally:
+        children.stop_all()
+        failed = any(r.error for r in runs)
+        if args.keep or failed:
+            print(f"run folders (logs of failed runs) kept in {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    exts = [n.rsplit(".", 1)[1] for n in names[: args.rows]]
+    meta = {
+        "revision": _revision(),
+        "command": "python bench/bench_web.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": _machine(),
+        "load_before": load_before,
+        "prefect": metadata.version("prefect"),
+        "prefect_mode": "each command starts its own Prefect server (no PREFECT_API_URL), inside its process tree"
+        if args.prefect == "embedded"
+        else "one Prefect server started beforehand (PREFECT_API_URL), its CPU during each run added",
+        "rows": args.rows,
+        "url_mb": sum(sizes[n] for n in names[: args.rows]) / 1e6,
+        "mean_kb": sum(sizes[n] for n in names[: args.rows]) / args.rows / 1e3,
+        "mix": ", ".join(f"{100 * exts.count(e) / len(exts):.0f}% {e}" for e in sorted(set(exts), key=lambda e: -exts.count(e))),
+        "faults": faults,
+    }
+    text = report(runs, meta, args.scenarios, args)
+    print("\n" + text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 1 if any(r.error for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
