@@ -50,7 +50,7 @@ def build_release(root: Path, samples: int, per_shard: int) -> str:
     import numpy as np
     from PIL import Image
 
-    import test_loaders_fixtures as fx
+    import release_fixtures as fx
     from tasks.demo import render_image
 
     fx.LATENT_SHAPE = (4, 32, 32)
