@@ -27,16 +27,20 @@ from tasks.tokens import TokenCounter, load_counter
 
 STAGE_VERSION = 2  # bump when ingest or sample building changes, so outputs get new names
 
-# One row per input record, from ingest to the release ledger. Core ledger columns first.
+# Every table of records, from ingest to the release ledger, starts with these columns.
+RECORD_CORE = [
+    ("key", pa.string()),
+    ("source", pa.string()),
+    ("row", pa.int64()),
+    ("status", pa.string()),
+    ("reason", pa.string()),
+    ("detail", pa.string()),
+    ("id", pa.string()),
+]
+# One row per input record after sample building.
 SAMPLE_SCHEMA = pa.schema(
     [
-        ("key", pa.string()),
-        ("source", pa.string()),
-        ("row", pa.int64()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-        ("id", pa.string()),
+        *RECORD_CORE,
         ("shard", pa.string()),  # the intermediate sample tar (build) or the released pack shard
         ("offset", pa.int64()),
         ("length", pa.int64()),

@@ -12,23 +12,17 @@ from typing import IO, Any, Iterable, Iterator
 import pyarrow as pa
 
 from tasks.conversations import check_conversation, resolve_image
-from tasks.finetune import STAGE_VERSION, digest_of
+from tasks.finetune import RECORD_CORE, STAGE_VERSION, digest_of
 from tasks.ledger import write_parquet
 from tasks.reasons import status_of
 from tasks.recipe import ConversationRules, FinetuneConfig, SourceConfig
 from tasks.records import BLOCK, RawRecord, RecordsError, byte_ranges, iter_lines, iter_records, jsonl_records, range_lines, read_blocks, records_format, splittable
 from tasks.storage import Storage
 
-# One row per input record. Core ledger columns first.
+# One row per input record, as ingest leaves it.
 RECORD_SCHEMA = pa.schema(
     [
-        ("key", pa.string()),
-        ("source", pa.string()),
-        ("row", pa.int64()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-        ("id", pa.string()),
+        *RECORD_CORE,
         ("turns", pa.string()),  # JSON [[role, text], ...] of a record that passed the checks
         # Rows of the derived image manifest, counted from the chunk's first one
         # (IngestResult.chunk_image_rows): ranges are read in parallel, so only the join knows
