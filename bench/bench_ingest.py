@@ -182,6 +182,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rows-per-shard", type=int, default=5000)
     parser.add_argument("--parsers", action="store_true")
+    parser.add_argument("--parsers-only", action="store_true", help="only the parse comparison (on existing or new files)")
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -196,7 +197,7 @@ def main() -> None:
         counts[path] = generate(path, gb)
         print(f"{path.name}: {counts[path]} records, {path.stat().st_size / 1e9:.2f} GB ({time.perf_counter() - t:.0f} s to make or find)", flush=True)
     results: dict[tuple[str, str], list[dict]] = {}
-    methods = args.methods.split(",")
+    methods = [] if args.parsers_only else args.methods.split(",")
     for path, gb in files:
         smallest = gb == min(g for p, g in files if p.suffix == path.suffix)
         here = [m for m in methods if m != "old" or gb <= args.old_max_gb]
@@ -229,7 +230,7 @@ def main() -> None:
             if ends and all(ends):
                 small, large = (statistics.median(r["peak_mb"] for r in e) for e in ends)
                 print(f"peak RSS {suffix} {m}: {large:.0f} MB at {sized[-1][0]} GB / {small:.0f} MB at {sized[0][0]} GB = {large / small:.2f}x")
-    if args.parsers:
+    if args.parsers or args.parsers_only:
         for path, _ in files:
             if path.suffix == ".json":
                 for name, rate in parse_only(path).items():

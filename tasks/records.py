@@ -181,6 +181,7 @@ def jsonl_records(lines: Iterable[Line], first_row: int, cap: int) -> Iterator[R
 
 _DECODER = json.JSONDecoder()
 _WS_RE = re.compile(r"[ \t\n\r]*")
+_AFTER = re.compile(r"[ \t\n\r]*(,)?[ \t\n\r]*")  # what follows an element: a comma, or not
 _STRUCTURE = re.compile(r'[\[\]{},"]')
 _IN_STRING = re.compile(r'["\\]')
 
@@ -199,6 +200,7 @@ class _Window:
         self.pos = 0
         self.offset = 0  # byte offset of text[pos]
         self.eof = False
+        self.ascii = True  # the window is ASCII: characters are bytes (str.isascii is O(1))
 
     def fill(self, chars: int) -> None:
         """Read until ``chars`` characters are unread, or to the end of the stream."""
@@ -211,6 +213,7 @@ class _Window:
                 tail = self._decoder.decode(block)
             self.text = self.text[self.pos :] + tail
             self.pos = 0
+            self.ascii = self.text.isascii()
 
     def peek(self) -> str:
         self.fill(1)
@@ -263,6 +266,14 @@ class _Window:
                 depth -= 1  # a stray "}" at depth 0 is part of the broken element
 
 
+def _utf8_size(text: str, start: int, end: int) -> int | None:
+    """Bytes of ``text[start:end]`` in UTF-8; None when it holds an undecodable byte."""
+    try:
+        return len(text[start:end].encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
 def json_array_records(blocks: Iterable[bytes], cap: int, name: str) -> Iterator[RawRecord]:
     """Elements of a JSON array, one at a time, each parsed by the standard library's decoder.
 
@@ -284,12 +295,16 @@ def json_array_records(blocks: Iterable[bytes], cap: int, name: str) -> Iterator
     w.take(w.pos + 1)
     row = 0
     w.skip_ws()
-    while w.peek() != "]":
+    while True:
+        if len(w.text) - w.pos < cap + 2:
+            w.fill(cap + 2)  # an element within the cap is whole in the window, with what follows
+        first = w.text[w.pos : w.pos + 1]
+        if first == "]":
+            break
         start = w.offset
-        if not w.peek():
+        if not first:
             yield _unparsable(row, start, "the file ends inside the array: no closing ']'")
             return
-        w.fill(cap + 2)  # an element within the cap is whole in the window, with what follows
         try:
             record, end = _DECODER.raw_decode(w.text, w.pos)
             error = None if end < len(w.text) or w.eof else "longer than the window"
@@ -297,8 +312,22 @@ def json_array_records(blocks: Iterable[bytes], cap: int, name: str) -> Iterator
             where = f" at character {err.pos - w.pos} of the element" if isinstance(err, json.JSONDecodeError) else ""
             record, error = None, f"{getattr(err, 'msg', err)}{where}"
         if error is None:
+            # The common case in one step: a valid element, then a comma or the closing bracket
+            # within the window. Anything else takes the general path below.
+            size = end - w.pos if w.ascii else _utf8_size(w.text, w.pos, end)
+            after = _AFTER.match(w.text, end)
+            stop = after.end()
+            if size is not None and stop < len(w.text) and (after.group(1) or w.text[stop] == "]"):
+                w.offset += size + stop - end
+                w.pos = stop
+                yield RawRecord(row, record, offset=start) if size <= cap else _unparsable(row, start, f"record of {size} bytes over max_record_bytes {cap}")
+                row += 1
+                continue
+        if error is None:
             try:
-                w.take(end).encode("utf-8")
+                piece = w.take(end)
+                if not piece.isascii():  # O(1) in CPython: most sets are ASCII (json.dumps' default)
+                    piece.encode("utf-8")
             except UnicodeEncodeError as err:
                 error = f"not UTF-8: byte 0x{ord(err.object[err.start]) & 0xFF:02x} at character {err.start} of the element"
             size = w.offset - start

@@ -173,3 +173,26 @@ def test_an_oversized_record_is_never_held(fmt):
         tracemalloc.stop()
     assert rows == [(0, None), (1, "unparsable_row"), (2, None)]
     assert peak < 8 << 20, f"peak {peak} bytes"
+
+
+_ELEMENT = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-1000, 1000), st.text(max_size=6)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=4,
+)
+_SPACE = st.text(" \t\r\n", max_size=4)
+
+
+@settings(max_examples=200, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(_ELEMENT, _SPACE, _SPACE), max_size=10), _SPACE, st.integers(1, 9))
+def test_any_valid_array_reads_as_json_loads_does_with_each_offset(items, lead, block):
+    parts = [f"{a}{json.dumps(el, ensure_ascii=bool(len(a) % 2))}{b}" for el, a, b in items]
+    data = f"{lead}[{','.join(parts)}]{lead}".encode()
+    rows = [r for r in json_array_records([data[i : i + block] for i in range(0, len(data), block)], 64, "a.json")]
+    expected = json.loads(data)
+    small = [len(json.dumps(el, ensure_ascii=bool(len(a) % 2)).encode()) <= 64 for el, a, _ in items]
+    assert [r.record for r in rows] == [el if ok else None for el, ok in zip(expected, small)]
+    assert [r.row for r in rows] == list(range(len(items)))
+    for r, (el, a, _) in zip(rows, items):
+        text = json.dumps(el, ensure_ascii=bool(len(a) % 2)).encode()
+        assert data[r.offset : r.offset + len(text)] == text
