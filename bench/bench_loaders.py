@@ -19,7 +19,8 @@ of ``--batch``:
 - ``dali-cpu-latents``: ``DaliLoader(latents=True)`` on the CPU.
 
 Printed: median samples/s per method over the rounds, and the ratio of each to its baseline
-in the same rounds (images: ``wds-images``; latents: ``wds-latents``).
+in the same rounds (images: ``wds-images``; latents: ``wds-latents``); beside them, samples per
+CPU second (this process and its DataLoader workers), which a shared machine disturbs less.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def build_release(root: Path, samples: int, per_shard: int) -> str:
     import numpy as np
     from PIL import Image
 
-    import test_loaders_fixtures as fx
+    import release_fixtures as fx
     from tasks.demo import render_image
 
     fx.LATENT_SHAPE = (4, 32, 32)
@@ -98,9 +99,11 @@ def _wds_same_decode(sample):
 
 
 def _wds_latent(sample):
-    from loaders.dataset import load_npy
+    import numpy as np
+    import torch
 
-    return {k: load_npy(v) for k, v in sample.items() if k.endswith(".npy")}
+    # What a webdataset user writes: numpy.load of each member (float16 here, no bf16 view).
+    return {k: torch.from_numpy(np.load(io.BytesIO(v), allow_pickle=False)) for k, v in sample.items() if k.endswith(".npy")}
 
 
 def _collate_tuples(batch):
@@ -115,8 +118,17 @@ def _collate_dicts(batch):
     return {k: torch.stack([b[k] for b in batch]) for k in batch[0] if not k.startswith("__")}
 
 
-def run_method(method: str, release, args) -> tuple[int, float]:
-    """(samples read, seconds) for one pass over the release."""
+def cpu_seconds() -> float:
+    """User + system CPU of this process and its reaped children (DataLoader workers are joined
+    at the end of each pass, so their time lands here)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def run_method(method: str, release, args) -> tuple[int, float, float]:
+    """(samples read, wall seconds, CPU seconds) for one pass over the release."""
     from torch.utils.data import DataLoader
 
     from loaders.dataset import ReleaseDataset
@@ -127,7 +139,7 @@ def run_method(method: str, release, args) -> tuple[int, float]:
             n += len(batch[field]) if isinstance(batch, dict) else len(batch[0])
         return n
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     if method.startswith("wds-"):
         import webdataset as wds
 
@@ -151,9 +163,9 @@ def run_method(method: str, release, args) -> tuple[int, float]:
         from loaders.dali import DaliLoader
 
         dl = DaliLoader(release, args.batch, latents=method.endswith("latents"), image_size=SIZE, device_id=None, num_threads=max(1, args.workers), initial_fill=256)
-        start = time.perf_counter()  # pipeline build is one-off set-up, like worker start
+        start, cpu = time.perf_counter(), cpu_seconds()  # pipeline build is one-off set-up, like worker start
         n = sum(b["valid"] for b in dl)
-    return n, time.perf_counter() - start
+    return n, time.perf_counter() - start, cpu_seconds() - cpu
 
 
 def main() -> None:
@@ -175,18 +187,22 @@ def main() -> None:
     release = open_release(build_release(Path(args.root), args.samples, args.per_shard))
     methods = args.methods.split(",")
     rates: dict[str, list[float]] = {m: [] for m in methods}
+    per_cpu: dict[str, list[float]] = {m: [] for m in methods}
     for r in range(args.repeats):
         for m in methods if r % 2 == 0 else list(reversed(methods)):
-            n, secs = run_method(m, release, args)
+            n, secs, cpu = run_method(m, release, args)
             rates[m].append(n / secs)
-            print(f"round {r + 1} {m:26s} {n:6d} samples {secs:7.2f} s {n / secs:9.1f} samples/s", flush=True)
+            per_cpu[m].append(n / cpu)
+            print(f"round {r + 1} {m:26s} {n:6d} samples {secs:7.2f} s {n / secs:9.1f} samples/s {cpu:7.2f} CPU s {n / cpu:9.1f} samples/CPU s", flush=True)
     print(f"\n{release.samples} samples, {len(release.shards)} shards, batch {args.batch}, {args.workers} workers, "
           f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, python {platform.python_version()}")
-    print(f"{'method':26s} {'samples/s':>10s} {'ratio':>8s}")
+    print(f"{'method':26s} {'samples/s':>10s} {'ratio':>8s} {'per CPU s':>10s} {'ratio':>8s}")
     for m in methods:
         base = "wds-latents" if m.endswith("latents") else "wds-images"
-        ratio = statistics.median(rates[m]) / statistics.median(rates[base]) if base in rates else float("nan")
-        print(f"{m:26s} {statistics.median(rates[m]):10.1f} {ratio:7.2f}x  (vs {base})")
+        med, cmed = statistics.median(rates[m]), statistics.median(per_cpu[m])
+        ratio = med / statistics.median(rates[base]) if base in rates else float("nan")
+        cratio = cmed / statistics.median(per_cpu[base]) if base in per_cpu else float("nan")
+        print(f"{m:26s} {med:10.1f} {ratio:7.2f}x {cmed:10.1f} {cratio:7.2f}x  (vs {base})")
 
 
 if __name__ == "__main__":

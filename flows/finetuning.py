@@ -18,19 +18,8 @@ from flows.download import download_flow, run_name
 from flows.release import copy_audit, reconcile
 from flows.runtime import Session, cleanup_on_stop, dask_cluster, gather
 from flows.validate import validate_flow
-from tasks.finetune import (
-    BuildResult,
-    IngestResult,
-    PackPlan,
-    PackShardResult,
-    build_paths,
-    build_samples,
-    image_source_name,
-    ingest_source,
-    output_paths,
-    plan_packs,
-    write_pack_shard,
-)
+from tasks.finetune import BuildResult, PackPlan, PackShardResult, build_paths, build_samples, image_source_name, output_paths, plan_packs, write_pack_shard
+from tasks.finetune_ingest import IngestPlan, IngestResult, RangeResult, RecordRange, finish_ingest, ingest_range, plan_ingest
 from tasks.indexes import ENERGON_CRUDE_TYPE, ShardIndexInput, all_indexes
 from tasks.ledger import Counts, read_parquet
 from tasks.licenses import policy_problems
@@ -55,14 +44,24 @@ class FinetuneSummary:
     seconds: float = 0.0
 
 
-@task(name="ingest-records", task_run_name="ingest-{source.name}")
-def ingest_task(storage: Storage, dataset: str, source: SourceConfig, cfg, options: dict) -> IngestResult:
-    return ingest_source(storage, dataset, source, cfg, options)
+@task(name="plan-records", task_run_name="records-plan-{source.name}")
+def plan_records_task(storage: Storage, dataset: str, source: SourceConfig, cfg, options: dict) -> IngestPlan:
+    return plan_ingest(storage, dataset, source, cfg, options)
+
+
+@task(name="ingest-records", task_run_name="records-{plan.source.name}-{part.index:05d}")
+def ingest_range_task(storage: Storage, plan: IngestPlan, part: RecordRange, cfg, options: dict) -> RangeResult:
+    return ingest_range(storage, plan, part, cfg, options)
+
+
+@task(name="join-records", task_run_name="records-join-{plan.source.name}")
+def join_records_task(storage: Storage, plan: IngestPlan, parts: list[RangeResult]) -> IngestResult:
+    return finish_ingest(storage, plan, parts)
 
 
 @task(name="build-samples", task_run_name="samples-{source}-{index:06d}")
-def build_task(storage: Storage, source: str, index: int, chunk: str, ledgers: list[str], cfg, tar_rel: str, table_rel: str) -> BuildResult:
-    return build_samples(storage, source, index, chunk, ledgers, cfg, tar_rel, table_rel)
+def build_task(storage: Storage, source: str, index: int, chunk: str, first_image: int, ledgers: list[str], cfg, tar_rel: str, table_rel: str) -> BuildResult:
+    return build_samples(storage, source, index, chunk, first_image, ledgers, cfg, tar_rel, table_rel)
 
 
 @task(name="plan-packs")
@@ -120,11 +119,24 @@ def _chunk_ledgers(ledgers: list[str], source: str, first: int, end: int, rows_p
 
 @flow(name="finetune-ingest")
 def ingest_flow(recipe: Recipe) -> list[IngestResult]:
-    """Read and check every records file; derive the manifests of images to fetch."""
+    """Read and check every records file; derive the manifests of images to fetch.
+
+    Per source: a plan task hashes the file and counts records per byte range, one task per
+    range reads and checks its records (in parallel), and a join task orders their outputs.
+    """
     storage = Storage(recipe.storage, recipe.storage_options)
     retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
-    futures = [ingest_task.with_options(**retries).submit(storage, recipe.dataset, s, recipe.finetune, recipe.storage_options) for s in recipe.sources]
-    return [f.result() for f in futures]
+    opts = recipe.storage_options
+    plans = [plan_records_task.with_options(**retries).submit(storage, recipe.dataset, s, recipe.finetune, opts) for s in recipe.sources]
+    joins: list[Any] = []
+    for future in plans:
+        plan = future.result()
+        if plan.done is not None:
+            joins.append(plan.done)
+            continue
+        parts = [ingest_range_task.with_options(**retries).submit(storage, plan, r, recipe.finetune, opts) for r in plan.ranges]
+        joins.append(join_records_task.with_options(**retries).submit(storage, plan, parts))
+    return [j if isinstance(j, IngestResult) else j.result() for j in joins]
 
 
 @flow(name="finetune")
@@ -146,7 +158,7 @@ def finetune_flow(recipe: Recipe, ingests: list[IngestResult], download: Any, va
         for index, (chunk, (first, end)) in enumerate(zip(ing.chunks, ing.chunk_image_rows)):
             ledgers = _chunk_ledgers(dl_ledgers, src, first, end, rps[ing.source]) + _chunk_ledgers(val_ledgers, src, first, end, rps[ing.source])
             tar_rel, table_rel = build_paths(recipe.dataset, ing.source, index, chunk, cfg, ledgers)
-            futures[build_task.with_options(**retries).submit(storage, ing.source, index, chunk, ledgers, cfg, tar_rel, table_rel)] = tar_rel
+            futures[build_task.with_options(**retries).submit(storage, ing.source, index, chunk, first, ledgers, cfg, tar_rel, table_rel)] = tar_rel
     built: list[BuildResult] = gather(futures, progress, 0.0, 50.0, logger, "samples")
     built.sort(key=lambda b: (b.source, b.index))
     plan, rows = plan_task.submit(storage, [b.table for b in built], cfg, recipe.reshard.samples_per_shard, recipe.reshard.seed).result()

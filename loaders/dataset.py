@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 # stays torch-free, so opening a release does not pay for it.
 from torch.utils.data import IterableDataset
 
+from loaders.latents import decode_latent_block, load_npy
 from loaders.release import IndexEntry, Release, ReleaseError, ShardInfo
 from tasks.shards import ShardError, iter_samples
 
@@ -141,17 +142,6 @@ def decode_image(data: bytes, size: int | None, max_pixels: int = DEFAULT_MAX_PI
     return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).contiguous()
 
 
-def load_npy(data: bytes):
-    """A ``numpy.save`` member -> torch tensor; ``'<u2'`` arrays are bf16 bits, viewed as bfloat16."""
-    import numpy as np
-    import torch
-
-    arr = np.load(io.BytesIO(data), allow_pickle=False)
-    if arr.dtype == np.dtype("<u2"):
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
-
-
 def collate_images(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Samples of ``mode="images"`` -> ``{"image": uint8 (B, 3, S, S), "caption": [B str],
     "key": [B str], "meta": [B dict]}``."""
@@ -217,7 +207,9 @@ class ReleaseDataset(IterableDataset):
             ``collate_latents`` or a plain list, by mode).
         drop_last: with ``batch_size``, drop each worker's last partial batch (default False).
         latent_sample: for latents stored as mean and logvar, draw ``mean + exp(logvar / 2) *
-            noise`` seeded by ``(seed, epoch, key)``; False returns the mean (default True).
+            noise``, the noise of each block of ``shuffle_buffer`` samples drawn at once, seeded
+            by ``(seed, epoch, slot, block)`` like the block's shuffle; False returns the mean
+            (default True).
         scale_latents: return ``(latent - shift_factor) * scaling_factor`` as diffusers
             training scripts feed the model; False returns the raw VAE output (default True).
         with_captions: in latents mode, also read each caption by a byte-range read of the
@@ -377,7 +369,12 @@ class ReleaseDataset(IterableDataset):
         first_block = skip // size
         for block_no in range(first_block, -(-len(addresses) // size)):
             block = addresses[block_no * size : (block_no + 1) * size]
-            raw = list(self._read_addresses(block))
+            raw: list[Any] = list(self._read_addresses(block))
+            if self.mode == "latents":
+                # Decoded whole, in reading order, before the shuffle: the draws are then a
+                # function of the block alone, and a resumed epoch draws them again the same.
+                decoded = self._decode_latent_block([sample for _, sample in raw], slot, block_no)
+                raw = [(shard, out) for (shard, _), out in zip(raw, decoded)]
             if size > 1:
                 order = np.random.default_rng([self.seed, self.epoch, slot, block_no]).permutation(len(raw))
                 raw = [raw[int(i)] for i in order]
@@ -411,7 +408,9 @@ class ReleaseDataset(IterableDataset):
         elif self.mode == "images":
             out = self._decode_image_sample(sample)
         else:
-            out = self._decode_latent_sample(image_shard, sample)
+            out = sample  # decoded with its block
+            if self.with_captions:
+                out["caption"] = self._caption(image_shard, out["key"])
         return self.transform(out) if self.transform is not None else out
 
     def _decode_image_sample(self, sample: Any) -> dict[str, Any]:
@@ -431,38 +430,15 @@ class ReleaseDataset(IterableDataset):
             "meta": json.loads(members["json"]) if "json" in members else {},
         }
 
-    def _decode_latent_sample(self, image_shard: ShardInfo, sample: Any) -> dict[str, Any]:
-        import torch
-
-        members = sample.members
-        enc = self.release.encodings
-        out: dict[str, Any] = {"key": sample.key}
-        if "image_latents" in enc:
-            spec = enc["image_latents"]
-            if "latent_mean.npy" in members:
-                mean = load_npy(members["latent_mean.npy"]).float()
-                if self.latent_sample:
-                    logvar = load_npy(members["latent_logvar.npy"]).float()
-                    gen = torch.Generator().manual_seed(_key_seed(self.seed, self.epoch, sample.key))
-                    noise = torch.randn(mean.shape, generator=gen)
-                    latent = mean + torch.exp(0.5 * logvar) * noise
-                else:
-                    latent = mean
-            else:
-                latent = load_npy(members["latent.npy"]).float()
-            if self.scale_latents:
-                if spec.get("shift_factor") is not None:
-                    latent = latent - float(spec["shift_factor"])
-                latent = latent * float(spec.get("scaling_factor") or 1.0)
-            out["latent"] = latent
-        if "text" in enc:
-            out["text_emb"] = load_npy(members["text_emb.npy"])
-            out["text_mask"] = load_npy(members["text_mask.npy"]).bool()
-        if "vision" in enc:
-            out["vision_emb"] = load_npy(members["vision_emb.npy"])
-        if self.with_captions:
-            out["caption"] = self._caption(image_shard, sample.key)
-        return out
+    def _decode_latent_block(self, samples: list[Any], slot: int, block_no: int) -> list[dict[str, Any]]:
+        try:
+            return decode_latent_block(
+                samples, self.release.encodings, latent_sample=self.latent_sample, scale_latents=self.scale_latents,
+                noise_seed=(self.seed, self.epoch, slot, block_no),
+            )
+        except (KeyError, ValueError) as err:
+            # Released encodings passed the precache gate: a failure here is a corrupt release.
+            raise ReleaseError(f"latent block {block_no} of slot {slot}: {err}") from err
 
     def _caption(self, image_shard: ShardInfo, key: str) -> str:
         if image_shard.name not in self._by_key:
@@ -474,13 +450,6 @@ class ReleaseDataset(IterableDataset):
         with self.release.open(image_shard.name) as fh:
             fh.seek(offset)
             return fh.read(size).decode("utf-8")
-
-
-def _key_seed(seed: int, epoch: int, key: str) -> int:
-    import hashlib
-
-    digest = hashlib.sha256(f"{seed}/{epoch}/{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def _dist_rank_world() -> tuple[int, int]:

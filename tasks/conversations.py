@@ -1,14 +1,11 @@
-"""LLaVA-style instruction records (JSON or JSONL): reading, conversation checks with stable reasons."""
+"""LLaVA-style conversation records: checks with stable reasons, image references, placeholder rendering."""
 
 from __future__ import annotations
 
-import gzip
 import io
-import json
-import os
+import posixpath
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
-from typing import IO, Any, Iterator
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from tasks.recipe import ConversationRules
@@ -17,81 +14,6 @@ HUMAN, GPT = "human", "gpt"
 # Other spellings seen in public LLaVA-style sets, mapped to the two roles.
 ROLE_ALIASES = {"human": HUMAN, "user": HUMAN, "gpt": GPT, "assistant": GPT}
 REMOTE_SCHEMES = ("http", "https", "s3", "file")
-
-
-class RecordsError(ValueError):
-    """A records file that cannot be read at all; the message names the file and the line."""
-
-
-@dataclass
-class RawRecord:
-    """One input record as read: ``record`` is None when the row could not be parsed.
-
-    Args:
-        row: 0-based record number in the file (a JSONL line, or a JSON array element).
-        record: the parsed object.
-        reason, detail: why it could not be parsed (``unparsable_row``).
-    """
-
-    row: int
-    record: Any = None
-    reason: str | None = None
-    detail: str | None = None
-
-
-def records_format(name: str) -> str:
-    """``json`` (one array of records) or ``jsonl`` (a record per line), from the file name."""
-    base = name[:-3] if name.endswith(".gz") else name
-    if base.endswith(".jsonl") or base.endswith(".ndjson"):
-        return "jsonl"
-    if base.endswith(".json"):
-        return "json"
-    raise RecordsError(f"{name}: records must be .json or .jsonl (optionally .gz)")
-
-
-def iter_records(fh: IO[bytes], name: str, max_record_bytes: int = 1 << 20) -> Iterator[RawRecord]:
-    """Records of a JSON or JSONL file (gzip when the name ends in ``.gz``), in file order.
-
-    A bad JSONL line (not JSON, not UTF-8, over ``max_record_bytes``) is one ``unparsable_row``
-    record; a JSON file that does not parse as one array fails as a whole.
-    """
-    fmt = records_format(name)
-    stream: IO[bytes] = gzip.GzipFile(fileobj=fh) if name.endswith(".gz") else fh
-    if fmt == "json":
-        try:
-            data = json.loads(stream.read())
-        except (ValueError, OSError, EOFError) as err:
-            raise RecordsError(f"{name}: not a JSON array of records: {err}") from None
-        if not isinstance(data, list):
-            raise RecordsError(f"{name}: top level is {type(data).__name__}, expected an array of records")
-        for row, rec in enumerate(data):
-            size = len(json.dumps(rec, ensure_ascii=False).encode())
-            if size > max_record_bytes:
-                yield RawRecord(row, None, "unparsable_row", f"record of {size} bytes over {max_record_bytes}")
-            else:
-                yield RawRecord(row, rec)
-        return
-    row = 0
-    try:
-        while True:
-            line = stream.readline(max_record_bytes + 1)
-            if not line:
-                return
-            if len(line) > max_record_bytes and not line.endswith(b"\n"):
-                while line and not line.endswith(b"\n"):  # drain the rest of the long line
-                    line = stream.readline(1 << 20)
-                yield RawRecord(row, None, "unparsable_row", f"line over {max_record_bytes} bytes")
-                row += 1
-                continue
-            if not line.strip():
-                continue  # blank lines are not records
-            try:
-                yield RawRecord(row, json.loads(line.decode("utf-8")))
-            except (UnicodeDecodeError, ValueError) as err:
-                yield RawRecord(row, None, "unparsable_row", str(err)[:160])
-            row += 1
-    except (OSError, EOFError) as err:
-        raise RecordsError(f"{name}: line {row + 1}: {err}") from None
 
 
 @dataclass
@@ -197,8 +119,9 @@ def resolve_image(ref: str, base_dir: str) -> str:
         return ref
     if len(scheme) > 1:
         return ref  # an unsupported scheme; the download rejects it with its own reason
-    path = ref if os.path.isabs(ref) else os.path.join(base_dir, ref)
-    return "file://" + quote(str(PurePosixPath(os.path.normpath(path))))
+    # posixpath, not pathlib: this runs once per image of every record, and pathlib objects
+    # cost several times as much for the same normalisation.
+    return "file://" + quote(posixpath.normpath(posixpath.join(base_dir, ref)))
 
 
 def render_turns(turns: list[tuple[str, str]], tag_texts: list[str], placeholder: str) -> list[str]:

@@ -6,7 +6,7 @@ import hashlib
 import io
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -14,29 +14,33 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.conversations import check_conversation, iter_records, render_turns, resolve_image
+from tasks.conversations import render_turns
 from tasks.images import OUTPUT_EXT
 from tasks.ledger import MEMBER_TYPE, read_parquet, write_parquet
 from tasks.packing import cu_seqlens, pack, pack_stats, pad_to_longest_ratio, padding_cutoff, truncate_at_turns
 from tasks.reasons import OK, status_of
-from tasks.recipe import FinetuneConfig, SourceConfig, TilingConfig, TokensConfig
+from tasks.recipe import FinetuneConfig, TilingConfig, TokensConfig
 from tasks.shards import HashingWriter, SampleRecord, ShardWriter, iter_samples
 from tasks.storage import Storage
 from tasks.tiling import TilingError, all_tags, choose_grid, image_size, open_capped, tag_text, tile_count, tile_image, tile_members
 from tasks.tokens import TokenCounter, load_counter
 
-STAGE_VERSION = 1  # bump when sample building changes, so outputs get new names
+STAGE_VERSION = 2  # bump when ingest or sample building changes, so outputs get new names
 
-# One row per input record, from ingest to the release ledger. Core ledger columns first.
+# Every table of records, from ingest to the release ledger, starts with these columns.
+RECORD_CORE = [
+    ("key", pa.string()),
+    ("source", pa.string()),
+    ("row", pa.int64()),
+    ("status", pa.string()),
+    ("reason", pa.string()),
+    ("detail", pa.string()),
+    ("id", pa.string()),
+]
+# One row per input record after sample building.
 SAMPLE_SCHEMA = pa.schema(
     [
-        ("key", pa.string()),
-        ("source", pa.string()),
-        ("row", pa.int64()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-        ("id", pa.string()),
+        *RECORD_CORE,
         ("shard", pa.string()),  # the intermediate sample tar (build) or the released pack shard
         ("offset", pa.int64()),
         ("length", pa.int64()),
@@ -54,23 +58,8 @@ SAMPLE_SCHEMA = pa.schema(
         ("tokenizer", pa.string()),
     ]
 )
-RECORD_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("source", pa.string()),
-        ("row", pa.int64()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-        ("id", pa.string()),
-        ("turns", pa.string()),  # JSON [[role, text], ...] of a record that passed the checks
-        ("image_rows", pa.list_(pa.int64())),  # rows of the derived image manifest
-        ("turn_images", pa.list_(pa.int32())),
-    ]
-)
-
-
-def _digest(*parts: Any) -> str:
+def digest_of(*parts: Any) -> str:
+    """A short stable hash of JSON-able parts: names outputs by their inputs and settings."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -81,92 +70,6 @@ def image_source_name(source: str) -> str:
 
 def image_key(source: str, image_row: int) -> str:
     return f"{image_source_name(source)}-{image_row:09d}"
-
-
-# --- ingest ----------------------------------------------------------------------------------
-
-
-@dataclass
-class IngestResult:
-    """One records file read and checked.
-
-    Args:
-        source: the source name.
-        sha256: of the records file bytes.
-        rows: records read (every one is a ledger row in the end).
-        chunks: record chunk tables (``rows_per_shard`` records each), in order.
-        chunk_image_rows: per chunk, the (first, last + 1) image manifest rows it refers to.
-        image_manifest: the derived JSONL image manifest (``None`` without images).
-        image_rows: rows in it.
-    """
-
-    source: str
-    sha256: str
-    rows: int
-    chunks: list[str] = field(default_factory=list)
-    chunk_image_rows: list[tuple[int, int]] = field(default_factory=list)
-    image_manifest: str | None = None
-    image_rows: int = 0
-
-
-def ingest_source(storage: Storage, dataset: str, source: SourceConfig, cfg: FinetuneConfig, options: dict[str, Any]) -> IngestResult:
-    """Read a records file, check every conversation, and derive the manifest of images to fetch.
-
-    Only records that pass the conversation checks have their images downloaded. Reruns with
-    the same file and rules find the outputs in place and rewrite nothing.
-    """
-    import fsspec
-
-    rules = cfg.conversation
-    with fsspec.open(source.manifest, "rb", **(options if "://" in source.manifest else {})) as fh:
-        blob = fh.read()
-    sha = hashlib.sha256(blob).hexdigest()
-    digest = _digest(sha, rules.model_dump(mode="json"), source.rows_per_shard, STAGE_VERSION)
-    base = f"{dataset}/finetune/records/{source.name}/{digest}"
-    root = rules.image_root or (source.manifest.rsplit("/", 1)[0] if "/" in source.manifest else ".")
-    done = f"{base}/ingest.json"
-    if storage.exists(done):
-        data = json.loads(storage.read_bytes(done))
-        data["chunk_image_rows"] = [tuple(x) for x in data["chunk_image_rows"]]
-        return IngestResult(**data)
-    rows: list[dict[str, Any]] = []
-    images: list[dict[str, Any]] = []
-    result = IngestResult(source=source.name, sha256=sha, rows=0)
-    chunk_first = 0
-
-    def flush(index: int) -> None:
-        nonlocal rows, chunk_first
-        rel = f"{base}/{index:06d}.parquet"
-        write_parquet(storage, rel, pa.Table.from_pylist(rows, schema=RECORD_SCHEMA))
-        result.chunks.append(rel)
-        result.chunk_image_rows.append((chunk_first, len(images)))
-        chunk_first = len(images)
-        rows = []
-
-    for raw in iter_records(io.BytesIO(blob), source.manifest, rules.max_record_bytes):
-        key = f"{source.name}-{raw.row:09d}"
-        out = dict(key=key, source=source.name, row=raw.row, status=None, reason=raw.reason, detail=raw.detail, id=None, turns=None, image_rows=None, turn_images=None)
-        if raw.reason is None:
-            conv = check_conversation(raw.record, rules)
-            out.update(reason=conv.reason, detail=conv.detail, id=conv.id)
-            if conv.ok:
-                first = len(images)
-                for ref in conv.images:
-                    images.append({"url": resolve_image(ref, root), "license": conv.license or rules.license, "record": key})
-                out.update(turns=json.dumps(conv.turns, ensure_ascii=False), image_rows=list(range(first, len(images))), turn_images=conv.turn_images)
-        out["status"] = status_of(out["reason"])
-        rows.append(out)
-        result.rows += 1
-        if len(rows) == source.rows_per_shard:
-            flush(len(result.chunks))
-    if rows or not result.chunks:
-        flush(len(result.chunks))
-    if images:
-        rel = f"{base}/images.jsonl"
-        storage.write_bytes(rel, b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in images))
-        result.image_manifest, result.image_rows = rel, len(images)
-    storage.write_bytes(done, json.dumps(result.__dict__).encode())
-    return result
 
 
 # --- build samples ---------------------------------------------------------------------------
@@ -193,7 +96,7 @@ def _counter(tokens: TokensConfig, tiling: TilingConfig) -> TokenCounter:
 
 
 def build_paths(dataset: str, source: str, index: int, chunk: str, cfg: FinetuneConfig, image_ledgers: list[str]) -> tuple[str, str]:
-    digest = _digest(chunk, cfg.tiling, cfg.tokens, cfg.conversation.placeholder, sorted(image_ledgers), STAGE_VERSION)
+    digest = digest_of(chunk, cfg.tiling, cfg.tokens, cfg.conversation.placeholder, sorted(image_ledgers), STAGE_VERSION)
     stem = f"{dataset}/finetune/samples/{source}/{index:06d}-{digest}"
     return stem + ".tar", stem + ".parquet"
 
@@ -211,17 +114,20 @@ def _image_fates(storage: Storage, ledgers: list[str], keys: set[str]) -> dict[s
 
 
 def build_samples(
-    storage: Storage, source: str, index: int, chunk: str, image_ledgers: list[str], cfg: FinetuneConfig, tar_rel: str, table_rel: str
+    storage: Storage, source: str, index: int, chunk: str, first_image: int, image_ledgers: list[str], cfg: FinetuneConfig, tar_rel: str, table_rel: str
 ) -> BuildResult:
     """Per record: join its images' fates, tile, tag, count tokens; write the sample and its row.
 
-    ``image_ledgers``: the download then validate ledgers that hold this chunk's images.
+    ``first_image``: the image manifest row of the chunk's first image (its ``image_rows``
+    count from there). ``image_ledgers``: the download then validate ledgers that hold them.
     """
     start = time.perf_counter()
     if storage.exists(table_rel):
         t = read_parquet(storage, table_rel, ["status"])
         return BuildResult(source, index, tar_rel, table_rel, t.num_rows, int(pc.sum(pc.equal(t.column("status"), OK)).as_py() or 0), 0.0, True)
     records = read_parquet(storage, chunk).to_pylist()
+    for rec in records:
+        rec["image_rows"] = [first_image + r for r in rec["image_rows"] or []]
     want = {image_key(source, r) for rec in records for r in (rec["image_rows"] or [])}
     fates = _image_fates(storage, image_ledgers, want) if want else {}
     counter = _counter(cfg.tokens, cfg.tiling)
@@ -461,7 +367,7 @@ class PackShardResult:
 
 
 def output_paths(dataset: str, spec: OutputSpec, cfg: FinetuneConfig) -> tuple[str, str]:
-    digest = _digest([[(s.key, s.tar, s.offset, s.turns) for s in p] for p in spec.packs], spec.first_pack, cfg.packing, STAGE_VERSION)
+    digest = digest_of([[(s.key, s.tar, s.offset, s.turns) for s in p] for p in spec.packs], spec.first_pack, cfg.packing, STAGE_VERSION)
     stem = f"{dataset}/finetune/packed/{digest}/shard-{spec.index:06d}"
     return stem + ".tar", stem + ".ledger.parquet"
 

@@ -401,6 +401,8 @@ class ConversationRules(_Frozen):
             must contain it.
         license: license of the images of records that carry none (SPDX id or alias).
         max_record_bytes: a JSONL line or JSON record over this is ``unparsable_row``.
+        range_bytes: a plain JSONL file is read by one task per this many bytes (a JSON array
+            or a gzip file by one task).
     """
 
     placeholder: str = Field(default="<image>", min_length=1)
@@ -410,6 +412,7 @@ class ConversationRules(_Frozen):
     image_root: str | None = None
     license: str | None = None
     max_record_bytes: int = Field(default=1 << 20, ge=1024)
+    range_bytes: int = Field(default=128 << 20, ge=1024)
 
 
 class TilingConfig(_Frozen):

@@ -70,12 +70,13 @@ def pretraining_release(
     latents: bool = False,
     storage_options: dict[str, Any] | None = None,
     image: Callable[[int], bytes] | None = None,
+    logvar: float = -30,
 ) -> str:
     """A pretraining release with ``counts[j]`` samples in shard j; returns the dataset URL.
 
     Sample i (over the whole release) has key ``s-{i:06d}``, a JPEG of ``color_of(i)`` whose
     size varies with i, caption ``"caption {i}"``, and with ``latents`` a latent shard whose
-    mean is filled with i (logvar -30, so any draw is the mean) and text embeddings filled
+    mean is filled with i (logvar ``logvar``: at -30 any draw is the mean) and text embeddings filled
     with i; the mask has i % 7 + 1 leading ones. ``image`` replaces the JPEG of sample i
     (the benchmark passes photo-like ones).
     """
@@ -100,7 +101,7 @@ def pretraining_release(
                     key,
                     {
                         "latent_mean.npy": npy(np.full(LATENT_SHAPE, i, np.float16)),
-                        "latent_logvar.npy": npy(np.full(LATENT_SHAPE, -30, np.float16)),
+                        "latent_logvar.npy": npy(np.full(LATENT_SHAPE, logvar, np.float16)),
                         "text_emb.npy": npy(np.full(TEXT_SHAPE, i, np.float16)),
                         "text_mask.npy": npy(mask),
                     },

@@ -1,4 +1,4 @@
-"""Tests for LLaVA-style record reading and conversation checks (each failure by its reason)."""
+"""Tests for LLaVA-style conversation checks (each failure by its reason) and whole-file record reading."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from tasks.conversations import RecordsError, check_conversation, iter_records, records_format, render_turns, resolve_image
+from tasks.conversations import check_conversation, render_turns, resolve_image
 from tasks.reasons import status_of
 from tasks.recipe import ConversationRules
+from tasks.records import RecordsError, iter_records, records_format
 
 RULES = ConversationRules(max_chars=200, max_images=2, max_turns=6)
 

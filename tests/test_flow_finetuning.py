@@ -27,7 +27,8 @@ def released(tmp_path_factory, prefect_harness):
         packed = finetuning_flow(recipe_path=str(RECIPES / "demo-finetune.yaml"), workers=2)
         unpacked = finetuning_flow(
             recipe_path=str(RECIPES / "demo-finetune.yaml"), workers=2,
-            overrides={"finetune.packing.packed": False, "finetune.tiling.store": "grid"},
+            # Small byte ranges: the records file is read by several tasks in this run.
+            overrides={"finetune.packing.packed": False, "finetune.tiling.store": "grid", "finetune.conversation.range_bytes": 1024},
         )
     finally:
         os.environ.pop("SHARDSMITH_DEMO_DIR", None)
@@ -54,6 +55,20 @@ def test_every_record_is_one_ledger_row_with_its_reason(released):
     assert reasons["image_rejected"] >= 1
     details = [d for d, r in zip(ledger.column("detail").to_pylist(), ledger.column("reason").to_pylist()) if r == "image_rejected"]
     assert all("license" in d or "duplicate_of" in d for d in details)
+
+
+def test_records_read_in_byte_ranges_keep_their_keys_and_reasons(released):
+    store, packed, unpacked, expected = released
+    ranges = sorted(store.glob("finetune/records/chat/*/0000[0-9].json"))
+    assert len({p.parent for p in ranges}) == 2 and len(ranges) > 3  # one range, then several
+
+    def ingest_reasons(version):
+        ledger = pq.read_table(store / "releases" / version / "ledger.parquet").to_pylist()
+        return {r["key"]: (r["reason"], r["detail"]) for r in ledger if r["reason"] in expected["by_reason"]}
+
+    whole, split = ingest_reasons(packed["release"].version), ingest_reasons(unpacked["release"].version)
+    assert whole == split and sum(expected["by_reason"].values()) == len(whole)
+    assert all(d.startswith("byte ") for r, d in whole.values() if r == "unparsable_row")
 
 
 def test_packs_hold_every_accepted_sample_once_within_limits(released):
