@@ -15,6 +15,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "missing_url": (REJECTED, "the row has no URL"),
     "invalid_url": (REJECTED, "the URL cannot be parsed or has no host"),
     "unsupported_scheme": (REJECTED, "the URL scheme is not http, https, file or s3"),
+    # manifest values (tasks/manifests/values.py)
+    "wrong_type": (REJECTED, "a list or object where the url, caption or license string belongs (JSON array/object, parquet list/struct/map); never coerced, the detail names the column"),
     # network policy (SSRF guard)
     "blocked_address": (REJECTED, "the host resolves to a loopback, private, link-local or other non-global address"),
     "blocked_scheme": (REJECTED, "file:// or s3:// URL not allowed by the recipe (no file_root, bucket not listed, or outside the root)"),

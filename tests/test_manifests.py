@@ -245,11 +245,11 @@ def test_overlong_jsonl_line_is_skipped_without_holding_it(tmp_path):
     finally:
         tracemalloc.stop()
     assert [(r["line"], r["reason"]) for r in rows] == [(1, None), (2, "unparsable_row"), (3, None)]
-    assert peak < 3 * manifests.MAX_ROW_BYTES, f"peak {peak} bytes for a 16 MiB line"
+    assert peak < 3 * manifests.careful.MAX_ROW_BYTES, f"peak {peak} bytes for a 16 MiB line"
 
 
 def test_unclosed_csv_quote_costs_one_capped_row_not_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(manifests, "MAX_ROW_BYTES", 64)
+    monkeypatch.setattr(manifests.careful, "MAX_ROW_BYTES", 64)
     text = (
         "url,caption\n"  # 1
         'http://a/1.jpg,"unclosed\n'  # 2: the quote swallows lines until the row cap
@@ -377,9 +377,9 @@ class CountingStorage(Storage):
         super().__init__(root)
         self.writes: list[str] = []
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
+    def write_bytes(self, rel: str, data: bytes, **kw) -> None:
         self.writes.append(rel)
-        super().write_bytes(rel, data)
+        super().write_bytes(rel, data, **kw)
 
 
 def test_iter_chunks_cuts_rows_per_shard(tmp_path):
