@@ -114,11 +114,11 @@ def _text(value: Any) -> str | None:
 
 
 def _kind_of(value: Any) -> str | None:
-    """``list`` or ``object`` for a value that is no string and no scalar; None otherwise."""
+    """What a value that is no string and no scalar is, for people; None for strings and scalars."""
     if isinstance(value, (list, tuple)):
-        return "list"
+        return "a JSON array"
     if isinstance(value, dict):
-        return "object"
+        return "a JSON object"
     return None
 
 
@@ -162,10 +162,13 @@ Values = "pa.Array | pa.ChunkedArray | list[Any] | None"
 
 
 def _is_nested(t: pa.DataType) -> str | None:
+    """What a column of lists, structs or maps holds, for people; None for other types."""
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
-        return "list"
-    if pa.types.is_struct(t) or pa.types.is_map(t):
-        return "object"
+        return f"a list ({t})"
+    if pa.types.is_struct(t):
+        return f"a struct ({t})"
+    if pa.types.is_map(t):
+        return f"a map ({t})"
     return None
 
 
@@ -179,7 +182,7 @@ def _plain(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def text_column(values: Values, n: int) -> tuple[pa.Array, dict[int, str]]:
-    """(text per row, {row: "list" | "object"} for values of the wrong type, which read as null)."""
+    """(text per row, {row: what it holds} for values of the wrong type, which read as null)."""
     if values is None:
         return pa.nulls(n, pa.string()), {}
     if isinstance(values, list):
@@ -301,7 +304,7 @@ def finish(raw: RawBatch, mapping: Mapping, word: str, cap: int | None) -> pa.Ta
 
     for column, wrong in ((mapping.url, wrong_url), (mapping.caption, wrong_caption), (mapping.license, wrong_license)):
         for i, kind in wrong.items():
-            decided.setdefault(i, ("wrong_type", f"{word} {lines[i]}: column {column!r} holds a {kind}, not a string"))
+            decided.setdefault(i, ("wrong_type", f"{word} {lines[i]}: column {column!r} holds {kind}, not a string"))
 
     # URLs: the common shape passes a pattern; the rest go through url_problem one by one.
     trimmed = pc.utf8_trim(url, _ASCII_SPACE)
