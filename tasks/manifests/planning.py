@@ -230,6 +230,8 @@ def plan_file(
     storage: Storage,
     dataset: str,
     storage_options: dict[str, Any] | None = None,
+    *,
+    sync: bool = True,
 ) -> FilePlan:
     """Cut one file of a source into content-addressed chunk files under ``{dataset}/manifests/``.
 
@@ -238,7 +240,9 @@ def plan_file(
     that already exists is not written again, so a rerun over an unchanged file writes
     nothing, and appending rows rewrites only the last, partial chunk; chunks never span
     files. Chunks of an older version are left in place (a later rerun may still name them).
-    Raises ManifestError when the file cannot be read at all.
+    Raises ManifestError when the file cannot be read at all. The chunk files are durable when
+    it returns (one ``storage.sync()``), unless ``sync`` is False: then the caller syncs once
+    after a batch of files, before anything names their chunks.
     """
     tally = FileTally()
 
@@ -268,7 +272,7 @@ def plan_file(
             while len(waiting) > _STORING:
                 stored.append(waiting.popleft().result())
         stored.extend(f.result() for f in waiting)
-    if any(wrote for _, wrote in stored):
+    if sync and any(wrote for _, wrote in stored):
         storage.sync()  # one sync for the file's chunks, before the plan that names them exists
     chunks: list[ChunkRef] = []
     first_row = _row_base(file)
@@ -340,7 +344,10 @@ def plan_source(
 ) -> SourcePlan:
     """``list_manifest_files``, ``plan_file`` for each file in turn, then ``combine``: a source planned in one process."""
     files = list_manifest_files(source, storage_options)
-    return combine(source, [plan_file(source, f, storage, dataset, storage_options) for f in files])
+    plans = [plan_file(source, f, storage, dataset, storage_options, sync=False) for f in files]
+    if any(p.chunks for p in plans):
+        storage.sync()  # one sync for every file's chunks (a sync with nothing new to write is cheap)
+    return combine(source, plans)
 
 
 def iter_chunks(source: SourceConfig, storage_options: dict[str, Any] | None = None) -> Iterator[pa.Table]:
