@@ -1,4 +1,4 @@
-"""The fast manifest paths (pyarrow's csv parser, vectorised URL checks) give exactly what the careful row reader gives, on any bytes."""
+"""The fast manifest paths (pyarrow's csv parser, jsonl by blocks, vectorised URL checks) give exactly what the careful line reader gives, on any bytes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tasks.manifests import ManifestError, careful, list_manifest_files, text
+from tasks.manifests import ManifestError, careful, jsonl, list_manifest_files, text
 from tasks.manifests.planning import file_chunks
 from tasks.manifests.reading import FileTally
 from tasks.manifests.values import _ASCII_SPACE, _PLAIN_URL, url_problem
@@ -55,12 +55,12 @@ _PIECES = [
 def limits(block: int, cap: int) -> Iterator[None]:
     """Small blocks put block boundaries (and multi-line records across them) all over small
     test files; a small row cap makes rows over it cheap to write."""
-    saved = text.BLOCK_BYTES, careful.MAX_ROW_BYTES
-    text.BLOCK_BYTES, careful.MAX_ROW_BYTES = block, cap
+    saved = text.BLOCK_BYTES, jsonl.BLOCK_BYTES, careful.MAX_ROW_BYTES
+    text.BLOCK_BYTES, jsonl.BLOCK_BYTES, careful.MAX_ROW_BYTES = block, block, cap
     try:
         yield
     finally:
-        text.BLOCK_BYTES, careful.MAX_ROW_BYTES = saved
+        text.BLOCK_BYTES, jsonl.BLOCK_BYTES, careful.MAX_ROW_BYTES = saved
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -85,6 +85,32 @@ def test_fast_csv_equals_careful_csv(header, body, fmt, gz, extras, block):
         path = os.path.join(tmp, f"m.{fmt}" + (".gz" if gz else ""))
         with open(path, "wb") as fh:
             fh.write(gzip.compress(data) if gz else data)
+        with limits(block, 64):
+            both(path, extra_columns=extras)
+
+
+_JSON_PIECES = [
+    b'{"url": "http://a/b.jpg"}', b'{"url": "http://a/b.jpg", "caption": "c", "license": "mit"}', b'{"url": ["x"]}',
+    b'{"url": 12, "caption": {"a": 1}}', b'{"url": "\\ud800"}', b'{"caption": "\\u0000\\n"}', b'{"n": NaN, "url": "x://y"}',
+    b'{"big": 123456789012345678901234567890}', b"[1, 2]", b'"str"', b"{broken", b"{", b"}", b" ", b"\t", b"\r", b"\n",
+    b"\r\n", b"\xff", b"\xef\xbb\xbf", b"\xc3\xa9", b"x" * 40, b'{"url": "http://a/' + b"y" * 70 + b'"}',
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=st.lists(st.sampled_from(_JSON_PIECES), max_size=40).map(b"".join),
+    gz=st.booleans(),
+    extras=st.sampled_from([(), ("*",), ("n", "gone")]),
+    block=st.sampled_from([48, 1 << 16]),
+)
+@example(body=b'\xef\xbb\xbf{"url": "http://a/1.jpg"}\n{"url": "\\ud800"}\n\n[1]\n', gz=False, extras=(), block=1 << 16)
+@example(body=b'{"url": "http://a/1.jpg"}\n' + b"z" * 100 + b'\n{"url": "http://a/2.jpg"}', gz=False, extras=("*",), block=48)
+def test_jsonl_blocks_equal_the_careful_lines(body, gz, extras, block):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.jsonl" + (".gz" if gz else ""))
+        with open(path, "wb") as fh:
+            fh.write(gzip.compress(body) if gz else body)
         with limits(block, 64):
             both(path, extra_columns=extras)
 

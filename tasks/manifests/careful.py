@@ -1,15 +1,15 @@
-"""Text manifests read one physical line at a time: every hostile shape bounded (a 10 GB line, an unclosed quote), a reason and a detail for every bad row."""
+"""Text manifests read one physical line at a time: every hostile shape bounded (a 10 GB line, an unclosed quote), a reason and a detail for every bad row; the csv record reader."""
 
 from __future__ import annotations
 
 import csv
-import json
 from typing import IO, Any, Callable, Iterator
 
 import numpy as np
+import pyarrow as pa
 
 from tasks.manifests.sources import GZIP_ERRORS, ManifestError
-from tasks.manifests.values import Mapping, RawBatch, dumps, json_value
+from tasks.manifests.values import Mapping, RawBatch, dumps
 
 # Largest manifest row we hold: one jsonl line, or all the physical lines of one csv/tsv
 # record (parquet: the bytes of the values a row carries). A longer row becomes
@@ -36,7 +36,8 @@ class ByteSource:
         self._stream = stream
         self._where = where
         self._line = line
-        self._carry = b""
+        self._carry = b""  # read but not handed out: self._carry[self._pos:]
+        self._pos = 0
         self._eof = False
 
     def _read(self, call: Callable[[], bytes]) -> bytes:
@@ -46,14 +47,15 @@ class ByteSource:
             raise ManifestError(self._where, f"not valid gzip data: {err}", self._line()) from None
 
     def readline(self, limit: int) -> bytes:
-        if not self._carry:
+        carry, pos = self._carry, self._pos
+        if pos >= len(carry):
             return self._read(lambda: self._stream.readline(limit))
-        end = self._carry.find(b"\n", 0, limit)
-        if end >= 0 or len(self._carry) >= limit:
-            cut = end + 1 if end >= 0 else limit
-            line, self._carry = self._carry[:cut], self._carry[cut:]
-            return line
-        line, self._carry = self._carry, b""
+        end = carry.find(b"\n", pos, pos + limit)
+        if end >= 0 or len(carry) - pos >= limit:
+            self._pos = end + 1 if end >= 0 else pos + limit
+            return carry[pos : self._pos]
+        line = carry[pos:]
+        self._carry, self._pos = b"", 0
         return line + self._read(lambda: self._stream.readline(limit - len(line)))
 
     def read_block(self, size: int) -> bytes | None:
@@ -62,19 +64,20 @@ class ByteSource:
         None when ``size`` bytes hold no newline: a line that long is left for ``readline``
         to skip in pieces.
         """
-        want = max(size - len(self._carry), 0)
+        left = self._carry[self._pos :] if self._pos < len(self._carry) else b""
+        want = max(size - len(left), 0)
         data = self._read(lambda: self._stream.read(want)) if want and not self._eof else b""
         if len(data) < want:
             self._eof = True
-        data = self._carry + data if self._carry else data
+        data = left + data if left else data
+        self._carry, self._pos = b"", 0
         if self._eof:
-            self._carry = b""
             return data
         cut = data.rfind(b"\n") + 1
         if cut == 0:
             self._carry = data
             return None
-        self._carry = data[cut:]
+        self._carry, self._pos = data, cut  # the block is data[:cut]; the rest stays in front
         return data[:cut]
 
 
@@ -140,105 +143,8 @@ class Lines:
         return text
 
 
-def _too_long(line: int) -> str:
+def too_long(line: int) -> str:
     return f"line {line}: longer than {MAX_ROW_BYTES} bytes"
-
-
-# -- jsonl ------------------------------------------------------------------------------------
-
-_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
-
-
-def jsonl_batches(lines: Lines, mapping: Mapping) -> Iterator[RawBatch]:
-    """Every non-blank line as a row; a line that is no JSON object is ``unparsable_row``."""
-    url_col, caption_col, license_col = mapping.url, mapping.caption, mapping.license
-    extras = mapping.all_extras or bool(mapping.named_extras)
-    at: list[int] = []
-    urls: list[Any] = []
-    captions: list[Any] = []
-    licenses: list[Any] = []
-    extra: list[str | None] = []
-    bad: dict[int, tuple[str, str]] = {}
-    loads = json.loads
-    while True:
-        lines.record_bytes = 0
-        start = lines.count + 1
-        try:
-            text = next(lines)
-        except StopIteration:
-            break
-        except TooLong:
-            bad[len(at)] = ("unparsable_row", _too_long(start))
-            obj = None
-        else:
-            if not text.strip():
-                continue
-            try:
-                obj = loads(text)
-            except ValueError as err:
-                bad[len(at)] = ("unparsable_row", f"line {start}: {err}")
-                obj = None
-            except RecursionError:  # "[[[[..." nested past the stack
-                bad[len(at)] = ("unparsable_row", f"line {start}: nested too deeply to parse")
-                obj = None
-            else:
-                if type(obj) is not dict:
-                    kind = _JSON_KINDS.get(type(obj), type(obj).__name__)
-                    bad[len(at)] = ("unparsable_row", f"line {start}: a JSON {kind}, not an object")
-                    obj = None
-        at.append(start)
-        if obj is None:
-            urls.append(None)
-            captions.append(None)
-            licenses.append(None)
-            extra.append(None)
-        else:
-            urls.append(obj.get(url_col))
-            captions.append(obj.get(caption_col) if caption_col is not None else None)
-            licenses.append(obj.get(license_col) if license_col is not None else None)
-            if extras:
-                extra.append(dumps({name: json_value(obj.get(name)) for name in mapping.extra_names(list(obj))}))
-        if len(at) >= BATCH_ROWS:
-            yield _jsonl_batch(at, urls, captions, licenses, extra if extras else None, bad, mapping)
-            at, urls, captions, licenses, extra, bad = [], [], [], [], [], {}
-    if at:
-        yield _jsonl_batch(at, urls, captions, licenses, extra if extras else None, bad, mapping)
-
-
-def _jsonl_batch(
-    at: list[int], urls: list, captions: list, licenses: list, extra: list | None, bad: dict, mapping: Mapping
-) -> RawBatch:
-    import pyarrow as pa
-
-    from tasks.manifests.values import extra_column
-
-    # JSON escapes can spell lone surrogates ("\ud800"), which no UTF-8 column can hold.
-    named = ((mapping.url, urls), (mapping.caption, captions), (mapping.license, licenses), ("the extra columns", extra or []))
-    for column, values in named:
-        try:
-            pa.array(values, pa.string())
-            continue
-        except (UnicodeEncodeError, pa.ArrowTypeError, pa.ArrowInvalid):
-            pass  # a surrogate, or numbers, lists, objects (values.finish judges those)
-        for i, value in enumerate(values):
-            if isinstance(value, str) and i not in bad:
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    shown = column if column == "the extra columns" else f"column {column!r}"
-                    bad[i] = ("unparsable_row", f"line {at[i]}: a lone surrogate in {shown} (a JSON \\ud800-\\udfff escape), which UTF-8 cannot hold")
-    for i in bad:
-        urls[i] = captions[i] = licenses[i] = None
-        if extra:
-            extra[i] = None
-    return RawBatch(
-        lines=np.array(at, np.int64),
-        url=urls,
-        caption=captions if mapping.caption is not None else None,
-        license=licenses if mapping.license is not None else None,
-        extra=pa.array(extra, pa.string()) if extra is not None else extra_column((), {}, len(at)),
-        reasons=bad,
-    )
 
 
 # -- csv / tsv --------------------------------------------------------------------------------
@@ -308,7 +214,7 @@ class CsvRows:
         except StopIteration:
             return None
         except TooLong:
-            return (start, _too_long(start))
+            return (start, too_long(start))
         except csv.Error as err:
             return (start, f"line {start}: {err}")
         if _blank(fields):
@@ -354,8 +260,6 @@ class RecordBuffer:
         )
 
     def take(self) -> RawBatch | None:
-        import pyarrow as pa
-
         if not self.at:
             return None
         mapping = self.rows.mapping

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.manifests import careful
-from tasks.manifests.careful import ByteSource, Lines, jsonl_batches
+from tasks.manifests.jsonl import JsonlFile
 from tasks.manifests.sources import GZIP_ERRORS, HashingReader, ManifestError, ManifestFile, local_path, open_hashed
 from tasks.manifests.text import CsvFile
 from tasks.manifests.values import Mapping, RawBatch, extra_column, finish
@@ -52,8 +52,9 @@ def read_file(
 ) -> Iterator[pa.Table]:
     """BATCH_SCHEMA tables of the file's rows in order; fills ``tally`` once the file is read.
 
-    Raises ManifestError when the file cannot be read at all. ``careful_only`` reads csv /
-    tsv rows one at a time with Python's csv module (the reference for the pyarrow path).
+    Raises ManifestError when the file cannot be read at all. ``careful_only`` reads text
+    files a line at a time through ``careful.Lines`` (csv / tsv records with Python's csv
+    module): the reference the block readers are tested against.
     """
     mapping = Mapping(source)
     with open_hashed(file, storage_options) as hashed:
@@ -63,8 +64,7 @@ def read_file(
         stream: IO[bytes] = gzip.GzipFile(fileobj=hashed, mode="rb") if file.gzipped else io.BufferedReader(hashed, 1 << 16)
         rows = 0
         if file.fmt == "jsonl":
-            lines = Lines(ByteSource(stream, file.display, lambda: lines.count + 1), file.display)
-            for raw in jsonl_batches(lines, mapping):
+            for raw in JsonlFile(stream, file.display, mapping, careful_only).batches():
                 rows += len(raw.lines)
                 yield finish(raw, mapping, "line", None)
             tally.note = "" if rows else "no data rows"
