@@ -131,8 +131,7 @@ def _slice(manifest: Path, rows: int) -> Path:
 
 def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
     """Plan one manifest in this process; seconds, CPU seconds, rows and peak RSS."""
-    import pyarrow  # noqa: F401 - the baseline includes pyarrow and the reader's modules
-    import pyarrow.parquet  # noqa: F401
+    import pyarrow.parquet  # noqa: F401 - the import baseline includes pyarrow
 
     from tasks.recipe import SourceConfig
     from tasks.storage import Storage

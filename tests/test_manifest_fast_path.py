@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tasks.manifests import ManifestError, careful, jsonl, list_manifest_files, text
-from tasks.manifests.planning import file_chunks
+from tasks.manifests.chunks import file_chunks
 from tasks.manifests.reading import FileTally
 from tasks.manifests.values import _ASCII_SPACE, _PLAIN_URL, url_problem
 from tasks.recipe import SourceConfig

@@ -18,9 +18,11 @@ from tasks.gates import Reconciliation
 from tasks.manifests import (
     ManifestError,
     combine,
+    group_files,
     iter_chunks,
     list_manifest_files,
     plan_file,
+    plan_files,
     plan_source,
     read_chunk,
     sample_key,
@@ -258,7 +260,7 @@ def test_empty_parts_have_no_rows_and_an_empty_folder_says_so(tmp_path):
 
 
 def test_more_rows_in_one_file_than_its_key_can_hold(tmp_path, monkeypatch):
-    monkeypatch.setattr(manifests.planning, "MAX_FILE_ROWS", 3)
+    monkeypatch.setattr(manifests.chunks, "MAX_FILE_ROWS", 3)
     out = tmp_path / "p"
     part(out, "part-0.parquet", 0, 4)
     with pytest.raises(ManifestError, match="more than 3 rows in one file"):
@@ -281,6 +283,22 @@ def test_files_planned_in_other_processes_combine_to_the_sequential_plan(tmp_pat
     combined = combine(src, list(reversed(file_plans)))  # any order in, file order out
     assert combined == plan_source(src, Storage(str(tmp_path / "store2")), "demo")
     assert combined.rows == 5 + 6 + 7 + 8
+
+
+def test_small_files_plan_in_groups_and_combine_the_same(tmp_path):
+    out = tmp_path / "p"
+    for i in range(7):
+        part(out, f"part-{i:05d}.parquet", 10 * i, 2)
+    src = source(out, rows_per_shard=3)
+    files = list_manifest_files(src)
+    size = files[0].size
+    groups = group_files(files, target_bytes=3 * size)
+    assert [len(g) for g in groups] == [3, 3, 1]
+    assert [f for g in groups for f in g] == files
+    assert group_files(files, target_bytes=1) == [[f] for f in files]  # larger than the target: alone
+    storage = Storage(str(tmp_path / "store"))
+    plans = [p for g in groups for p in plan_files(src, g, storage, "demo")]
+    assert combine(src, plans) == plan_source(src, storage, "demo")
 
 
 def test_rows_of_a_folder_source_reconcile(tmp_path):

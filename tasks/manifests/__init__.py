@@ -2,24 +2,22 @@
 
 The parts: ``sources`` (where the files are, opening them), ``careful`` (the row-at-a-time
 reader and its caps), ``text`` (csv / tsv through pyarrow's parser), ``values`` (URL
-verdicts, wrong types, extras), ``reading`` (a file into judged batches) and ``planning``
-(chunks, row ids and keys, per-file plans and their combination).
+verdicts, wrong types, extras), ``jsonl`` (json lines by blocks), ``reading`` (a file into
+judged batches), ``chunks`` (the chunk schema, row ids and keys, content hashes) and
+``planning`` (per-file plans and their combination).
 """
 
 from tasks.manifests.careful import MAX_ROW_BYTES
+from tasks.manifests.chunks import CHUNK_SCHEMA, MAX_FILE_ROWS, PARSE_VERSION, ChunkRef, read_chunk, sample_key
 from tasks.manifests.planning import (
-    CHUNK_SCHEMA,
-    MAX_FILE_ROWS,
-    PARSE_VERSION,
-    ChunkRef,
     FilePlan,
     SourcePlan,
     combine,
+    group_files,
     iter_chunks,
     plan_file,
+    plan_files,
     plan_source,
-    read_chunk,
-    sample_key,
 )
 from tasks.manifests.sources import ManifestError, ManifestFile, list_manifest_files
 from tasks.manifests.values import URL_SCHEMES, url_problem, url_reason
@@ -36,9 +34,11 @@ __all__ = [
     "ManifestFile",
     "SourcePlan",
     "combine",
+    "group_files",
     "iter_chunks",
     "list_manifest_files",
     "plan_file",
+    "plan_files",
     "plan_source",
     "read_chunk",
     "sample_key",

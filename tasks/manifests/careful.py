@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable
 
 import numpy as np
 import pyarrow as pa
