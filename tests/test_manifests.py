@@ -612,6 +612,8 @@ def test_manifest_over_http(http_root, tmp_path):
     assert plan.manifest_sha256 == hashlib.sha256(local.read_bytes()).hexdigest()
     rows = read_chunk(storage, plan.chunks[0]).to_pylist()
     assert as_tuples(rows) == EXPECTED
+    # Where a row came from, for people: never the query string (presigned URLs carry secrets).
+    assert [r["origin"] for r in rows] == [f"{base}/photos.csv.gz:{line}" for line in range(2, 7)]
 
 
 def test_missing_manifest_over_http_hides_the_query(http_root):

@@ -293,7 +293,7 @@ def finish(raw: RawBatch, mapping: Mapping, word: str, cap: int | None) -> pa.Ta
     license_, wrong_license = text_column(raw.license, n)
     caption = _none_if_empty(caption)
     license_ = _none_if_empty(license_)
-    extra = raw.extra if raw.extra is not None else extra_column((), {}, n)
+    extra = _plain(raw.extra) if raw.extra is not None else extra_column((), {}, n)
     decided: dict[int, tuple[str, str]] = dict(raw.reasons or {})
     lines = raw.lines
 
