@@ -80,8 +80,9 @@ class CsvFile:
         rows = self.rows
         width = len(rows.header)
         names = [f"f{i}" for i in range(width)]
-        self.wanted = {name: i for name, i in rows.index.items()}
-        needed = sorted({f"f{i}" for i in self.wanted.values()}, key=lambda n: int(n[1:]))
+        mapping = rows.mapping
+        used = [n for n in (mapping.url, mapping.caption, mapping.license, *rows.extra_names) if n in rows.index]
+        needed = [f"f{i}" for i in sorted({rows.index[n] for n in used})]
         self.read_options = pacsv.ReadOptions(column_names=names, use_threads=True, block_size=1 << 20)
         self.parse_options = pacsv.ParseOptions(
             delimiter="\t" if self.fmt == "tsv" else ",",
@@ -96,7 +97,7 @@ class CsvFile:
             column_types={n: pa.string() for n in needed},
             strings_can_be_null=False,
             quoted_strings_can_be_null=False,
-            check_utf8=False,  # each segment is decoded once before parsing, with its line on failure
+            check_utf8=False,  # checked once per block for every column (per segment, with its line, on failure)
         )
 
     def _one_careful(self) -> bool:

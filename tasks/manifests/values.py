@@ -158,7 +158,7 @@ class Mapping:
 
 # -- columns ---------------------------------------------------------------------------------
 
-Values = "pa.Array | pa.ChunkedArray | list[Any] | None"
+Values = Any  # an arrow array (chunked or not), a python list of values, or None
 
 
 def _is_nested(t: pa.DataType) -> str | None:
