@@ -4,7 +4,8 @@ Manifests (generated once under ``.bench/manifests/``, never committed): LAION-l
 ``url,caption,license`` (``http://127.0.0.1:8765/img/pNNN.jpg?u=ROW``, a caption with commas,
 so csv quotes it, ``CC-BY-4.0``):
 
-- ``parquet-{N}/``: N rows in 100 parquet files (a folder source, as Spark writes one);
+- ``parquet-{N}/``: N rows in parquet files of 100,000 rows (a folder source, as Spark writes
+  one: 100 files at 10M rows, 10 at 1M, so that the sizes differ in rows, not in files' shape);
 - ``rows-{N}.csv``: N rows in one CSV file.
 
 Each measurement runs in a fresh child process, which reports wall seconds, CPU seconds
@@ -42,7 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 BENCH_DIR = REPO / ".bench" / "manifests"
-FILES = 100
+FILE_ROWS = 100_000
 BASELINE_COMMIT = "54abba3"  # the last commit with tasks/manifests.py as one row-at-a-time module
 
 
@@ -68,7 +69,7 @@ def _table(start: int, n: int):
 
 
 def make_manifests(rows: int) -> tuple[Path, Path]:
-    """(parquet folder of FILES files, csv file) of ``rows`` rows each; made once."""
+    """(parquet folder of files of FILE_ROWS rows, csv file) of ``rows`` rows each; made once."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -77,10 +78,9 @@ def make_manifests(rows: int) -> tuple[Path, Path]:
     if not (folder / "_SUCCESS").exists():
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
-        per = rows // FILES
-        for f in range(FILES):
-            n = per if f < FILES - 1 else rows - per * (FILES - 1)
-            pq.write_table(_table(f * per, n), folder / f"part-{f:05d}-bench.snappy.parquet", row_group_size=50_000)
+        for f, start in enumerate(range(0, rows, FILE_ROWS)):
+            n = min(FILE_ROWS, rows - start)
+            pq.write_table(_table(start, n), folder / f"part-{f:05d}-bench.snappy.parquet", row_group_size=50_000)
         (folder / "_SUCCESS").write_bytes(b"")
     csv_path = BENCH_DIR / f"rows-{rows}.csv"
     if not csv_path.exists():
@@ -134,7 +134,6 @@ def _slice(manifest: Path, rows: int) -> Path:
 
 def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
     """Plan one manifest in this process; seconds, CPU seconds, rows and peak RSS."""
-    import pyarrow.parquet  # noqa: F401 - the import baseline includes pyarrow
 
     from tasks.recipe import SourceConfig
     from tasks.storage import Storage
@@ -165,12 +164,14 @@ def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
         else:
             rows = module.plan_source(SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard), storage, "b").rows
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        if kind == "new x2":
+        peak = peak_mb()
+        if kind == "new x2":  # the workers do the work: their CPU, and the largest worker's peak
             children = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu += children.ru_utime + children.ru_stime
+            peak = children.ru_maxrss / 1024.0
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return {"rows": rows, "seconds": seconds, "cpu": cpu, "base_mb": base_mb, "peak_mb": peak_mb()}
+    return {"rows": rows, "seconds": seconds, "cpu": cpu, "base_mb": base_mb, "peak_mb": peak}
 
 
 def run_child(kind: str, manifest: Path, args: argparse.Namespace) -> dict:
@@ -191,22 +192,33 @@ def main() -> None:
     ap.add_argument("--baseline-commit", default=BASELINE_COMMIT, help=f"commit of the old reader (default {BASELINE_COMMIT})")
     ap.add_argument("--skip-old", action="store_true", help="leave the old reader out")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    sizes = sorted(int(x) for x in args.sizes.split(","))
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.rows_per_shard, args.baseline_commit)))
         return
-    sizes = sorted(int(x) for x in args.sizes.split(","))
+    if args.prepare:
+        made = {n: [str(p) for p in make_manifests(n)] for n in sizes}
+        if not args.skip_old:
+            old_module(args.baseline_commit)
+            made["old"] = [str(_slice(Path(p), min(args.old_rows, sizes[-1]))) for p in made[sizes[-1]]]
+        print(json.dumps(made))
+        return
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
-    made = {n: make_manifests(n) for n in sizes}
+    # Made in a child: Linux carries a parent's peak RSS into the children it starts, so this
+    # process stays small (no pyarrow) for the children's peaks to be their own.
+    prepare = [sys.executable, __file__, "--prepare", "--sizes", args.sizes, "--old-rows", str(args.old_rows), "--baseline-commit", args.baseline_commit]
+    made = json.loads(subprocess.run(prepare + (["--skip-old"] if args.skip_old else []), capture_output=True, text=True, check=True).stdout.splitlines()[-1])
     results: dict[tuple[str, str, int], dict] = {}
     for n in sizes:
-        folder, csv_path = made[n]
-        for shape, manifest in (("parquet, 100 files", folder), ("csv, 1 file", csv_path)):
-            results[("new", shape, n)] = run_child("new", manifest, args)
+        folder, csv_path = made[str(n)]
+        for i, (shape, manifest) in enumerate((("parquet folder", folder), ("csv, 1 file", csv_path))):
+            results[("new", shape, n)] = run_child("new", Path(manifest), args)
             if shape.startswith("parquet"):
-                results[("new x2", shape, n)] = run_child("new x2", manifest, args)
+                results[("new x2", shape, n)] = run_child("new x2", Path(manifest), args)
             if not args.skip_old and n == sizes[-1]:
-                results[("old", shape, n)] = run_child("old", _slice(manifest, min(args.old_rows, n)), args)
+                results[("old", shape, n)] = run_child("old", Path(made["old"][i]), args)
     print(f"\nplan_source, {args.rows_per_shard:,} rows per chunk; load average {os.getloadavg()[0]:.1f} at the end")
     print(f"{'manifest':<20}{'rows':>12}{'reader':>8}{'wall s':>9}{'rows/s':>11}{'cpu s':>8}{'rows/cpu-s':>12}{'peak MB':>9}{'over imports MB':>17}")
     for (kind, shape, n), r in results.items():
@@ -215,7 +227,7 @@ def main() -> None:
             f"{r['rows'] / r['cpu']:>12,.0f}{r['peak_mb']:>9.0f}{r['peak_mb'] - r['base_mb']:>17.0f}"
         )
     big, small = sizes[-1], sizes[0]
-    for shape in ("parquet, 100 files", "csv, 1 file"):
+    for shape in ("parquet folder", "csv, 1 file"):
         new = results[("new", shape, big)]
         line = f"{shape}: new {new['rows'] / new['seconds']:,.0f} rows/s"
         if ("old", shape, big) in results:

@@ -146,6 +146,16 @@ def test_a_single_file_source_keeps_plain_keys(tmp_path):
     assert plan.chunks[0].path.startswith("demo/manifests/web/000000-")
 
 
+def test_symlinked_files_are_files(tmp_path):
+    out = spark_folder(tmp_path)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "a.parquet").symlink_to(out / "part-00000-5f2c.snappy.parquet")
+    (linked / "b.parquet").symlink_to(Path("..") / "out" / "part-00001-5f2c.snappy.parquet")
+    assert [f.rel for f in list_manifest_files(source(linked))] == ["a.parquet", "b.parquet"]
+    assert [f.rel for f in list_manifest_files(source(f"{linked}/*.parquet"))] == ["a.parquet", "b.parquet"]
+
+
 def test_glob_brace_and_recursive_patterns(tmp_path):
     base = tmp_path / "m"
     for split in ("train", "test", "dev"):

@@ -20,7 +20,7 @@ from tasks.manifests.text import CsvFile
 from tasks.manifests.values import Mapping, RawBatch, extra_column, finish
 from tasks.recipe import SourceConfig
 
-_PARQUET_BATCH_ROWS = 65536
+_PARQUET_BATCH_ROWS = 16384
 _COPY_BYTES = 1 << 20
 
 

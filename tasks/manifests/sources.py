@@ -234,6 +234,13 @@ def _root_of(manifest: str, kind: str) -> str:
     return f"{head}://{root}" if sep else root
 
 
+def _is_file(path: str, info: dict[str, Any]) -> bool:
+    """A listed entry that is a file; fsspec lists a local symlink to a file as ``other``."""
+    if info.get("type") == "file":
+        return True
+    return bool(info.get("islink")) and os.path.isfile(path)
+
+
 def list_manifest_files(source: SourceConfig, storage_options: dict[str, Any] | None = None) -> list["ManifestFile"]:
     """The files of a source in sorted order of their path under the source's root.
 
@@ -259,7 +266,7 @@ def list_manifest_files(source: SourceConfig, storage_options: dict[str, Any] | 
         if kind == "folder":
             entries = fs.find(root_path, detail=True)
             for path, info in entries.items():
-                if info.get("type") == "file":
+                if _is_file(path, info):
                     found[path] = int(info.get("size") or 0)
             if not entries and not fs.exists(root_path):
                 raise FileNotFoundError(root_path)
@@ -267,7 +274,7 @@ def list_manifest_files(source: SourceConfig, storage_options: dict[str, Any] | 
             for pattern in _expand_braces(manifest):
                 pattern_path = _fs(pattern, storage_options)[1]
                 for path, info in fs.glob(pattern_path, detail=True).items():
-                    if info.get("type") == "file":
+                    if _is_file(path, info):
                         found[path] = int(info.get("size") or 0)
     except tuple(_PERMANENT_OPEN_ERRORS) as err:
         code = next(code for cls, code in _PERMANENT_OPEN_ERRORS.items() if isinstance(err, cls))

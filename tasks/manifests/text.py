@@ -14,7 +14,7 @@ from tasks.manifests.careful import BLANK, ByteSource, CsvRows, Lines, RecordBuf
 from tasks.manifests.sources import ManifestError
 from tasks.manifests.values import Mapping, RawBatch, extra_column
 
-BLOCK_BYTES = 4 << 20
+BLOCK_BYTES = 1 << 20  # small blocks keep memory flat (allocator retention grows with the block); pyarrow calls cost little per MiB
 # Below this many lines a segment pyarrow refuses is read by the careful reader instead of
 # being split again.
 _SPLIT_LINES = 32
