@@ -10,6 +10,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -113,6 +114,21 @@ def test_jsonl_blocks_equal_the_careful_lines(body, gz, extras, block):
             fh.write(gzip.compress(body) if gz else body)
         with limits(block, 64):
             both(path, extra_columns=extras)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(['"', '""', ",", "a", " ", "x,y", '"q"']), max_size=8).map("".join), min_size=1, max_size=8), st.sampled_from(["\n", "\r\n"]), st.booleans())
+def test_the_quote_positions_judge_like_the_pattern(lines, newline, last_newline):
+    data = (newline.join(lines) + (newline if last_newline else "")).encode()
+    a = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(a == 10) + 1
+    if ends.size == 0 or ends[-1] != len(data):
+        ends = np.append(ends, len(data))
+    starts = np.concatenate(([0], ends[:-1]))
+    offsets = pa.py_buffer(np.concatenate(([0], ends)).astype(np.int32))
+    arr = pa.BinaryArray.from_buffers(pa.binary(), len(ends), [None, offsets, pa.py_buffer(data)])
+    pattern = ~pc.match_substring_regex(arr, text._WELL_QUOTED).to_numpy(zero_copy_only=False)
+    assert text.CsvFile._badly_quoted(a, starts, ends, arr).tolist() == pattern.tolist()
 
 
 def test_fast_path_takes_the_plain_rows_and_careful_the_rest(tmp_path, monkeypatch):

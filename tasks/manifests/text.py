@@ -138,7 +138,7 @@ class CsvFile:
         if crs and crs != int(has_cr.sum()):
             slow |= pc.match_substring_regex(lines, "\r[^\n]").to_numpy(zero_copy_only=False)
         if self.fmt == "csv" and b'"' in block:
-            slow |= ~pc.match_substring_regex(lines, _WELL_QUOTED).to_numpy(zero_copy_only=False)
+            slow |= self._badly_quoted(a, starts, ends, lines)
         try:
             lines.cast(pa.string())  # UTF-8 checked once for the block; on failure per segment, with its line
             self._utf8_checked = True
@@ -167,6 +167,34 @@ class CsvFile:
                 return  # the record took the rest of the block (and maybe more from the source)
             i = n - left
         self.lines.count = base + n
+
+    @staticmethod
+    def _badly_quoted(a: np.ndarray, starts: np.ndarray, ends: np.ndarray, lines: pa.Array) -> np.ndarray:
+        """Lines whose quotes _WELL_QUOTED would refuse. The common case, one quoted field (two
+        quotes) that starts and ends a field, is checked on the quotes' positions; lines with
+        other numbers of quotes go through the pattern."""
+        n = len(ends)
+        bad = np.zeros(n, bool)
+        quotes = np.flatnonzero(a == 34)
+        line_of = np.searchsorted(ends, quotes, side="right")
+        counts = np.bincount(line_of, minlength=n)
+        two = np.flatnonzero(counts == 2)
+        if two.size:
+            first = np.searchsorted(line_of, two)
+            opening, closing = quotes[first], quotes[first + 1]
+            last = len(a) - 1
+            ok = (opening == starts[two]) | (a[np.maximum(opening - 1, 0)] == 44)  # at a field's start
+            after = closing + 1
+            tail = ends[two] - after
+            nxt, nxt2 = a[np.minimum(after, last)], a[np.minimum(after + 1, last)]
+            # ...and at its end: a comma, or the line's end (LF, CR LF, CR at the file's end, nothing).
+            ok &= (tail == 0) | (nxt == 44) | ((nxt == 10) & (tail == 1)) | ((nxt == 13) & ((tail == 1) | ((tail == 2) & (nxt2 == 10))))
+            bad[two[~ok]] = True
+        other = np.flatnonzero((counts != 0) & (counts != 2))
+        if other.size:
+            ok = pc.match_substring_regex(lines.take(pa.array(other)), _WELL_QUOTED).to_numpy(zero_copy_only=False)
+            bad[other[~ok]] = True
+        return bad
 
     def _segment(
         self, block: bytes, starts: np.ndarray, ends: np.ndarray, empty: np.ndarray, base: int, lo: int, hi: int, check_utf8: bool
