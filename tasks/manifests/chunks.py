@@ -51,8 +51,8 @@ class ChunkRef:
         source: source name.
         index: the chunk's number within the source: 0, 1, 2... for a single-file source;
             for a folder or pattern source the row-id layout (bit 62, the file tag, then the
-            chunk's number within the file), so a chunk keeps its number (and its download shard its name) when files are
-            added or removed.
+            chunk's number within the file), so a chunk keeps its number, and its download
+            shard its name, when files are added or removed (``name`` spells it for people).
         first_row: row id of the chunk's first row.
         rows: number of rows in the chunk.
         content_hash: hex sha256 of the chunk's rows and of the source settings that shape
@@ -90,6 +90,7 @@ def sample_key(source: str, row: int) -> str:
 
 
 def row_base(file: ManifestFile) -> int:
+    """Row id of a file's first row (its rows follow); 0 for a single-file source."""
     return _MULTI_FILE | (int(file.tag, 16) << _FILE_ROW_BITS) if file.multi else 0
 
 
