@@ -64,7 +64,7 @@ def limits(block: int, cap: int) -> Iterator[None]:
         text.BLOCK_BYTES, jsonl.BLOCK_BYTES, careful.MAX_ROW_BYTES = saved
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     header=st.sampled_from([b"url,caption\n", b"url\n", b"url,caption,license,w\n", b"caption,url\r\n", b"\xef\xbb\xbfurl,caption\n"]),
     body=st.lists(st.sampled_from(_PIECES), max_size=60).map(b"".join),
@@ -187,7 +187,7 @@ _URL_PIECES = [
 ]
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(st.one_of(st.text(max_size=40), st.lists(st.sampled_from(_URL_PIECES), max_size=10).map("".join)))
 @example("http://example.com/a b.jpg")
 @example(" http://a/x.jpg\xa0")
