@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_manifests import CountingStorage
 
 from tasks import manifests
 from tasks.gates import Reconciliation
@@ -57,16 +58,6 @@ def spark_folder(root: Path) -> Path:
     (out / "_temporary" / "0" / "part-00009.parquet").write_bytes(b"half written")
     (out / "README.md").write_text("not a manifest")
     return out
-
-
-class CountingStorage(Storage):
-    def __init__(self, root: str):
-        super().__init__(root)
-        self.writes: list[str] = []
-
-    def write_bytes(self, rel: str, data: bytes, **kw) -> None:
-        self.writes.append(rel)
-        super().write_bytes(rel, data, **kw)
 
 
 def rows_of(storage: Storage, plan) -> list[dict]:
