@@ -758,6 +758,8 @@ class Reconciliation:
     Feed it ledgers (``add_ledger``: key, source, row, status) and the released samples
     (``add_outputs``: source, row), one table at a time. Memory is one bit-sized flag per
     row and source (a byte, in numpy), not a set of keys: a million rows take about 2 MB.
+    Row ids are dense within blocks of 2**30 (a folder source's files each have one, see
+    tasks.manifests.sample_key), so the flags are kept per source and block.
     """
 
     _EXAMPLES = 5
@@ -774,10 +776,10 @@ class Reconciliation:
         self.outputs = 0
         self.duplicate_outputs = 0
         self.orphan_outputs = 0
-        self._seen: dict[str, Any] = {}  # source -> uint8 per row: 0 none, 1 not ok, 2 ok, 3 ok and released
+        self._seen: dict[tuple[str, int], Any] = {}  # (source, block) -> uint8 per row: 0 none, 1 not ok, 2 ok, 3 ok and released
         self.examples: dict[str, list[str]] = {"duplicates": [], "unknown_status": [], "orphan_outputs": [], "unreleased_ok": [], "duplicate_outputs": []}
 
-    def _flags(self, source: str, upto: int) -> Any:
+    def _flags(self, source: tuple[str, int], upto: int) -> Any:
         np = self._np
         flags = self._seen.get(source)
         if flags is None or len(flags) <= upto:
@@ -787,10 +789,13 @@ class Reconciliation:
             self._seen[source] = flags = grown
         return flags
 
-    def _note(self, what: str, source: str, rows: Any) -> None:
+    def _note(self, what: str, source: tuple[str, int], rows: Any) -> None:
+        from tasks.manifests import sample_key
+
         room = self._EXAMPLES - len(self.examples[what])
         if room > 0:
-            self.examples[what].extend(f"{source}-{int(r):09d}" for r in rows[:room])
+            name, block = source
+            self.examples[what].extend(sample_key(name, (block << _BLOCK_BITS) | int(r)) for r in rows[:room])
 
     def add_ledger(self, table: pa.Table) -> None:
         """Count one ledger's rows (columns source, row, status)."""
@@ -806,19 +811,21 @@ class Reconciliation:
             if pc.any(nulls).as_py():
                 self.unknown_status += int(pc.sum(nulls).as_py())
                 part = part.filter(pc.invert(nulls))
-            rows = part.column("row").to_numpy(zero_copy_only=False).astype(np.int64)
-            status = part.column("status").to_numpy(zero_copy_only=False)
-            flags = self._flags(source, int(rows.max()) if len(rows) else 0)
-            repeat = _repeats(np, rows) | (flags[rows] != 0)  # within this table, or seen before
-            self.duplicates += int(repeat.sum())
-            self._note("duplicates", source, rows[repeat])
-            first = ~repeat
-            known = np.isin(status, list(STATUSES))
-            self.unknown_status += int((first & ~known).sum())
-            self._note("unknown_status", source, rows[first & ~known])
-            for s in STATUSES:
-                self.status[s] += int((first & (status == s)).sum())
-            flags[rows[first & known]] = np.where(status[first & known] == OK, 2, 1)
+            all_rows = part.column("row").to_numpy(zero_copy_only=False).astype(np.int64)
+            all_status = part.column("status").to_numpy(zero_copy_only=False)
+            for block, rows, pick in _blocks(np, all_rows):
+                status = all_status[pick]
+                flags = self._flags((source, block), int(rows.max()) if len(rows) else 0)
+                repeat = _repeats(np, rows) | (flags[rows] != 0)  # within this table, or seen before
+                self.duplicates += int(repeat.sum())
+                self._note("duplicates", (source, block), rows[repeat])
+                first = ~repeat
+                known = np.isin(status, list(STATUSES))
+                self.unknown_status += int((first & ~known).sum())
+                self._note("unknown_status", (source, block), rows[first & ~known])
+                for s in STATUSES:
+                    self.status[s] += int((first & (status == s)).sum())
+                flags[rows[first & known]] = np.where(status[first & known] == OK, 2, 1)
 
     def add_outputs(self, table: pa.Table) -> None:
         """Count released samples (columns source, row); each needs an ok ledger row."""
@@ -828,15 +835,16 @@ class Reconciliation:
         self.outputs += table.num_rows
         for source in pc.unique(table.column("source")).to_pylist():
             part = table.filter(pc.equal(table.column("source"), source))
-            rows = part.column("row").to_numpy(zero_copy_only=False).astype(np.int64)
-            flags = self._flags(source, int(rows.max()) if len(rows) else 0)
-            orphan = flags[rows] < 2
-            again = (flags[rows] == 3) | _repeats(np, rows)
-            self.orphan_outputs += int(orphan.sum())
-            self.duplicate_outputs += int(again.sum())
-            self._note("orphan_outputs", source, rows[orphan])
-            self._note("duplicate_outputs", source, rows[again])
-            flags[rows[~orphan]] = 3
+            all_rows = part.column("row").to_numpy(zero_copy_only=False).astype(np.int64)
+            for block, rows, _ in _blocks(np, all_rows):
+                flags = self._flags((source, block), int(rows.max()) if len(rows) else 0)
+                orphan = flags[rows] < 2
+                again = (flags[rows] == 3) | _repeats(np, rows)
+                self.orphan_outputs += int(orphan.sum())
+                self.duplicate_outputs += int(again.sum())
+                self._note("orphan_outputs", (source, block), rows[orphan])
+                self._note("duplicate_outputs", (source, block), rows[again])
+                flags[rows[~orphan]] = 3
 
     def summary(self) -> dict[str, Any]:
         """The tallies: rows in and accounted for, problems with up to five example keys each."""
@@ -860,6 +868,20 @@ class Reconciliation:
             "unreleased_ok": unreleased if self.outputs or self.status[OK] else 0,
             "examples": {k: v for k, v in self.examples.items() if v},
         }
+
+
+_BLOCK_BITS = 30
+
+
+def _blocks(np: Any, rows: Any) -> Any:
+    """(block, rows within the block, selection) per block of 2**30 row ids; one block for plain rows."""
+    high = rows >> _BLOCK_BITS
+    if not len(rows) or int(high.min()) == int(high.max()):
+        yield (int(high[0]) if len(rows) else 0), rows & ((1 << _BLOCK_BITS) - 1), slice(None)
+        return
+    for block in np.unique(high):
+        pick = high == block
+        yield int(block), rows[pick] & ((1 << _BLOCK_BITS) - 1), pick
 
 
 def _repeats(np: Any, rows: Any) -> Any:

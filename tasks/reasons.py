@@ -15,6 +15,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "missing_url": (REJECTED, "the row has no URL"),
     "invalid_url": (REJECTED, "the URL cannot be parsed, has no host, or a malformed host name (a label over 63 or a name over 253 characters, a character not valid in a host, bad IDNA); the detail says which"),
     "unsupported_scheme": (REJECTED, "the URL scheme is not http, https, file or s3"),
+    # manifest values (tasks/manifests/values.py)
+    "wrong_type": (REJECTED, "a list or object where the url, caption or license string belongs (JSON array/object, parquet list/struct/map); never coerced, the detail names the column"),
     # network policy (SSRF guard)
     "blocked_address": (REJECTED, "the host is or resolves to a loopback, private, link-local or other non-global address (the detail names it)"),
     "credentials_in_url": (REJECTED, "the URL carries a user name or password (user:secret@host); refused, so they are never sent"),

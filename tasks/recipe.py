@@ -29,9 +29,12 @@ class SourceConfig(_Frozen):
     """One URL manifest.
 
     Args:
-        name: source id, lowercase; it prefixes every sample key (``{name}-{row:09d}``).
+        name: source id, lowercase; it prefixes every sample key (``{name}-{row:09d}``; for a
+            folder or pattern, ``{name}-{file tag}-{row in the file:09d}``).
         manifest: local path, http(s) URL or s3:// URL of a csv / tsv / jsonl / parquet file,
-            optionally gzip-compressed (``.gz``).
+            optionally gzip-compressed (``.gz``); or a folder (``s3://bucket/prefix/``) or a
+            glob / brace pattern (``data/*.parquet``, ``{a,b}/*.csv.gz``) of such files, local
+            or on S3 (see tasks.manifests.list_manifest_files).
         format: ``auto`` picks the format from the file name.
         url_column, caption_column, license_column: column names in the manifest.
         extra_columns: further columns carried into each sample's json; ``["*"]`` carries all.

@@ -200,6 +200,18 @@ def test_bad_csv_rows_have_the_exact_reason_row_and_line(tmp_path):
     ]
     assert rows[6]["url"] == "http://ok/3.jpg"
     assert rows[1]["url"] is None and rows[1]["extra"] is None
+    path = tmp_path / "bad.csv"
+    assert [r["origin"] for r in rows] == [f"{path}:{r['line']}" for r in rows]
+    assert [(r["line"], r["detail"]) for r in rows if r["reason"]] == [
+        (3, "line 3: 3 fields, header has 2"),
+        (5, "line 5: no URL in column 'url'"),
+        (6, "line 6: scheme 'ftp' (allowed: http, https, file, s3)"),
+        (7, "line 7: no valid host in 'http://'"),
+        (8, "line 8: no scheme in 'not a url'"),
+        (10, "line 10: 1 fields, header has 2"),
+        (11, "line 11: scheme 'javascript' (allowed: http, https, file, s3)"),
+    ]
+    assert all(r["detail"] is None for r in rows if not r["reason"])
 
 
 def test_bad_jsonl_rows_have_the_exact_reason_row_and_line(tmp_path):
@@ -232,6 +244,13 @@ def test_bad_jsonl_rows_have_the_exact_reason_row_and_line(tmp_path):
         (10, 12, None),
     ]
     assert all(r["reason"] is None or r["reason"] in REASONS for r in rows)
+    details = {r["line"]: r["detail"] for r in rows if r["reason"] == "unparsable_row"}
+    assert details == {
+        2: "line 2: a JSON array, not an object",
+        5: "line 5: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        10: "line 10: a lone surrogate in column 'url' (a JSON \\ud800-\\udfff escape), which UTF-8 cannot hold",
+        11: "line 11: nested too deeply to parse",
+    }
 
 
 def test_overlong_jsonl_line_is_skipped_without_holding_it(tmp_path):
@@ -245,11 +264,13 @@ def test_overlong_jsonl_line_is_skipped_without_holding_it(tmp_path):
     finally:
         tracemalloc.stop()
     assert [(r["line"], r["reason"]) for r in rows] == [(1, None), (2, "unparsable_row"), (3, None)]
-    assert peak < 3 * manifests.MAX_ROW_BYTES, f"peak {peak} bytes for a 16 MiB line"
+    assert rows[1]["detail"] == "line 2: longer than 1048576 bytes"
+    # The row cap and a read block (the line's first MiB), never the 16 MiB line.
+    assert peak < 3 * manifests.careful.MAX_ROW_BYTES + 2 * manifests.jsonl.BLOCK_BYTES, f"peak {peak} bytes for a 16 MiB line"
 
 
 def test_unclosed_csv_quote_costs_one_capped_row_not_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(manifests, "MAX_ROW_BYTES", 64)
+    monkeypatch.setattr(manifests.careful, "MAX_ROW_BYTES", 64)
     text = (
         "url,caption\n"  # 1
         'http://a/1.jpg,"unclosed\n'  # 2: the quote swallows lines until the row cap
@@ -259,11 +280,110 @@ def test_unclosed_csv_quote_costs_one_capped_row_not_the_file(tmp_path, monkeypa
         + "http://a/2.jpg,fine\n"  # 6
     )
     rows = read_all(source(write(tmp_path / "q.csv", text.encode())))
-    assert [(r["row"], r["line"], r["reason"]) for r in rows] == [
-        (0, 2, "unparsable_row"),
-        (1, 5, "unparsable_row"),
-        (2, 6, None),
+    assert [(r["row"], r["line"], r["reason"], r["detail"]) for r in rows] == [
+        (0, 2, "unparsable_row", "line 2: longer than 64 bytes"),
+        (1, 5, "unparsable_row", "line 5: 1 fields, header has 2"),
+        (2, 6, None, None),
     ]
+
+
+def test_lists_and_objects_are_rejected_as_wrong_type_never_coerced(tmp_path):
+    lines = [
+        {"url": "http://a/1.jpg", "caption": "fine", "license": ["CC-BY-4.0"]},  # line 1
+        {"url": "http://a/2.jpg", "caption": {"en": "a cat"}},  # line 2
+        {"url": ["http://a/3.jpg"]},  # line 3
+        {"url": "http://a/4.jpg", "caption": 2012, "license": True},  # line 4: scalars are text
+        {"url": ["x"], "caption": "c", "license": {"id": "MIT"}},  # line 5: the url column is named first
+    ]
+    path = write(tmp_path / "m.jsonl", "".join(json.dumps(r) + "\n" for r in lines).encode())
+    rows = read_all(source(path))
+    assert [(r["line"], r["reason"], r["detail"]) for r in rows] == [
+        (1, "wrong_type", "line 1: column 'license' holds a JSON array, not a string"),
+        (2, "wrong_type", "line 2: column 'caption' holds a JSON object, not a string"),
+        (3, "wrong_type", "line 3: column 'url' holds a JSON array, not a string"),
+        (4, None, None),
+        (5, "wrong_type", "line 5: column 'url' holds a JSON array, not a string"),
+    ]
+    # The wrong value is not carried as text; the rest of the row is.
+    assert (rows[0]["url"], rows[0]["caption"], rows[0]["license"]) == ("http://a/1.jpg", "fine", None)
+    assert (rows[3]["caption"], rows[3]["license"]) == ("2012", "true")
+    assert REASONS["wrong_type"][0] == "rejected"
+
+
+def test_parquet_lists_structs_and_maps_are_wrong_type(tmp_path):
+    table = pa.table(
+        {
+            "url": ["http://a/1.jpg", "http://a/2.jpg", "http://a/3.jpg"],
+            "caption": pa.array([{"en": "x"}, None, {"en": "z"}], pa.struct([("en", pa.string())])),
+            "license": pa.array([["MIT"], ["MIT"], None], pa.list_(pa.string())),
+        }
+    )
+    path = tmp_path / "m.parquet"
+    pq.write_table(table, path)
+    rows = read_all(source(path))
+    assert [(r["line"], r["reason"], r["detail"]) for r in rows] == [
+        (1, "wrong_type", "row 1: column 'caption' holds a struct (struct<en: string>), not a string"),
+        (2, "wrong_type", "row 2: column 'license' holds a list (list<element: string>), not a string"),
+        (3, "wrong_type", "row 3: column 'caption' holds a struct (struct<en: string>), not a string"),
+    ]
+    assert [r["origin"] for r in rows] == [f"{path}:1", f"{path}:2", f"{path}:3"]
+    url_map = pa.table({"url": pa.array([[("k", "v")]], pa.map_(pa.string(), pa.string()))})
+    pq.write_table(url_map, tmp_path / "map.parquet")
+    [row] = read_all(source(tmp_path / "map.parquet"))
+    assert (row["reason"], row["url"]) == ("wrong_type", None)
+
+
+def test_parquet_row_over_the_cap_says_how_big(tmp_path, monkeypatch):
+    monkeypatch.setattr(manifests.careful, "MAX_ROW_BYTES", 100)
+    path = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"url": ["http://a/1.jpg", "http://a/2.jpg"], "caption": ["short", "x" * 200]}), path)
+    rows = read_all(source(path))
+    assert [(r["reason"], r["url"], r["caption"]) for r in rows] == [(None, "http://a/1.jpg", "short"), ("unparsable_row", None, None)]
+    assert rows[1]["detail"] == "row 2: the row's values take 216 bytes, over the cap of 100"
+
+
+def test_dictionary_and_large_string_columns_read_as_strings(tmp_path):
+    table = pa.table(
+        {
+            "url": pa.array(["http://a/1.jpg", "http://a/2.jpg"]).dictionary_encode(),
+            "caption": pa.array(["one", ""], pa.large_string()),
+            "license": pa.array([b"cc0", b"\xff"], pa.binary()),
+        }
+    )
+    path = tmp_path / "m.parquet"
+    pq.write_table(table, path)
+    rows = read_all(source(path))
+    assert [(r["url"], r["caption"], r["license"], r["reason"]) for r in rows] == [
+        ("http://a/1.jpg", "one", "cc0", None),
+        ("http://a/2.jpg", None, "\ufffd", None),
+    ]
+
+
+# -- no rows -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, data, note",
+    [
+        ("h.csv", b"url,caption\n", "a header and no data rows"),
+        ("h.tsv.gz", b"url\tcaption\n\n\n", "a header and no data rows"),
+        ("b.jsonl", b"\n   \n\n", "no data rows"),
+        ("e.parquet", None, "no rows"),
+    ],
+)
+def test_a_manifest_without_rows_plans_zero_rows_and_says_so(tmp_path, name, data, note):
+    path = tmp_path / name
+    if data is None:
+        pq.write_table(pa.table({"url": pa.array([], pa.string())}), path)
+    else:
+        write(path, data)
+    storage = CountingStorage(str(tmp_path / "store"))
+    plan = plan_source(source(path), storage, "demo")
+    assert (plan.rows, plan.chunks, plan.files) == (0, (), 1)
+    assert plan.note == f"{path}: {note}"
+    assert plan.manifest_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert storage.writes == []
+    assert list(iter_chunks(source(path))) == []
 
 
 @pytest.mark.parametrize(
@@ -377,9 +497,9 @@ class CountingStorage(Storage):
         super().__init__(root)
         self.writes: list[str] = []
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
+    def write_bytes(self, rel: str, data: bytes, **kw) -> None:
         self.writes.append(rel)
-        super().write_bytes(rel, data)
+        super().write_bytes(rel, data, **kw)
 
 
 def test_iter_chunks_cuts_rows_per_shard(tmp_path):
@@ -492,6 +612,8 @@ def test_manifest_over_http(http_root, tmp_path):
     assert plan.manifest_sha256 == hashlib.sha256(local.read_bytes()).hexdigest()
     rows = read_chunk(storage, plan.chunks[0]).to_pylist()
     assert as_tuples(rows) == EXPECTED
+    # Where a row came from, for people: never the query string (presigned URLs carry secrets).
+    assert [r["origin"] for r in rows] == [f"{base}/photos.csv.gz:{line}" for line in range(2, 7)]
 
 
 def test_missing_manifest_over_http_hides_the_query(http_root):
