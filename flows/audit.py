@@ -207,10 +207,13 @@ def _upsert_artifacts(flow_run_id: UUID, items: list[tuple[str, str, str, str]])
                 client.create_artifact(ArtifactCreate(key=key, type=kind, description=description, data=data, flow_run_id=flow_run_id))
 
 
-def check_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, samples: pa.Table | None = None) -> str:
-    """Publish the report; raise ``GateFailed`` if the gate failed (after the report is written)."""
+def check_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, samples: pa.Table | None = None, why: str = "") -> str:
+    """Publish the report; raise ``GateFailed`` if the gate failed (after the report is written).
+
+    ``why`` is said with a failure, for people: what the phase saw (e.g. a manifest with no rows).
+    """
     if not gate.success:
-        run["blocked"] = gate.failure_message()
+        run["blocked"] = gate.failure_message() + (f" ({why})" if why else "")
     url = publish(storage, recipe, run, samples)
     if not gate.success:
         raise GateFailed(f"{run['blocked']}\nreport: {url}")

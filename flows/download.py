@@ -19,7 +19,7 @@ from tasks.download import ShardResult, download_shard, shard_paths
 from tasks.ledger import Counts, committed, concat_ledgers, read_ledgers
 from tasks.onepass import download_and_validate
 from tasks.validate import CandidateResult, candidate_config_hash, candidate_paths
-from tasks.manifests import SourcePlan, plan_source
+from tasks.manifests import FilePlan, SourcePlan, combine, group_files, list_manifest_files, plan_files
 from tasks.recipe import Recipe
 from tasks.storage import Storage
 
@@ -46,20 +46,27 @@ class DownloadSummary:
     report: str = ""
     ledgers: list[str] = field(default_factory=list)
     tars: list[str] = field(default_factory=list)
+    chunks: list[tuple[str, int]] = field(default_factory=list)  # (source, chunk index) of each tar
     candidates: list[CandidateResult] = field(default_factory=list)  # validated in the same pass
 
 
-@task(name="plan-source", retries=2, retry_delay_seconds=2)
-def plan_source_task(source, storage: Storage, dataset: str, options: dict) -> SourcePlan:
-    return plan_source(source, storage, dataset, options)
+# Up to this many groups of manifest files, together at most this many bytes, are planned in the
+# flow's process: a task on the cluster would cost more than the planning itself.
+LOCAL_PLAN_GROUPS = 4
+LOCAL_PLAN_BYTES = 64 << 20
 
 
-@task(name="download-shard", task_run_name="download-{ref.source}-{ref.index:06d}")
+@task(name="plan-manifest-files", retries=2, retry_delay_seconds=2)
+def plan_files_task(source, files: list, storage: Storage, dataset: str, options: dict) -> list:
+    return plan_files(source, files, storage, dataset, options)
+
+
+@task(name="download-shard", task_run_name="download-{ref.source}-{ref.name}")
 def download_shard_task(ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict) -> ShardResult:
     return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options)
 
 
-@task(name="download-validate-shard", task_run_name="download-validate-{ref.source}-{ref.index:06d}")
+@task(name="download-validate-shard", task_run_name="download-validate-{ref.source}-{ref.name}")
 def download_validate_task(ref, storage: Storage, dcfg, vcfg, download: tuple[str, str], candidates: tuple[str, str], s3_options: dict) -> tuple[ShardResult, CandidateResult]:
     return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options)
 
@@ -148,6 +155,7 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         manifests={p.source: p.manifest_sha256 for p in plans},
         ledgers=[r.ledger for r in results],
         tars=[r.tar for r in results],
+        chunks=[(r.source, r.index) for r in results],
         candidates=candidates,
     )
     summary.report = write_summary(storage, summary)
@@ -166,16 +174,31 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         lambda: download_gate(ledger, manifest_rows, recipe.gates.download),
     )  # fmt: skip
     run["phases"].append(phase_record("download", counts, ledger, seconds, summary.samples_per_s, gate, links))
-    check_gate(storage, recipe, run, gate)
+    check_gate(storage, recipe, run, gate, why="; ".join(p.note for p in plans if p.note))
     return summary, run
 
 
 def plan_sources(recipe: Recipe, storage: Storage) -> list[SourcePlan]:
-    """Every source's plan; sources are planned side by side in threads of this process."""
+    """Every source's plan. A few small manifest files are planned here, in threads; many or
+    large ones on the cluster, one task per group of files (tasks.manifests.group_files)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    options = recipe.storage_options
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(recipe.sources)))) as pool:
-        return list(pool.map(lambda s: plan_source(s, storage, recipe.dataset, recipe.storage_options), recipe.sources))
+        listed = list(pool.map(lambda s: list_manifest_files(s, options), recipe.sources))
+    groups = [(source, group) for source, files in zip(recipe.sources, listed) for group in group_files(files)]
+    known = sum(f.size for _, g in groups for f in g if f.size >= 0)
+    if len(groups) <= LOCAL_PLAN_GROUPS and known <= LOCAL_PLAN_BYTES:
+        with ThreadPoolExecutor(max_workers=min(8, max(1, len(groups)))) as pool:
+            planned = list(pool.map(lambda sg: plan_files(sg[0], sg[1], storage, recipe.dataset, options), groups))
+    else:
+        task = plan_files_task.with_options(retries=recipe.execution.task_retries)
+        futures = [task.submit(source, group, storage, recipe.dataset, options) for source, group in groups]
+        planned = [f.result() for f in futures]
+    by_source: dict[str, list[FilePlan]] = {s.name: [] for s in recipe.sources}
+    for (source, _), plans in zip(groups, planned):
+        by_source[source.name].extend(plans)
+    return [combine(s, by_source[s.name]) for s in recipe.sources]
 
 
 def summary_markdown(s: DownloadSummary) -> str:

@@ -210,6 +210,8 @@ def start_cluster(choice: str, workers: int | None, threads_per_worker: int, env
             threads_per_worker=threads_per_worker,
             processes=True,
             dashboard_address=None,
+            # No dashboard; the scheduler's health routes on a free port, not on a busy 8787.
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
             env=env,
             preload=[WORKER_PRELOAD],
         )

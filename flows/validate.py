@@ -47,7 +47,7 @@ class ValidateSummary:
     tars: list[str] = field(default_factory=list)
 
 
-@task(name="validate-shard", task_run_name="validate-{source}-{index:06d}")
+@task(name="validate-shard", task_run_name="validate-{source}-{index}")
 def validate_shard_task(storage: Storage, source: str, index: int, download_tar: str, download_ledger: str, cfg, tar_rel: str, table_rel: str) -> CandidateResult:
     return validate_shard(storage, source, index, download_tar, download_ledger, cfg, tar_rel, table_rel)
 
@@ -67,7 +67,7 @@ def dedup_task(storage: Storage, tables: list[str], cfg, source_order: dict[str,
     return grouped
 
 
-@task(name="finalize-shard", task_run_name="finalize-{cand.source}-{cand.index:06d}")
+@task(name="finalize-shard", task_run_name="finalize-{cand.source}-{cand.index}")
 def finalize_shard_task(storage: Storage, cand: CandidateResult, dups: dict[str, str], tar_rel: str, ledger_rel: str) -> ShardResult:
     return finalize_shard(storage, cand, dups, tar_rel, ledger_rel)
 
@@ -89,8 +89,7 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
 
     fused = {c.table: c for c in getattr(download, "candidates", [])}
     wanted = []
-    for tar, ledger in zip(download.tars, download.ledgers):
-        source, index = _source_index(tar)
+    for tar, ledger, (source, index) in zip(download.tars, download.ledgers, download.chunks):
         wanted.append((source, index, tar, ledger, *candidate_paths(recipe.dataset, source, index, tar, chash)))
     done = committed(storage, [w[5] for w in wanted if w[5] not in fused])
     counted = read_ledgers(storage, sorted(done), COUNT_COLUMNS)
@@ -154,12 +153,6 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
     summary.report = check_gate(storage, recipe, run, gate, samples)
     logger.info("validate: %d in, %d ok, %d rejected (%d duplicates); gate passed", counts.rows, counts.ok, counts.rejected, n_dups)
     return summary, run
-
-
-def _source_index(tar: str) -> tuple[str, int]:
-    """Source and chunk index from a download shard path ``{dataset}/download/{source}/{index:06d}-{hash}.tar``."""
-    parts = tar.split("/")
-    return parts[-2], int(parts[-1].split("-", 1)[0])
 
 
 def _gate_samples(accepted: pa.Table | None) -> pa.Table:

@@ -36,7 +36,7 @@ class ShardResult:
 def shard_paths(dataset: str, ref: ChunkRef, config_hash: str) -> tuple[str, str]:
     """(tar, ledger) paths of a chunk's download shard; named by chunk content and config."""
     digest = hashlib.sha256(f"{ref.content_hash}:{config_hash}".encode()).hexdigest()[:16]
-    stem = f"{dataset}/download/{ref.source}/{ref.index:06d}-{digest}"
+    stem = f"{dataset}/download/{ref.source}/{ref.name}-{digest}"
     return stem + ".tar", stem + ".ledger.parquet"
 
 

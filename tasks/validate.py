@@ -19,6 +19,7 @@ from tasks.download import ShardResult
 from tasks.images import process_image
 from tasks.ledger import COUNT_COLUMNS, LEDGER_SCHEMA, Counts, LedgerRow, read_ledger, read_parquet, write_ledger, write_parquet
 from tasks.licenses import license_verdict
+from tasks.manifests import chunk_name
 from tasks.reasons import OK, status_of
 from tasks.recipe import DedupConfig, ValidateConfig
 from tasks.shards import ShardError, ShardWriter, iter_samples
@@ -67,7 +68,7 @@ def candidate_config_hash(recipe: Any) -> str:
 def candidate_paths(dataset: str, source: str, index: int, download_tar: str, config_hash: str) -> tuple[str, str]:
     """(tar, ledger) of a download shard's candidates, named by that shard and the config."""
     digest = stage_hash(download_tar, config_hash)
-    stem = f"{dataset}/validate/candidates/{source}/{index:06d}-{digest}"
+    stem = f"{dataset}/validate/candidates/{source}/{chunk_name(index)}-{digest}"
     return stem + ".tar", stem + ".ledger.parquet"
 
 
@@ -373,7 +374,7 @@ def final_paths(dataset: str, source: str, index: int, cand: CandidateResult, du
     if not dups:
         return cand.tar, cand.table
     digest = stage_hash(cand.table, sorted(dups.items()))
-    stem = f"{dataset}/validate/{source}/{index:06d}-{digest}"
+    stem = f"{dataset}/validate/{source}/{chunk_name(index)}-{digest}"
     return stem + ".tar", stem + ".ledger.parquet"
 
 

@@ -8,7 +8,7 @@ judged batches), ``chunks`` (the chunk schema, row ids and keys, content hashes)
 """
 
 from tasks.manifests.careful import MAX_ROW_BYTES
-from tasks.manifests.chunks import CHUNK_SCHEMA, MAX_FILE_ROWS, PARSE_VERSION, ChunkRef, read_chunk, sample_key
+from tasks.manifests.chunks import CHUNK_SCHEMA, MAX_FILE_ROWS, PARSE_VERSION, ChunkRef, chunk_name, read_chunk, sample_key
 from tasks.manifests.planning import (
     FilePlan,
     SourcePlan,
@@ -29,6 +29,7 @@ __all__ = [
     "PARSE_VERSION",
     "URL_SCHEMES",
     "ChunkRef",
+    "chunk_name",
     "FilePlan",
     "ManifestError",
     "ManifestFile",

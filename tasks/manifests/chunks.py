@@ -70,9 +70,14 @@ class ChunkRef:
     @property
     def name(self) -> str:
         """The chunk for people and file names: ``000012``, or ``{file tag}-000003`` in a multi-file source."""
-        if self.index & _MULTI_FILE:
-            return f"{(self.index >> _FILE_ROW_BITS) & 0xFFFFFFFF:08x}-{self.index & (MAX_FILE_ROWS - 1):06d}"
-        return f"{self.index:06d}"
+        return chunk_name(self.index)
+
+
+def chunk_name(index: int) -> str:
+    """A chunk index for people and file names (see ``ChunkRef.name``); the one place that spells it."""
+    if index & _MULTI_FILE:
+        return f"{(index >> _FILE_ROW_BITS) & 0xFFFFFFFF:08x}-{index & (MAX_FILE_ROWS - 1):06d}"
+    return f"{index:06d}"
 
 
 def sample_key(source: str, row: int) -> str:
