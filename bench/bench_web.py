@@ -278,6 +278,9 @@ def run_shardsmith(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: P
         return run
     try:
         result = _json(t.stdout)
+        if "up_to_date" in result:  # the last run covered these phases over the same inputs
+            run.reasons = {"up to date: nothing to do": 1}
+            return run
         dl, val, rs = result["download"], result.get("validate"), result.get("reshard")
     except (ValueError, KeyError) as err:
         run.error = f"unreadable --json output ({err!r})"

@@ -47,28 +47,47 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> dict:
-    from flows.audit import GateFailed
-    from flows.download import PhaseFailed
-    from flows.runtime import NoGPU, Session, require_gpu, stop_on_signals
-    from tasks.locks import LockHeld, LockLost
+def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object], force: bool = True) -> dict:
+    # Prefect, Dask and the flows are imported only once there is something to run.
+    from flows.preflight import up_to_date, work_ahead
     from tasks.manifests import ManifestError
-    from tasks.precache import PrecacheError
     from tasks.recipe import RecipeError, load_recipe
 
     try:
         recipe = load_recipe(recipe_path, overrides)
         if recipe.execution.cluster == "cuda":
+            from flows.runtime import require_gpu
+
             require_gpu()
-    except (RecipeError, NoGPU) as err:
+    except RecipeError as err:
         raise _fail(str(err), 2) from None
+    except RuntimeError as err:  # flows.runtime.NoGPU
+        raise _fail(str(err), 2) from None
+
+    try:
+        # Nothing changed since the last run covered these phases: say so, start nothing.
+        last = None if force else up_to_date(recipe, phases)
+        ahead = last is None and work_ahead(recipe, phases)
+    except ManifestError as err:
+        raise _fail(f"{type(err).__name__}: {err}", 1) from None
+    if last is not None:
+        return {"up_to_date": last, "storage": recipe.storage, "dataset": recipe.dataset}
+    from flows.audit import GateFailed
+    from flows.download import PhaseFailed
+    from flows.runtime import NoGPU, Session, stop_on_signals
+    from tasks.locks import LockHeld, LockLost
+    from tasks.precache import PrecacheError
+
     ex = recipe.execution
-    # The Prefect server and the Dask cluster start side by side, while this process imports
-    # the flows; the flows ask for the cluster's address when they first need it.
+    # The Prefect server and, when there is work, the Dask cluster start side by side, while
+    # this process imports the flows; otherwise the flows start the cluster at their first task.
     with Session(ex.cluster, ex.workers, ex.threads_per_worker) as session, stop_on_signals(session):
         from prefect import flow
 
         from flows.pretraining import run_phases
+
+        if ahead:
+            session.start_cluster()
 
         @flow(name=f"shardsmith-{recipe.dataset}")
         def cli_run() -> dict:
@@ -88,6 +107,12 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object]) -> 
 
 
 def _print_summary(result: dict) -> None:
+    last = result.get("up_to_date")
+    if last is not None:
+        release = f"; release {last['release']} is still the latest" if last.get("release") else ""
+        typer.secho(f"{result['dataset']}: up to date, nothing to do (run {last['run']} covered {', '.join(last['phases'])} over the same inputs{release})", bold=True, fg="green")
+        typer.echo(f"  report: {result['storage']}/{result['dataset']}/reports/{last['run']}/report.html   (--force runs every phase again)")
+        return
     dl = result.get("download")
     if dl is None:
         return
@@ -190,8 +215,9 @@ def run(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: download.timeout_s=5")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect's and Dask's INFO logs.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Run every phase even when the last run covered the same inputs.")] = False,
 ) -> None:
-    """Run a recipe's phases."""
+    """Run a recipe's phases (nothing, when the last run covered them over the same inputs)."""
     _logs(verbose)
     overrides = _parse_sets(set_ or [])
     if cluster:
@@ -200,11 +226,11 @@ def run(
         overrides["storage"] = storage
     if workers:
         overrides["execution.workers"] = workers
-    from flows.pretraining import PHASES
+    from flows.preflight import PHASES
 
     phases = [p.value for p in phase] if phase else list(PHASES)
     with _progress(not json_out):
-        result = _run(recipe, phases, overrides)
+        result = _run(recipe, phases, overrides, force=force)
     if json_out:
         from dataclasses import asdict
 
@@ -233,7 +259,7 @@ def demo(
         overrides: dict[str, object] = {}
         if workers:
             overrides["execution.workers"] = workers
-        from flows.pretraining import PHASES
+        from flows.preflight import PHASES
 
         with _progress(True):
             result = _run(RECIPES / "demo.yaml", list(PHASES), overrides)
@@ -432,17 +458,20 @@ def _locate_run(target: str, storage: str | None) -> tuple[str, str]:
 
 
 def main() -> None:
-    from flows import runtime
+    def stopped_by() -> int | None:
+        # Only a run that got as far as flows.runtime has our signal handlers.
+        runtime = sys.modules.get("flows.runtime")
+        return getattr(runtime, "stopped_by", None)
 
     try:
         app()
-    except SystemExit as exit_:
+    except SystemExit:
         # typer turns KeyboardInterrupt (our Interrupted included) into exit status 130.
-        if runtime.stopped_by is not None:
-            sys.exit(128 + runtime.stopped_by)
+        if stopped_by() is not None:
+            sys.exit(128 + stopped_by())
         raise
     except KeyboardInterrupt:
-        sys.exit(128 + (runtime.stopped_by or 2))
+        sys.exit(128 + (stopped_by() or 2))
 
 
 if __name__ == "__main__":

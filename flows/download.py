@@ -8,18 +8,20 @@ import time
 import pyarrow as pa
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
 from flows.audit import check_gate, judge_phase, phase_record
+from flows.preflight import combine_groups, list_groups, plan_here, small, take_primed
 from flows.runtime import gather_all
-from tasks.download import ShardResult, download_shard, shard_paths
+from tasks.download import ShardResult, download_config_hash, download_shard, shard_paths
 from tasks.ledger import Counts, committed, concat_ledgers, read_ledgers
 from tasks.onepass import download_and_validate
 from tasks.validate import CandidateResult, candidate_config_hash, candidate_paths
-from tasks.manifests import FilePlan, SourcePlan, combine, group_files, list_manifest_files, plan_files
+from tasks.manifests import SourcePlan, plan_files
 from tasks.recipe import Recipe
 from tasks.storage import Storage
 
@@ -50,12 +52,6 @@ class DownloadSummary:
     candidates: list[CandidateResult] = field(default_factory=list)  # validated in the same pass
 
 
-# Up to this many groups of manifest files, together at most this many bytes, are planned in the
-# flow's process: a task on the cluster would cost more than the planning itself.
-LOCAL_PLAN_GROUPS = 4
-LOCAL_PLAN_BYTES = 64 << 20
-
-
 @task(name="plan-manifest-files", retries=2, retry_delay_seconds=2)
 def plan_files_task(source, files: list, storage: Storage, dataset: str, options: dict) -> list:
     return plan_files(source, files, storage, dataset, options)
@@ -69,18 +65,6 @@ def download_shard_task(ref, storage: Storage, cfg, tar_rel: str, ledger_rel: st
 @task(name="download-validate-shard", task_run_name="download-validate-{ref.source}-{ref.name}")
 def download_validate_task(ref, storage: Storage, dcfg, vcfg, download: tuple[str, str], candidates: tuple[str, str], s3_options: dict) -> tuple[ShardResult, CandidateResult]:
     return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options)
-
-
-def download_config_hash(recipe: Recipe) -> str:
-    """Hash of the download settings that change what a shard holds.
-
-    Concurrency, timeouts and retries are left out: changing them must not re-download
-    shards that are already committed.
-    """
-    cfg = recipe.download
-    return recipe.config_hash(cfg.network) + ":" + json.dumps(
-        [cfg.max_bytes, cfg.allowed_formats, cfg.opt_out_directives, cfg.respect_robots_txt, cfg.max_redirects, cfg.user_agent]
-    )
 
 
 def run_name() -> str:
@@ -181,24 +165,18 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
 def plan_sources(recipe: Recipe, storage: Storage) -> list[SourcePlan]:
     """Every source's plan. A few small manifest files are planned here, in threads; many or
     large ones on the cluster, one task per group of files (tasks.manifests.group_files)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    primed = take_primed(recipe)
+    if primed is not None:
+        return primed
     options = recipe.storage_options
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(recipe.sources)))) as pool:
-        listed = list(pool.map(lambda s: list_manifest_files(s, options), recipe.sources))
-    groups = [(source, group) for source, files in zip(recipe.sources, listed) for group in group_files(files)]
-    known = sum(f.size for _, g in groups for f in g if f.size >= 0)
-    if len(groups) <= LOCAL_PLAN_GROUPS and known <= LOCAL_PLAN_BYTES:
-        with ThreadPoolExecutor(max_workers=min(8, max(1, len(groups)))) as pool:
-            planned = list(pool.map(lambda sg: plan_files(sg[0], sg[1], storage, recipe.dataset, options), groups))
+    groups = list_groups(recipe)
+    if small(groups):
+        planned = plan_here(recipe, storage, groups)
     else:
         task = plan_files_task.with_options(retries=recipe.execution.task_retries)
         futures = [task.submit(source, group, storage, recipe.dataset, options) for source, group in groups]
         planned = [f.result() for f in futures]
-    by_source: dict[str, list[FilePlan]] = {s.name: [] for s in recipe.sources}
-    for (source, _), plans in zip(groups, planned):
-        by_source[source.name].extend(plans)
-    return [combine(s, by_source[s.name]) for s in recipe.sources]
+    return combine_groups(recipe, groups, planned)
 
 
 def summary_markdown(s: DownloadSummary) -> str:

@@ -324,9 +324,11 @@ def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
     out: dict[str, Any] = {}
     # One run per dataset at a time: a second one waits or refuses, naming the holder.
     lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record["run"])
-    cluster = contextlib.nullcontext(session.address()) if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
+    cluster = contextlib.nullcontext() if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
     with lock as held, cluster as scheduler, cleanup_on_stop(session, held):
-        runner = DaskTaskRunner(address=scheduler)
+        # The CLI's session starts its cluster when the first task is submitted (or earlier, when
+        # it saw work coming); a flow run from a deployment has its cluster here already.
+        runner = session.task_runner() if session is not None else DaskTaskRunner(address=scheduler)
         ingests = ingest_flow.with_options(task_runner=runner)(recipe=recipe)
         images = image_recipe(recipe, ingests, Storage(recipe.storage, recipe.storage_options), {s.name: s.rows_per_shard for s in recipe.sources})
         if images is not None:

@@ -10,10 +10,21 @@ import dask
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from flows.audit import check_gate, phase_record, run_gate
+from flows.audit import check_gate, judge_phase, phase_record
 from flows.runtime import gather
-from tasks.ledger import Counts
-from tasks.precache import PrecacheInput, PrecacheResult, channel_table, check_models, precache_shard, read_ledgers, shard_table
+from tasks.ledger import Counts, committed
+from tasks.precache import (
+    PrecacheInput,
+    PrecacheResult,
+    channel_table,
+    check_models,
+    output_names,
+    precache_shard,
+    read_ledgers,
+    recorded,
+    shard_table,
+    summary_name,
+)
 from tasks.recipe import PrecacheConfig, Recipe
 from tasks.storage import Storage
 
@@ -57,19 +68,28 @@ def precache_flow(recipe: Recipe, reshard: Any, run: dict) -> tuple[PrecacheSumm
     retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
     progress = create_progress_artifact(0.0, key=f"{recipe.dataset}-precache-progress", description=f"{recipe.dataset}: precache")
     inputs = [PrecacheInput(o.tar, o.sha256, tuple(o.records)) for o in reshard.outputs]
+    prefix = f"{recipe.dataset}/precache"
+    names = {shard.tar: output_names(cfg, prefix, shard) for shard in inputs}
+    done = committed(storage, [summary_name(ledger) for _, ledger in names.values()] + [ledger for _, ledger in names.values()])
+    results: list[PrecacheResult] = [
+        recorded(storage, summary_name(names[s.tar][1])) for s in inputs if {names[s.tar][1], summary_name(names[s.tar][1])} <= done
+    ]
+    todo = [s for s in inputs if not {names[s.tar][1], summary_name(names[s.tar][1])} <= done]
     annotations = {"resources": {"GPU": 1}} if recipe.execution.cluster == "cuda" else {}
     with dask.annotate(**annotations):
         futures = {
-            precache_task.with_options(**retries).submit(storage, cfg, shard, f"{recipe.dataset}/precache", shard.tar.rsplit("/", 1)[-1]): shard.tar
-            for shard in inputs
+            precache_task.with_options(**retries).submit(storage, cfg, shard, prefix, shard.tar.rsplit("/", 1)[-1]): shard.tar
+            for shard in todo
         }
     order = {s.tar: i for i, s in enumerate(inputs)}
-    results: list[PrecacheResult] = sorted(gather(futures, progress, 0.0, 100.0, logger, "precache"), key=lambda r: order[r.image_shard])
+    results = sorted(results + gather(futures, progress, 0.0, 100.0, logger, "precache"), key=lambda r: order[r.image_shard])
 
     ledger = read_ledgers(storage, results)
     channels = channel_table(results)
-    gate = precache_gate(ledger, shard_table(results, {o.tar: o.samples for o in reshard.outputs}), channels, reshard.samples, recipe.gates.precache)
-    links = run_gate(storage, recipe, run, gate)
+    gate, links = judge_phase(
+        storage, recipe, run, "precache", [r.ledger for r in results], (reshard.samples, recipe.gates.precache),
+        lambda: precache_gate(ledger, shard_table(results, {o.tar: o.samples for o in reshard.outputs}), channels, reshard.samples, recipe.gates.precache),
+    )  # fmt: skip
     seconds = time.perf_counter() - started
     timings = {k: round(sum(r.timings.get(k, 0.0) for r in results if not r.skipped), 3) for k in ("load_s", "decode_s", "encode_s", "write_s", "total_s")}
     summary = PrecacheSummary(

@@ -12,6 +12,7 @@ from flows.audit import new_run
 from flows.download import download_flow, run_name
 from flows.precache import precache_flow
 from flows.params import ClusterChoice, RecipeOverrides, RecipePath, StorageRoot, Workers, recipe_overrides
+from flows.preflight import remember_run
 from flows.runtime import Session, cleanup_on_stop, dask_cluster
 from flows.release import release_flow
 from flows.reshard import reshard_flow
@@ -68,9 +69,11 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
     out: dict = {"run": record["run"], "record": record}
     # One run per dataset at a time: a second one waits or refuses, naming the holder.
     lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record["run"])
-    cluster = contextlib.nullcontext(session.address()) if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
+    cluster = contextlib.nullcontext() if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
     with lock as held, cluster as scheduler, cleanup_on_stop(session, held):
-        runner = DaskTaskRunner(address=scheduler)
+        # The CLI's session starts its cluster when the first task is submitted (or earlier, when
+        # it saw work coming); a flow run from a deployment has its cluster here already.
+        runner = session.task_runner() if session is not None else DaskTaskRunner(address=scheduler)
         # With validation to follow, each chunk is fetched and validated in one pass.
         fuse = last >= PHASES.index("validate")
         out["download"], record = download_flow.with_options(task_runner=runner)(recipe=recipe, run=record, fuse_validation=fuse)
@@ -90,5 +93,9 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
                 precache=out["precache"],
                 run=record,
             )
+        release = out.get("release")
+        remember_run(
+            Storage(recipe.storage, recipe.storage_options), recipe, list(PHASES[: last + 1]), out["download"].ledgers, record["run"], release.version if release else None
+        )
     out["record"] = record
     return out

@@ -12,7 +12,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
+
+from prefect_dask import DaskTaskRunner
 
 log = logging.getLogger("shardsmith")
 
@@ -271,12 +273,25 @@ class Session:
         self._cluster = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        if cluster in ("local", "cuda"):
+        self._lock = threading.Lock()
+        self._spec = (cluster, workers, threads_per_worker)
+
+    def start_cluster(self) -> None:
+        """Start our cluster in the background now (idempotent); a run that turns out to have
+        nothing to compute never starts one."""
+        choice, workers, threads = self._spec
+        if choice not in ("local", "cuda"):
+            return
+        with self._lock:
+            if self._thread is not None:
+                return
             env = {**worker_env(), "PREFECT_API_URL": self.api_url}
-            self._thread = threading.Thread(
-                target=self._start_cluster, args=(cluster, workers, threads_per_worker, env), name="start-dask-cluster", daemon=True
-            )
+            self._thread = threading.Thread(target=self._start_cluster, args=(choice, workers, threads, env), name="start-dask-cluster", daemon=True)
             self._thread.start()
+
+    def task_runner(self):
+        """A DaskTaskRunner that asks this session for the scheduler when it first submits a task."""
+        return SessionTaskRunner(self.address)
 
     def _start_cluster(self, choice: str, workers: int | None, threads: int, env: dict[str, str]) -> None:
         try:
@@ -301,8 +316,9 @@ class Session:
 
     def address(self) -> str:
         """The scheduler address, once the cluster we start is up (or the configured one)."""
-        if self._thread is None:
+        if self.choice not in ("local", "cuda"):
             return self.choice
+        self.start_cluster()
         self._thread.join()
         if self._error is not None:
             raise self._error
@@ -310,7 +326,7 @@ class Session:
 
     @property
     def owns_cluster(self) -> bool:
-        return self._thread is not None
+        return self.choice in ("local", "cuda")
 
     def stop_workers(self) -> None:
         """Kill our cluster's worker processes now, and keep their nannies from restarting them.
@@ -330,23 +346,46 @@ class Session:
         _kill(pids)
 
     def close(self) -> None:
-        stoppers = []
+        """Close the cluster, then stop the server: what the closing workers log still has an API."""
         if self._thread is not None:
             self._thread.join()
             if self._cluster is not None:
-                stoppers.append(threading.Thread(target=close_cluster, args=(self._cluster,), daemon=True))
+                close_cluster(self._cluster)
         if self.server is not None:
-            stoppers.append(threading.Thread(target=self.server.stop, daemon=True))
-        for t in stoppers:
-            t.start()
-        for t in stoppers:
-            t.join(timeout=70)
+            self.server.stop()
 
     def __enter__(self) -> "Session":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SessionTaskRunner(DaskTaskRunner):
+    """A DaskTaskRunner whose scheduler address is resolved when it first submits a task, so a
+    phase with nothing to compute neither waits for nor starts a cluster.
+
+    Args:
+        resolve: gives the scheduler address (``Session.address``: starts our cluster if needed).
+    """
+
+    def __init__(self, resolve: Callable[[], str]):
+        super().__init__(address="tcp://127.0.0.1:0")  # replaced before the client connects
+        self._resolve = resolve
+
+    @property
+    def client(self):
+        if not self._client:
+            self.address = self._resolve()
+        return DaskTaskRunner.client.fget(self)
+
+    def duplicate(self) -> "SessionTaskRunner":
+        return type(self)(self._resolve)
+
+    def __reduce__(self):
+        # Prefect ships the flow run's context, this runner included, with every task; there it
+        # is a plain DaskTaskRunner at the resolved address (the session stays in this process).
+        return (DaskTaskRunner, (None, self.address))
 
 
 class Interrupted(KeyboardInterrupt):

@@ -13,7 +13,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from flows.audit import check_gate, judge_phase, phase_record
 from flows.runtime import gather
 from tasks.download import ShardResult
-from tasks.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers, read_parquet
+from tasks.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers
 from tasks.recipe import Recipe
 from tasks.storage import Storage
 from tasks.validate import (
@@ -22,7 +22,7 @@ from tasks.validate import (
     candidate_paths,
     final_paths,
     finalize_shard,
-    find_duplicates,
+    duplicates_by_table,
     thumbs_path,
     validate_shard,
 )
@@ -55,16 +55,23 @@ def validate_shard_task(storage: Storage, source: str, index: int, download_tar:
 @task(name="dedup")
 def dedup_task(storage: Storage, tables: list[str], cfg, source_order: dict[str, int]) -> dict[str, dict[str, str]]:
     """Duplicates across the dataset, grouped by the candidate table each one is in."""
-    from tasks.validate import DEDUP_COLUMNS
+    return duplicates_by_table(storage, tables, cfg, source_order)
 
-    loaded = [read_parquet(storage, t, DEDUP_COLUMNS) for t in tables]
-    dups = find_duplicates(loaded, cfg, source_order)
-    grouped: dict[str, dict[str, str]] = {}
-    for name, table in zip(tables, loaded):
-        mine = {k: dups[k] for k in table.column("key").to_pylist() if k in dups}
-        if mine:
-            grouped[name] = mine
-    return grouped
+
+def dedup(storage: Storage, recipe: Recipe, tables: list[str], order: dict[str, int]) -> dict[str, dict[str, str]]:
+    """Dedup decisions over the candidate tables: on the cluster, unless the same tables (names,
+    sizes, stamps) and settings were decided before (a rerun with nothing new)."""
+    from tasks.gate_cache import gate_key, recall_value, remember_value, stamps
+
+    if not tables:
+        return {}
+    key = gate_key("dedup", stamps(storage, tables), recipe.validate_.dedup, order)
+    known = recall_value(storage, recipe.dataset, "dedup", key)
+    if known is not None:
+        return known
+    decided = dedup_task.submit(storage, tables, recipe.validate_.dedup, order).result()
+    remember_value(storage, recipe.dataset, "dedup", key, decided)
+    return decided
 
 
 @task(name="finalize-shard", task_run_name="finalize-{cand.source}-{cand.index}")
@@ -106,7 +113,7 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
     cands.sort(key=lambda c: (c.source, c.index))
 
     order = {s.name: i for i, s in enumerate(recipe.sources)}
-    by_table = dedup_task.submit(storage, [c.table for c in cands], cfg.dedup, order).result() if cands else {}
+    by_table = dedup(storage, recipe, [c.table for c in cands], order)
     n_dups = sum(len(d) for d in by_table.values())
 
     # A shard that dedup leaves alone is final as it is; only the others are copied again.

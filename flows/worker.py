@@ -1,14 +1,14 @@
-"""Dask worker preload: import the stage modules while the cluster and the Prefect server start.
+"""Dask worker preload: import the stage modules as the worker starts, before its first task.
 
 A worker that imports Prefect's task engine and the stage code only when its first task
-arrives spends seconds of the run's critical path on it; importing them in a thread at
-worker start moves that off it. A task that arrives first simply waits for the import lock.
+arrives spends seconds of the run's critical path on it; the CLI starts the cluster beside
+the Prefect server when it sees work coming, so these imports overlap the server's start.
+They run before the worker registers (in a thread, they would race the first task's imports).
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
 
 MODULES = (
     "prefect.task_engine",
@@ -29,4 +29,4 @@ def _import_all() -> None:
 
 
 def dask_setup(worker) -> None:  # noqa: ARG001 - Dask's preload hook
-    threading.Thread(target=_import_all, name="shardsmith-preload", daemon=True).start()
+    _import_all()

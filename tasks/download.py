@@ -33,6 +33,18 @@ class ShardResult:
     samples: int = field(default=0)
 
 
+def download_config_hash(recipe: Any) -> str:
+    """Hash of the download settings that change what a shard holds.
+
+    Concurrency, timeouts and retries are left out: changing them must not re-download
+    shards that are already committed.
+    """
+    cfg = recipe.download
+    return recipe.config_hash(cfg.network) + ":" + json.dumps(
+        [cfg.max_bytes, cfg.allowed_formats, cfg.opt_out_directives, cfg.respect_robots_txt, cfg.max_redirects, cfg.user_agent]
+    )
+
+
 def shard_paths(dataset: str, ref: ChunkRef, config_hash: str) -> tuple[str, str]:
     """(tar, ledger) paths of a chunk's download shard; named by chunk content and config."""
     digest = hashlib.sha256(f"{ref.content_hash}:{config_hash}".encode()).hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""Passed gates remembered by their inputs, so a rerun over unchanged outputs does not judge them again.
+"""Passed gates (and dedup decisions) remembered by their inputs, so a rerun over unchanged outputs does not judge them again.
 
 A gate is a deterministic function of the files it reads (ledgers, shard records) and of its
 thresholds. When a phase's gate passed on exactly these files (same names, sizes and
@@ -55,6 +55,19 @@ def gate_key(phase: str, files: list[tuple[str, int, str]], *settings: Any) -> s
 
 def _path(dataset: str, phase: str, key: str) -> str:
     return f"{dataset}/gates/{phase}-{key}.json"
+
+
+def recall_value(storage: Storage, dataset: str, kind: str, key: str) -> Any | None:
+    """A JSON value remembered for ``kind`` (e.g. ``dedup``) under ``key``, or None."""
+    try:
+        return json.loads(storage.read_bytes(f"{dataset}/state/{kind}-{key}.json"))["value"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remember_value(storage: Storage, dataset: str, kind: str, key: str, value: Any) -> None:
+    """Keep a JSON value that is a function of the files and settings ``key`` digests."""
+    storage.write_bytes(f"{dataset}/state/{kind}-{key}.json", json.dumps({"value": value}, sort_keys=True).encode(), fsync=False)
 
 
 def recall(storage: Storage, dataset: str, phase: str, key: str) -> tuple[Any, str] | None:

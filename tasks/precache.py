@@ -536,9 +536,9 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     the key at that position of the image shard is recorded (``aligned`` false) for the gate.
     """
     tar, ledger = output_names(cfg, prefix, shard)
-    summary = ledger.removesuffix(".ledger.parquet") + ".json"
+    summary = summary_name(ledger)
     if storage.exists(ledger) and storage.exists(summary):
-        return _recorded(storage, summary)
+        return recorded(storage, summary)
     timings = {"load_s": 0.0, "decode_s": 0.0, "encode_s": 0.0, "write_s": 0.0, "total_s": 0.0}
     start = time.perf_counter()
     enc, timings["load_s"] = load_encoders(cfg)
@@ -647,7 +647,13 @@ def _summary_json(r: PrecacheResult) -> dict[str, Any]:
     return d
 
 
-def _recorded(storage: Storage, summary: str) -> PrecacheResult:
+def summary_name(ledger: str) -> str:
+    """The JSON record written beside a latent shard's ledger (what a rerun returns)."""
+    return ledger.removesuffix(".ledger.parquet") + ".json"
+
+
+def recorded(storage: Storage, summary: str) -> PrecacheResult:
+    """The result of a committed latent shard, from its JSON record."""
     d = json.loads(storage.read_bytes(summary))
     d["records"] = [
         SampleRecord(s["key"], s["offset"], s["length"], tuple(MemberRecord(m["name"], m["offset"], m["size"]) for m in s["members"]))

@@ -312,6 +312,18 @@ def _caption_detail(reason: str, caption: str | None, cfg: ValidateConfig) -> st
     return f"{n} characters"
 
 
+def duplicates_by_table(storage: Storage, tables: list[str], cfg: DedupConfig, source_order: dict[str, int]) -> dict[str, dict[str, str]]:
+    """``find_duplicates`` over candidate ledgers, grouped by the ledger each duplicate is in."""
+    loaded = [read_parquet(storage, t, DEDUP_COLUMNS) for t in tables]
+    dups = find_duplicates(loaded, cfg, source_order)
+    grouped: dict[str, dict[str, str]] = {}
+    for name, table in zip(tables, loaded):
+        mine = {k: dups[k] for k in table.column("key").to_pylist() if k in dups}
+        if mine:
+            grouped[name] = mine
+    return grouped
+
+
 def find_duplicates(tables: list[pa.Table], cfg: DedupConfig, source_order: dict[str, int]) -> dict[str, str]:
     """Map each duplicate's key to the key of the sample it duplicates, across the dataset.
 

@@ -1,0 +1,149 @@
+"""Before a CLI run starts Prefect or Dask: plan small manifests, tell whether there is work, or nothing to do.
+
+Imports neither Prefect nor Dask, so a run with nothing to do ends in the time it takes to list
+the storage. What it decides only picks when the CLI starts its cluster (now, or at the first
+task), or that the last run already covered these phases over the same inputs; the flows check
+everything again when they run, so a wrong guess costs seconds, never correctness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tasks.manifests import FilePlan, SourcePlan, combine, group_files, list_manifest_files, plan_files
+from tasks.recipe import Recipe
+from tasks.storage import Storage
+
+# Pretraining phases in order (flows.pretraining.PHASES, which imports Prefect).
+PHASES = ("download", "validate", "reshard", "precache", "release")
+LAST_RUN = "{dataset}/state/last-run.json"
+
+# Up to this many groups of manifest files, together at most this many bytes, are planned in the
+# flow's process: a task on the cluster would cost more than the planning itself.
+LOCAL_PLAN_GROUPS = 4
+LOCAL_PLAN_BYTES = 64 << 20
+
+# Plans made before the flow started, taken once by the download flow of the same process.
+_primed: dict[str, list[SourcePlan]] = {}
+
+
+def _plan_key(recipe: Recipe) -> str:
+    return json.dumps([recipe.dataset, recipe.storage, [s.model_dump(mode="json") for s in recipe.sources]], sort_keys=True)
+
+
+def list_groups(recipe: Recipe) -> list[tuple[Any, list]]:
+    """(source, group of manifest files) for every source: one planning task per group."""
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(recipe.sources)))) as pool:
+        listed = list(pool.map(lambda s: list_manifest_files(s, recipe.storage_options), recipe.sources))
+    return [(source, group) for source, files in zip(recipe.sources, listed) for group in group_files(files)]
+
+
+def small(groups: list[tuple[Any, list]]) -> bool:
+    """Whether the groups are few and small enough to plan in this process."""
+    known = sum(f.size for _, g in groups for f in g if f.size >= 0)
+    return len(groups) <= LOCAL_PLAN_GROUPS and known <= LOCAL_PLAN_BYTES
+
+
+def plan_here(recipe: Recipe, storage: Storage, groups: list[tuple[Any, list]]) -> list[list[FilePlan]]:
+    """Plan the groups in this process, side by side in threads."""
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(groups)))) as pool:
+        return list(pool.map(lambda sg: plan_files(sg[0], sg[1], storage, recipe.dataset, recipe.storage_options), groups))
+
+
+def combine_groups(recipe: Recipe, groups: list[tuple[Any, list]], planned: list[list[FilePlan]]) -> list[SourcePlan]:
+    """Every source's plan from its groups' file plans."""
+    by_source: dict[str, list[FilePlan]] = {s.name: [] for s in recipe.sources}
+    for (source, _), plans in zip(groups, planned):
+        by_source[source.name].extend(plans)
+    return [combine(s, by_source[s.name]) for s in recipe.sources]
+
+
+def prime_plans(recipe: Recipe, storage: Storage) -> list[SourcePlan] | None:
+    """Plan small manifests now, for the download flow to take; None when they are many or
+    large (the flow plans those on the cluster)."""
+    groups = list_groups(recipe)
+    if not small(groups):
+        return None
+    plans = combine_groups(recipe, groups, plan_here(recipe, storage, groups))
+    _primed[_plan_key(recipe)] = plans
+    return plans
+
+
+def take_primed(recipe: Recipe) -> list[SourcePlan] | None:
+    """The plans ``prime_plans`` made for this recipe in this process, once."""
+    return _primed.pop(_plan_key(recipe), None)
+
+
+def _inputs_digest(ledgers: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(ledgers)).encode()).hexdigest()
+
+
+def remember_run(storage: Storage, recipe: Recipe, phases: list[str], download_ledgers: list[str], run: str, release: str | None) -> None:
+    """What a complete run covered: the phases, over which inputs, and the release it left."""
+    record = {"recipe_hash": recipe.recipe_hash(), "phases": phases, "inputs": _inputs_digest(download_ledgers), "run": run, "release": release}
+    storage.write_bytes(LAST_RUN.format(dataset=recipe.dataset), json.dumps(record, sort_keys=True).encode(), fsync=False)
+
+
+def _last_run(storage: Storage, recipe: Recipe) -> dict[str, Any] | None:
+    try:
+        last = json.loads(storage.read_bytes(LAST_RUN.format(dataset=recipe.dataset)))
+    except (FileNotFoundError, ValueError):
+        return None
+    return last if isinstance(last, dict) and {"recipe_hash", "phases", "inputs", "run"} <= last.keys() else None
+
+
+def _upto(phases: list[str]) -> list[str]:
+    """A phase runs the phases before it too."""
+    last = max((PHASES.index(p) for p in phases if p in PHASES), default=-1)
+    return list(PHASES[: last + 1])
+
+
+def work_ahead(recipe: Recipe, phases: list[str]) -> bool:
+    """Whether a run of ``phases`` will compute anything.
+
+    Plans the manifests (kept for the download flow) and looks for uncommitted download and
+    validation shards; when all are committed, the run has work only if the last complete run
+    did not cover these phases over these very inputs with this recipe.
+    """
+    from tasks.download import download_config_hash, shard_paths
+    from tasks.ledger import committed
+    from tasks.validate import candidate_config_hash, candidate_paths
+
+    if recipe.kind != "pretraining":
+        return True
+    storage = Storage(recipe.storage, recipe.storage_options)
+    plans = prime_plans(recipe, storage)
+    if plans is None:
+        return True  # too large to plan here: the cluster plans it
+    chash, vhash = download_config_hash(recipe), candidate_config_hash(recipe)
+    ledgers, wanted = [], []
+    for ref in (c for p in plans for c in p.chunks):
+        tar, ledger = shard_paths(recipe.dataset, ref, chash)
+        ledgers.append(ledger)
+        wanted += [ledger, candidate_paths(recipe.dataset, ref.source, ref.index, tar, vhash)[1]]
+    if len(committed(storage, wanted)) < len(wanted):
+        return True
+    last = _last_run(storage, recipe)
+    if last is None:
+        return True
+    covered = set(_upto(phases)) <= set(last["phases"]) and last["recipe_hash"] == recipe.recipe_hash()
+    return not (covered and last["inputs"] == _inputs_digest(ledgers))
+
+
+def up_to_date(recipe: Recipe, phases: list[str]) -> dict[str, Any] | None:
+    """The last run's record when it covered ``phases`` over exactly today's inputs and its
+    release is still the latest: then there is nothing to do."""
+    from tasks.release import latest
+
+    if recipe.kind != "pretraining" or work_ahead(recipe, phases):
+        return None
+    storage = Storage(recipe.storage, recipe.storage_options)
+    last = _last_run(storage, recipe)
+    if last is None:
+        return None
+    if "release" in phases and (last.get("release") is None or latest(storage, recipe.dataset) != last["release"]):
+        return None
+    return last

@@ -1,0 +1,64 @@
+"""A rerun over unchanged inputs says so and starts nothing; a changed input or --force runs the flows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_nothing_to_do_then_a_new_row_then_force(tmp_path, web):
+    manifest = tmp_path / "m.csv"
+    rows = ["url,caption,license"] + [f"{web.url('/img/' + name)},picture number {i},CC0-1.0" for i, name in enumerate(["photo.jpg", "a.jpg", "b.png"])]
+    manifest.write_text("\n".join(rows) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"""dataset: again
+storage: {tmp_path / 'store'}
+sources:
+  - name: s
+    manifest: {manifest}
+download:
+  network: {{allowed_networks: ["127.0.0.1/32"], any_port: true}}
+validate:
+  license: {{review: {{reviewed_by: tests, reviewed_on: 2026-12-01}}}}
+  image: {{min_side: 8}}
+execution: {{cluster: local, workers: 1}}
+"""
+    )
+    first = cli("run", str(recipe), "--phase", "validate", "--json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads(first.stdout)["validate"]["counts"]["ok"] == 3
+
+    again = cli("run", str(recipe), "--phase", "validate")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "up to date, nothing to do" in again.stdout and "--force" in again.stdout
+    # Nothing was started: no run folder, no Prefect server log, no new report.
+    assert len(list((tmp_path / "store" / "again" / "reports").iterdir())) == 1
+
+    # download only is covered by the last run too; reshard is not.
+    assert "up to date" in cli("run", str(recipe), "--phase", "download").stdout
+
+    # A new manifest row is work.
+    manifest.write_text("\n".join(rows + [f"{web.url('/img/c.webp')},a blue square,CC0-1.0"]) + "\n")
+    grown = cli("run", str(recipe), "--phase", "validate", "--json")
+    assert grown.returncode == 0, grown.stderr[-3000:]
+    assert json.loads(grown.stdout)["download"]["counts"]["rows"] == 4
+
+    forced = cli("run", str(recipe), "--phase", "validate", "--json", "--force")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    out = json.loads(forced.stdout)
+    assert out["download"]["shards_skipped"] == out["download"]["shards"]  # forced, yet nothing redone
+    assert len(list((tmp_path / "store" / "again" / "reports").iterdir())) == 3
