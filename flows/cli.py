@@ -67,7 +67,7 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object], for
     try:
         # Nothing changed since the last run covered these phases: say so, start nothing.
         last = None if force else up_to_date(recipe, phases)
-        ahead = last is None and work_ahead(recipe, phases)
+        pending = work_ahead(recipe, phases) if last is None else 0
     except ManifestError as err:
         raise _fail(f"{type(err).__name__}: {err}", 1) from None
     if last is not None:
@@ -86,8 +86,13 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object], for
 
         from flows.pretraining import run_phases
 
-        if ahead:
-            session.start_cluster()
+        if pending != 0:
+            # Work is coming: the cluster (no more workers than chunks to fetch) and Great
+            # Expectations (for the gates) start now, beside the Prefect server.
+            session.start_cluster(workers=pending)
+            from flows.runtime import warm_gates
+
+            warm_gates()
 
         @flow(name=f"shardsmith-{recipe.dataset}")
         def cli_run() -> dict:

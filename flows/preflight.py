@@ -101,36 +101,37 @@ def _upto(phases: list[str]) -> list[str]:
     return list(PHASES[: last + 1])
 
 
-def work_ahead(recipe: Recipe, phases: list[str]) -> bool:
-    """Whether a run of ``phases`` will compute anything.
+def work_ahead(recipe: Recipe, phases: list[str]) -> int | None:
+    """How many download chunks a run of ``phases`` has to compute: None when it cannot tell
+    (manifests too large to plan here, or not a pretraining recipe), 0 when none.
 
     Plans the manifests (kept for the download flow) and looks for uncommitted download and
-    validation shards; when all are committed, the run has work only if the last complete run
-    did not cover these phases over these very inputs with this recipe.
+    validation shards; when all are committed, the run has work (None) only if the last
+    complete run did not cover these phases over these very inputs with this recipe.
     """
     from tasks.download import download_config_hash, shard_paths
     from tasks.ledger import committed
     from tasks.validate import candidate_config_hash, candidate_paths
 
     if recipe.kind != "pretraining":
-        return True
+        return None
     storage = Storage(recipe.storage, recipe.storage_options)
     plans = prime_plans(recipe, storage)
     if plans is None:
-        return True  # too large to plan here: the cluster plans it
+        return None  # too large to plan here: the cluster plans it
     chash, vhash = download_config_hash(recipe), candidate_config_hash(recipe)
-    ledgers, wanted = [], []
+    ledgers, pairs = [], []
     for ref in (c for p in plans for c in p.chunks):
         tar, ledger = shard_paths(recipe.dataset, ref, chash)
         ledgers.append(ledger)
-        wanted += [ledger, candidate_paths(recipe.dataset, ref.source, ref.index, tar, vhash)[1]]
-    if len(committed(storage, wanted)) < len(wanted):
-        return True
+        pairs.append((ledger, candidate_paths(recipe.dataset, ref.source, ref.index, tar, vhash)[1]))
+    done = committed(storage, [p for pair in pairs for p in pair])
+    pending = sum(1 for pair in pairs if not set(pair) <= done)
+    if pending:
+        return pending
     last = _last_run(storage, recipe)
-    if last is None:
-        return True
-    covered = set(_upto(phases)) <= set(last["phases"]) and last["recipe_hash"] == recipe.recipe_hash()
-    return not (covered and last["inputs"] == _inputs_digest(ledgers))
+    covered = last is not None and set(_upto(phases)) <= set(last["phases"]) and last["recipe_hash"] == recipe.recipe_hash()
+    return 0 if covered and last["inputs"] == _inputs_digest(ledgers) else None
 
 
 def up_to_date(recipe: Recipe, phases: list[str]) -> dict[str, Any] | None:
@@ -138,7 +139,7 @@ def up_to_date(recipe: Recipe, phases: list[str]) -> dict[str, Any] | None:
     release is still the latest: then there is nothing to do."""
     from tasks.release import latest
 
-    if recipe.kind != "pretraining" or work_ahead(recipe, phases):
+    if recipe.kind != "pretraining" or work_ahead(recipe, phases) != 0:
         return None
     storage = Storage(recipe.storage, recipe.storage_options)
     last = _last_run(storage, recipe)

@@ -276,10 +276,12 @@ class Session:
         self._lock = threading.Lock()
         self._spec = (cluster, workers, threads_per_worker)
 
-    def start_cluster(self) -> None:
+    def start_cluster(self, workers: int | None = None) -> None:
         """Start our cluster in the background now (idempotent); a run that turns out to have
-        nothing to compute never starts one."""
-        choice, workers, threads = self._spec
+        nothing to compute never starts one. ``workers`` caps the worker processes (a run with
+        one chunk to fetch starts one worker, not one per core)."""
+        choice, configured, threads = self._spec
+        workers = min(configured or default_workers(), workers) if workers else configured
         if choice not in ("local", "cuda"):
             return
         with self._lock:

@@ -108,10 +108,9 @@ def test_same_inputs_give_the_same_ledger_and_samples(tmp_path, web):
     """
     a = Storage(str(tmp_path / "a"))
     b = Storage(str(tmp_path / "b"))
-    (tmp_path / "x").mkdir()
-    (tmp_path / "y").mkdir()
-    _, tar_a, led_a, _ = run_shard(a, tmp_path / "x", web)
-    _, tar_b, led_b, _ = run_shard(b, tmp_path / "y", web)
+    (tmp_path / "m").mkdir()
+    _, tar_a, led_a, _ = run_shard(a, tmp_path / "m", web)
+    _, tar_b, led_b, _ = run_shard(b, tmp_path / "m", web)
     placement = ("offset", "members")  # where in the tar, which follows completion order
     rows_a = [{k: v for k, v in r.items() if k not in placement} for r in read_ledger(a, led_a).to_pylist()]
     rows_b = [{k: v for k, v in r.items() if k not in placement} for r in read_ledger(b, led_b).to_pylist()]
