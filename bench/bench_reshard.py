@@ -11,7 +11,8 @@ The inputs are read once with ``cp`` to warm the page cache (it cannot be droppe
 root), one Prefect server and one Dask LocalCluster of ``--workers`` processes are started
 (untimed, as a run has them before its third phase) and a small reshard warms the workers'
 imports. Then every round runs, in alternating order, each into a fresh folder removed after
-it is measured, with a ``sync`` (untimed) before each:
+it is measured, with a ``sync`` (untimed) before each and, with ``--quiet-wait``, a wait for
+the load other work puts on the machine to settle:
 
 - ``cp+sync``: ``cp -r`` of the input folder, then ``sync`` of the copies (the baseline: the
   reshard makes every output durable before its ledger commits it); ``cp`` alone is printed
@@ -120,6 +121,14 @@ def run_cp(src: Path, dst: Path) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t0
 
 
+def wait_quiet(below: float, timeout: float) -> float:
+    """Wait up to ``timeout`` s for the 1-minute load average to fall below ``below``; return it."""
+    deadline = time.monotonic() + timeout
+    while os.getloadavg()[0] >= below and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
 def recipe_for(storage_root: str, dataset: str, n: int, workers: int, seed: int | None):
     from tasks.recipe import parse_recipe
 
@@ -170,7 +179,7 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
         order = ("cp", "phase") if r % 2 == 0 else ("phase", "cp")
         for what in order:
             subprocess.run(["sync"], check=True)
-            load0 = os.getloadavg()[0]
+            load0 = wait_quiet(args.quiet_load, args.quiet_wait)
             if what == "cp":
                 cp, cp_sync = run_cp(in_dir, work / f"cp-{r}")
                 rounds.add(rounds.wall, "cp", cp)
@@ -216,6 +225,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--completion-order", action="store_true", help="inputs hold samples out of ledger order")
     p.add_argument("--rounds", type=int, default=3, help="rounds per size (default 3)")
     p.add_argument("--workers", type=int, default=2, help="Dask worker processes (default 2)")
+    p.add_argument("--quiet-wait", type=float, default=0.0, help="seconds to wait, before each run, for other work to settle (default 0)")
+    p.add_argument("--quiet-load", type=float, default=1.0, help="the 1-minute load average that counts as settled (default 1.0)")
     p.add_argument("--markdown", type=Path, default=None, help="also write the tables to this file")
     return p.parse_args(argv)
 

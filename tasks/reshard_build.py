@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import hashlib
 import json
 import mmap
@@ -34,6 +36,9 @@ LEDGERS_KEPT = 4
 # The output ledger's columns that cross back to the flow (see OutputResult.layout).
 LAYOUT_COLUMNS = ["key", "source", "bytes", "offset", "length", "members"]
 _END_OF_ARCHIVE = bytes(2 * BLOCK)
+# Local outputs: after this many bytes, the kernel is asked to start writing them to disk, so
+# the disk works while the copy goes on and the fsync before the commit finds little left.
+WRITEBACK_BYTES = 32 * 2**20
 # copy_file_range errors that mean "not between these two files": copy through memory instead.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
 
@@ -71,18 +76,33 @@ class OutputResult:
     def records(self) -> list[SampleRecord]:
         """The samples as the shard writer records them, in tar order (built on each access)."""
         lay = Layout.of(self.layout)
-        data, sizes = lay.data.tolist(), lay.sizes.tolist()
+        names, data, sizes = lay.names.to_pylist(), lay.data.tolist(), lay.sizes.tolist()
         bounds = np.concatenate([[0], np.cumsum(lay.counts)]).tolist()
         return [
-            SampleRecord(key, offset, length, tuple(MemberRecord(lay.names[k], data[k], sizes[k]) for k in range(bounds[i], bounds[i + 1])))
+            SampleRecord(key, offset, length, tuple(MemberRecord(names[k], data[k], sizes[k]) for k in range(bounds[i], bounds[i + 1])))
             for i, (key, offset, length) in enumerate(zip(lay.keys, lay.offsets.tolist(), lay.lengths.tolist()))
         ]
 
 
 def build_outputs(storage: Storage, outputs: Iterable[OutputPlan], *, window_bytes: int = DEFAULT_WINDOW_BYTES) -> list[OutputResult]:
-    """Build several outputs one after another (one task's worth), reading each input ledger once."""
+    """Build several outputs one after another (one task's worth), reading each input ledger once.
+
+    An output that fails does not stop the others: they are built and committed, then the
+    first failure is raised (naming the others), so a retry or rerun redoes only what failed.
+    """
     ledgers = _Ledgers(storage)
-    return [build_output(storage, out, window_bytes=window_bytes, ledgers=ledgers) for out in outputs]
+    results, failed = [], []
+    for out in outputs:
+        try:
+            results.append(build_output(storage, out, window_bytes=window_bytes, ledgers=ledgers))
+        except Exception as err:  # raised below, after the rest of the group is built
+            failed.append((out, err))
+    if failed:
+        err = failed[0][1]
+        if len(failed) > 1:
+            err.add_note(f"outputs {[o.index for o, _ in failed]} of this task failed; the others are committed")
+        raise err
+    return results
 
 
 def build_output(
@@ -127,7 +147,7 @@ def build_output(
     inputs = _Inputs(storage, output)
     try:
         with storage.atomic_writer(output.name) as fh:
-            sink = _Sink(fh)
+            sink = _Sink(fh, writeback=storage.is_local)
             if inputs.all_mapped(np.unique(slots).tolist()):
                 _copy_runs(sink, inputs, slots, offsets, lengths)
             else:
@@ -305,12 +325,20 @@ class _Sink:
     the rest go straight to its descriptor, as ``os.write`` or ``os.copy_file_range``.
     """
 
-    def __init__(self, fh: Any) -> None:
+    def __init__(self, fh: Any, writeback: bool = False) -> None:
         self._fh = fh
         self._fd: int | None = None
         self._kernel = hasattr(os, "copy_file_range")
+        self._writeback = _sync_file_range() if writeback else None
+        self._flushed = 0
         self.sha = hashlib.sha256()
         self.pos = 0
+
+    def _written(self, n: int) -> None:
+        self.pos += n
+        if self._writeback is not None and self._fd is not None and self.pos - self._flushed >= WRITEBACK_BYTES:
+            self._writeback(self._fd, self._flushed, self.pos - self._flushed, _SYNC_FILE_RANGE_WRITE)  # a hint: errors ignored
+            self._flushed = self.pos
 
     def fileno(self) -> int:
         return self._fh.fileno()
@@ -323,7 +351,7 @@ class _Sink:
         else:
             _write_all(self._fd, data)
         self.sha.update(data)
-        self.pos += len(data)
+        self._written(len(data))
 
     def copy(self, src: Any, view: memoryview, start: int, n: int) -> None:
         """Append ``n`` bytes of the input open as ``src`` (mapped as ``view``) from ``start``."""
@@ -350,7 +378,22 @@ class _Sink:
                 raise OSError(errno.EIO, f"input ended {n - done} bytes early while copying")
             done += k
         self.sha.update(part[first:])
-        self.pos += n - first
+        self._written(n - first)
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of the range's dirty pages, do not wait
+
+
+@functools.cache
+def _sync_file_range() -> Any:
+    """Linux's sync_file_range (not in ``os``), or None where libc has none."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _write_all(fd: int, data: memoryview) -> None:

@@ -33,7 +33,7 @@ class Layout:
         offsets: first header byte of each sample.
         lengths: bytes of each sample (headers, data, padding).
         counts: members per sample.
-        names: member names, all samples' members in tar order.
+        names: member names, all samples' members in tar order (an Arrow string array).
         data: data offset of each member (its header is the block before).
         sizes: data bytes of each member.
     """
@@ -42,7 +42,7 @@ class Layout:
     offsets: np.ndarray
     lengths: np.ndarray
     counts: np.ndarray
-    names: list[str]
+    names: pa.Array
     data: np.ndarray
     sizes: np.ndarray
 
@@ -56,7 +56,7 @@ class Layout:
             offsets=table.column("offset").to_numpy(zero_copy_only=False).astype(np.int64),
             lengths=table.column("length").to_numpy(zero_copy_only=False).astype(np.int64),
             counts=pc.list_value_length(members).to_numpy(zero_copy_only=False).astype(np.int64),
-            names=pc.struct_field(flat, "name").to_pylist(),
+            names=pc.struct_field(flat, "name"),
             data=pc.struct_field(flat, "offset").to_numpy(zero_copy_only=False).astype(np.int64),
             sizes=pc.struct_field(flat, "size").to_numpy(zero_copy_only=False).astype(np.int64),
         )
@@ -123,8 +123,7 @@ def _tiling_problem(layout: Layout, size: int) -> str | None:
 
 def _header_problem(layout: Layout, buf: Any, size: int) -> str | None:
     """Every member's header block as tarfile writes it, else the sample as the tar reader reads it."""
-    view = memoryview(buf)
-    if len(view) < size or any(view[size - _END : size]):
+    if len(buf) < size or memoryview(buf)[size - _END : size] != bytes(_END):
         return "the tar does not end with two zero blocks"
     n = len(layout.keys)
     first = np.concatenate([[0], np.cumsum(layout.counts)[:-1]])
@@ -134,35 +133,37 @@ def _header_problem(layout: Layout, buf: Any, size: int) -> str | None:
     expected = np.concatenate([[0], padded_end[:-1]])
     expected[first] = layout.offsets
     header = layout.data - BLOCK
-    placed = (header == expected) & (layout.sizes >= 0) & (header >= 0) & (layout.data + layout.sizes <= size)
+    placed = (header == expected) & (header >= 0) & (header % BLOCK == 0) & (layout.sizes >= 0) & (layout.data + layout.sizes <= size)
+    sample_of = np.repeat(np.arange(n), layout.counts)
     sample_ok = np.ones(n, bool)
-    sample_ok[np.repeat(np.arange(n), layout.counts)[~placed]] = False
     sample_ok &= padded_end[last] == layout.offsets + layout.lengths
-    encoded = [name.encode("utf-8") for name in layout.names]
-    good = np.zeros(len(encoded), bool)
-    fits = placed & np.fromiter((len(e) <= 100 for e in encoded), bool, len(encoded))
-    idx = np.flatnonzero(fits)
+    names = layout.names.cast(pa.binary())
+    idx = np.flatnonzero(placed & (pc.binary_length(names).to_numpy(zero_copy_only=False) <= 100))
+    good = np.zeros(len(header), bool)
     if len(idx):
-        at = header[idx].tolist()
-        blocks = np.frombuffer(b"".join(view[a : a + BLOCK] for a in at), np.uint8).reshape(len(at), BLOCK)
-        names = np.frombuffer(b"".join(encoded[k].ljust(100, b"\0") for k in idx.tolist()), np.uint8).reshape(-1, 100)
-        sizes = np.frombuffer(b"".join(b"%011o\0" % s for s in layout.sizes[idx].tolist()), np.uint8).reshape(-1, 12)
+        # Every header is block-aligned: gather them as rows of the tar seen as 512-byte blocks.
+        blocks = np.frombuffer(buf, np.uint8, count=size // BLOCK * BLOCK).reshape(-1, BLOCK)[header[idx] // BLOCK]
+        want_names = names.take(pa.array(idx)).to_numpy(zero_copy_only=False).astype("S100").view(np.uint8).reshape(-1, 100)
         stored = blocks[:, _CHKSUM]
         digits = stored[:, :6]
-        value = ((digits.astype(np.int64) - ord("0")) * (8 ** np.arange(5, -1, -1))).sum(axis=1)
+        chk = ((digits.astype(np.int64) - ord("0")) * (8 ** np.arange(5, -1, -1))).sum(axis=1)
         summed = blocks.sum(axis=1, dtype=np.int64) - stored.sum(axis=1, dtype=np.int64) + 8 * _SPACE
+        size_digits = blocks[:, _SIZE][:, :11]
+        recorded = ((size_digits.astype(np.int64) - ord("0")) * (8 ** np.arange(10, -1, -1))).sum(axis=1)
         good[idx] = (
             ((digits >= ord("0")) & (digits <= ord("7"))).all(axis=1)
             & (stored[:, 6] == 0)
             & (stored[:, 7] == _SPACE)
-            & (value == summed)
+            & (chk == summed)
             & ((blocks[:, _TYPE] == ord("0")) | (blocks[:, _TYPE] == 0))
             & ~blocks[:, _PREFIX].any(axis=1)
-            & (blocks[:, _SIZE] == sizes).all(axis=1)
-            & (blocks[:, _NAME] == names).all(axis=1)
+            & ((size_digits >= ord("0")) & (size_digits <= ord("7"))).all(axis=1)
+            & (blocks[:, _SIZE][:, 11] == 0)
+            & (recorded == layout.sizes[idx])
+            & (blocks[:, _NAME] == want_names).all(axis=1)
         )
-    sample_ok[np.repeat(np.arange(n), layout.counts)[~good]] = False
-    del view
+        del blocks
+    sample_ok[sample_of[~good]] = False
     for i in np.flatnonzero(~sample_ok).tolist():
         problem = _read_sample(layout, buf, i, int(first[i]))
         if problem is not None:
@@ -173,7 +174,7 @@ def _header_problem(layout: Layout, buf: Any, size: int) -> str | None:
 def _read_sample(layout: Layout, buf: Any, i: int, first: int) -> str | None:
     """One sample's bytes read by the tar reader (as a tar of its own): do they hold the recorded members?"""
     a, b = int(layout.offsets[i]), int(layout.offsets[i] + layout.lengths[i])
-    want = [(layout.names[k], int(layout.data[k]) - a, int(layout.sizes[k])) for k in range(first, first + int(layout.counts[i]))]
+    want = [(layout.names[k].as_py(), int(layout.data[k]) - a, int(layout.sizes[k])) for k in range(first, first + int(layout.counts[i]))]
     raw = bytes(memoryview(buf)[a:b])
     try:
         members = list(iter_tar_members(io.BytesIO(raw + bytes(_END)), read_data=False))
@@ -189,7 +190,7 @@ def _incomplete(layout: Layout, required: tuple[str, ...]) -> str | None:
         return None
     n = len(layout.keys)
     sample_of = np.repeat(np.arange(n), layout.counts)
-    names = pa.array(layout.names, pa.string())
+    names = layout.names
     complete = np.ones(n, bool)
     for ext in required:
         hit = pc.ends_with(names, "." + ext).to_numpy(zero_copy_only=False)

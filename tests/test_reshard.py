@@ -333,6 +333,10 @@ def test_truncated_input_raises_a_shard_error(dataset):
         build_output(storage, plan.outputs[2])
     assert info.value.reason == "tar_truncated"
     assert not storage.exists(plan.outputs[2].name) and not storage.exists(plan.outputs[2].ledger)
+    # In a task of several outputs the failure is raised after the others are committed.
+    with pytest.raises(ShardError, match="tar_truncated"):
+        build_outputs(storage, plan.outputs[::-1])
+    assert [storage.exists(o.ledger) for o in plan.outputs] == [True, True, False]
 
 
 def test_output_plans_pickle_small():
@@ -497,6 +501,18 @@ def test_a_damaged_output_fails_its_check_on_the_rerun(dataset):
     assert not again[1].check["readable"] and rec.key in again[1].check["detail"]
     assert "tar_bad_checksum" in again[1].check["detail"]
     assert not again[2].check["readable"] and "should be" in again[2].check["detail"]
+
+    # The gate judges those rows: both damaged tars are unreadable, and the cut one is no
+    # longer the size its recorded sha256 covers.
+    import pyarrow as pa
+
+    from tasks.gates import reshard_gate
+
+    rows = [dict(r.check, is_last=(i == len(again) - 1)) for i, r in enumerate(again)]
+    gate = reshard_gate(pa.Table.from_pylist(rows), 10, 25)
+    assert not gate.success
+    assert [o.name for o in gate.outcomes if not o.success] == ["every tar readable", "checksums match the index"]
+    assert not again[2].check["checksum_ok"] and again[1].check["checksum_ok"]
 
 
 def test_headers_written_otherwise_are_read_by_the_tar_reader(dataset):
