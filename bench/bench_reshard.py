@@ -189,9 +189,10 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
             else:
                 dataset = f"round{r}"
                 wall, summary = run_phase(address, storage.root, dataset, validated, args.samples_per_shard, args.workers, args.seed)
-                t = summary.timings
+                t = getattr(summary, "timings", {})  # (absent before the flow recorded them)
                 rounds.add(rounds.wall, "reshard phase", wall)
-                rounds.add(rounds.wall, "phase without the gate", wall - t["gate"] - t["report"])
+                if t:
+                    rounds.add(rounds.wall, "phase without the gate", wall - t["gate"] - t["report"])
                 for step, s in t.items():
                     rounds.add(rounds.steps, step, s)
                 rounds.add(rounds.steps, "flow overhead", wall - sum(t.values()))
@@ -208,8 +209,10 @@ def report(label: str, rounds: Rounds, total_bytes: int) -> list[str]:
     med = {k: statistics.median(v) for k, v in rounds.wall.items()}
     lines = [f"### {label}", "", "| method | median wall s | MB/s | cp+sync / method |", "|---|---:|---:|---:|"]
     for m in ("cp", "cp+sync", "reshard phase", "phase without the gate"):
+        if m not in med:
+            continue
         lines.append(f"| {m} | {med[m]:.2f} | {total_bytes / 1e6 / med[m]:.0f} | {med['cp+sync'] / med[m]:.2f} |")
-    steps = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in rounds.steps.items())
+    steps = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in rounds.steps.items()) or "not recorded"
     lines += ["", f"Phase steps, median s: {steps}. Load average during the rounds: "
               f"{min(rounds.load):.1f}-{max(rounds.load):.1f}.", ""]
     return lines

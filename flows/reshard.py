@@ -23,9 +23,10 @@ from tasks.storage import Storage
 class ReshardSummary:
     """The resharded dataset: equal shards (the last holds ``tail``), and their records.
 
-    ``timings``: wall seconds of the phase's steps (``plan``: counting and planning; ``build``:
-    the build tasks, checks included; ``gate``: the Great Expectations suite; ``report``: its
-    JSON, Data Docs, the phase record and the HTML report).
+    ``timings``: wall seconds of the phase's steps (``start``: the progress artifact and the
+    flow's Dask client; ``plan``: counting and planning; ``build``: the build tasks, checks
+    included; ``gate``: the Great Expectations suite; ``report``: its JSON, Data Docs, the
+    phase record and the HTML report).
     """
 
     dataset: str
@@ -69,7 +70,9 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     required = cfg.required(recipe.validate_)
     retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
     progress = create_progress_artifact(0.0, key=f"{recipe.dataset}-reshard-progress", description=f"{recipe.dataset}: reshard")
-    slots = _task_slots(recipe)
+    slots = _task_slots(recipe)  # connects the flow's Dask client, as its first task would
+    timings = {"start": time.perf_counter() - started}
+    mark = time.perf_counter()
 
     # The validate phase writes the image and json of every ok sample, and its txt when
     # captions are required (ReshardConfig's default members): its ledgers then vouch for
@@ -84,7 +87,7 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
         accepted_in = sum(c.ok for c in censuses)
     incomplete = sum(c.incomplete.num_rows for c in censuses)
     plan = plan_reshard(inputs, cfg.samples_per_shard, prefix=f"{recipe.dataset}/reshard", seed=cfg.seed, required=required)
-    timings = {"plan": time.perf_counter() - started}
+    timings["plan"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
     futures = {build_task.with_options(**retries).submit(storage, g, g[0].index, g[-1].index): f"outputs {g[0].index}..{g[-1].index}" for g in group_outputs(plan, slots)}

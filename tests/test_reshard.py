@@ -635,7 +635,7 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
         assert [k for o in summary.outputs for k in read_keys_with(storage, o.tar, ("jpg", "json"))] == list(written)
         phase = record["phases"][-1]
         assert phase["gate"]["success"] and phase["ok"] == 27 and phase["rows"] == 27
-        assert set(summary.timings) == {"plan", "build", "gate", "report"}
+        assert set(summary.timings) == {"start", "plan", "build", "gate", "report"}
         again, _ = run("counted", validate={"caption": {"required": False}})
         assert all(o.skipped for o in again.outputs) and [o.sha256 for o in again.outputs] == [o.sha256 for o in summary.outputs]
 
