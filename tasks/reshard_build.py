@@ -1,15 +1,8 @@
-"""Resharding, the build: each output copied from its inputs' byte ranges in large runs, hashed as written, checked, committed by its ledger."""
+"""Resharding, the build: each output copied from its inputs' byte ranges, hashed as written, checked, committed by its ledger."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import errno
-import functools
-import hashlib
 import json
-import mmap
-import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -23,24 +16,14 @@ from tasks.ledger import MEMBER_TYPE, read_parquet, write_parquet
 from tasks.reasons import OK
 from tasks.reshard import METADATA_KEY, RESHARD_SCHEMA, InputShard, OutputPlan, complete_mask, read_input_ledger
 from tasks.reshard_check import Layout, check_file
-from tasks.shards import BLOCK, MemberRecord, SampleRecord, ShardError
+from tasks.reshard_copy import DEFAULT_WINDOW_BYTES, Inputs, Sink, copy_samples
+from tasks.shards import BLOCK, MemberRecord, SampleRecord
 from tasks.storage import Storage
 
-# Bytes of samples buffered at once when inputs cannot be mapped (object stores; see _fetch).
-DEFAULT_WINDOW_BYTES = 64 * 2**20
-# Neighbouring samples of one input with at most this many bytes between them are fetched in
-# one read: a wasted 64 KiB costs less than another request on an object store.
-MAX_GAP_BYTES = 64 * 2**10
 # Input ledgers a build task keeps after use: consecutive outputs share their boundary inputs.
 LEDGERS_KEPT = 4
 # The output ledger's columns that cross back to the flow (see OutputResult.layout).
 LAYOUT_COLUMNS = ["key", "source", "bytes", "offset", "length", "members"]
-_END_OF_ARCHIVE = bytes(2 * BLOCK)
-# Local outputs: after this many bytes, the kernel is asked to start writing them to disk, so
-# the disk works while the copy goes on and the fsync before the commit finds little left.
-WRITEBACK_BYTES = 32 * 2**20
-# copy_file_range errors that mean "not between these two files": copy through memory instead.
-_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
 
 
 @dataclass(frozen=True)
@@ -144,19 +127,12 @@ def build_output(
     layout_table = _output_layout(output, picked, offsets, lengths)
     layout = Layout.of(layout_table)
 
-    inputs = _Inputs(storage, output)
+    inputs = Inputs(storage, output)
     try:
         with storage.atomic_writer(output.name) as fh:
-            sink = _Sink(fh, writeback=storage.is_local)
-            if inputs.all_mapped(np.unique(slots).tolist()):
-                _copy_runs(sink, inputs, slots, offsets, lengths)
-            else:
-                for a, b in _windows(lengths, window_bytes):
-                    views = _fetch(storage, output, inputs, slots, offsets, lengths, a, b)
-                    for i in range(a, b):
-                        sink.write(views.pop(i))
-                    del views
-            sink.write(memoryview(_END_OF_ARCHIVE))
+            sink = Sink(fh, writeback=storage.is_local)
+            copy_samples(sink, inputs, slots, offsets, lengths, window_bytes)
+            sink.write(memoryview(bytes(2 * BLOCK)))  # the end-of-archive blocks
             check = check_file(output.name, sink.fileno(), layout, sink.pos, output.required)
     finally:
         inputs.close()
@@ -212,15 +188,19 @@ def _output_layout(output: OutputPlan, picked: pa.Table, offsets: np.ndarray, le
         raise ValueError(f"output {output.index}: the recorded byte range of sample {key!r} is not whole tar blocks holding its members")
     if pc.count_distinct(picked.column("key")).as_py() != picked.num_rows:
         raise ValueError(f"output {output.index} plans a sample key twice")
-    # Member names live inside the copied headers: a reader groups members by the key in them.
-    names = pc.struct_field(flat, "name").to_pylist()
-    for name, key in zip(names, np.repeat(np.array(picked.column("key").to_pylist(), object), counts).tolist()):
-        if not name.startswith(key + "."):
-            raise ValueError(f"output {output.index}: member {name!r} of sample {key!r} is not named after its key")
+    # Member names live inside the copied headers: a reader groups members by the key before
+    # their first dot (keys hold none: the shard writer refuses them).
+    names = pc.struct_field(flat, "name")
+    keys = picked.column("key").combine_chunks().take(pa.array(np.repeat(np.arange(len(counts)), counts)))
+    parts = pc.split_pattern(names, ".", max_splits=1)
+    named = pc.and_(pc.equal(pc.list_value_length(parts), 2), pc.equal(pc.list_element(parts, 0), keys))
+    if not pc.all(pc.fill_null(named, False)).as_py():
+        k = int(np.flatnonzero(~named.fill_null(False).to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"output {output.index}: member {names[k].as_py()!r} of sample {keys[k].as_py()!r} is not named after its key")
     new = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     new_members = pa.ListArray.from_arrays(
         pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)),
-        pa.StructArray.from_arrays([pc.struct_field(flat, "name"), pa.array(rel + np.repeat(new, counts)), pa.array(sizes)], fields=list(MEMBER_TYPE)),
+        pa.StructArray.from_arrays([names, pa.array(rel + np.repeat(new, counts)), pa.array(sizes)], fields=list(MEMBER_TYPE)),
     )
     return pa.table(
         {"key": picked.column("key"), "source": picked.column("source"), "bytes": picked.column("bytes"), "offset": pa.array(new), "length": pa.array(lengths), "members": new_members}
@@ -272,206 +252,6 @@ def _planned_rows(output: OutputPlan, slots: np.ndarray, positions: np.ndarray, 
     order = np.empty(len(by_slot), np.int64)
     order[by_slot] = np.arange(len(by_slot))
     return pa.concat_tables(parts).take(pa.array(order)).combine_chunks()
-
-
-class _Inputs:
-    """The input tars of one output, each opened on first use and kept until the output is done.
-
-    A local tar is kept open (the kernel copies from its descriptor) and mapped read-only (the
-    copy is hashed from the map: views of the page cache, no read buffers; the mapped pages are
-    clean file pages the kernel can reclaim, so they do not count against memory). Other tars
-    (object stores) stay open as file objects and are read with seek and read.
-    """
-
-    def __init__(self, storage: Storage, output: OutputPlan) -> None:
-        self._storage = storage
-        self._output = output
-        self._open: dict[int, Any] = {}
-        self._maps: dict[int, mmap.mmap] = {}
-
-    def get(self, slot: int) -> tuple[Any, memoryview | None]:
-        """(file object, whole-file view or None) of input ``slot``."""
-        if slot not in self._open:
-            fh = self._storage.open(self._output.inputs[slot].tar, "rb")
-            self._open[slot] = fh
-            try:
-                self._maps[slot] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            except (AttributeError, OSError, ValueError):  # no descriptor (object store), or an empty file
-                pass
-        mm = self._maps.get(slot)
-        return self._open[slot], memoryview(mm) if mm is not None else None
-
-    def all_mapped(self, slots: list[int]) -> bool:
-        return all(self.get(s)[1] is not None for s in slots)
-
-    def path(self, slot: int) -> str:
-        return self._storage.url(self._output.inputs[slot].tar)
-
-    def close(self) -> None:
-        for mm in self._maps.values():
-            # A view still alive (after an exception) keeps its map; the collector frees it.
-            with contextlib.suppress(BufferError):
-                mm.close()
-        for fh in self._open.values():
-            fh.close()
-        self._open.clear()
-        self._maps.clear()
-
-
-class _Sink:
-    """The output tar being written: every byte hashed in write order, kernel copies where possible.
-
-    The first write goes through the file object (where the storage's fault injection sits);
-    the rest go straight to its descriptor, as ``os.write`` or ``os.copy_file_range``.
-    """
-
-    def __init__(self, fh: Any, writeback: bool = False) -> None:
-        self._fh = fh
-        self._fd: int | None = None
-        self._kernel = hasattr(os, "copy_file_range")
-        self._writeback = _sync_file_range() if writeback else None
-        self._flushed = 0
-        self.sha = hashlib.sha256()
-        self.pos = 0
-
-    def _written(self, n: int) -> None:
-        self.pos += n
-        if self._writeback is not None and self._fd is not None and self.pos - self._flushed >= WRITEBACK_BYTES:
-            self._writeback(self._fd, self._flushed, self.pos - self._flushed, _SYNC_FILE_RANGE_WRITE)  # a hint: errors ignored
-            self._flushed = self.pos
-
-    def fileno(self) -> int:
-        return self._fh.fileno()
-
-    def write(self, data: memoryview) -> None:
-        if self._fd is None:
-            self._fh.write(data)
-            self._fh.flush()
-            self._fd = self._fh.fileno()
-        else:
-            _write_all(self._fd, data)
-        self.sha.update(data)
-        self._written(len(data))
-
-    def copy(self, src: Any, view: memoryview, start: int, n: int) -> None:
-        """Append ``n`` bytes of the input open as ``src`` (mapped as ``view``) from ``start``."""
-        part = view[start : start + n]
-        first = 0
-        if self._fd is None:
-            first = min(n, BLOCK)
-            self.write(part[:first])
-        if not self._kernel:
-            self.write(part[first:])
-            return
-        done = first
-        fd = src.fileno()
-        while done < n:
-            try:
-                k = os.copy_file_range(fd, self._fd, n - done, start + done)
-            except OSError as err:
-                if err.errno not in _NO_KERNEL_COPY:
-                    raise
-                self._kernel = False
-                _write_all(self._fd, part[done:])
-                break
-            if k == 0:  # the input shrank under us; the map's length said otherwise
-                raise OSError(errno.EIO, f"input ended {n - done} bytes early while copying")
-            done += k
-        self.sha.update(part[first:])
-        self._written(n - first)
-
-
-_SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of the range's dirty pages, do not wait
-
-
-@functools.cache
-def _sync_file_range() -> Any:
-    """Linux's sync_file_range (not in ``os``), or None where libc has none."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    while len(data):
-        data = data[os.write(fd, data) :]
-
-
-def _copy_runs(sink: _Sink, inputs: _Inputs, slots: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
-    """Copy the samples in write order, one copy per run of samples contiguous in their input."""
-    n = len(slots)
-    if not n:
-        return
-    ends = offsets + lengths
-    breaks = np.flatnonzero((slots[1:] != slots[:-1]) | (offsets[1:] != ends[:-1])) + 1
-    firsts = np.concatenate([[0], breaks])
-    lasts = np.concatenate([breaks, [n]]) - 1
-    for slot, a, b in zip(slots[firsts].tolist(), offsets[firsts].tolist(), ends[lasts].tolist()):
-        src, view = inputs.get(slot)
-        if b > len(view):
-            raise ShardError("tar_truncated", inputs.path(slot), None, f"ledger records bytes {a}..{b}, the tar has {len(view)}", a)
-        sink.copy(src, view, a, b - a)
-
-
-def _windows(lengths: np.ndarray, window_bytes: int) -> list[tuple[int, int]]:
-    """Cut the write order into consecutive [a, b) slices of at most window_bytes (or one sample)."""
-    out = []
-    a = 0
-    acc = 0
-    for i, length in enumerate(lengths.tolist()):
-        if i > a and acc + length > window_bytes:
-            out.append((a, i))
-            a, acc = i, 0
-        acc += length
-    if a < len(lengths):
-        out.append((a, len(lengths)))
-    return out
-
-
-def _fetch(
-    storage: Storage, output: OutputPlan, inputs: _Inputs, slots: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, a: int, b: int
-) -> dict[int, memoryview]:
-    """The raw bytes of samples a..b of the write order, read grouped by input and sorted by offset.
-
-    Ledger order need not be tar order (downloads store samples as they complete): sorting
-    the window's reads by offset makes them sequential, and the caller writes in ledger order.
-    """
-    idx = np.arange(a, b)
-    order = idx[np.lexsort((offsets[a:b], slots[a:b]))]
-    views: dict[int, memoryview] = {}
-    k = 0
-    while k < len(order):
-        slot = int(slots[order[k]])
-        fh, whole = inputs.get(slot)
-        while k < len(order) and int(slots[order[k]]) == slot:
-            # One read for a run of neighbouring samples.
-            run = [int(order[k])]
-            run_start = int(offsets[run[0]])
-            run_end = run_start + int(lengths[run[0]])
-            k += 1
-            while k < len(order) and int(slots[order[k]]) == slot:
-                nxt = int(order[k])
-                off = int(offsets[nxt])
-                if off < run_end or off - run_end > MAX_GAP_BYTES:
-                    break
-                run.append(nxt)
-                run_end = off + int(lengths[nxt])
-                k += 1
-            if whole is not None:
-                view = whole[run_start:run_end]
-            else:
-                fh.seek(run_start)
-                view = memoryview(fh.read(run_end - run_start))
-            if len(view) != run_end - run_start:
-                raise ShardError("tar_truncated", inputs.path(slot), None, f"ledger records bytes {run_start}..{run_end}, the tar has fewer", run_start)
-            for i in run:
-                rel = int(offsets[i]) - run_start
-                views[i] = view[rel : rel + int(lengths[i])]
-    return views
 
 
 def _recorded(storage: Storage, output: OutputPlan, start: float) -> OutputResult:

@@ -652,3 +652,13 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
 def read_keys_with(storage, tar, required):
     with storage.open(tar, "rb") as fh:
         return [s.key for s in iter_samples(fh, required=required)]
+
+
+def test_a_ledger_whose_members_are_not_named_after_the_key_is_refused(dataset):
+    storage, inputs, _ = dataset
+    table = read_ledger(storage, inputs[3].ledger).to_pylist()
+    first = next(r for r in table if r["status"] == "ok")
+    first["key"] = first["key"] + "x"  # the tar's member names still carry the old key
+    write_ledger(storage, inputs[3].ledger, [LedgerRow(**{k: v for k, v in r.items() if k != "status"}) for r in table])
+    with pytest.raises(ValueError, match="is not named after its key"):
+        build_output(storage, plan_reshard(inputs, 10, prefix="ds/reshard").outputs[2])
