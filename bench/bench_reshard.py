@@ -25,8 +25,9 @@ the load other work puts on the machine to settle:
   own step timings).
 
 Printed: per size, median wall seconds over the rounds, MB/s (input tar bytes / wall), the
-ratio ``cp+sync`` / phase (>= 0.9 is the goal), the phase's step timings, and the load average
-other work put on the machine during the rounds.
+ratio ``cp+sync`` / phase (>= 0.9 is the goal), CPU seconds per GB (``cp`` and ``sync``; for
+the phase, this process and every descendant: flow, Prefect server, Dask workers), the
+phase's step timings, and the load average other work put on the machine during the rounds.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -62,6 +64,7 @@ class Validated:
 @dataclass
 class Rounds:
     wall: dict[str, list[float]] = field(default_factory=dict)
+    cpu: dict[str, list[float]] = field(default_factory=dict)
     steps: dict[str, list[float]] = field(default_factory=dict)
     load: list[float] = field(default_factory=list)
 
@@ -112,13 +115,36 @@ def ensure_corpus(shards: int, samples: int, sample_kb: int, completion_order: b
     return storage, Validated(tars, ledgers)
 
 
-def run_cp(src: Path, dst: Path) -> tuple[float, float]:
-    """(wall of cp -r, wall of cp -r then sync of the copies)."""
+def run_cp(src: Path, dst: Path) -> tuple[float, float, float]:
+    """(wall of cp -r, wall of cp -r then sync of the copies, CPU seconds of both)."""
+    c0 = _children_cpu()
     t0 = time.perf_counter()
     subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
     t1 = time.perf_counter()
     subprocess.run(["sync", *map(str, sorted(dst.iterdir()))], check=True)
-    return t1 - t0, time.perf_counter() - t0
+    return t1 - t0, time.perf_counter() - t0, _children_cpu() - c0
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (cp, sync)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _tree_cpu() -> float:
+    """CPU seconds so far of this process and every live descendant: the flow, the Prefect
+    server, the Dask scheduler's nannies and workers (psutil comes with distributed)."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += t.user + t.system
+    return total
 
 
 def wait_quiet(below: float, timeout: float) -> float:
@@ -143,7 +169,7 @@ def recipe_for(storage_root: str, dataset: str, n: int, workers: int, seed: int 
 
 
 def run_phase(address: str, storage_root: str, dataset: str, validated: Validated, n: int, workers: int, seed: int | None):
-    """(wall seconds, summary) of the reshard flow on the cluster at ``address``."""
+    """(wall seconds, CPU seconds of the whole process tree, summary) of the reshard flow on the cluster at ``address``."""
     from prefect_dask import DaskTaskRunner
 
     from flows.audit import new_run
@@ -151,12 +177,14 @@ def run_phase(address: str, storage_root: str, dataset: str, validated: Validate
 
     recipe = recipe_for(storage_root, dataset, n, workers, seed)
     record = new_run(recipe, f"bench-{dataset}")
+    c0 = _tree_cpu()
     t0 = time.perf_counter()
     summary, _ = reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(recipe=recipe, validated=validated, run=record)
     wall = time.perf_counter() - t0
+    cpu = _tree_cpu() - c0
     if summary.samples != sum(o.samples for o in summary.outputs):
         raise SystemExit("reshard lost samples")
-    return wall, summary
+    return wall, cpu, summary
 
 
 def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, Rounds, int, int]:
@@ -181,23 +209,25 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
             subprocess.run(["sync"], check=True)
             load0 = wait_quiet(args.quiet_load, args.quiet_wait)
             if what == "cp":
-                cp, cp_sync = run_cp(in_dir, work / f"cp-{r}")
+                cp, cp_sync, cpu = run_cp(in_dir, work / f"cp-{r}")
                 rounds.add(rounds.wall, "cp", cp)
                 rounds.add(rounds.wall, "cp+sync", cp_sync)
+                rounds.add(rounds.cpu, "cp+sync", cpu)
                 shutil.rmtree(work / f"cp-{r}")
-                print(f"  {gb:g} GB round {r}: cp {cp:.2f} s, cp+sync {cp_sync:.2f} s (load {load0:.1f})", flush=True)
+                print(f"  {gb:g} GB round {r}: cp {cp:.2f} s, cp+sync {cp_sync:.2f} s, CPU {cpu:.2f} s (load {load0:.1f})", flush=True)
             else:
                 dataset = f"round{r}"
-                wall, summary = run_phase(address, storage.root, dataset, validated, args.samples_per_shard, args.workers, args.seed)
+                wall, cpu, summary = run_phase(address, storage.root, dataset, validated, args.samples_per_shard, args.workers, args.seed)
                 t = getattr(summary, "timings", {})  # (absent before the flow recorded them)
                 rounds.add(rounds.wall, "reshard phase", wall)
+                rounds.add(rounds.cpu, "reshard phase", cpu)
                 if t:
                     rounds.add(rounds.wall, "phase without the gate", wall - t["gate"] - t["report"])
                 for step, s in t.items():
                     rounds.add(rounds.steps, step, s)
                 rounds.add(rounds.steps, "flow overhead", wall - sum(t.values()))
                 shutil.rmtree(storage.path(dataset), ignore_errors=True)
-                print(f"  {gb:g} GB round {r}: phase {wall:.2f} s, steps {({k: round(v, 2) for k, v in t.items()})}, "
+                print(f"  {gb:g} GB round {r}: phase {wall:.2f} s, CPU {cpu:.2f} s, steps {({k: round(v, 2) for k, v in t.items()})}, "
                       f"{len(summary.outputs)} outputs (load {load0:.1f})", flush=True)
             rounds.load.append(os.getloadavg()[0])
     shutil.rmtree(work, ignore_errors=True)
@@ -207,11 +237,13 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
 
 def report(label: str, rounds: Rounds, total_bytes: int) -> list[str]:
     med = {k: statistics.median(v) for k, v in rounds.wall.items()}
-    lines = [f"### {label}", "", "| method | median wall s | MB/s | cp+sync / method |", "|---|---:|---:|---:|"]
+    cpu = {k: statistics.median(v) for k, v in rounds.cpu.items()}
+    lines = [f"### {label}", "", "| method | median wall s | MB/s | cp+sync / method | CPU s per GB |", "|---|---:|---:|---:|---:|"]
     for m in ("cp", "cp+sync", "reshard phase", "phase without the gate"):
         if m not in med:
             continue
-        lines.append(f"| {m} | {med[m]:.2f} | {total_bytes / 1e6 / med[m]:.0f} | {med['cp+sync'] / med[m]:.2f} |")
+        per_gb = f"{cpu[m] / (total_bytes / 1e9):.2f}" if m in cpu else ""
+        lines.append(f"| {m} | {med[m]:.2f} | {total_bytes / 1e6 / med[m]:.0f} | {med['cp+sync'] / med[m]:.2f} | {per_gb} |")
     steps = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in rounds.steps.items()) or "not recorded"
     lines += ["", f"Phase steps, median s: {steps}. Load average during the rounds: "
               f"{min(rounds.load):.1f}-{max(rounds.load):.1f}.", ""]
