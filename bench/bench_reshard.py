@@ -1,32 +1,38 @@
-"""Reshard benchmark: tasks.reshard beside `cp` of the same bytes, in one run.
+"""Reshard benchmark: the reshard phase as the flow runs it, beside `cp -r` + `sync` of the same bytes, in one run.
 
-One invocation generates (or reuses) a corpus of input shards under ``.bench/reshard/``:
-``--shards`` WebDataset tars of ``--samples`` samples each (``--sample-kb`` KB of random bytes
-as the jpg, a caption txt and a json), written with ShardWriter, with their ledgers (a
-rejected row after every tenth sample, as real ledgers have). The inputs are read once with
-``cp`` to warm the page cache (it cannot be dropped without root), then each round runs, in
-turn, into a fresh folder that is removed after it is measured:
+For each ``--sizes`` (GB of validated input shards) one invocation generates (or reuses) a
+corpus under ``.bench/reshard/``: WebDataset tars of ``--samples`` samples each (``--sample-kb``
+KB of random bytes as the jpg, a caption txt and a json), written with ShardWriter, with
+ledgers as the validate phase writes them (a rejected row after every tenth sample).
+``--completion-order`` stores each tar's samples in a shuffled order while its ledger stays
+sorted by row, as download shards will hold samples in the order they completed.
 
-- ``cp``: ``cp -r`` of the input folder (the baseline); ``cp+sync`` adds ``sync`` of the
-  copies, since the reshard fsyncs every output as its atomic writer must;
-- ``reshard``: ``plan_reshard`` and every ``build_output`` in this process, one after another,
-  no shuffle;
-- ``reshard-shuffle``: the same with a seed (reads grouped per input inside 64 MiB windows,
-  writes in permutation order);
-- ``reshard-nofsync``: the unshuffled reshard through a bench-only storage whose atomic
-  writer renames without fsync, as ``cp`` does: the copy path alone, for comparison;
-- ``tarfile``: Python tarfile re-packing member by member (read, then addfile), on the first
-  ``--tarfile-shards`` inputs only, scaled by the bytes it handled.
+The inputs are read once with ``cp`` to warm the page cache (it cannot be dropped without
+root), one Prefect server and one Dask LocalCluster of ``--workers`` processes are started
+(untimed, as a run has them before its third phase) and a small reshard warms the workers'
+imports. Then every round runs, in alternating order, each into a fresh folder removed after
+it is measured, with a ``sync`` (untimed) before each and, with ``--quiet-wait``, a wait for
+the load other work puts on the machine to settle:
 
-Printed: median MB/s over the rounds (input bytes / wall seconds) and the ratio to ``cp`` and
-to ``cp+sync`` of the same rounds, then plan time for a synthetic 10,000-shard, 10M-sample
-dataset (with and without a seed) and output-ledger (index) writing time per 100k samples.
+- ``cp+sync``: ``cp -r`` of the input folder, then ``sync`` of the copies (the baseline: the
+  reshard makes every output durable before its ledger commits it); ``cp`` alone is printed
+  too;
+- ``reshard phase``: ``flows.reshard.reshard_flow`` on a DaskTaskRunner over that cluster, as
+  ``flows/pretraining.py`` runs it: counting, planning, the build tasks (copy, sha256, header
+  checks, fsyncs, output ledgers), the Great Expectations gate, its JSON and Data Docs, the
+  phase record and the HTML report;
+- ``phase without the gate``: the same run less the gate and its reports (from the flow's
+  own step timings).
+
+Printed: per size, median wall seconds over the rounds, MB/s (input tar bytes / wall), the
+ratio ``cp+sync`` / phase (>= 0.9 is the goal), CPU seconds per GB (``cp`` and ``sync``; for
+the phase, this process and every descendant: flow, Prefect server, Dask workers), the
+phase's step timings, and the load average other work put on the machine during the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import platform
 import resource
@@ -34,199 +40,258 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tasks.ledger import LedgerRow, write_ledger  # noqa: E402
-from tasks.reshard import InputShard, build_output, plan_reshard  # noqa: E402
-from tasks.shards import ShardWriter  # noqa: E402
-from tasks.storage import Storage  # noqa: E402
-
 BENCH_DIR = REPO / ".bench" / "reshard"
-CORPUS_VERSION = 1  # bump when the generator changes
-METHODS = ("cp", "cp+sync", "reshard", "reshard-shuffle", "reshard-nofsync", "tarfile")
+CORPUS_VERSION = 2  # bump when the generator changes
 
 
-class NoSyncStorage(Storage):
-    """Bench only: an atomic writer without the fsyncs, to compare with plain ``cp``."""
+@dataclass
+class Validated:
+    """What the reshard flow reads of the validate phase's summary."""
 
-    @contextlib.contextmanager
-    def atomic_writer(self, rel):
-        target = self.path(rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = target + ".tmp"
-        with open(tmp, "wb") as fh:
-            yield fh
-        os.replace(tmp, target)
+    tars: list[str]
+    ledgers: list[str]
 
 
-def ensure_corpus(shards: int, samples: int, sample_kb: int) -> tuple[Storage, list[InputShard]]:
-    """The input shards and ledgers, made once and reused (a marker file says complete)."""
-    name = f"v{CORPUS_VERSION}-s{shards}-n{samples}-kb{sample_kb}"
+@dataclass
+class Rounds:
+    wall: dict[str, list[float]] = field(default_factory=dict)
+    cpu: dict[str, list[float]] = field(default_factory=dict)
+    steps: dict[str, list[float]] = field(default_factory=dict)
+    load: list[float] = field(default_factory=list)
+
+    def add(self, table: dict[str, list[float]], key: str, value: float) -> None:
+        table.setdefault(key, []).append(value)
+
+
+def ensure_corpus(shards: int, samples: int, sample_kb: int, completion_order: bool = False):
+    """The input shards and their ledgers, made once and reused (a shard's ledger says it is complete)."""
+    import numpy as np
+
+    from tasks.ledger import LedgerRow, write_ledger
+    from tasks.shards import ShardWriter
+    from tasks.storage import Storage
+
+    name = f"v{CORPUS_VERSION}-s{shards}-n{samples}-kb{sample_kb}" + ("-completion" if completion_order else "")
     storage = Storage(str(BENCH_DIR / name))
-    inputs = []
-    rng = __import__("numpy").random.default_rng(0)
+    tars, ledgers = [], []
     for i in range(shards):
         tar, ledger = f"inputs/{i:04d}.tar", f"ledgers/{i:04d}.ledger.parquet"
-        inputs.append(InputShard(tar, ledger, samples))
+        tars.append(tar)
+        ledgers.append(ledger)
         if storage.exists(ledger):
             continue
-        rows = []
-        with storage.atomic_writer(tar) as fh, ShardWriter(fh) as writer:
-            row = 0
-            for n in range(samples):
-                key = f"src{i:04d}-{row:07d}"
-                size = int(sample_kb * 1024 * rng.uniform(0.5, 1.5))
-                members = {
-                    "jpg": rng.bytes(size),
-                    "txt": f"caption of sample {row} of shard {i}".encode(),
-                    "json": f'{{"row": {row}, "shard": {i}}}'.encode(),
-                }
-                rec = writer.write_sample(key, members)
-                rows.append(
-                    LedgerRow(key=key, source=f"src{i:04d}", row=row, shard=tar, bytes=size, offset=rec.offset,
-                              length=rec.length, members=rec.members_as_dicts())
-                )
+        rng = np.random.default_rng(i)
+        rows, members = [], {}
+        row = 0
+        for n in range(samples):
+            key = f"src{i:04d}-{row:07d}"
+            size = int(sample_kb * 1024 * rng.uniform(0.5, 1.5))
+            members[row] = (key, {"jpg": rng.bytes(size), "txt": f"caption of sample {row} of shard {i}".encode(), "json": f'{{"row": {row}, "shard": {i}}}'.encode()})
+            row += 1
+            if n % 10 == 9:
+                rows.append(LedgerRow(key=f"src{i:04d}-{row:07d}", source=f"src{i:04d}", row=row, reason="too_large"))
                 row += 1
-                if n % 10 == 9:
-                    rows.append(LedgerRow(key=f"src{i:04d}-{row:07d}", source=f"src{i:04d}", row=row, reason="too_large"))
-                    row += 1
+        order = list(members)
+        if completion_order:
+            order = [order[k] for k in rng.permutation(len(order))]
+        with storage.atomic_writer(tar) as fh, ShardWriter(fh) as writer:
+            for r in order:
+                key, m = members[r]
+                rec = writer.write_sample(key, m)
+                rows.append(
+                    LedgerRow(key=key, source=f"src{i:04d}", row=r, shard=tar, bytes=len(m["jpg"]), offset=rec.offset, length=rec.length, members=rec.members_as_dicts())
+                )
+        rows.sort(key=lambda x: x.row)  # ledgers stay in row order, whatever order the tar holds
         write_ledger(storage, ledger, rows)
-    return storage, inputs
+    return storage, Validated(tars, ledgers)
 
 
-def _cpu() -> float:
-    """CPU seconds of this process and its finished children (cp, sync)."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def run_cp(src: Path, dst: Path) -> tuple[tuple[float, float], tuple[float, float]]:
-    """((wall, cpu) of cp -r, (wall, cpu) of cp -r then sync of the copies)."""
-    t0, c0 = time.perf_counter(), _cpu()
+def run_cp(src: Path, dst: Path) -> tuple[float, float, float]:
+    """(wall of cp -r, wall of cp -r then sync of the copies, CPU seconds of both)."""
+    c0 = _children_cpu()
+    t0 = time.perf_counter()
     subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
-    t1, c1 = time.perf_counter(), _cpu()
+    t1 = time.perf_counter()
     subprocess.run(["sync", *map(str, sorted(dst.iterdir()))], check=True)
-    t2, c2 = time.perf_counter(), _cpu()
-    return (t1 - t0, c1 - c0), (t2 - t0, c2 - c0)
+    return t1 - t0, time.perf_counter() - t0, _children_cpu() - c0
 
 
-def run_reshard(storage: Storage, inputs: list[InputShard], n: int, seed: int | None, prefix: str):
-    t0, c0 = time.perf_counter(), _cpu()
-    plan = plan_reshard(inputs, n, prefix=prefix, seed=seed)
-    results = [build_output(storage, out) for out in plan.outputs]
-    wall, cpu = time.perf_counter() - t0, _cpu() - c0
-    if sum(r.samples for r in results) != plan.total:
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (cp, sync)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _tree_cpu() -> float:
+    """CPU seconds so far of this process and every live descendant: the flow, the Prefect
+    server, the Dask scheduler's nannies and workers (psutil comes with distributed)."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += t.user + t.system
+    return total
+
+
+def wait_quiet(below: float, timeout: float) -> float:
+    """Wait up to ``timeout`` s for the 1-minute load average to fall below ``below``; return it."""
+    deadline = time.monotonic() + timeout
+    while os.getloadavg()[0] >= below and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
+def recipe_for(storage_root: str, dataset: str, n: int, workers: int, seed: int | None):
+    from tasks.recipe import parse_recipe
+
+    data = {
+        "dataset": dataset,
+        "storage": storage_root,
+        "sources": [{"name": "bench", "manifest": "unused.csv"}],
+        "reshard": {"samples_per_shard": n, "seed": seed},
+        "execution": {"workers": workers},
+    }
+    return parse_recipe(data, Path(storage_root) / "recipe.yaml")
+
+
+def run_phase(address: str, storage_root: str, dataset: str, validated: Validated, n: int, workers: int, seed: int | None):
+    """(wall seconds, CPU seconds of the whole process tree, summary) of the reshard flow on the cluster at ``address``."""
+    from prefect_dask import DaskTaskRunner
+
+    from flows.audit import new_run
+    from flows.reshard import reshard_flow
+
+    recipe = recipe_for(storage_root, dataset, n, workers, seed)
+    record = new_run(recipe, f"bench-{dataset}")
+    c0 = _tree_cpu()
+    t0 = time.perf_counter()
+    summary, _ = reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(recipe=recipe, validated=validated, run=record)
+    wall = time.perf_counter() - t0
+    cpu = _tree_cpu() - c0
+    if summary.samples != sum(o.samples for o in summary.outputs):
         raise SystemExit("reshard lost samples")
-    return (wall, cpu), results
+    return wall, cpu, summary
 
 
-def run_tarfile(src_paths: list[Path], dst: Path) -> tuple[float, float]:
-    dst.mkdir(parents=True)
-    t0, c0 = time.perf_counter(), _cpu()
-    for path in src_paths:
-        with tarfile.open(path) as tin, tarfile.open(dst / path.name, "w") as tout:
-            for info in tin:
-                tout.addfile(info, tin.extractfile(info))
-    return time.perf_counter() - t0, _cpu() - c0
-
-
-def plan_times(repeats: int = 1) -> dict[str, float]:
-    inputs = [InputShard(f"in/{i:06d}.tar", f"in/{i:06d}.ledger.parquet", 1000) for i in range(10_000)]
-    out = {}
-    for label, seed in (("plan 10k shards x 1k, no shuffle", None), ("plan 10k shards x 1k, shuffle", 7)):
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            plan = plan_reshard(inputs, 1000, prefix="p", seed=seed)
-            best = min(best, time.perf_counter() - t0)
-            del plan
-        out[label] = best
-    return out
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shards", type=int, default=20, help="input shards (default 20)")
-    p.add_argument("--samples", type=int, default=500, help="samples per input shard (default 500)")
-    p.add_argument("--sample-kb", type=int, default=100, help="mean jpg size in KB (default 100)")
-    p.add_argument("--samples-per-shard", type=int, default=1000, help="N of the outputs (default 1000)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
-    p.add_argument("--tarfile-shards", type=int, default=2, help="inputs the tarfile baseline repacks (default 2)")
-    p.add_argument("--no-plan", action="store_true", help="skip the 10k-shard planning measurement")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    storage, inputs = ensure_corpus(args.shards, args.samples, args.sample_kb)
+def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, Rounds, int, int]:
+    per_shard = args.samples * args.sample_kb * 1024
+    shards = max(1, round(gb * 1e9 / per_shard))
+    storage, validated = ensure_corpus(shards, args.samples, args.sample_kb, args.completion_order)
     in_dir = Path(storage.path("inputs"))
-    tar_paths = sorted(in_dir.iterdir())
-    total_bytes = sum(p.stat().st_size for p in tar_paths)
-    tar_bytes = sum(p.stat().st_size for p in tar_paths[: args.tarfile_shards])
+    total_bytes = sum(p.stat().st_size for p in in_dir.iterdir())
     work = Path(storage.path("work"))
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     run_cp(in_dir, work / "warm")  # warm the page cache
     shutil.rmtree(work / "warm")
-    # and the imports and first calls (pyarrow compute kernels), so round 1 is like the others
-    build_output(storage, plan_reshard(inputs[:1], args.samples_per_shard, prefix="work/warm-reshard").outputs[0])
-    shutil.rmtree(work / "warm-reshard")
+    # Warm the workers (imports, pyarrow kernels) and the flow's first calls on two inputs.
+    run_phase(address, storage.root, "warm", Validated(validated.tars[:2], validated.ledgers[:2]), args.samples_per_shard, args.workers, args.seed)
+    shutil.rmtree(storage.path("warm"), ignore_errors=True)
 
-    wall: dict[str, list[float]] = {m: [] for m in METHODS}
-    cpu: dict[str, list[float]] = {m: [] for m in METHODS}
-    ledger = {"fsync": [0.0, 0], "nofsync": [0.0, 0]}
-    nosync = NoSyncStorage(storage.root)
-    for r in range(args.repeats):
-        for method, (w, c) in zip(("cp", "cp+sync"), run_cp(in_dir, work / f"cp-{r}")):
-            wall[method].append(w)
-            cpu[method].append(c)
-        shutil.rmtree(work / f"cp-{r}")
-        for method, seed, where in (
-            ("reshard", None, storage),
-            ("reshard-shuffle", 1000 + r, storage),
-            ("reshard-nofsync", None, nosync),
-        ):
-            (w, c), results = run_reshard(where, inputs, args.samples_per_shard, seed, f"work/{method}-{r}")
-            wall[method].append(w)
-            cpu[method].append(c)
-            acc = ledger["fsync" if where is storage else "nofsync"]
-            acc[0] += sum(x.ledger_seconds for x in results)
-            acc[1] += sum(x.samples for x in results)
-            shutil.rmtree(work / f"{method}-{r}")
-        w, c = run_tarfile(tar_paths[: args.tarfile_shards], work / f"tarfile-{r}")
-        wall["tarfile"].append(w * total_bytes / tar_bytes)
-        cpu["tarfile"].append(c * total_bytes / tar_bytes)
-        shutil.rmtree(work / f"tarfile-{r}")
-
-    mb = total_bytes / 1e6
-    print(f"# reshard benchmark: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    print(f"# {args.shards} input shards x {args.samples} samples, ~{args.sample_kb} KB each, {mb:.0f} MB; "
-          f"N={args.samples_per_shard}; {args.repeats} rounds; page cache warm; tarfile on {args.tarfile_shards} shards, scaled")
-    print()
-    print("| method | median wall s | MB/s | x cp | x cp+sync | CPU s | CPU x cp+sync |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    med = {m: statistics.median(v) for m, v in wall.items()}
-    cmed = {m: statistics.median(v) for m, v in cpu.items()}
-    for m in METHODS:
-        print(
-            f"| {m} | {med[m]:.2f} | {mb / med[m]:.0f} | {med['cp'] / med[m]:.2f} | {med['cp+sync'] / med[m]:.2f} "
-            f"| {cmed[m]:.2f} | {cmed['cp+sync'] / cmed[m]:.2f} |"
-        )
-    print()
-    for label, (s, n) in ledger.items():
-        print(f"output ledger (index) writing, {label}: {s / n * 1e5:.2f} s per 100k samples "
-              f"({int(n)} samples in outputs of {args.samples_per_shard})")
-    if not args.no_plan:
-        for label, s in plan_times().items():
-            print(f"{label}: {s:.2f} s")
+    rounds = Rounds()
+    for r in range(args.rounds):
+        order = ("cp", "phase") if r % 2 == 0 else ("phase", "cp")
+        for what in order:
+            subprocess.run(["sync"], check=True)
+            load0 = wait_quiet(args.quiet_load, args.quiet_wait)
+            if what == "cp":
+                cp, cp_sync, cpu = run_cp(in_dir, work / f"cp-{r}")
+                rounds.add(rounds.wall, "cp", cp)
+                rounds.add(rounds.wall, "cp+sync", cp_sync)
+                rounds.add(rounds.cpu, "cp+sync", cpu)
+                shutil.rmtree(work / f"cp-{r}")
+                print(f"  {gb:g} GB round {r}: cp {cp:.2f} s, cp+sync {cp_sync:.2f} s, CPU {cpu:.2f} s (load {load0:.1f})", flush=True)
+            else:
+                dataset = f"round{r}"
+                wall, cpu, summary = run_phase(address, storage.root, dataset, validated, args.samples_per_shard, args.workers, args.seed)
+                t = getattr(summary, "timings", {})  # (absent before the flow recorded them)
+                rounds.add(rounds.wall, "reshard phase", wall)
+                rounds.add(rounds.cpu, "reshard phase", cpu)
+                if t:
+                    rounds.add(rounds.wall, "phase without the gate", wall - t["gate"] - t["report"])
+                for step, s in t.items():
+                    rounds.add(rounds.steps, step, s)
+                rounds.add(rounds.steps, "flow overhead", wall - sum(t.values()))
+                shutil.rmtree(storage.path(dataset), ignore_errors=True)
+                print(f"  {gb:g} GB round {r}: phase {wall:.2f} s, CPU {cpu:.2f} s, steps {({k: round(v, 2) for k, v in t.items()})}, "
+                      f"{len(summary.outputs)} outputs (load {load0:.1f})", flush=True)
+            rounds.load.append(os.getloadavg()[0])
     shutil.rmtree(work, ignore_errors=True)
+    label = f"{gb:g} GB: {shards} input shards x {args.samples} samples of ~{args.sample_kb} KB, {total_bytes / 1e6:,.0f} MB"
+    return label, rounds, total_bytes, shards
+
+
+def report(label: str, rounds: Rounds, total_bytes: int) -> list[str]:
+    med = {k: statistics.median(v) for k, v in rounds.wall.items()}
+    cpu = {k: statistics.median(v) for k, v in rounds.cpu.items()}
+    lines = [f"### {label}", "", "| method | median wall s | MB/s | cp+sync / method | CPU s per GB |", "|---|---:|---:|---:|---:|"]
+    for m in ("cp", "cp+sync", "reshard phase", "phase without the gate"):
+        if m not in med:
+            continue
+        per_gb = f"{cpu[m] / (total_bytes / 1e9):.2f}" if m in cpu else ""
+        lines.append(f"| {m} | {med[m]:.2f} | {total_bytes / 1e6 / med[m]:.0f} | {med['cp+sync'] / med[m]:.2f} | {per_gb} |")
+    steps = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in rounds.steps.items()) or "not recorded"
+    lines += ["", f"Phase steps, median s: {steps}. Load average during the rounds: "
+              f"{min(rounds.load):.1f}-{max(rounds.load):.1f}.", ""]
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="1,10", help="GB of input shards, comma-separated (default 1,10)")
+    p.add_argument("--samples", type=int, default=500, help="samples per input shard (default 500)")
+    p.add_argument("--sample-kb", type=int, default=100, help="mean jpg size in KB (default 100)")
+    p.add_argument("--samples-per-shard", type=int, default=1000, help="N of the outputs (default 1000)")
+    p.add_argument("--seed", type=int, default=None, help="shuffle seed of the reshard (default: none)")
+    p.add_argument("--completion-order", action="store_true", help="inputs hold samples out of ledger order")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per size (default 3)")
+    p.add_argument("--workers", type=int, default=2, help="Dask worker processes (default 2)")
+    p.add_argument("--quiet-wait", type=float, default=0.0, help="seconds to wait, before each run, for other work to settle (default 0)")
+    p.add_argument("--quiet-load", type=float, default=1.0, help="the 1-minute load average that counts as settled (default 1.0)")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the tables to this file")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    home = Path(tempfile.mkdtemp(prefix="prefect-", dir=BENCH_DIR.parent if BENCH_DIR.parent.exists() else None))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ["PREFECT_HOME"] = str(home)
+    from flows.runtime import dask_cluster, prefect_api
+    from tasks.gates import preload
+
+    out = [
+        f"# reshard benchmark: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        f"# N={args.samples_per_shard}, seed {args.seed}, {'completion' if args.completion_order else 'ledger'} order in the inputs, "
+        f"{args.workers} Dask workers, {args.rounds} rounds, page cache warm",
+        "",
+    ]
+    try:
+        with prefect_api(), dask_cluster("local", args.workers) as address:
+            preload()
+            for gb in (float(s) for s in args.sizes.split(",")):
+                label, rounds, total, _ = bench_size(gb, args, address)
+                out += report(label, rounds, total)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    text = "\n".join(out)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
 
 
 if __name__ == "__main__":

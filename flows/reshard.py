@@ -1,4 +1,4 @@
-"""The reshard phase: equal-size shards planned from counts, built from byte ranges, then gated."""
+"""The reshard phase: equal-size shards planned from counts, built from byte ranges in a few large tasks, then gated."""
 
 from __future__ import annotations
 
@@ -11,17 +11,23 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.audit import check_gate, phase_record, run_gate
-from flows.runtime import gather
-from tasks.ledger import Counts, read_parquet
-from tasks.recipe import Recipe
-from tasks.release import verify_shard
-from tasks.reshard import InputCensus, OutputResult, build_output, census_input, plan_reshard
+from flows.runtime import default_workers, gather
+from tasks.ledger import Counts
+from tasks.recipe import Recipe, ReshardConfig
+from tasks.reshard import InputCensus, census_inputs, count_inputs, group_outputs, plan_reshard
+from tasks.reshard_build import OutputResult, build_outputs
 from tasks.storage import Storage
 
 
 @dataclass
 class ReshardSummary:
-    """The resharded dataset: equal shards (the last holds ``tail``), and their records."""
+    """The resharded dataset: equal shards (the last holds ``tail``), and their records.
+
+    ``timings``: wall seconds of the phase's steps (``start``: the progress artifact and the
+    flow's Dask client; ``plan``: counting and planning; ``build``: the build tasks, checks
+    included; ``gate``: the Great Expectations suite; ``report``: its JSON, Data Docs, the
+    phase record and the HTML report).
+    """
 
     dataset: str
     run: str
@@ -33,26 +39,28 @@ class ReshardSummary:
     outputs: list[OutputResult] = field(default_factory=list)
     incomplete_rows: list[pa.Table] = field(default_factory=list)  # ledger rows of samples not carried
     seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
 
 
-@task(name="census", task_run_name="census-{tar}")
-def census_task(storage: Storage, tar: str, ledger: str, required: tuple[str, ...]) -> InputCensus:
-    return census_input(storage, tar, ledger, required=required)
+@task(name="reshard-census", task_run_name="census-{first}")
+def census_task(storage: Storage, tars: list[str], ledgers: list[str], required: tuple[str, ...], first: str) -> list[InputCensus]:
+    return census_inputs(storage, tars, ledgers, required=required)
 
 
-@task(name="reshard-shard", task_run_name="reshard-{output.index:06d}")
-def build_task(storage: Storage, output: Any) -> OutputResult:
-    return build_output(storage, output)
-
-
-@task(name="verify-shard", task_run_name="verify-{tar}")
-def verify_task(storage: Storage, tar: str, sha256: str, required: tuple[str, ...]) -> dict:
-    return verify_shard(storage, tar, sha256, required)
+@task(name="reshard-shards", task_run_name="reshard-{first:06d}-{last:06d}")
+def build_task(storage: Storage, outputs: tuple, first: int, last: int) -> list[OutputResult]:
+    return build_outputs(storage, outputs)
 
 
 @flow(name="reshard")
 def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSummary, dict]:
-    """Reshard the validated shards into shards of exactly N samples, verify them, and gate."""
+    """Reshard the validated shards into shards of exactly N samples, check them, and gate.
+
+    Tasks are few and large (``group_outputs``): one run of consecutive outputs per worker
+    thread, or a multiple of that for large datasets. Each output is checked by the task that
+    writes it, from what its writer recorded (tasks/reshard_check.py); the gate judges those
+    rows, so no task reads the outputs back.
+    """
     from tasks.gates import reshard_gate
 
     logger = get_run_logger()
@@ -62,24 +70,37 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     required = cfg.required(recipe.validate_)
     retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
     progress = create_progress_artifact(0.0, key=f"{recipe.dataset}-reshard-progress", description=f"{recipe.dataset}: reshard")
+    slots = _task_slots(recipe)  # connects the flow's Dask client, as its first task would
+    timings = {"start": time.perf_counter() - started}
+    mark = time.perf_counter()
 
-    futures = {census_task.with_options(**retries).submit(storage, t, l, required): t for t, l in zip(validated.tars, validated.ledgers)}
-    censuses: list[InputCensus] = gather(futures, progress, 0.0, 10.0, logger, "census")
-    order = {t: i for i, t in enumerate(validated.tars)}
-    censuses.sort(key=lambda c: order[c.shard.tar])
-    plan = plan_reshard([c.shard for c in censuses], cfg.samples_per_shard, prefix=f"{recipe.dataset}/reshard", seed=cfg.seed, required=required)
-
-    futures = {build_task.with_options(**retries).submit(storage, o): o.name for o in plan.outputs}
-    outputs: list[OutputResult] = sorted(gather(futures, progress, 10.0, 70.0, logger, "reshard"), key=lambda r: r.index)
-    futures = {verify_task.submit(storage, o.tar, o.sha256, required): o.tar for o in outputs}
-    checks = {c["shard"]: c for c in gather(futures, progress, 80.0, 20.0, logger, "verify")}
-    rows = [dict(checks[o.tar], is_last=(i == len(outputs) - 1)) for i, o in enumerate(outputs)]
-    table = pa.Table.from_pylist(rows) if rows else pa.table({})
+    # The validate phase writes the image and json of every ok sample, and its txt when
+    # captions are required (ReshardConfig's default members): its ledgers then vouch for
+    # completeness, and counting ok rows replaces the census.
+    if set(required) <= set(ReshardConfig().required(recipe.validate_)):
+        inputs = count_inputs(storage, validated.tars, validated.ledgers)
+        censuses: list[InputCensus] = []
+        accepted_in = sum(s.count for s in inputs)
+    else:
+        censuses = _census(storage, validated, required, slots, retries, progress, logger)
+        inputs = [c.shard for c in censuses]
+        accepted_in = sum(c.ok for c in censuses)
     incomplete = sum(c.incomplete.num_rows for c in censuses)
-    accepted_in = sum(c.ok for c in censuses)
-    gate = reshard_gate(table, cfg.samples_per_shard, accepted_in - incomplete)
+    plan = plan_reshard(inputs, cfg.samples_per_shard, prefix=f"{recipe.dataset}/reshard", seed=cfg.seed, required=required)
+    timings["plan"] = time.perf_counter() - mark
+
+    mark = time.perf_counter()
+    futures = {build_task.with_options(**retries).submit(storage, g, g[0].index, g[-1].index): f"outputs {g[0].index}..{g[-1].index}" for g in group_outputs(plan, slots)}
+    outputs: list[OutputResult] = sorted((o for part in gather(futures, progress, 10.0, 80.0, logger, "reshard") for o in part), key=lambda r: r.index)
+    timings["build"] = time.perf_counter() - mark
+
+    mark = time.perf_counter()
+    rows = [dict(o.check, is_last=(i == len(outputs) - 1)) for i, o in enumerate(outputs)]
+    gate = reshard_gate(pa.Table.from_pylist(rows) if rows else pa.table({}), cfg.samples_per_shard, accepted_in - incomplete)
+    timings["gate"] = time.perf_counter() - mark
+
+    mark = time.perf_counter()
     links = run_gate(storage, recipe, run, gate)
-    seconds = time.perf_counter() - started
     summary = ReshardSummary(
         dataset=recipe.dataset,
         run=run["run"],
@@ -90,15 +111,65 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
         incomplete=incomplete,
         outputs=outputs,
         incomplete_rows=[c.incomplete for c in censuses if c.incomplete.num_rows],
-        seconds=round(seconds, 3),
+        timings=timings,
     )
-    ledger = pa.concat_tables([read_parquet(storage, o.ledger, ["key", "source", "status", "reason", "bytes"]) for o in outputs]) if outputs else pa.table({"source": pa.array([], pa.string()), "status": pa.array([], pa.string())})
-    if incomplete:
-        ledger = pa.concat_tables([ledger, *[c.incomplete.select(ledger.column_names) for c in censuses if c.incomplete.num_rows]])
+    ledger = _phase_ledger(outputs, summary.incomplete_rows)
     counts = Counts.of(ledger) if ledger.num_rows else Counts.zero()
+    seconds = time.perf_counter() - started
     fresh = sum(o.samples for o in outputs if not o.skipped)
     run["phases"].append(phase_record("reshard", counts, ledger, seconds, round(fresh / seconds, 1) if seconds else 0.0, gate, links))
     update_progress_artifact(progress, 100.0)
     check_gate(storage, recipe, run, gate)
-    logger.info("reshard: %d samples into %d shards of %d (tail %d)", plan.total, len(outputs), cfg.samples_per_shard, plan.tail)
+    timings["report"] = time.perf_counter() - mark
+    summary.seconds = round(time.perf_counter() - started, 3)
+    logger.info("reshard: %d samples into %d shards of %d (tail %d) in %.2f s: %s", plan.total, len(outputs), cfg.samples_per_shard, plan.tail, summary.seconds, {k: round(v, 2) for k, v in timings.items()})
     return summary, run
+
+
+def _census(storage: Storage, validated: Any, required: tuple[str, ...], slots: int, retries: dict, progress, logger) -> list[InputCensus]:
+    """Census of every input, in as many tasks as the cluster has slots (a ledger read each is milliseconds)."""
+    pairs = list(zip(validated.tars, validated.ledgers))
+    parts = max(1, min(slots, len(pairs)))
+    groups = [pairs[k * len(pairs) // parts : (k + 1) * len(pairs) // parts] for k in range(parts)]
+    futures = {
+        census_task.with_options(**retries).submit(storage, [t for t, _ in g], [led for _, led in g], required, g[0][0]): g[0][0] for g in groups if g
+    }
+    censuses = [c for part in gather(futures, progress, 0.0, 10.0, logger, "census") for c in part]
+    order = {t: i for i, t in enumerate(validated.tars)}
+    return sorted(censuses, key=lambda c: order[c.shard.tar])
+
+
+def _phase_ledger(outputs: list[OutputResult], incomplete: list[pa.Table]) -> pa.Table:
+    """The phase's rows for its record: one per carried sample (from the outputs' layouts) and per incomplete one."""
+    parts = []
+    for o in outputs:
+        n = o.layout.num_rows
+        parts.append(
+            pa.table(
+                {
+                    "key": o.layout.column("key"),
+                    "source": o.layout.column("source"),
+                    "status": pa.array(["ok"] * n, pa.string()),
+                    "reason": pa.nulls(n, pa.string()),
+                    "bytes": o.layout.column("bytes"),
+                }
+            )
+        )
+    parts += [t.select(["key", "source", "status", "reason", "bytes"]) for t in incomplete]
+    if not parts:
+        return pa.table({"source": pa.array([], pa.string()), "status": pa.array([], pa.string())})
+    return pa.concat_tables(parts)
+
+
+def _task_slots(recipe: Recipe) -> int:
+    """Tasks the cluster runs at once: its workers' threads as the Dask scheduler reports them,
+    else the recipe's local worker count."""
+    from prefect.context import get_run_context
+    from prefect_dask import DaskTaskRunner
+
+    runner = get_run_context().task_runner
+    if isinstance(runner, DaskTaskRunner):
+        workers = runner.client.scheduler_info()["workers"]
+        if workers:
+            return sum(int(w.get("nthreads", 1)) for w in workers.values())
+    return (recipe.execution.workers or default_workers()) * recipe.execution.threads_per_worker

@@ -572,12 +572,15 @@ def _reshard_checks(samples_per_shard: int, expected_samples: int, shards: int) 
 
 
 def reshard_gate(shards: pa.Table, samples_per_shard: int, expected_samples: int) -> GateResult:
-    """Gate the reshard on one row per output shard, as verified by reading it back.
+    """Gate the reshard on one row per output shard, as checked by the task that wrote it.
 
     ``shards`` columns: shard, samples, readable, complete, checksum_ok, is_last. Checks:
     samples conserved (accepted in, minus incomplete ones accounted for, = samples out);
     every shard but the last holds exactly N; every tar readable; every sample complete;
-    every shard's sha256 equal to the one recorded for the release index.
+    every shard's sha256 the one recorded for the release index. The pretraining reshard
+    fills the rows from each output's header blocks and its writer's records
+    (``tasks.reshard_check.check_row``: no output is read back whole); the fine-tuning packs
+    from a full read-back (``tasks.release.verify_shard``).
     """
     gx = _import_gx()
     frame = _frame(shards, SHARD_COLUMNS, "reshard shards")

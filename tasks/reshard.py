@@ -1,30 +1,29 @@
-"""Resharding: equal-size output shards planned from input counts and built from byte ranges."""
+"""Resharding, the plan: equal-size outputs assigned from the input counts, and the counts themselves.
+
+Building the outputs is in tasks/reshard_build.py, checking them in tasks/reshard_check.py.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import mmap
 import operator
-import time
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.ledger import LEDGER_SCHEMA, MEMBER_TYPE, read_parquet, write_parquet
+from tasks.ledger import LEDGER_SCHEMA
 from tasks.reasons import OK, REJECTED
-from tasks.shards import HashingWriter, MemberRecord, SampleRecord, ShardError, ShardWriter
 from tasks.storage import Storage
 
 DEFAULT_REQUIRED = ("jpg", "txt", "json")
 
 # Ledger reason of an ok input row that is not carried because a required member is missing.
-# Its status is rejected; tasks/reasons.py should list it beside the other reasons.
+# Its status is rejected; tasks/reasons.py lists it beside the other reasons.
 INCOMPLETE = "incomplete_sample"
 
 # Output ledgers (and census tables) are ledgers plus the input shard each sample came from.
@@ -35,12 +34,10 @@ _INPUT_COLUMNS = ["key", "source", "row", "status", "offset", "length", "members
 _CARRIED_COLUMNS = ["bytes", "sha256"]  # copied to the output ledger when the input has them
 RESHARD_SCHEMA_INPUT = pa.schema([RESHARD_SCHEMA.field(c) for c in _INPUT_COLUMNS + _CARRIED_COLUMNS])
 
-# Bytes of samples buffered at once while building an output (see build_output).
-DEFAULT_WINDOW_BYTES = 64 * 2**20
-# Neighbouring samples of one input with at most this many bytes between them are fetched in
-# one read: a wasted 64 KiB costs less than another request on an object store.
-MAX_GAP_BYTES = 64 * 2**10
 PLAN_VERSION = 1  # bump when planning changes, so outputs get new names
+# Bytes one build task copies, about: at disk speed (~0.5-1 GB/s here) several seconds of work,
+# so that Prefect's ~0.2 s per task stays a few percent of the phase (DESIGN.md, Execution).
+DEFAULT_TASK_BYTES = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -53,12 +50,15 @@ class InputShard:
         count: its *complete* ok samples: ok rows whose members include every required
             extension. The planner trusts this number and never reads ledgers; ``census_input``
             computes it when the previous phase cannot vouch that every ok sample is complete,
-            and ``build_output`` raises if it turns out wrong.
+            ``count_inputs`` when it can (the ok rows); ``build_output`` raises if it is wrong.
+        bytes: the byte ranges of those samples, summed (0 when unknown); only used to size
+            the build tasks (``group_outputs``).
     """
 
     tar: str
     ledger: str
     count: int
+    bytes: int = 0  # of those samples (ledger ``length``s); sizes the build tasks, not in the digest
 
 
 @dataclass(frozen=True)
@@ -122,26 +122,6 @@ class ReshardPlan:
     tail: int
     outputs: tuple[OutputPlan, ...]
     digest: str
-
-
-@dataclass(frozen=True)
-class OutputResult:
-    """What one output task reports: references, counts and the sample records.
-
-    ``records`` are what the release indexes need (DALI .idx, wids, Energon), so the release
-    never reads the tars again.
-    """
-
-    index: int
-    tar: str
-    ledger: str
-    samples: int
-    bytes: int
-    sha256: str
-    records: list[SampleRecord]
-    seconds: float
-    skipped: bool = False
-    ledger_seconds: float = 0.0  # of ``seconds``: building and writing the output ledger
 
 
 @dataclass(frozen=True)
@@ -271,12 +251,37 @@ def _pick(inputs: tuple[InputShard, ...], used: list[int]) -> tuple[InputShard, 
     return operator.itemgetter(*used)(inputs) if used else ()
 
 
+def group_outputs(plan: ReshardPlan, slots: int, *, task_bytes: int = DEFAULT_TASK_BYTES) -> list[tuple[OutputPlan, ...]]:
+    """Cut the outputs into runs of consecutive outputs, one build task each.
+
+    As few tasks as keep every slot (a worker thread of the cluster) busy: ``slots`` tasks, or
+    a multiple of ``slots`` when each would copy more than ``task_bytes`` (so a task stays a
+    few seconds of work and no slot idles in a last, half-empty wave). Consecutive outputs
+    share their boundary inputs, whose ledgers a task then reads once. Output bytes are
+    estimated from the inputs' ``bytes``; when those are unknown, from sample counts alone.
+    """
+    n_out = len(plan.outputs)
+    if not n_out:
+        return []
+    slots = max(1, int(slots))
+    total = sum(s.bytes for s in plan.inputs)
+    waves = max(1, -(-total // (slots * max(1, int(task_bytes)))))
+    tasks = min(n_out, slots * waves)
+    return [tuple(plan.outputs[int(a) : int(b)]) for a, b in _even_cuts(n_out, tasks)]
+
+
+def _even_cuts(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` consecutive [a, b) ranges of ``range(n)`` whose lengths differ by at most one."""
+    bounds = [n * k // parts for k in range(parts + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 # ---------------------------------------------------------------------------------------------
 # Completeness
 # ---------------------------------------------------------------------------------------------
 
 
-def _read_input_ledger(storage: Storage, ledger: str) -> pa.Table:
+def read_input_ledger(storage: Storage, ledger: str) -> pa.Table:
     """The columns a reshard uses; carried columns the ledger lacks come back as nulls."""
     with storage.open(ledger, "rb") as fh:
         pf = pq.ParquetFile(fh)
@@ -289,7 +294,7 @@ def _read_input_ledger(storage: Storage, ledger: str) -> pa.Table:
     return table.select(_INPUT_COLUMNS + _CARRIED_COLUMNS).cast(RESHARD_SCHEMA_INPUT)
 
 
-def _complete_mask(table: pa.Table, required: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+def complete_mask(table: pa.Table, required: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(ok, complete) row masks: complete rows are ok, have a byte range and every required member.
 
     A member counts for extension ``ext`` when its name ends in ``.ext``.
@@ -309,16 +314,39 @@ def _complete_mask(table: pa.Table, required: tuple[str, ...]) -> tuple[np.ndarr
     return ok, complete
 
 
+def count_inputs(storage: Storage, tars: Sequence[str], ledgers: Sequence[str]) -> list[InputShard]:
+    """Inputs counted from their ledgers' ``status`` and ``length`` columns alone: every ok row.
+
+    For inputs whose ledger vouches that every ok sample has every required member (the
+    validate phase writes the image and json of every ok sample, and its txt when captions are
+    required), so no census is needed. ``build_output`` still checks each planned row's members
+    and refuses to build from a ledger that broke that promise.
+    """
+    out = []
+    for tar, ledger in zip(tars, ledgers, strict=True):
+        with storage.open(ledger, "rb") as fh:
+            table = pq.read_table(fh, columns=["status", "length"], use_threads=False)  # see tasks.ledger.read_parquet
+        ok = pc.fill_null(pc.equal(table.column("status"), OK), False)
+        total = pc.sum(pc.filter(table.column("length"), ok)).as_py() or 0
+        out.append(InputShard(tar=tar, ledger=ledger, count=int(pc.sum(ok).as_py() or 0), bytes=int(total)))
+    return out
+
+
+def census_inputs(storage: Storage, tars: Sequence[str], ledgers: Sequence[str], *, required: Iterable[str] = DEFAULT_REQUIRED) -> list[InputCensus]:
+    """``census_input`` of several inputs, one after another (one task's worth)."""
+    return [census_input(storage, t, led, required=required) for t, led in zip(tars, ledgers, strict=True)]
+
+
 def census_input(storage: Storage, tar: str, ledger: str, *, required: Iterable[str] = DEFAULT_REQUIRED) -> InputCensus:
     """Count one input's complete samples and write down the ones that are not (reads its ledger only).
 
     Only needed when the previous phase cannot vouch that every ok sample has every required
-    member. The flow writes its ``incomplete`` rows beside the output ledgers, so that carried
-    rows plus these account for every ok input row.
+    member (``count_inputs`` is enough when it can). The flow writes its ``incomplete`` rows
+    beside the output ledgers, so that carried rows plus these account for every ok input row.
     """
     required = tuple(required)
-    table = _read_input_ledger(storage, ledger)
-    ok, complete = _complete_mask(table, required)
+    table = read_input_ledger(storage, ledger)
+    ok, complete = complete_mask(table, required)
     rows = []
     for i in np.flatnonzero(ok & ~complete).tolist():
         r = {k: v[0] for k, v in table.slice(i, 1).to_pydict().items()}
@@ -341,276 +369,8 @@ def census_input(storage: Storage, tar: str, ledger: str, *, required: Iterable[
                 "input_shard": tar,
             }
         )
-    shard = InputShard(tar=tar, ledger=ledger, count=int(complete.sum()))
+    lengths = table.column("length").to_numpy(zero_copy_only=False)
+    shard = InputShard(tar=tar, ledger=ledger, count=int(complete.sum()), bytes=int(np.nansum(lengths[complete], dtype=np.float64)))
     return InputCensus(shard=shard, ok=int(ok.sum()), incomplete=pa.Table.from_pylist(rows, schema=RESHARD_SCHEMA))
 
 
-# ---------------------------------------------------------------------------------------------
-# Building one output
-# ---------------------------------------------------------------------------------------------
-
-
-class _Inputs:
-    """The input tars of one output, each opened on first use and kept until the output is done.
-
-    A local tar is memory-mapped and its fd closed at once: samples are then views of the page
-    cache, with no read copies or buffers (the mapped pages are clean file pages, reclaimable
-    by the kernel, so they do not count against the memory bound). Other tars (object stores)
-    stay open as file objects and are read with seek and read.
-    """
-
-    def __init__(self, storage: Storage, output: OutputPlan) -> None:
-        self._storage = storage
-        self._output = output
-        self._open: dict[int, Any] = {}
-        self._maps: dict[int, mmap.mmap] = {}
-
-    def get(self, slot: int) -> tuple[Any, memoryview | None]:
-        """(file object or None, whole-file view or None) of input ``slot``."""
-        if slot in self._maps:
-            return None, memoryview(self._maps[slot])
-        if slot in self._open:
-            return self._open[slot], None
-        fh = self._storage.open(self._output.inputs[slot].tar, "rb")
-        try:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except (AttributeError, OSError, ValueError):  # no fd (object store), or an empty file
-            self._open[slot] = fh
-            return fh, None
-        fh.close()
-        self._maps[slot] = mm
-        return None, memoryview(mm)
-
-    def close(self) -> None:
-        for fh in self._open.values():
-            fh.close()
-        for mm in self._maps.values():
-            # A view still alive (after an exception) keeps its map; the collector frees it.
-            with contextlib.suppress(BufferError):
-                mm.close()
-        self._open.clear()
-        self._maps.clear()
-
-
-def _windows(lengths: np.ndarray, window_bytes: int) -> list[tuple[int, int]]:
-    """Cut the write order into consecutive [a, b) slices of at most window_bytes (or one sample)."""
-    out = []
-    a = 0
-    acc = 0
-    for i, length in enumerate(lengths.tolist()):
-        if i > a and acc + length > window_bytes:
-            out.append((a, i))
-            a, acc = i, 0
-        acc += length
-    if a < len(lengths):
-        out.append((a, len(lengths)))
-    return out
-
-
-def build_output(storage: Storage, output: OutputPlan, *, window_bytes: int = DEFAULT_WINDOW_BYTES) -> OutputResult:
-    """Build one output shard by copying its samples' byte ranges from the inputs it names.
-
-    Reads only the ledgers and tars of ``output.inputs``. In each ledger the planned positions
-    index its complete ok rows in ledger order; when their number differs from the count the
-    plan was made from, the plan is stale and this raises ``ValueError`` rather than write a
-    shard of the wrong size.
-
-    Samples are fetched in windows of at most ``window_bytes`` of the write order: within a
-    window, reads are grouped per input and sorted by offset, neighbouring ranges (gaps up to
-    ``MAX_GAP_BYTES``) merge into one read, and the window is then written in planned order.
-    Buffered sample bytes are therefore bounded by the window (plus merged gaps), whatever N
-    is and with or without a shuffle; unshuffled outputs read each input sequentially in large
-    reads, shuffled ones about one read per sample. Local inputs are memory-mapped instead of
-    read (see ``_Inputs``), so nothing is buffered at all. Nothing is decoded or parsed: each
-    sample's header+data+padding bytes go out as they came in, at the offsets the ledger gave.
-
-    The tar's sha256 is computed as it is written; the ledger is written after the tar and
-    commits it. When the ledger exists already, the recorded result is returned and nothing is
-    read or written, so a rerun converges.
-    """
-    start = time.perf_counter()
-    if storage.exists(output.ledger):
-        return _recorded(storage, output, time.perf_counter() - start)
-    if window_bytes < 1:
-        raise ValueError(f"window_bytes must be positive, not {window_bytes!r}")
-
-    slots, positions = output.selection()
-    if len(slots) != output.samples:
-        raise ValueError(f"output {output.index} plans {len(slots)} samples, not {output.samples}")
-    picked = _planned_rows(storage, output, slots, positions)
-
-    # Per sample, in write order: key, byte range, and members relative to the range.
-    keys = picked.column("key").to_pylist()
-    offsets = picked.column("offset").to_numpy()
-    lengths = picked.column("length").to_numpy()
-    members = picked.column("members").combine_chunks()
-    counts = pc.list_value_length(members).to_numpy(zero_copy_only=False).astype(np.int64)
-    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
-    flat = pc.list_flatten(members)
-    names_arr = pc.struct_field(flat, "name")
-    names = names_arr.to_pylist()
-    sizes = pc.struct_field(flat, "size").to_numpy(zero_copy_only=False)
-    rel = pc.struct_field(flat, "offset").to_numpy(zero_copy_only=False) - np.repeat(offsets, counts)
-    rel_list, size_list = rel.tolist(), sizes.tolist()
-
-    inputs = _Inputs(storage, output)
-    try:
-        with storage.atomic_writer(output.name) as raw_out:
-            out = HashingWriter(raw_out)
-            writer = ShardWriter(out)
-            for a, b in _windows(lengths, window_bytes):
-                views = _fetch(storage, output, inputs, slots, offsets, lengths, a, b)
-                for i in range(a, b):
-                    lo, hi = bounds[i], bounds[i + 1]
-                    writer.copy_sample(keys[i], views.pop(i), zip(names[lo:hi], rel_list[lo:hi], size_list[lo:hi]))
-                del views
-            writer.close()
-    finally:
-        inputs.close()
-    sha256 = out.sha.hexdigest()
-    records = writer.records
-
-    ledger_start = time.perf_counter()
-    new_offsets = np.fromiter((rec.offset for rec in records), np.int64, len(records))
-    new_members = pa.ListArray.from_arrays(
-        pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)),
-        pa.StructArray.from_arrays(
-            [names_arr, pa.array(rel + np.repeat(new_offsets, counts)), pa.array(sizes)],
-            fields=list(MEMBER_TYPE),
-        ),
-    )
-    n = len(records)
-    columns = {
-        "key": picked.column("key"),
-        "source": picked.column("source"),
-        "row": picked.column("row"),
-        "status": pa.array([OK] * n, pa.string()),
-        "shard": pa.array([output.name] * n, pa.string()),
-        "bytes": picked.column("bytes"),
-        "sha256": picked.column("sha256"),
-        "offset": pa.array(new_offsets),
-        "length": picked.column("length"),
-        "members": new_members,
-        "input_shard": pa.array([output.inputs[s].tar for s in slots.tolist()], pa.string()),
-    }
-    meta = {"index": output.index, "samples": n, "bytes": writer.bytes_written, "sha256": sha256}
-    table = pa.Table.from_arrays(
-        [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in RESHARD_SCHEMA],
-        schema=RESHARD_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta).encode()}),
-    )
-    write_parquet(storage, output.ledger, table)
-    done = time.perf_counter()
-    return OutputResult(
-        index=output.index,
-        tar=output.name,
-        ledger=output.ledger,
-        samples=n,
-        bytes=writer.bytes_written,
-        sha256=sha256,
-        records=records,
-        seconds=done - start,
-        ledger_seconds=done - ledger_start,
-    )
-
-
-def _planned_rows(storage: Storage, output: OutputPlan, slots: np.ndarray, positions: np.ndarray) -> pa.Table:
-    """The input ledger rows of the planned samples, in write order (one ledger read per input)."""
-    by_slot = np.argsort(slots, kind="stable")
-    bounds = np.searchsorted(slots[by_slot], np.arange(len(output.inputs) + 1))
-    parts = []
-    for slot, shard in enumerate(output.inputs):
-        where = by_slot[bounds[slot] : bounds[slot + 1]]
-        if not len(where):
-            continue
-        table = _read_input_ledger(storage, shard.ledger)
-        _, complete = _complete_mask(table, output.required)
-        eligible = np.flatnonzero(complete)
-        if len(eligible) != shard.count:
-            raise ValueError(
-                f"stale reshard plan: {shard.ledger!r} has {len(eligible)} complete ok rows, "
-                f"the plan was made for {shard.count}"
-            )
-        wanted = positions[where]
-        if wanted.min() < 0 or wanted.max() >= len(eligible):
-            raise ValueError(f"output {output.index} plans positions outside {shard.ledger!r}")
-        parts.append(table.take(pa.array(eligible[wanted])))
-    # by_slot lists write positions slot by slot, as the parts are; invert it.
-    order = np.empty(len(by_slot), np.int64)
-    order[by_slot] = np.arange(len(by_slot))
-    return pa.concat_tables(parts).take(pa.array(order)).combine_chunks()
-
-
-def _fetch(
-    storage: Storage,
-    output: OutputPlan,
-    inputs: _Inputs,
-    slots: np.ndarray,
-    offsets: np.ndarray,
-    lengths: np.ndarray,
-    a: int,
-    b: int,
-) -> dict[int, memoryview]:
-    """The raw bytes of samples a..b of the write order, read grouped by input and offset."""
-    idx = np.arange(a, b)
-    order = idx[np.lexsort((offsets[a:b], slots[a:b]))]
-    views: dict[int, memoryview] = {}
-    k = 0
-    while k < len(order):
-        slot = int(slots[order[k]])
-        fh, whole = inputs.get(slot)
-        while k < len(order) and int(slots[order[k]]) == slot:
-            # One read for a run of neighbouring samples.
-            run = [int(order[k])]
-            run_start = int(offsets[run[0]])
-            run_end = run_start + int(lengths[run[0]])
-            k += 1
-            while k < len(order) and int(slots[order[k]]) == slot:
-                nxt = int(order[k])
-                off = int(offsets[nxt])
-                if off < run_end or off - run_end > MAX_GAP_BYTES:
-                    break
-                run.append(nxt)
-                run_end = off + int(lengths[nxt])
-                k += 1
-            if whole is not None:
-                view = whole[run_start:run_end]
-            else:
-                fh.seek(run_start)
-                view = memoryview(fh.read(run_end - run_start))
-            if len(view) != run_end - run_start:
-                raise ShardError(
-                    "tar_truncated",
-                    storage.url(output.inputs[slot].tar),
-                    None,
-                    f"ledger records bytes {run_start}..{run_end}, the tar has fewer",
-                    run_start,
-                )
-            for i in run:
-                rel = int(offsets[i]) - run_start
-                views[i] = view[rel : rel + int(lengths[i])]
-    return views
-
-
-def _recorded(storage: Storage, output: OutputPlan, seconds: float) -> OutputResult:
-    table = read_parquet(storage, output.ledger)
-    meta = json.loads((table.schema.metadata or {})[METADATA_KEY])
-    records = [
-        SampleRecord(
-            key=r["key"],
-            offset=r["offset"],
-            length=r["length"],
-            members=tuple(MemberRecord(m["name"], m["offset"], m["size"]) for m in r["members"]),
-        )
-        for r in table.select(["key", "offset", "length", "members"]).to_pylist()
-    ]
-    return OutputResult(
-        index=output.index,
-        tar=output.name,
-        ledger=output.ledger,
-        samples=meta["samples"],
-        bytes=meta["bytes"],
-        sha256=meta["sha256"],
-        records=records,
-        seconds=seconds,
-        skipped=True,
-    )

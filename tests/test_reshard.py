@@ -1,4 +1,4 @@
-"""Tests for tasks/reshard.py: plans from counts, byte-range builds, shuffle, reruns, completeness."""
+"""Tests for the reshard: plans from counts, byte-range builds, shuffle, reruns, completeness, checks, the flow."""
 
 from __future__ import annotations
 
@@ -11,14 +11,9 @@ import numpy as np
 import pytest
 
 from tasks.ledger import LedgerRow, read_ledger, write_ledger
-from tasks.reshard import (
-    INCOMPLETE,
-    InputShard,
-    OutputPlan,
-    build_output,
-    census_input,
-    plan_reshard,
-)
+from tasks.reshard import INCOMPLETE, InputShard, OutputPlan, census_input, count_inputs, group_outputs, plan_reshard
+from tasks.reshard_build import build_output, build_outputs
+from tasks.reshard_check import Layout, check_file
 from tasks.shards import ShardError, ShardWriter, iter_samples
 from tasks.storage import Storage
 
@@ -31,33 +26,41 @@ def sample_members(source: str, row: int) -> dict[str, bytes]:
     return {"jpg": jpg, "txt": f"caption {source} {row}".encode(), "json": f'{{"row": {row}}}'.encode()}
 
 
-def make_input(storage: Storage, index: int, ok: int, *, drop: dict[int, str] | None = None) -> tuple[str, str, dict]:
+def make_input(
+    storage: Storage, index: int, ok: int, *, drop: dict[int, str] | None = None, tar_order: list[int] | None = None
+) -> tuple[str, str, dict]:
     """An input shard with ``ok`` ok samples and a rejected row after every third one.
 
     ``drop`` maps an ok sample's number to an extension left out of it (an incomplete sample).
-    Returns (tar, ledger, {key: members}).
+    ``tar_order`` writes the ok samples into the tar in that order of their numbers (as a
+    download stores them as they complete); the ledger stays sorted by row.
+    Returns (tar, ledger, {key: members}) with keys in ledger order.
     """
     source = f"src{index}"
     tar, ledger = f"in/{index:03d}.tar", f"in/{index:03d}.ledger.parquet"
-    rows, written = [], {}
+    rows, written, samples = [], {}, []
+    row = 0
+    for n in range(ok):
+        key = f"{source}-{row:06d}"
+        members = sample_members(source, row)
+        if drop and n in drop:
+            del members[drop[n]]
+        written[key] = members
+        samples.append((row, key, members))
+        row += 1
+        if n % 3 == 2:  # a rejected row: in the ledger, not in the tar
+            rows.append(LedgerRow(key=f"{source}-{row:06d}", source=source, row=row, reason="too_large"))
+            row += 1
     with storage.atomic_writer(tar) as fh, ShardWriter(fh) as writer:
-        row = 0
-        for n in range(ok):
-            key = f"{source}-{row:06d}"
-            members = sample_members(source, row)
-            if drop and n in drop:
-                del members[drop[n]]
+        for n in tar_order if tar_order is not None else range(ok):
+            row, key, members = samples[n]
             rec = writer.write_sample(key, members)
-            written[key] = members
             digest = hashlib.sha256(members["jpg"]).hexdigest()
             rows.append(
                 LedgerRow(key=key, source=source, row=row, shard=tar, bytes=len(members["jpg"]), sha256=digest,
                           offset=rec.offset, length=rec.length, members=rec.members_as_dicts())
             )
-            row += 1
-            if n % 3 == 2:  # a rejected row: in the ledger, not in the tar
-                rows.append(LedgerRow(key=f"{source}-{row:06d}", source=source, row=row, reason="too_large"))
-                row += 1
+    rows.sort(key=lambda r: r.row)
     write_ledger(storage, ledger, rows)
     return tar, ledger, written
 
@@ -330,6 +333,10 @@ def test_truncated_input_raises_a_shard_error(dataset):
         build_output(storage, plan.outputs[2])
     assert info.value.reason == "tar_truncated"
     assert not storage.exists(plan.outputs[2].name) and not storage.exists(plan.outputs[2].ledger)
+    # In a task of several outputs the failure is raised after the others are committed.
+    with pytest.raises(ShardError, match="tar_truncated"):
+        build_outputs(storage, plan.outputs[::-1])
+    assert [storage.exists(o.ledger) for o in plan.outputs] == [True, True, False]
 
 
 def test_output_plans_pickle_small():
@@ -400,3 +407,258 @@ def test_small_plans_cover_every_position():
             assert all(s == n for s in sizes[:-1]) and (not sizes or 1 <= sizes[-1] == plan.tail <= n)
             if counts.sum():
                 _check_covers(plan, counts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs whose tar order is not their ledger order (downloads store samples as they complete)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def completion_order(tmp_path):
+    """Inputs whose tars hold the samples shuffled while their ledgers stay sorted by row."""
+    storage = Storage(str(tmp_path / "root"))
+    rng = np.random.default_rng(5)
+    inputs, members = [], {}
+    for i, n in enumerate(COUNTS):
+        tar, ledger, written = make_input(storage, i, n, tar_order=rng.permutation(n).tolist())
+        inputs.append(InputShard(tar, ledger, n))
+        members.update(written)
+    # the premise: within an input, consecutive ledger rows do not have increasing offsets
+    offsets = [r["offset"] for r in read_ledger(storage, inputs[0].ledger).to_pylist() if r["status"] == "ok"]
+    assert offsets != sorted(offsets)
+    return storage, inputs, members
+
+
+def test_outputs_follow_the_ledger_order_when_the_tar_order_differs(completion_order):
+    storage, inputs, members = completion_order
+    unmapped = UnmappableStorage(storage.root)
+    for seed in (None, 6):
+        plan = plan_reshard(inputs, 10, prefix=f"co{seed}", seed=seed)
+        mapped = build_all(storage, plan)
+        keys = [k for r in mapped for k in read_keys(storage, r.tar)]
+        if seed is None:
+            assert keys == list(members)  # ledger (dataset) order, not tar order
+        else:
+            assert sorted(keys) == sorted(members) and keys != list(members)
+        for r in mapped:
+            assert hashlib.sha256(storage.read_bytes(r.tar)).hexdigest() == r.sha256
+            assert r.check["readable"] and r.check["complete"] and r.check["checksum_ok"], r.check
+            with storage.open(r.tar, "rb") as fh:
+                for sample in iter_samples(fh):
+                    assert sample.members == members[sample.key]
+        # Reads sorted by offset inside each window (object stores) write the same bytes.
+        for window in (1, 5_000, 1 << 26):
+            read = build_all(unmapped, plan_reshard(inputs, 10, prefix=f"co{seed}-w{window}", seed=seed), window_bytes=window)
+            assert [r.sha256 for r in read] == [r.sha256 for r in mapped]
+            assert [r.records for r in read] == [r.records for r in mapped]
+        # A rerun after the outputs are gone writes them byte for byte again.
+        for r in mapped:
+            storage.rm(r.ledger)
+        again = build_all(storage, plan)
+        assert not any(r.skipped for r in again)
+        assert [r.sha256 for r in again] == [r.sha256 for r in mapped]
+
+
+def test_window_reads_are_sorted_and_merged_when_the_ledger_order_is_scrambled(completion_order):
+    storage, inputs, _ = completion_order
+    unmapped = UnmappableStorage(storage.root)
+    # One window over a whole input: its samples are neighbours in the tar, so one read each
+    # input in spite of the scrambled ledger order (input 2 is read by two outputs).
+    build_all(unmapped, plan_reshard(inputs, 10, prefix="merged"))
+    assert len(unmapped.reads) == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks from the writer's record (the gate's rows)
+# ---------------------------------------------------------------------------------------------
+
+
+def _flip(storage, rel, at, value=None):
+    data = bytearray(storage.read_bytes(rel))
+    data[at] = value if value is not None else data[at] ^ 0x01
+    with open(storage.path(rel), "wb") as fh:  # in place, as a corrupting disk or tool would
+        fh.write(data)
+
+
+def test_a_damaged_output_fails_its_check_on_the_rerun(dataset):
+    storage, inputs, _ = dataset
+    plan = plan_reshard(inputs, 10, prefix="ds/reshard")
+    first = build_all(storage, plan)
+    assert all(r.check == {**r.check, "readable": True, "complete": True, "checksum_ok": True, "detail": None} for r in first)
+    assert [r.check["samples"] for r in first] == [10, 10, 5]
+
+    # A member name changed inside a header block: the header checksum no longer matches.
+    rec = first[1].records[3]
+    _flip(storage, first[1].tar, rec.members[1].offset - 512 + 2)
+    # The last output loses its end-of-archive blocks.
+    data = storage.read_bytes(first[2].tar)
+    with open(storage.path(first[2].tar), "wb") as fh:
+        fh.write(data[:-512])
+    again = build_all(storage, plan)
+    assert all(r.skipped for r in again)
+    assert again[0].check["readable"]
+    assert not again[1].check["readable"] and rec.key in again[1].check["detail"]
+    assert "tar_bad_checksum" in again[1].check["detail"]
+    assert not again[2].check["readable"] and "should be" in again[2].check["detail"]
+
+    # The gate judges those rows: both damaged tars are unreadable, and the cut one is no
+    # longer the size its recorded sha256 covers.
+    import pyarrow as pa
+
+    from tasks.gates import reshard_gate
+
+    rows = [dict(r.check, is_last=(i == len(again) - 1)) for i, r in enumerate(again)]
+    gate = reshard_gate(pa.Table.from_pylist(rows), 10, 25)
+    assert not gate.success
+    assert [o.name for o in gate.outcomes if not o.success] == ["every tar readable", "checksums match the index"]
+    assert not again[2].check["checksum_ok"] and again[1].check["checksum_ok"]
+
+
+def test_headers_written_otherwise_are_read_by_the_tar_reader(dataset):
+    """A checksum field written as 7 digits and a NUL (older tars) is valid: the reader says so."""
+    storage, inputs, _ = dataset
+    result = build_output(storage, plan_reshard(inputs, 10, prefix="ds/reshard").outputs[0])
+    rec = result.records[4]
+    at = rec.members[0].offset - 512
+    data = bytearray(storage.read_bytes(result.tar))
+    block = data[at : at + 512]
+    block[148:156] = b" " * 8
+    block[148:156] = b"%07o\0" % sum(block)
+    data[at : at + 512] = block
+    with open(storage.path(result.tar), "wb") as fh:
+        fh.write(data)
+    layout = Layout.of(result.layout)
+    with open(storage.path(result.tar), "rb") as fh:
+        row = check_file(result.tar, fh.fileno(), layout, len(data), ("jpg", "txt", "json"))
+        assert row["readable"] and row["detail"] is None
+        # ...while a record that does not match the tar fails, naming the sample.
+        wrong = Layout(**{**layout.__dict__, "sizes": layout.sizes + (np.arange(len(layout.sizes)) == 1)})
+        row = check_file(result.tar, fh.fileno(), wrong, len(data), ("jpg",))
+        assert not row["readable"] and result.records[0].key in row["detail"]
+        # A required member no sample has: incomplete, and which sample is named.
+        row = check_file(result.tar, fh.fileno(), layout, len(data), ("jpg", "npy"))
+        assert row["readable"] and not row["complete"] and "npy" in row["detail"]
+        # A digest over fewer bytes than the tar holds.
+        assert not check_file(result.tar, fh.fileno(), layout, len(data) - 1, ())["checksum_ok"]
+
+
+def test_an_output_is_checked_before_it_is_committed(dataset):
+    """A ledger whose byte ranges are whole blocks but not samples: the check says so, the gate will fail."""
+    storage, inputs, _ = dataset
+    # Shift every ok row's range of input 3 by one block: whole blocks, members inside, wrong bytes.
+    table = read_ledger(storage, inputs[3].ledger).to_pylist()
+    for r in table:
+        if r["status"] == "ok":
+            r["offset"] += 512
+            r["members"] = [{**m, "offset": m["offset"] + 512} for m in r["members"]]
+    write_ledger(storage, inputs[3].ledger, [LedgerRow(**{k: v for k, v in r.items() if k != "status"}) for r in table])
+    result = build_output(storage, plan_reshard(inputs, 10, prefix="ds/reshard").outputs[2])
+    assert not result.check["readable"] and result.check["detail"]
+    assert storage.exists(result.ledger)  # committed all the same: the gate fails with a report
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting, grouping
+# ---------------------------------------------------------------------------------------------
+
+
+def test_counting_ok_rows_when_the_ledger_vouches_for_completeness(tmp_path):
+    storage = Storage(str(tmp_path / "root"))
+    tars, ledgers = [], []
+    for i, (n, drop) in enumerate([(8, {}), (6, {4: "txt"})]):
+        tar, ledger, _ = make_input(storage, i, n, drop=drop)
+        tars.append(tar)
+        ledgers.append(ledger)
+    counted = count_inputs(storage, tars, ledgers)
+    assert [s.count for s in counted] == [8, 6]
+    assert counted[0].bytes == sum(r["length"] for r in read_ledger(storage, ledgers[0]).to_pylist() if r["status"] == "ok")
+    plan = plan_reshard(counted, 5, prefix="p")
+    assert build_output(storage, plan.outputs[0]).samples == 5  # input 0 only
+    # Input 1 broke the promise: one ok row lacks its txt. The build refuses, saying why.
+    with pytest.raises(ValueError, match="as its ledger vouches"):
+        build_outputs(storage, plan.outputs[1:])
+
+
+def test_outputs_are_grouped_into_few_contiguous_tasks():
+    inputs = [InputShard(f"in/{i}.tar", f"in/{i}.parquet", 100, bytes=100 * 2**20) for i in range(40)]  # 4000 MiB
+    plan = plan_reshard(inputs, 30, prefix="p")  # 134 outputs
+    for slots, task_bytes, tasks in ((2, 2**40, 2), (3, 2**40, 3), (2, 2**30, 4), (2, 2**29, 8), (500, 2**40, 134)):
+        groups = group_outputs(plan, slots, task_bytes=task_bytes)
+        assert len(groups) == tasks
+        assert [o.index for g in groups for o in g] == list(range(len(plan.outputs)))
+        assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    assert group_outputs(plan_reshard([], 5, prefix="p"), 2) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The phase under Prefect on a Dask LocalCluster
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tmp_path):
+    from dataclasses import dataclass
+
+    from prefect_dask import DaskTaskRunner
+
+    from flows.audit import new_run
+    from flows.reshard import reshard_flow
+    from flows.runtime import dask_cluster
+    from tasks.recipe import parse_recipe
+
+    @dataclass
+    class Validated:
+        tars: list
+        ledgers: list
+
+    storage = Storage(str(tmp_path / "root"))
+    # Tars in reverse ledger order; input 1 has two samples without a caption (txt).
+    made = [make_input(storage, i, n, drop=drop, tar_order=list(range(n))[::-1]) for i, (n, drop) in enumerate([(9, {}), (7, {1: "txt", 5: "txt"}), (11, {})])]
+    validated = Validated([t for t, _, _ in made], [led for _, led, _ in made])
+    written = {k: m for _, _, w in made for k, m in w.items()}
+    complete = [k for k, m in written.items() if "txt" in m]
+
+    def run(dataset, **config):
+        recipe = parse_recipe(
+            {"dataset": dataset, "storage": storage.root, "sources": [{"name": "s", "manifest": "m.csv"}], "reshard": {"samples_per_shard": 4}, **config},
+            tmp_path / "recipe.yaml",
+        )
+        return reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(recipe=recipe, validated=validated, run=new_run(recipe, dataset))
+
+    with dask_cluster("local", 2) as address:
+        # Captions not required: the validated ledgers vouch for jpg and json only, which is
+        # what the reshard requires by default. Ok rows are counted; no census.
+        summary, record = run("counted", validate={"caption": {"required": False}})
+        assert (summary.samples, summary.tail, summary.incomplete) == (27, 3, 0)
+        assert [o.samples for o in summary.outputs] == [4] * 6 + [3]
+        assert [k for o in summary.outputs for k in read_keys_with(storage, o.tar, ("jpg", "json"))] == list(written)
+        phase = record["phases"][-1]
+        assert phase["gate"]["success"] and phase["ok"] == 27 and phase["rows"] == 27
+        assert set(summary.timings) == {"start", "plan", "build", "gate", "report"}
+        again, _ = run("counted", validate={"caption": {"required": False}})
+        assert all(o.skipped for o in again.outputs) and [o.sha256 for o in again.outputs] == [o.sha256 for o in summary.outputs]
+
+        # Requiring the txt the validate phase did not promise: a census, and the two ok rows
+        # without one are accounted for with their reason instead of carried.
+        census, record = run("census", validate={"caption": {"required": False}}, reshard={"samples_per_shard": 4, "required_members": ["jpg", "json", "txt"]})
+        assert (census.samples, census.incomplete) == (25, 2)
+        assert [k for o in census.outputs for k in read_keys(storage, o.tar)] == complete
+        assert sorted(r["key"] for t in census.incomplete_rows for r in t.to_pylist()) == sorted(set(written) - set(complete))
+        phase = record["phases"][-1]
+        assert phase["gate"]["success"] and phase["rows"] == 27 and phase["by_reason"] == {INCOMPLETE: 2}
+
+
+def read_keys_with(storage, tar, required):
+    with storage.open(tar, "rb") as fh:
+        return [s.key for s in iter_samples(fh, required=required)]
+
+
+def test_a_ledger_whose_members_are_not_named_after_the_key_is_refused(dataset):
+    storage, inputs, _ = dataset
+    table = read_ledger(storage, inputs[3].ledger).to_pylist()
+    first = next(r for r in table if r["status"] == "ok")
+    first["key"] = first["key"] + "x"  # the tar's member names still carry the old key
+    write_ledger(storage, inputs[3].ledger, [LedgerRow(**{k: v for k, v in r.items() if k != "status"}) for r in table])
+    with pytest.raises(ValueError, match="is not named after its key"):
+        build_output(storage, plan_reshard(inputs, 10, prefix="ds/reshard").outputs[2])
