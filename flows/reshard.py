@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,12 +11,12 @@ import pyarrow as pa
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from flows.audit import check_gate, phase_record, run_gate
+from flows.audit import check_gate, judge_phase, phase_record
 from flows.runtime import default_workers, gather
-from tasks.ledger import Counts
+from tasks.ledger import Counts, committed
 from tasks.recipe import Recipe, ReshardConfig
 from tasks.reshard import InputCensus, census_inputs, count_inputs, group_outputs, plan_reshard
-from tasks.reshard_build import OutputResult, build_outputs
+from tasks.reshard_build import OutputResult, build_outputs, recorded_output
 from tasks.storage import Storage
 
 
@@ -70,7 +71,6 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     required = cfg.required(recipe.validate_)
     retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
     progress = create_progress_artifact(0.0, key=f"{recipe.dataset}-reshard-progress", description=f"{recipe.dataset}: reshard")
-    slots = _task_slots(recipe)  # connects the flow's Dask client, as its first task would
     timings = {"start": time.perf_counter() - started}
     mark = time.perf_counter()
 
@@ -82,7 +82,7 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
         censuses: list[InputCensus] = []
         accepted_in = sum(s.count for s in inputs)
     else:
-        censuses = _census(storage, validated, required, slots, retries, progress, logger)
+        censuses = _census(storage, validated, required, _task_slots(recipe), retries, progress, logger)
         inputs = [c.shard for c in censuses]
         accepted_in = sum(c.ok for c in censuses)
     incomplete = sum(c.incomplete.num_rows for c in censuses)
@@ -90,17 +90,30 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     timings["plan"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
-    futures = {build_task.with_options(**retries).submit(storage, g, g[0].index, g[-1].index): f"outputs {g[0].index}..{g[-1].index}" for g in group_outputs(plan, slots)}
-    outputs: list[OutputResult] = sorted((o for part in gather(futures, progress, 10.0, 80.0, logger, "reshard") for o in part), key=lambda r: r.index)
+    # Outputs an earlier run committed (same plan, so same names) are read back here, in the
+    # flow; only the rest go to the cluster, which a rerun with nothing new never needs.
+    done = committed(storage, [o.ledger for o in plan.outputs])
+    outputs: list[OutputResult] = [recorded_output(storage, o) for o in plan.outputs if o.ledger in done]
+    todo = [o for o in plan.outputs if o.ledger not in done]
+    if todo:
+        todo_plan = dataclasses.replace(plan, outputs=tuple(todo))
+        futures = {build_task.with_options(**retries).submit(storage, g, g[0].index, g[-1].index): f"outputs {g[0].index}..{g[-1].index}" for g in group_outputs(todo_plan, _task_slots(recipe))}
+        outputs += [o for part in gather(futures, progress, 10.0, 80.0, logger, "reshard") for o in part]
+    outputs.sort(key=lambda r: r.index)
     timings["build"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
-    rows = [dict(o.check, is_last=(i == len(outputs) - 1)) for i, o in enumerate(outputs)]
-    gate = reshard_gate(pa.Table.from_pylist(rows) if rows else pa.table({}), cfg.samples_per_shard, accepted_in - incomplete)
+
+    def evaluate():
+        rows = [dict(o.check, is_last=(i == len(outputs) - 1)) for i, o in enumerate(outputs)]
+        return reshard_gate(pa.Table.from_pylist(rows) if rows else pa.table({}), cfg.samples_per_shard, accepted_in - incomplete)
+
+    # A rerun over outputs committed before reuses the verdict on exactly these outputs.
+    settings = (cfg.samples_per_shard, accepted_in - incomplete, tuple(required), [o.check for o in outputs])
+    gate, links = judge_phase(storage, recipe, run, "reshard", [o.ledger for o in outputs], settings, evaluate)
     timings["gate"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
-    links = run_gate(storage, recipe, run, gate)
     summary = ReshardSummary(
         dataset=recipe.dataset,
         run=run["run"],

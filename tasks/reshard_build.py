@@ -254,6 +254,11 @@ def _planned_rows(output: OutputPlan, slots: np.ndarray, positions: np.ndarray, 
     return pa.concat_tables(parts).take(pa.array(order)).combine_chunks()
 
 
+def recorded_output(storage: Storage, output: OutputPlan) -> OutputResult:
+    """The result of an output an earlier run committed (its ledger exists), as ``build_output`` returns it."""
+    return _recorded(storage, output, time.perf_counter())
+
+
 def _recorded(storage: Storage, output: OutputPlan, start: float) -> OutputResult:
     """A committed output's result from its ledger, its gate row checked again from its tar.
 

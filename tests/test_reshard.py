@@ -636,8 +636,13 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
         phase = record["phases"][-1]
         assert phase["gate"]["success"] and phase["ok"] == 27 and phase["rows"] == 27
         assert set(summary.timings) == {"start", "plan", "build", "gate", "report"}
-        again, _ = run("counted", validate={"caption": {"required": False}})
+        built = build_tasks()
+        assert built > 0
+        again, again_record = run("counted", validate={"caption": {"required": False}})
         assert all(o.skipped for o in again.outputs) and [o.sha256 for o in again.outputs] == [o.sha256 for o in summary.outputs]
+        # Nothing to build: no build task ran, and the first run's verdict on these very outputs stands.
+        assert build_tasks() == built
+        assert again_record["phases"][-1]["gate"]["statistics"]["reused_from"] == record["run"]
 
         # Requiring the txt the validate phase did not promise: a census, and the two ok rows
         # without one are accounted for with their reason instead of carried.
@@ -647,6 +652,15 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
         assert sorted(r["key"] for t in census.incomplete_rows for r in t.to_pylist()) == sorted(set(written) - set(complete))
         phase = record["phases"][-1]
         assert phase["gate"]["success"] and phase["rows"] == 27 and phase["by_reason"] == {INCOMPLETE: 2}
+
+
+def build_tasks() -> int:
+    """Reshard build task runs the Prefect API has seen."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        return len(client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="reshard-0"))))
 
 
 def read_keys_with(storage, tar, required):
