@@ -22,7 +22,7 @@ demo: setup
 	SHARDSMITH_DEMO_DIR=$(CURDIR)/shardsmith-demo $(VENV)/bin/shardsmith run recipes/demo-finetune.yaml
 
 test: setup $(ENERGON)/.installed
-	$(VENV)/bin/python -m pytest -n auto --dist loadfile
+	$(VENV)/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # Debian packages the browser check (headless Chromium driven by chromedriver) and the
 # PostgreSQL check of tests/test_deployments.py need. .ci/run installs them (CI runs as root

@@ -103,8 +103,29 @@ def s3_bucket(s3_endpoint, request):
     return name, options
 
 
+# The longest test files (minutes each, from `pytest --durations`), longest first. They are
+# collected first, so pytest-xdist (`--dist loadfile` hands files out in collection order)
+# starts them at once instead of leaving one worker alone on a long file at the end.
+LONG_FIRST = (
+    "test_resilience_kill.py",
+    "test_stack.py",
+    "test_cli.py",
+    "test_flow_release.py",
+    "test_flow_finetuning.py",
+    "test_cli_uptodate.py",
+    "test_resilience_release.py",
+    "test_resilience_workers.py",
+    "test_deployments.py",
+    "test_cli_signals.py",
+    "test_flow_inputs.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip ``gpu``-marked tests where torch sees no CUDA GPU (the CPU path is the default run)."""
+    """Long files first (LONG_FIRST); skip ``gpu``-marked tests where torch sees no CUDA GPU
+    (the CPU path is the default run)."""
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
