@@ -82,17 +82,17 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object], for
     # The Prefect server and, when there is work, the Dask cluster start side by side, while
     # this process imports the flows; otherwise the flows start the cluster at their first task.
     with Session(ex.cluster, ex.workers, ex.threads_per_worker) as session, stop_on_signals(session):
-        from prefect import flow
-
-        from flows.pretraining import run_phases
-
         if pending != 0:
             # Work is coming: the cluster (no more workers than chunks to fetch) and Great
-            # Expectations (for the gates) start now, beside the Prefect server.
+            # Expectations (for the gates) start now, beside the Prefect server, before this
+            # process imports the flows.
             session.start_cluster(workers=pending)
             from flows.runtime import warm_gates
 
             warm_gates()
+        from prefect import flow
+
+        from flows.pretraining import run_phases
 
         @flow(name=f"shardsmith-{recipe.dataset}")
         def cli_run() -> dict:
