@@ -122,7 +122,8 @@ def iter_tar_samples(
     extension for the caller to refuse. Meta members (``is_meta_member``) are skipped. What
     ``iter_tar_members`` refuses (truncation, not a tar, compression, bad headers, links,
     absolute or ``..`` names, too many or too large members) ends the iteration with a
-    ``ShardFault``; the sample in progress is dropped with it, since its members may be cut.
+    ``ShardFault``; the sample in progress is kept when the fault names a member of another
+    key, and dropped with the fault otherwise (more of its members may lie past it).
 
     Args:
         fileobj: the shard's bytes, read sequentially.
@@ -142,7 +143,16 @@ def iter_tar_samples(
         try:
             member = next(members, None)
         except ShardError as err:
-            dropped = f"; sample '{current.shown_key}' in progress dropped" if current is not None else ""
+            # The sample in progress is complete when the fault names a member of another key
+            # (members of a key are consecutive); otherwise more of it may lie past the fault.
+            dropped = ""
+            if current is not None:
+                named = split_key(err.member) if err.member is not None else None
+                if named is not None and named[0] != current.key:
+                    yield finish(current)
+                    ordinal += 1
+                else:
+                    dropped = f"; sample '{current.shown_key}' in progress dropped"
             yield ShardFault(err.reason, shown(str(err), 400) + dropped, ordinal)
             return
         if member is None:
