@@ -18,6 +18,17 @@ JPEG = make_image("JPEG", size=(96, 80))
 PNG = make_image("PNG", size=(96, 80), color=(20, 160, 20))
 
 
+def distinct_image(seed: int, fmt: str = "JPEG") -> bytes:
+    """An image unlike any other seed's (random blocks), so dedup keeps every one."""
+    import numpy as np
+    from PIL import Image
+
+    blocks = np.random.default_rng(seed).integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(blocks).resize((96, 80), Image.NEAREST).save(buf, format=fmt)
+    return buf.getvalue()
+
+
 def tar_bytes(members: Iterable[tuple[str, bytes] | tarfile.TarInfo]) -> bytes:
     """A plain ustar tar of the members, in order: (name, data) files, or TarInfo as given (links)."""
     buf = io.BytesIO()
@@ -68,7 +79,7 @@ def img2dataset_shard(folder: Path, shard: int, rows: list[dict], missing: Itera
         }  # fmt: skip
         table_rows.append(meta)
         if ok and key not in set(missing):
-            members += sample(key, r.get("caption") or "", meta=meta)
+            members += sample(key, r.get("caption") or "", image=distinct_image(shard * 10_000 + i), meta=meta)
     (folder / f"{name}.tar").write_bytes(tar_bytes(members))
     pq.write_table(pa.Table.from_pylist(table_rows), folder / f"{name}.parquet")
     stats = {"count": len(rows), "successes": sum(r.get("status", "success") == "success" for r in rows), "failed_to_download": 0, "failed_to_resize": 0}
@@ -116,7 +127,7 @@ def images_parquet(path: Path, n: int, *, struct: bool, row_group_size: int = 4,
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())]) if struct else pa.binary()
     rows = []
     for i in range(n):
-        data = JPEG if i % 2 == 0 else PNG
+        data = distinct_image(i, "JPEG" if i % 2 == 0 else "PNG")
         rows.append({"id": f"img-{i}", "image": {"bytes": data, "path": f"{i}.jpg"} if struct else data, "caption": f"picture {i} of a thing", "license": "CC0-1.0", "author": f"author {i}"})
     rows += extra_rows or []
     schema = pa.schema([("id", pa.string()), ("image", image_type), ("caption", pa.string()), ("license", pa.string()), ("author", pa.string())])

@@ -280,8 +280,9 @@ def test_one_pass_validates_ingested_samples_and_keeps_their_origin(tmp_path):
     assert {r["reason"] for r in rows} == {None, "license_missing"}
     assert all(r["origin"].startswith(str(folder / "00000.tar") + ":") for r in rows)
     kept = tar_samples(storage, cand[0])
-    meta = json.loads(next(iter(kept.values()))["json"])
-    assert meta["origin"]["key"] == "a0000" and meta["origin"]["shard"] == str(folder / "00000.tar")
+    metas = [json.loads(members["json"]) for members in kept.values()]
+    assert sorted(m["origin"]["key"] for m in metas) == ["a0000", "a0001", "a0002"]
+    assert {m["origin"]["shard"] for m in metas} == {str(folder / "00000.tar")}
 
 
 def test_hostile_names_are_never_written_to_disk(tmp_path):
