@@ -242,22 +242,27 @@ def test_parquet_with_raw_bytes_and_hugging_face_structs(tmp_path):
 
 
 def test_parquet_with_raw_bytes_and_wrong_types(tmp_path):
-    path = tmp_path / "raw.parquet"
-    images_parquet(path, 2, struct=False)
     import pyarrow as pa
 
+    path = tmp_path / "raw.parquet"
+    images_parquet(path, 2, struct=False)
     table = pq.read_table(path)
-    odd = pa.table({"id": ["list-caption"], "image": [JPEG], "caption": [None], "license": ["CC0-1.0"], "author": ["x"]}, schema=table.schema)
-    pq.write_table(pa.concat_tables([table, odd]), path)
-    source = SourceConfig(name="raw", manifest=str(path), kind="parquet_images")
-    plan, results, _ = ingest(source, tmp_path / "out")
-    rows = results["raw.parquet"][1]
-    assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
-    assert [r["key"] for r in rows] == ["raw-000000000", "raw-000000001", "raw-000000002"]
-    from tasks.sources.parquet_images import image_bytes
+    no_caption = pa.table({"id": ["no-caption"], "image": [JPEG], "caption": [None], "license": ["CC0-1.0"], "author": ["x"]}, schema=table.schema)
+    pq.write_table(pa.concat_tables([table, no_caption]), path)
+    rows = ingest(SourceConfig(name="raw", manifest=str(path), kind="parquet_images"), tmp_path / "out")[1]["raw.parquet"][1]
+    # A single file keeps single-file keys; no caption is the caption rules' business, later.
+    assert [(r["key"], r["status"]) for r in rows] == [("raw-000000000", "ok"), ("raw-000000001", "ok"), ("raw-000000002", "ok")]
 
-    assert image_bytes("a string", "image")[2] == "wrong_type"
-    assert image_bytes([1, 2], "image")[2] == "wrong_type"
+    # Lists and strings are never taken for captions or images.
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    pq.write_table(pa.table({"image": [JPEG], "caption": [["a", "list"]], "license": ["CC0-1.0"]}), odd / "list-caption.parquet")
+    pq.write_table(pa.table({"image": ["/path/to/x.jpg"], "caption": ["a path, not bytes"], "license": ["CC0-1.0"]}), odd / "string-image.parquet")
+    _, results, _ = ingest(SourceConfig(name="odd", manifest=str(odd), kind="parquet_images"), tmp_path / "out2")
+    listed = results["list-caption.parquet"][1][0]
+    assert listed["reason"] == "wrong_type" and "column 'caption' holds list" in listed["detail"]
+    string = results["string-image.parquet"][1][0]
+    assert string["reason"] == "wrong_type" and "column 'image' holds str" in string["detail"]
     # The image column must be there: said at planning, naming the columns found.
     with pytest.raises(ManifestError, match="no image column 'picture'"):
         plan_ingest(SourceConfig(name="raw", manifest=str(path), kind="parquet_images", image_column="picture"))
