@@ -303,3 +303,20 @@ def test_hostile_names_are_never_written_to_disk(tmp_path):
     _, results, _ = ingest(SourceConfig(name="wds", manifest=str(folder), kind="webdataset"), tmp_path / "out")
     assert [r["reason"] for r in results["00000.tar"][1]] == ["tar_parent_reference"]
     assert not (tmp_path / "escaped.jpg").exists() and not (tmp_path.parent / "escaped.jpg").exists()
+
+
+def test_parquet_on_s3_by_pattern(s3_bucket, tmp_path):
+    import s3fs
+
+    bucket, options = s3_bucket
+    fs = s3fs.S3FileSystem(**options)
+    for i in range(2):
+        images_parquet(tmp_path / f"part-{i}.parquet", 3, struct=True)
+        fs.put(str(tmp_path / f"part-{i}.parquet"), f"{bucket}/hf/part-{i}.parquet")
+    fs.pipe(f"{bucket}/hf/README.md", b"not a part")
+    source = SourceConfig(name="hf", manifest=f"s3://{bucket}/hf/part-*.parquet", kind="parquet_images", rows_per_shard=2)
+    plan, results, _ = ingest(source, tmp_path / "out", options)
+    assert plan.rows == 6 and [c.rows for c in plan.chunks] == [2, 1, 2, 1]
+    rows = results["part-1.parquet"][1]
+    assert [r["status"] for r in rows] == ["ok"] * 3
+    assert [r["origin"] for r in rows] == [f"s3://{bucket}/hf/part-1.parquet:{n}" for n in (1, 2, 3)]

@@ -105,18 +105,24 @@ def plan_ingest(source: SourceConfig, storage_options: dict[str, Any] | None = N
     content hash covers the settings, the file's path, size and version (ETag or mtime), so
     an unchanged input is not ingested again and a rewritten one is.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     settings = settings_hash(source)
     files = list_inputs(source, storage_options)
+    counts = [0] * len(files)
+    if source.kind == "parquet_images":
+        # One footer read per file: a request each on object stores, so side by side.
+        with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+            counts = list(pool.map(lambda f: parquet_rows(f[0], source, storage_options), files))
     chunks: list[ChunkRef] = []
     rows = 0
     digest = hashlib.sha256(settings.encode())
-    for file, version in files:
+    for (file, version), n in zip(files, counts):
         digest.update(f"{file.rel}\t{file.size}\t{version}\n".encode())
         base = row_base(file)
         if source.kind == "webdataset":
             chunks.append(ChunkRef(source.name, base, base, 0, chunk_hash(settings, file, version, 0), file.url))
             continue
-        n = parquet_rows(file, source, storage_options)
         per = source.rows_per_shard
         for part, start in enumerate(range(0, n, per)):
             count = min(per, n - start)
