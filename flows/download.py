@@ -1,4 +1,4 @@
-"""The download phase: URL manifests into raw WebDataset shards and ledgers, one task per chunk."""
+"""The download phase: URL manifests fetched, and existing data ingested (tasks/sources/), into raw WebDataset shards and ledgers, one task per chunk."""
 
 from __future__ import annotations
 

@@ -354,3 +354,14 @@ def test_mutated_shards_give_verdicts_never_exceptions():
 
     check()
     assert [getattr(i, "reason", None) for i in _verdicts(base)] == [None, None, "duplicate_key", "unsafe_key", "forbidden_member"]
+
+
+def test_an_unreadable_side_file_is_said_and_the_shard_still_read(tmp_path):
+    folder = tmp_path / "i2d"
+    folder.mkdir()
+    img2dataset_shard(folder, 0, [{"url": "https://example.org/0.jpg", "caption": "zero", "license": "CC0-1.0"}])
+    (folder / "00000.parquet").write_bytes(b"PAR1 but not really parquet")
+    _, results, _ = ingest(SourceConfig(name="laion", manifest=str(folder), kind="webdataset"), tmp_path / "out")
+    [row] = results["00000.tar"][1]
+    assert row["status"] == "ok" and "side file 00000.parquet not read" in row["detail"]
+    assert row["url"] == "https://example.org/0.jpg"  # from the sample's own json

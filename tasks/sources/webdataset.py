@@ -116,16 +116,16 @@ class ShardIngest:
                     upstream = side[index]
                 else:
                     index, upstream = len(side) + item.ordinal, None
-                yield self._out(self._sample_row(item, index, upstream, note), self._verdict(item, index, upstream))
+                yield self._out(self._sample_row(item, index, upstream, note), self._verdict(item, index, upstream, note))
         after = len(side) + (fault.samples_before if fault else 0)
         for i, r in enumerate(side):
             if i in taken:
                 continue
             if r.get("status") != SUCCESS:
-                yield self._out(self._side_row(i, r, note), Fetched(reason="upstream_failed", detail=self._upstream(i, r) + f": {r.get('error_message')}"))
+                yield self._out(self._side_row(i, r), Fetched(reason="upstream_failed", detail=self._upstream(i, r) + f": {shown(str(r.get('error_message')), 300)}"))
             elif fault is None:
-                detail = f"{self._upstream(i, r)}, but {self.shard} has no sample {shown(str(r.get('key')))!r}"
-                yield self._out(self._side_row(i, r, note), Fetched(reason="sample_missing", detail=detail))
+                detail = f"{self._upstream(i, r)}, but {self.shard} has no sample '{shown(str(r.get('key')))}'"
+                yield self._out(self._side_row(i, r), Fetched(reason="sample_missing", detail=detail))
         if fault is not None:
             row = {"row": self.ref.first_row + after, "url": None, "caption": None, "license": None, "extra": None, "origin": f"{self.shard}:after sample {fault.samples_before}"}
             unread = "; rows of its side file not seen in the tar are part of it" if side else ""
@@ -174,7 +174,7 @@ class ShardIngest:
             "origin": f"{self.shard}:{sample.shown_key}",
         }
 
-    def _side_row(self, index: int, side_row: Row, note: str) -> Row:
+    def _side_row(self, index: int, side_row: Row) -> Row:
         parquet = posixpath.basename(side_file(self.ref.path) or "")
         return {
             "row": self.ref.first_row + index,
@@ -185,8 +185,8 @@ class ShardIngest:
             "origin": f"{posixpath.join(posixpath.dirname(self.shard), parquet)}:{index + 1}",
         }
 
-    def _verdict(self, sample: TarSample, index: int, upstream: Row | None) -> Fetched:
-        where = f"; {self._upstream(index, upstream)}" if upstream is not None else ""
+    def _verdict(self, sample: TarSample, index: int, upstream: Row | None, note: str) -> Fetched:
+        where = f"; {self._upstream(index, upstream)}" if upstream is not None else (f"; {note}" if note else "")
         if sample.reason is not None:
             return Fetched(reason=sample.reason, detail=sample.detail + where)
         ext = next((e for e in sample.members if e.lower() in IMAGE_EXTENSIONS), None)
