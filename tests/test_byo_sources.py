@@ -365,3 +365,24 @@ def test_an_unreadable_side_file_is_said_and_the_shard_still_read(tmp_path):
     [row] = results["00000.tar"][1]
     assert row["status"] == "ok" and "side file 00000.parquet not read" in row["detail"]
     assert row["url"] == "https://example.org/0.jpg"  # from the sample's own json
+
+
+def test_a_recipe_mixes_url_manifests_and_ingested_sources(tmp_path):
+    """The CLI's planning (flows/preflight.py) plans URL manifests and ingest sources side by side, in recipe order."""
+    from flows.preflight import combine_groups, list_groups, plan_here
+    from tasks.recipe import parse_recipe
+
+    (tmp_path / "m.csv").write_text("url,caption,license\nhttps://example.org/a.jpg,a,CC0-1.0\n")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "00000.tar").write_bytes(tar_bytes(good_samples("a", 2)))
+    recipe = parse_recipe({
+        "dataset": "mixed", "storage": str(tmp_path / "store"),
+        "sources": [
+            {"name": "wds", "kind": "webdataset", "manifest": str(tmp_path / "shards")},
+            {"name": "urls", "manifest": str(tmp_path / "m.csv")},
+        ],
+    })  # fmt: skip
+    groups = list_groups(recipe)
+    assert [s.name for s, _ in groups] == ["urls"]
+    plans = combine_groups(recipe, groups, plan_here(recipe, Storage(recipe.storage), groups))
+    assert [(p.source, p.rows, p.rows_known, len(p.chunks)) for p in plans] == [("wds", 0, False, 1), ("urls", 1, True, 1)]
