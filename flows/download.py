@@ -1,4 +1,4 @@
-"""The download phase: URL manifests into raw WebDataset shards and ledgers, one task per chunk."""
+"""The download phase: URL manifests fetched, and existing data ingested (tasks/sources/), into raw WebDataset shards and ledgers, one task per chunk."""
 
 from __future__ import annotations
 
@@ -58,13 +58,23 @@ def plan_files_task(source, files: list, storage: Storage, dataset: str, options
 
 
 @task(name="download-shard", task_run_name="download-{ref.source}-{ref.name}")
-def download_shard_task(ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict) -> ShardResult:
-    return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options)
+def download_shard_task(ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict, rows_from=None) -> ShardResult:
+    return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options, rows_from)
 
 
 @task(name="download-validate-shard", task_run_name="download-validate-{ref.source}-{ref.name}")
-def download_validate_task(ref, storage: Storage, dcfg, vcfg, download: tuple[str, str], candidates: tuple[str, str], s3_options: dict) -> tuple[ShardResult, CandidateResult]:
-    return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options)
+def download_validate_task(ref, storage: Storage, dcfg, vcfg, download: tuple[str, str], candidates: tuple[str, str], s3_options: dict, rows_from=None) -> tuple[ShardResult, CandidateResult]:
+    return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options, rows_from)
+
+
+def rows_from(recipe: Recipe, source: str):
+    """Where a chunk's rows come from: fetched (None, a URL manifest) or an ingested source's reader."""
+    from functools import partial
+
+    from tasks.sources import ingest_rows
+
+    cfg = next(s for s in recipe.sources if s.name == source)
+    return None if cfg.kind == "manifest" else partial(ingest_rows, cfg)
 
 
 def run_name() -> str:
@@ -102,9 +112,9 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         if ledger_rel in done and (not fuse_validation or cand_paths[ref][1] in done):
             continue  # committed by an earlier run: nothing to submit
         if fuse_validation:
-            fut = download_validate_task.with_options(**retries).submit(ref, storage, recipe.download, recipe.validate_, paths[ref], cand_paths[ref], recipe.storage_options)
+            fut = download_validate_task.with_options(**retries).submit(ref, storage, recipe.download, recipe.validate_, paths[ref], cand_paths[ref], recipe.storage_options, rows_from(recipe, ref.source))
         else:
-            fut = download_shard_task.with_options(**retries).submit(ref, storage, recipe.download, tar_rel, ledger_rel, recipe.storage_options)
+            fut = download_shard_task.with_options(**retries).submit(ref, storage, recipe.download, tar_rel, ledger_rel, recipe.storage_options, rows_from(recipe, ref.source))
         futures[fut] = tar_rel
     todo = {paths[ref][0] for ref in refs} & set(futures.values())
     fresh, failed = gather_all(futures, progress, "download", rows=sum(r.rows for r in refs if paths[r][0] in todo))
@@ -152,7 +162,9 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         create_markdown_artifact(summary_markdown(summary), key=f"{key}-summary", description=f"{recipe.dataset}: download summary")
         raise PhaseFailed(f"{len(failed)} of {len(refs)} download shards failed; see {summary.report}:\n" + "\n".join(failed[:20]))
     ledger = concat_ledgers([tables.get(r.ledger) for r in results], ["key", "source", "status", "reason"])
-    manifest_rows = sum(p.rows for p in plans)
+    # Rows in: the manifests' rows; a source counted only when read (WebDataset shards) by its ledgers.
+    counted = {p.source for p in plans if not p.rows_known}
+    manifest_rows = sum(p.rows for p in plans) + sum(r.counts.rows for r in results if r.source in counted)
     gate, links = judge_phase(
         storage, recipe, run, "download", [r.ledger for r in results], (manifest_rows, recipe.gates.download),
         lambda: download_gate(ledger, manifest_rows, recipe.gates.download),

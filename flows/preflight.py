@@ -35,10 +35,12 @@ def _plan_key(recipe: Recipe) -> str:
 
 
 def list_groups(recipe: Recipe) -> list[tuple[Any, list]]:
-    """(source, group of manifest files) for every source: one planning task per group."""
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(recipe.sources)))) as pool:
-        listed = list(pool.map(lambda s: list_manifest_files(s, recipe.storage_options), recipe.sources))
-    return [(source, group) for source, files in zip(recipe.sources, listed) for group in group_files(files)]
+    """(source, group of manifest files) for every URL manifest source: one planning task per
+    group (sources of existing data are planned by ``combine_groups``)."""
+    manifests = [s for s in recipe.sources if s.kind == "manifest"]
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(manifests)))) as pool:
+        listed = list(pool.map(lambda s: list_manifest_files(s, recipe.storage_options), manifests))
+    return [(source, group) for source, files in zip(manifests, listed) for group in group_files(files)]
 
 
 def small(groups: list[tuple[Any, list]]) -> bool:
@@ -54,11 +56,14 @@ def plan_here(recipe: Recipe, storage: Storage, groups: list[tuple[Any, list]]) 
 
 
 def combine_groups(recipe: Recipe, groups: list[tuple[Any, list]], planned: list[list[FilePlan]]) -> list[SourcePlan]:
-    """Every source's plan from its groups' file plans."""
+    """Every source's plan from its groups' file plans; a source of existing data (WebDataset
+    shards, parquet with images) is listed and planned here, writing nothing."""
+    from tasks.sources import plan_ingest
+
     by_source: dict[str, list[FilePlan]] = {s.name: [] for s in recipe.sources}
     for (source, _), plans in zip(groups, planned):
         by_source[source.name].extend(plans)
-    return [combine(s, by_source[s.name]) for s in recipe.sources]
+    return [combine(s, by_source[s.name]) if s.kind == "manifest" else plan_ingest(s, recipe.storage_options) for s in recipe.sources]
 
 
 def prime_plans(recipe: Recipe, storage: Storage) -> list[SourcePlan] | None:

@@ -6,7 +6,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from tasks.fetch import Fetched
 from tasks.fetchrows import iter_completed
@@ -59,19 +59,24 @@ def download_shard(
     tar_rel: str,
     ledger_rel: str,
     s3_options: dict[str, Any] | None = None,
+    rows_from: Callable[..., tuple[list[dict[str, Any]], Iterator[tuple[dict[str, Any], Fetched]]]] | None = None,
 ) -> ShardResult:
-    """Download one chunk into one shard; a shard whose ledger exists is done and skipped."""
+    """Download one chunk into one shard; a shard whose ledger exists is done and skipped.
+
+    ``rows_from`` gives the chunk's rows and their results (default ``fetched_rows``: read the
+    chunk, fetch its URLs); an ingest source passes ``tasks.sources.ingest_rows`` bound to it.
+    """
     start = time.perf_counter()
     if storage.exists(ledger_rel):
         counts = Counts.of(read_ledger(storage, ledger_rel))
         return ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
-    rows = read_chunk(storage, ref).to_pylist()
+    rows, results = (rows_from or fetched_rows)(ref, storage, cfg, s3_options)
     ledger: list[LedgerRow] = []
     with storage.atomic_writer(tar_rel) as fh:
         writer = ShardWriter(fh)
         # Samples go into the tar as their fetches complete, so a slow row holds back none
         # after it; the ledger, sorted by row below, is what later phases read in order.
-        for row, fetched in iter_completed(rows, cfg, s3_options):
+        for row, fetched in results:
             ledger.append(record_row(row, fetched, ref.source, tar_rel, writer)[0])
         check_every_row_once(rows, ledger, tar_rel)
         # A shard with no accepted sample is still committed (an empty tar), so every chunk
@@ -80,6 +85,12 @@ def download_shard(
     ledger.sort(key=lambda entry: entry.row)
     counts = Counts.of(write_ledger(storage, ledger_rel, ledger))
     return ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, time.perf_counter() - start, samples=counts.ok)
+
+
+def fetched_rows(ref: ChunkRef, storage: Storage, cfg: DownloadConfig, s3_options: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], Iterator[tuple[dict[str, Any], Fetched]]]:
+    """A manifest chunk's rows, and their fetches as they complete."""
+    rows = read_chunk(storage, ref).to_pylist()
+    return rows, iter_completed(rows, cfg, s3_options)
 
 
 def _sample_json(row: dict[str, Any], key: str, source: str, entry: LedgerRow) -> bytes:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
-from tasks.download import ShardResult, check_every_row_once, record_row
-from tasks.fetchrows import iter_completed
+from tasks.download import ShardResult, check_every_row_once, fetched_rows, record_row
 from tasks.ledger import COUNT_COLUMNS, Counts, LedgerRow, read_ledger, write_ledger
-from tasks.manifests import ChunkRef, read_chunk
+from tasks.manifests import ChunkRef
 from tasks.reasons import OK
 from tasks.recipe import DownloadConfig, ValidateConfig
 from tasks.shards import ShardWriter
@@ -24,6 +23,7 @@ def download_and_validate(
     download: tuple[str, str],
     candidates: tuple[str, str],
     s3_options: dict[str, Any] | None = None,
+    rows_from: Callable[..., Any] | None = None,
 ) -> tuple[ShardResult, CandidateResult]:
     """Fetch a chunk's rows and judge each fetched sample as it arrives, on a few threads.
 
@@ -33,7 +33,8 @@ def download_and_validate(
     (``candidates``: tar, ledger). Commit order: both tars, the candidate ledger, then the
     download ledger, whose presence therefore means both are done. A chunk whose download is
     committed but not its candidates (``--phase download`` ran before, or the validation
-    config changed) is validated from the raw shard; one with both is skipped.
+    config changed) is validated from the raw shard; one with both is skipped. ``rows_from``:
+    as for ``tasks.download.download_shard`` (an ingest source's rows instead of fetches).
     """
     start = time.perf_counter()
     (tar_rel, ledger_rel), (cand_tar, cand_ledger) = download, candidates
@@ -42,13 +43,13 @@ def download_and_validate(
         got = ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
         cand = validate_shard(storage, ref.source, ref.index, tar_rel, ledger_rel, vcfg, cand_tar, cand_ledger)
         return got, cand
-    rows = read_chunk(storage, ref).to_pylist()
+    rows, results = (rows_from or fetched_rows)(ref, storage, dcfg, s3_options)
     ledger: list[LedgerRow] = []
     judge = Judge(vcfg)
     with storage.atomic_writer(tar_rel) as raw_out, storage.atomic_writer(cand_tar) as cand_out, JudgePool(judge) as pool:
         raw = ShardWriter(raw_out)
         shard = CandidateShard(storage, cand_tar, cand_ledger, cand_out)
-        for row, fetched in iter_completed(rows, dcfg, s3_options):
+        for row, fetched in results:
             entry, members = record_row(row, fetched, ref.source, tar_rel, raw)
             ledger.append(entry)
             if entry.status != OK:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tasks.shards import SHARD_ERROR_REASONS
+
 OK = "ok"
 REJECTED = "rejected"
 ERROR = "error"
@@ -16,7 +18,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "invalid_url": (REJECTED, "the URL cannot be parsed, has no host, or a malformed host name (a label over 63 or a name over 253 characters, a character not valid in a host, bad IDNA); the detail says which"),
     "unsupported_scheme": (REJECTED, "the URL scheme is not http, https, file or s3"),
     # manifest values (tasks/manifests/values.py)
-    "wrong_type": (REJECTED, "a list or object where the url, caption or license string belongs (JSON array/object, parquet list/struct/map); never coerced, the detail names the column"),
+    "wrong_type": (REJECTED, "a list or object where the url, caption or license string belongs (JSON array/object, parquet list/struct/map), or an image column value that is neither bytes nor a {bytes, path} struct; never coerced, the detail names the column"),
     # network policy (SSRF guard)
     "blocked_address": (REJECTED, "the host is or resolves to a loopback, private, link-local or other non-global address (the detail names it)"),
     "credentials_in_url": (REJECTED, "the URL carries a user name or password (user:secret@host); refused, so they are never sent"),
@@ -49,8 +51,14 @@ REASONS: dict[str, tuple[str, str]] = {
     "animated_image": (REJECTED, "an animated image while validate.image.animated is reject"),
     "image_too_small": (REJECTED, "the short side is below validate.image.min_side"),
     "aspect_ratio": (REJECTED, "long side / short side is above validate.image.max_aspect_ratio"),
-    # reshard (tasks/reshard.py)
-    "incomplete_sample": (REJECTED, "an ok sample lacks a member the reshard requires (reshard.required_members); not carried"),
+    # reshard (tasks/reshard.py), and ingested shards (tasks/sources/)
+    "incomplete_sample": (REJECTED, "a sample lacks a member it needs: at reshard one of reshard.required_members (not carried); at ingest an image (a shard's sample without an image member, a parquet row whose image column holds no bytes); the detail names what is missing"),
+    # ingested shards and datasets (tasks/sources/)
+    "duplicate_key": (REJECTED, "a key seen earlier in the same ingested shard (again after other keys, or the same member twice); the first is kept"),
+    "unsafe_key": (REJECTED, "an ingested sample's key is not a safe name: a control, bidi or other format character, a path separator, or longer than 200 characters (the detail shows it escaped)"),
+    "forbidden_member": (REJECTED, "an ingested sample carries a member of a type never loaded (pickle, .pth, .pt, .ckpt, .pyd, .so, scripts; tasks/sources/tarsamples.py); the whole sample is refused"),
+    "upstream_failed": (ERROR, "the tool that wrote an ingested shard recorded a failure for the row (img2dataset: failed_to_download, failed_to_resize); its status and message in the detail"),
+    "sample_missing": (ERROR, "the side file of an ingested shard (img2dataset's parquet) lists the sample as written, but the shard has no sample of that key"),
     # precache
     "nonfinite_encoding": (ERROR, "a precached array (latent, embedding, feature) holds NaN or infinite values; the precache gate blocks the release"),
     # license (tasks/licenses.py)
@@ -75,6 +83,11 @@ REASONS: dict[str, tuple[str, str]] = {
     "text_only_over_ratio": (REJECTED, "a text-only record beyond finetune.text_only_ratio of the accepted samples"),
 }
 
+
+# Faults of an ingested tar shard (tasks/sources/): one error row stands for the rest of the
+# shard, after a row for every sample read before the fault.
+for _name, _meaning in SHARD_ERROR_REASONS.items():
+    REASONS[_name] = (ERROR, f"ingested shard fault: {_meaning}; one row stands for the rest of the shard")
 
 # Families: a stable prefix and a variable part. ``duplicate_of:<key>`` names the sample kept.
 FAMILIES: dict[str, tuple[str, str]] = {

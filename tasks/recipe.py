@@ -38,11 +38,24 @@ class SourceConfig(_Frozen):
         format: ``auto`` picks the format from the file name.
         url_column, caption_column, license_column: column names in the manifest.
         extra_columns: further columns carried into each sample's json; ``["*"]`` carries all.
-        rows_per_shard: manifest rows per download shard (one Prefect task each).
+        rows_per_shard: manifest rows per download shard (one Prefect task each); for a
+            ``parquet_images`` source, rows of a file per ingest shard.
+        kind: ``manifest`` (URLs to download, the default); ``webdataset``: ``manifest`` names
+            existing tar shards (a ``.tar`` file, folder, glob or brace pattern, local or S3;
+            img2dataset's ``NNNNN.parquet`` side files are read for URL and status), one
+            ingest shard per tar; ``parquet_images``: parquet files whose ``image_column``
+            holds the image bytes (raw, or Hugging Face's ``{bytes, path}`` struct). See
+            tasks/sources/.
+        image_column: the image bytes column of a ``parquet_images`` source.
+        id_column: a column carried into each sample's json as the row's own id
+            (``parquet_images``; for ``webdataset``, a field of the sample's json).
     """
 
     name: str = Field(pattern=NAME_PATTERN)
     manifest: str = Field(min_length=1)
+    kind: Literal["manifest", "webdataset", "parquet_images"] = "manifest"
+    image_column: str = "image"
+    id_column: str | None = None
     format: Literal["auto", "csv", "tsv", "jsonl", "parquet"] = "auto"
     url_column: str = "url"
     caption_column: str | None = "caption"

@@ -475,6 +475,7 @@ def iter_tar_members(
     max_members: int = DEFAULT_MAX_MEMBERS,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     read_data: bool = True,
+    skip_larger_than: int | None = None,
 ) -> Iterator[TarMember]:
     """Stream the regular-file members of an untrusted tar, refusing anything unsafe.
 
@@ -493,6 +494,9 @@ def iter_tar_members(
         max_header_bytes: largest GNU long name or PAX header (default 64 KiB).
         read_data: when False, member data is read and discarded in bounded chunks and
             ``data`` is ``None`` (default True).
+        skip_larger_than: members larger than this (and within ``max_member_bytes``) are
+            discarded like that and yielded with ``data`` ``None``, so a caller can refuse one
+            sample without giving up the shard (default ``None``: none skipped).
     """
 
     def error(reason: str, detail: str = "", *, member: str | None = None, offset: int | None = None):
@@ -652,7 +656,7 @@ def iter_tar_members(
                 offset=member_at,
             )
         data_at = pos
-        if read_data:
+        if read_data and (skip_larger_than is None or size <= skip_larger_than):
             data: bytes | None = read_payload(size, "member data", member_at, name)
         else:
             skip_payload(size, "member data", member_at, name)

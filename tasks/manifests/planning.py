@@ -62,6 +62,8 @@ class SourcePlan:
         chunks: the chunks, in file and row order; empty when there are no rows.
         files: how many files the manifest has.
         note: why there are no rows, for people, when there are none ("" otherwise).
+        rows_known: False for a source whose rows are counted only when read (WebDataset
+            shards, tasks/sources/): ``rows`` is then 0 and the download ledgers count them.
     """
 
     source: str
@@ -72,6 +74,7 @@ class SourcePlan:
     chunks: tuple[ChunkRef, ...]
     files: int = 1
     note: str = ""
+    rows_known: bool = True
 
 
 # -- one file ---------------------------------------------------------------------------------

@@ -259,43 +259,17 @@ def list_manifest_files(source: SourceConfig, storage_options: dict[str, Any] | 
         fmt, gzipped = resolve_format(_name_of(manifest), source.format, where)
         return [ManifestFile(manifest, where, posixpath.basename(_name_of(manifest).rstrip("/")), "", fmt, gzipped)]
 
-    root = _root_of(manifest, kind)
-    try:
-        fs, root_path = _fs(root or ".", storage_options)
-        found: dict[str, int] = {}
-        if kind == "folder":
-            entries = fs.find(root_path, detail=True)
-            for path, info in entries.items():
-                if _is_file(path, info):
-                    found[path] = int(info.get("size") or 0)
-            if not entries and not fs.exists(root_path):
-                raise FileNotFoundError(root_path)
-        else:
-            for pattern in _expand_braces(manifest):
-                pattern_path = _fs(pattern, storage_options)[1]
-                for path, info in fs.glob(pattern_path, detail=True).items():
-                    if _is_file(path, info):
-                        found[path] = int(info.get("size") or 0)
-    except tuple(_PERMANENT_OPEN_ERRORS) as err:
-        code = next(code for cls, code in _PERMANENT_OPEN_ERRORS.items() if isinstance(err, cls))
-        raise ManifestError(where, f"cannot list: {os.strerror(code)}") from None
-    except (ValueError, ImportError) as err:
-        raise ManifestError(where, f"cannot list: {err}") from None
-
-    prefix = root_path.rstrip("/") + "/" if root_path else ""
+    root, listed = find_files(manifest, storage_options, kind)
     files: list[ManifestFile] = []
     skipped: list[str] = []
-    for path in sorted(found):
-        rel = path[len(prefix) :] if prefix and path.startswith(prefix) else path.lstrip("/")
-        if _side_file(rel):
-            continue
+    for rel, info in listed:
         if not _takes(posixpath.basename(rel), source.format):
             skipped.append(rel)
             continue
         url = f"{root.rstrip('/')}/{rel}" if root else rel
         shown = display(url)
         fmt, gzipped = resolve_format(rel, source.format, shown)
-        files.append(ManifestFile(url, shown, rel, file_tag(rel), fmt, gzipped, found[path]))
+        files.append(ManifestFile(url, shown, rel, file_tag(rel), fmt, gzipped, int(info.get("size") or 0)))
     files.sort(key=lambda f: f.rel)
     if not files:
         what = "no files match" if kind == "pattern" and not skipped else "no manifest files"
@@ -305,6 +279,53 @@ def list_manifest_files(source: SourceConfig, storage_options: dict[str, Any] | 
     if len(formats) > 1:
         firsts = ", ".join(next(f.rel for f in files if f.fmt == fmt) + f" ({fmt})" for fmt in formats)
         raise ManifestError(where, f"files of more than one format ({firsts}); one source takes one format")
+    check_tags(files, where)
+    return files
+
+
+def source_kind(manifest: str, storage_options: dict[str, Any] | None = None) -> str:
+    """``file``, ``folder`` or ``pattern``: how a source names its files."""
+    return _kind(manifest, storage_options)
+
+
+def find_files(manifest: str, storage_options: dict[str, Any] | None, kind: str) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """(root, [(path under the root, fsspec info)]) of a folder or pattern, sorted, side files
+    (see ``_side_file``) left out; ManifestError when it cannot be listed."""
+    where = display(manifest)
+    root = _root_of(manifest, kind)
+    try:
+        fs, root_path = _fs(root or ".", storage_options)
+        found: dict[str, dict[str, Any]] = {}
+        if kind == "folder":
+            entries = fs.find(root_path, detail=True)
+            for path, info in entries.items():
+                if _is_file(path, info):
+                    found[path] = info
+            if not entries and not fs.exists(root_path):
+                raise FileNotFoundError(root_path)
+        else:
+            for pattern in _expand_braces(manifest):
+                pattern_path = _fs(pattern, storage_options)[1]
+                for path, info in fs.glob(pattern_path, detail=True).items():
+                    if _is_file(path, info):
+                        found[path] = info
+    except tuple(_PERMANENT_OPEN_ERRORS) as err:
+        code = next(code for cls, code in _PERMANENT_OPEN_ERRORS.items() if isinstance(err, cls))
+        raise ManifestError(where, f"cannot list: {os.strerror(code)}") from None
+    except (ValueError, ImportError) as err:
+        raise ManifestError(where, f"cannot list: {err}") from None
+
+    prefix = root_path.rstrip("/") + "/" if root_path else ""
+    listed = []
+    for path in sorted(found):
+        rel = path[len(prefix) :] if prefix and path.startswith(prefix) else path.lstrip("/")
+        if not _side_file(rel):
+            listed.append((rel, found[path]))
+    return root, listed
+
+
+def check_tags(files: list[ManifestFile], where: str) -> None:
+    """ManifestError when two files of a source share a file tag (their keys would mix)."""
     tags: dict[str, str] = {}
     for f in files:
         if f.tag in tags:

@@ -1,0 +1,31 @@
+"""Existing data as sources: WebDataset shards (img2dataset's layout included) and parquet files with embedded images, ingested into the same download shards and ledgers as fetched rows.
+
+The parts: ``planning`` (listing the input files, one chunk per tar or per rows of a parquet
+file), ``tarsamples`` (an untrusted tar read sample by sample with a verdict each),
+``webdataset`` and ``parquet_images`` (a chunk's rows with the verdict the download stage
+records). ``ingest_rows`` is what the download and one-pass stages call in place of fetching.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.manifests.chunks import ChunkRef
+from tasks.recipe import DownloadConfig, SourceConfig
+from tasks.sources.planning import plan_ingest
+from tasks.storage import Storage
+
+INGEST_KINDS = ("webdataset", "parquet_images")
+
+
+def ingest_rows(source: SourceConfig, ref: ChunkRef, storage: Storage, cfg: DownloadConfig, s3_options: dict[str, Any] | None = None):
+    """(rows, iterator of (row, Fetched)) of an ingest chunk, as ``tasks.download.fetched_rows``
+    gives for a manifest chunk; ``rows`` fills as the iterator runs."""
+    from tasks.sources.parquet_images import ParquetIngest
+    from tasks.sources.webdataset import ShardIngest
+
+    reader = ShardIngest(source, ref, cfg, s3_options) if source.kind == "webdataset" else ParquetIngest(source, ref, cfg, s3_options)
+    return reader.rows, iter(reader)
+
+
+__all__ = ["INGEST_KINDS", "ingest_rows", "plan_ingest"]

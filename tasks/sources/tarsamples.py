@@ -1,0 +1,189 @@
+"""Untrusted WebDataset shards read one sample at a time, each with a verdict; a fault in the tar ends the shard but keeps what was read before it."""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterator
+
+from tasks.shards import DEFAULT_MAX_MEMBERS, ShardError, iter_tar_members, split_key
+
+# Member types that are never loaded, whatever the sample: they execute code when read
+# (pickle and the formats built on it: torch checkpoints, joblib), or are code (Python
+# sources and bytecode, native libraries, scripts). A sample that carries one is refused
+# whole: whoever packed code beside an image is not trusted for the image either.
+# ``.npy`` / ``.npz`` are not on the list: numpy refuses pickled arrays unless asked
+# (allow_pickle=False), and ingest carries only the image, caption and json members anyway.
+FORBIDDEN_EXTENSIONS = frozenset(
+    {
+        "pickle", "pkl", "pck", "pth", "pt", "ckpt", "joblib", "dill",  # pickle and its kin
+        "py", "pyc", "pyo", "pyd", "pyz", "so", "dll", "dylib", "exe", "sh", "bat", "cmd", "ps1",  # code
+    }
+)  # fmt: skip
+
+# Longest member key taken, in characters (img2dataset's are 9 digits; WebDataset's writers
+# stay far below ustar's 100-byte names).
+MAX_KEY_CHARS = 200
+
+# Unicode categories refused in keys: controls (C0, C1), format characters (the bidi
+# overrides and isolates, zero-width joiners), surrogates, line and paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+@dataclass
+class TarSample:
+    """One sample of an untrusted shard (the consecutive members sharing a key), with its verdict.
+
+    Args:
+        key: the members' key as written in the tar (untrusted; see ``shown_key``).
+        ordinal: 0-based position among the shard's samples, rejected ones included.
+        offset: header offset of its first member.
+        members: extension as written -> bytes; ``None`` for a member over ``skip_larger_than``.
+        sizes: extension -> data bytes.
+        reason: ``None`` for a sample to judge further, else why it is refused
+            (``duplicate_key``, ``unsafe_key``, ``forbidden_member``).
+        detail: for people, with ``reason``.
+    """
+
+    key: str
+    ordinal: int
+    offset: int
+    members: dict[str, bytes | None] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    reason: str | None = None
+    detail: str | None = None
+
+    @property
+    def shown_key(self) -> str:
+        """The key for ledgers and messages: non-ASCII and control characters escaped, capped."""
+        return shown(self.key)
+
+
+@dataclass(frozen=True)
+class ShardFault:
+    """A fault that ends the reading of a shard (see ``tasks.shards.SHARD_ERROR_REASONS``).
+
+    Args:
+        reason: the shard reason (``tar_truncated``, ``not_a_tar``, ``tar_symlink``...).
+        detail: the reader's message, and the sample in progress that was dropped, if any.
+        samples_before: samples yielded before the fault.
+    """
+
+    reason: str
+    detail: str
+    samples_before: int
+
+
+def shown(text: str, limit: int = 120) -> str:
+    """Untrusted text made safe to print: escaped to ASCII, cut at ``limit`` characters."""
+    safe = text.encode("ascii", "backslashreplace").decode("ascii")
+    safe = "".join(ch if 32 <= ord(ch) < 127 else f"\\x{ord(ch):02x}" for ch in safe)
+    return safe if len(safe) <= limit else safe[:limit] + "..."
+
+
+def key_problem(key: str) -> str | None:
+    """Why a member key is not a safe name, or None."""
+    if len(key) > MAX_KEY_CHARS:
+        return f"key of {len(key)} characters (more than {MAX_KEY_CHARS})"
+    if "/" in key or "\\" in key:
+        return "key holds a path separator"
+    for ch in key:
+        if unicodedata.category(ch) in _UNSAFE_CATEGORIES:
+            return f"key holds the control or format character U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')})"
+    return None
+
+
+def is_meta_member(name: str) -> bool:
+    """Tar meta members, not samples: ``__index__.json``, ``__meta__...``, hidden folders (``.nv-meta/``)."""
+    parts = name.split("/")
+    return parts[-1].startswith("__") or any(part.startswith(".") for part in parts)
+
+
+def forbidden(ext: str) -> bool:
+    """Whether any dot-part of an extension is a type never loaded (``latent.pth`` is)."""
+    return any(part in FORBIDDEN_EXTENSIONS for part in ext.lower().split("."))
+
+
+def iter_tar_samples(
+    fileobj: BinaryIO,
+    *,
+    path: str | None = None,
+    max_member_bytes: int,
+    skip_larger_than: int,
+    max_members: int = DEFAULT_MAX_MEMBERS,
+) -> Iterator[TarSample | ShardFault]:
+    """Every sample of an untrusted tar with a verdict, then at most one ``ShardFault``.
+
+    Unlike ``tasks.shards.iter_samples``, which gives up the shard at the first odd sample,
+    this judges samples one by one: a key seen before (again later, or the same member twice
+    in a row) is ``duplicate_key`` (the first is kept); a key that is not a safe name is
+    ``unsafe_key``; a member of a type never loaded (``FORBIDDEN_EXTENSIONS``) makes the
+    sample ``forbidden_member``; a member without an extension is kept under the empty
+    extension for the caller to refuse. Meta members (``is_meta_member``) are skipped. What
+    ``iter_tar_members`` refuses (truncation, not a tar, compression, bad headers, links,
+    absolute or ``..`` names, too many or too large members) ends the iteration with a
+    ``ShardFault``; the sample in progress is kept when the fault names a member of another
+    key, and dropped with the fault otherwise (more of its members may lie past it).
+
+    Args:
+        fileobj: the shard's bytes, read sequentially.
+        path: the shard's name, for messages.
+        max_member_bytes: a larger member is a fault of the shard (the reader's hard cap).
+        skip_larger_than: a larger member is not read: its data is ``None``, for the caller
+            to refuse that one sample (``too_large``).
+        max_members: most members in the shard.
+    """
+    seen: set[str] = set()
+    current: TarSample | None = None
+    ordinal = 0
+    members = iter_tar_members(
+        fileobj, path=path, max_member_bytes=max_member_bytes, max_members=max_members, skip_larger_than=skip_larger_than
+    )
+    while True:
+        try:
+            member = next(members, None)
+        except ShardError as err:
+            # The sample in progress is complete when the fault names a member of another key
+            # (members of a key are consecutive); otherwise more of it may lie past the fault.
+            dropped = ""
+            if current is not None:
+                named = split_key(err.member) if err.member is not None else None
+                if named is not None and named[0] != current.key:
+                    yield finish(current)
+                    ordinal += 1
+                else:
+                    dropped = f"; sample '{current.shown_key}' in progress dropped"
+            yield ShardFault(err.reason, shown(str(err), 400) + dropped, ordinal)
+            return
+        if member is None:
+            break
+        if is_meta_member(member.name):
+            continue
+        parts = split_key(member.name)
+        key, ext = parts if parts is not None else (member.name, "")
+        if current is None or key != current.key or ext in current.members:
+            if current is not None:
+                yield finish(current)
+                ordinal += 1
+            current = TarSample(key=key, ordinal=ordinal, offset=member.header_offset)
+            if key in seen:
+                current.reason, current.detail = "duplicate_key", f"key '{current.shown_key}' appeared earlier in the shard; the first is kept"
+            seen.add(key)
+        current.members[ext] = member.data
+        current.sizes[ext] = member.size
+    if current is not None:
+        yield finish(current)
+
+
+def finish(sample: TarSample) -> TarSample:
+    """The sample's own verdict, unless it already has one (a repeat)."""
+    if sample.reason is not None:
+        return sample
+    problem = key_problem(sample.key)
+    if problem is not None:
+        sample.reason, sample.detail = "unsafe_key", f"{problem}: '{sample.shown_key}'"
+        return sample
+    bad = sorted(ext for ext in sample.members if forbidden(ext))
+    if bad:
+        sample.reason, sample.detail = "forbidden_member", f"member type(s) never loaded: {', '.join(shown(e, 40) for e in bad)}; sample refused"
+    return sample
