@@ -111,6 +111,19 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object], for
                 raise _fail(f"{type(err).__name__}: {err}", 1) from None
 
 
+def _json_value(value: object) -> object:
+    """What ``--json`` prints for values JSON has no type for: an Arrow table (reshard's rows not
+    carried, an output's layout) as its size (its rows are in the phase's ledgers), bytes as hex,
+    anything else as its string."""
+    import pyarrow as pa
+
+    if isinstance(value, (pa.Table, pa.RecordBatch)):
+        return {"rows": value.num_rows, "columns": value.schema.names}
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
 def _print_summary(result: dict) -> None:
     last = result.get("up_to_date")
     if last is not None:
@@ -239,7 +252,7 @@ def run(
     if json_out:
         from dataclasses import asdict
 
-        typer.echo(json.dumps({k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in result.items()}, indent=2))
+        typer.echo(json.dumps({k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in result.items()}, indent=2, default=_json_value))
     else:
         _print_summary(result)
 

@@ -57,8 +57,11 @@ execution: {{cluster: local, workers: 1}}
     assert grown.returncode == 0, grown.stderr[-3000:]
     assert json.loads(grown.stdout)["download"]["counts"]["rows"] == 4
 
-    forced = cli("run", str(recipe), "--phase", "validate", "--json", "--force")
+    # --force runs the flows, which still redo nothing committed; --json prints every phase
+    # (reshard's summary holds Arrow tables).
+    forced = cli("run", str(recipe), "--phase", "reshard", "--json", "--force")
     assert forced.returncode == 0, forced.stderr[-3000:]
     out = json.loads(forced.stdout)
-    assert out["download"]["shards_skipped"] == out["download"]["shards"]  # forced, yet nothing redone
+    assert out["download"]["shards_skipped"] == out["download"]["shards"]
+    assert out["reshard"]["samples"] == 4 and out["reshard"]["outputs"][0]["layout"]["rows"] == 4
     assert len(list((tmp_path / "store" / "again" / "reports").iterdir())) == 3
