@@ -75,6 +75,7 @@ class Result:
     samples: int
     in_bytes: int
     kept: int | None = None  # released samples whose image bytes are the input's
+    other_cpu_s: float = 0.0  # CPU used meanwhile on the machine outside the benchmark
 
     @property
     def rate(self) -> float:
@@ -148,7 +149,7 @@ def run_shardsmith(ctx: dict, part: str, tool: str, rnd: int, source: dict, imag
     env = child_env(PREFECT_API_URL=ctx["api"], PREFECT_HOME=str(ctx["home"]), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     t = timed(ctx["children"], [str(SHARDSMITH), "run", str(recipe)], env, REPO_ROOT, out / "stderr.log", ctx["watch"])
     samples, kept = released(out / "store")
-    return Result(part, tool, rnd, t.wall_s, t.cpu_s, samples, in_bytes, kept)
+    return Result(part, tool, rnd, t.wall_s, t.cpu_s, samples, in_bytes, kept, t.watched["other"])
 
 
 def run_cp(ctx: dict, rnd: int, src: Path, samples: int, in_bytes: int) -> Result:
@@ -157,7 +158,7 @@ def run_cp(ctx: dict, rnd: int, src: Path, samples: int, in_bytes: int) -> Resul
     t = timed(ctx["children"], cmd, child_env(), ctx["work"], ctx["work"] / f"cp-{rnd}.log", ctx["watch"])
     if folder_bytes(dst) != in_bytes:
         raise SystemExit(f"cp copied {folder_bytes(dst)} of {in_bytes} bytes")
-    return Result("a", "cp", rnd, t.wall_s, t.cpu_s, samples, in_bytes)
+    return Result("a", "cp", rnd, t.wall_s, t.cpu_s, samples, in_bytes, None, t.watched["other"])
 
 
 def sources(ctx: dict) -> dict[str, tuple[dict, dict]]:
@@ -200,17 +201,17 @@ def _ratio(results: list[Result], tool: str, base: str) -> str:
 def report(results: list[Result], meta: dict) -> str:
     lines = [
         f"- command: `{meta['command']}`",
-        f"- date: {meta['date']}; machine: {meta['machine']} (shared with other work: see other load); load average before: {meta['load_before']}; code: {meta['revision']}",
+        f"- date: {meta['date']}; machine: {meta['machine']} (shared: other load is what other work used meanwhile); load average before: {meta['load_before']}; code: {meta['revision']}",
         f"- input: img2dataset {meta['i2d']}'s own output, {meta['shards']} shards x {meta['per_shard']} samples, "
         f"{meta['shard_mb']:.1f} MB (tars, parquets, stats); the download path fetches the same {meta['samples']} pool images "
         f"({meta['pool_mb']:.1f} MB) from a loopback server; {meta['workers']} workers; resize in part b: border {meta['image_size']} px",
         "",
-        "| part | tool | round | wall s | samples | samples/s | input MB/s | CPU s | samples with the input's bytes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| part | tool | round | wall s | samples | samples/s | input MB/s | CPU s | samples with the input's bytes | other load, cores |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         kept = "-" if r.kept is None else str(r.kept)
-        lines.append(f"| {r.part} | {r.tool} | {r.round} | {r.wall_s:.2f} | {r.samples} | {r.rate:.1f} | {r.in_bytes / 1e6 / r.wall_s:.1f} | {r.cpu_s:.1f} | {kept} |")
+        lines.append(f"| {r.part} | {r.tool} | {r.round} | {r.wall_s:.2f} | {r.samples} | {r.rate:.1f} | {r.in_bytes / 1e6 / r.wall_s:.1f} | {r.cpu_s:.1f} | {kept} | {r.other_cpu_s / r.wall_s:.2f} |")
     lines += ["", "Median over rounds:", "", "| tool | runs | wall s | samples/s |", "|---|---:|---:|---:|"]
     for tool, label in LABELS.items():
         rs = [r for r in results if r.tool == tool]
