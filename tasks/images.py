@@ -76,7 +76,10 @@ Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each
   or reinterpret it as int64.
 - Output: re-encoded from pixels in ``rules.output_format``, with no EXIF, ICC, text chunks
   or anything after the image, so appended payloads (polyglots) are gone. JPEG and WebP use
-  ``rules.quality``; PNG ignores it (zlib level 6).
+  ``rules.quality``; PNG ignores it (zlib level 6). ``rules.skip_reencode`` (img2dataset's
+  option of that name) keeps the input bytes instead when nothing would change them: no
+  resize, already in ``output_format``, one frame, decoded as 8-bit RGB, not EXIF-rotated;
+  the image is still decoded and hashed, and its metadata and appended bytes are kept.
 """
 
 from __future__ import annotations
@@ -304,9 +307,9 @@ def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) ->
         if bomb is not None:
             return ImageOutcome("decompression_bomb", bomb, src_format=fmt)
         if not info.animated and decoders.STILL_WEBP:
-            return _decide(StillWebPSource(data, info), fmt, rules, thumbnail)
+            return _decide(StillWebPSource(data, info), fmt, rules, thumbnail, data)
     if fmt == "png" and decoders.PLAIN_PNG and (png_size := plain_png(data)) is not None:
-        return _decide(PlainPngSource(data, png_size), fmt, rules, thumbnail)
+        return _decide(PlainPngSource(data, png_size), fmt, rules, thumbnail, data)
     try:
         img = open_pillow(data, fmt)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -315,10 +318,10 @@ def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) ->
         reason, detail = _decode_failure(err)
         return ImageOutcome(reason, detail, src_format=fmt)
     with img:
-        return _decide(PillowSource(img), fmt, rules, thumbnail)
+        return _decide(PillowSource(img), fmt, rules, thumbnail, data)
 
 
-def _decide(src: PillowSource | StillWebPSource | PlainPngSource, fmt: str, rules: ImageRules, thumbnail: bool) -> ImageOutcome:
+def _decide(src: PillowSource | StillWebPSource | PlainPngSource, fmt: str, rules: ImageRules, thumbnail: bool, data: bytes) -> ImageOutcome:
     width, height = src.size
     if width < 1 or height < 1:
         return ImageOutcome("undecodable_image", f"header size {width}x{height}", src_format=fmt)
@@ -382,7 +385,9 @@ def _decide(src: PillowSource | StillWebPSource | PlainPngSource, fmt: str, rule
     # The scaled picture is still the whole picture and far cheaper to average down to 32x32.
     perceptual = phash(scaled if min(scaled.size) >= PHASH_MIN_SIDE else rgb)
     out = _crop_or_pad(scaled, rules)
-    encoded = _encode(out, rules.output_format, rules.quality)
+    # The input bytes decode to exactly ``out`` only when nothing was resized, converted or rotated.
+    keep = rules.skip_reencode and out is rgb and unchanged and not animated and fmt == rules.output_format
+    encoded = data if keep else _encode(out, rules.output_format, rules.quality)
     return ImageOutcome(
         None,
         data=encoded,

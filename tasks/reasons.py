@@ -54,8 +54,8 @@ REASONS: dict[str, tuple[str, str]] = {
     # reshard (tasks/reshard.py), and ingested shards (tasks/sources/)
     "incomplete_sample": (REJECTED, "a sample lacks a member it needs: at reshard one of reshard.required_members (not carried); at ingest an image (a shard's sample without an image member, a parquet row whose image column holds no bytes); the detail names what is missing"),
     # ingested shards and datasets (tasks/sources/)
-    "duplicate_key": (REJECTED, "a key seen earlier in the same ingested shard (again after other keys, or the same member twice); the first is kept"),
-    "unsafe_key": (REJECTED, "an ingested sample's key is not a safe name: a control, bidi or other format character, a path separator, or longer than 200 characters (the detail shows it escaped)"),
+    "duplicate_key": (REJECTED, "a key seen earlier in the same ingested shard (again after other keys, the same member twice, or a folder key equal to another once rekeyed flat); the first is kept"),
+    "unsafe_key": (REJECTED, "an ingested sample's key is not a safe name: a control, bidi or other format character, a backslash, an absolute path or an empty or '..' folder, or longer than 200 characters (relative folder keys are rekeyed, not refused) (the detail shows it escaped)"),
     "forbidden_member": (REJECTED, "an ingested sample carries a member of a type never loaded (pickle, .pth, .pt, .ckpt, .pyd, .so, scripts; tasks/sources/tarsamples.py); the whole sample is refused"),
     "upstream_failed": (ERROR, "the tool that wrote an ingested shard recorded a failure for the row (img2dataset: failed_to_download, failed_to_resize); its status and message in the detail"),
     "sample_missing": (ERROR, "the side file of an ingested shard (img2dataset's parquet) lists the sample as written, but the shard has no sample of that key"),

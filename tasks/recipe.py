@@ -196,8 +196,12 @@ class ImageRules(_Frozen):
             crops a square; ``border`` scales the long side and pads to a square (white).
             Small images are scaled up.
         image_size: target size for the resize modes.
-        output_format, quality: the re-encoding (always from pixels, so metadata and
-            appended payloads are dropped); ``quality`` is ignored for PNG.
+        output_format, quality: the re-encoding (from pixels, so metadata and appended
+            payloads are dropped); ``quality`` is ignored for PNG.
+        skip_reencode: keep the input bytes of an image that re-encoding would not change
+            otherwise (img2dataset's option): not resized, already in ``output_format``, one
+            frame, 8-bit RGB, not EXIF-rotated. Still decoded, checked and hashed; its
+            metadata and any bytes appended after the image are kept. Default False.
     """
 
     max_pixels: int = Field(default=50_000_000, ge=1)
@@ -211,6 +215,7 @@ class ImageRules(_Frozen):
     image_size: int = Field(default=256, ge=8, le=16384)
     output_format: Literal["jpeg", "png", "webp"] = "jpeg"
     quality: int = Field(default=95, ge=1, le=100)
+    skip_reencode: bool = False
 
 
 class CaptionRules(_Frozen):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from byo_fixtures import images_parquet, img2dataset_shard
+from byo_fixtures import distinct_image, images_parquet, img2dataset_shard
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,8 +32,9 @@ def phases(store: Path, dataset: str) -> dict[str, dict]:
     return out
 
 
-def released_samples(store: Path, dataset: str) -> tuple[dict, list[dict]]:
-    """(index.json of the latest release, the json member of every released sample)."""
+def released_samples(store: Path, dataset: str, images: dict | None = None) -> tuple[dict, list[dict]]:
+    """(index.json of the latest release, the json member of every released sample); ``images``,
+    when given, is filled with each sample's jpg member by its json's origin key."""
     base = store / dataset / "releases"
     version = (base / "LATEST").read_text().strip()
     index = json.loads((base / version / "index.json").read_text())
@@ -41,7 +42,12 @@ def released_samples(store: Path, dataset: str) -> tuple[dict, list[dict]]:
     for shard in index["shards"]:
         data = (base / version / shard["name"]).read_bytes() if (base / version / shard["name"]).exists() else (store / shard["path"]).read_bytes()
         with tarfile.open(fileobj=io.BytesIO(data)) as tf:
-            metas += [json.load(tf.extractfile(m)) for m in tf.getmembers() if m.name.endswith(".json")]
+            members = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+        for name, blob in members.items():
+            if name.endswith(".json"):
+                metas.append(json.loads(blob))
+                if images is not None:
+                    images[metas[-1]["origin"]["key"]] = members[name[: -len("json")] + "jpg"]
     return index, metas
 
 
@@ -63,8 +69,11 @@ def test_example_webdataset_recipe_releases_img2dataset_output_and_ingests_new_s
     out = phases(tmp_path / "store", "example-webdataset")
     assert (out["download"]["rows"], out["download"]["ok"]) == (20, 18)
     assert out["download"]["by_reason"] == {"upstream_failed": 2} and out["download"]["gate"]["success"]
-    index, metas = released_samples(tmp_path / "store", "example-webdataset")
+    images: dict = {}
+    index, metas = released_samples(tmp_path / "store", "example-webdataset", images)
     assert sum(s["samples"] for s in index["shards"]) == 18 == len(metas)
+    # validate.image.skip_reencode: the released images are img2dataset's bytes, not re-encoded.
+    assert images["000010002"] == distinct_image(10_000 + 2) and images["000000000"] == distinct_image(0)
     # Every released sample says where it came from: the input shard and its member key.
     origins = sorted((Path(m["origin"]["shard"]).name, m["origin"]["key"]) for m in metas)
     assert origins[0] == ("00000.tar", "000000000") and len(set(origins)) == 18

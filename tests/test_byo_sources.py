@@ -57,7 +57,7 @@ def test_every_odd_sample_gets_its_own_verdict_and_the_rest_are_kept(tmp_path):
     members += sample("e", "latent as a pickle") + [("e.latent.pkl", b"\x80\x04.")]
     members += sample("rtl\u202egpj.exe", "bidi override")  # unsafe: format character
     members += sample("bell\x07", "control character")
-    members += sample("dir/f", "path separator")
+    members += sample("dir\\f", "backslash (folder keys with / are rekeyed: tests/test_byo_keys.py)")
     members += sample("k" * 201, "over-long key")
     members += [("README", b"no extension")]
     members += sample("g", "html, not an image", image=b"<html><body>nope</body></html>")
@@ -80,7 +80,7 @@ def test_every_odd_sample_gets_its_own_verdict_and_the_rest_are_kept(tmp_path):
         ("e", "rejected", "forbidden_member"),
         ("rtl\\u202egpj", "rejected", "unsafe_key"),  # escaped in the ledger; webdataset's key stops at the first dot
         ("bell\\x07", "rejected", "unsafe_key"),
-        ("dir/f", "rejected", "unsafe_key"),
+        ("dir\\f", "rejected", "unsafe_key"),
         ("k" * 120 + "...", "rejected", "unsafe_key"),
         ("README", "rejected", "incomplete_sample"),
         ("g", "rejected", "not_an_image"),
@@ -88,7 +88,7 @@ def test_every_odd_sample_gets_its_own_verdict_and_the_rest_are_kept(tmp_path):
     ]
     details = {g[0]: r["detail"] for g, r in zip(got, rows)}
     assert "U+202E (RIGHT-TO-LEFT OVERRIDE)" in details["rtl\\u202egpj"]
-    assert "path separator" in details["dir/f"] and "201 characters" in details["k" * 120 + "..."]
+    assert "backslash" in details["dir\\f"] and "201 characters" in details["k" * 120 + "..."]
     assert "pth" in details["d"] and "latent.pkl" in details["e"] and "has: txt, json" in details["c"]
     # Meta members are not samples: 15 samples, 15 rows, none for __index__.json or .nv-meta/.
     assert result.counts.rows == 15 and result.counts.ok == 3

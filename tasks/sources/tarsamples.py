@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import unicodedata
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
@@ -25,6 +26,10 @@ FORBIDDEN_EXTENSIONS = frozenset(
 # stay far below ustar's 100-byte names).
 MAX_KEY_CHARS = 200
 
+# Folder keys (``train/cats/0001`` from ``train/cats/0001.jpg``, webdataset's key keeps the
+# folders) are rekeyed flat with this between the folders, so a key is one safe name.
+FOLDER_SEPARATOR = "__"
+
 # Unicode categories refused in keys: controls (C0, C1), format characters (the bidi
 # overrides and isolates, zero-width joiners), surrogates, line and paragraph separators.
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
@@ -43,6 +48,8 @@ class TarSample:
         reason: ``None`` for a sample to judge further, else why it is refused
             (``duplicate_key``, ``unsafe_key``, ``forbidden_member``).
         detail: for people, with ``reason``.
+        flat_key: the key a folder key is rekeyed to (``flat_key``), else the key itself;
+            repeats are judged on it.
     """
 
     key: str
@@ -52,11 +59,13 @@ class TarSample:
     sizes: dict[str, int] = field(default_factory=dict)
     reason: str | None = None
     detail: str | None = None
+    flat_key: str = ""
 
     @property
     def shown_key(self) -> str:
-        """The key for ledgers and messages: non-ASCII and control characters escaped, capped."""
-        return shown(self.key)
+        """The key for ledgers and messages: non-ASCII and control characters escaped; cut only
+        when over ``MAX_KEY_CHARS`` (a refused key), so an accepted key stays traceable."""
+        return shown(self.key, 10 * MAX_KEY_CHARS if len(self.key) <= MAX_KEY_CHARS else 120)
 
 
 @dataclass(frozen=True)
@@ -82,21 +91,38 @@ def shown(text: str, limit: int = 120) -> str:
 
 
 def key_problem(key: str) -> str | None:
-    """Why a member key is not a safe name, or None."""
+    """Why a member key is not a safe name, or None; a relative folder key (``a/b/c``) is one."""
     if len(key) > MAX_KEY_CHARS:
         return f"key of {len(key)} characters (more than {MAX_KEY_CHARS})"
-    if "/" in key or "\\" in key:
-        return "key holds a path separator"
+    if "\\" in key:
+        return "key holds a backslash"
+    if key.startswith("/"):
+        return "key is an absolute path"
+    if any(part in ("", "..") for part in key.split("/")):
+        return "key holds an empty or '..' folder"
     for ch in key:
         if unicodedata.category(ch) in _UNSAFE_CATEGORIES:
             return f"key holds the control or format character U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')})"
     return None
 
 
+def flat_key(key: str) -> str:
+    """A folder key as one name: folders joined by ``FOLDER_SEPARATOR`` (``a/b`` -> ``a__b``), ``.``
+    folders left out (``tar -C dir .`` writes ``./a.jpg``: key ``a``); when that is over
+    ``MAX_KEY_CHARS``, its start and a hash of the whole key. Other keys unchanged."""
+    if "/" not in key:
+        return key
+    flat = FOLDER_SEPARATOR.join(part for part in key.split("/") if part != ".")
+    if len(flat) <= MAX_KEY_CHARS:
+        return flat
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return flat[: MAX_KEY_CHARS - len(digest) - len(FOLDER_SEPARATOR)] + FOLDER_SEPARATOR + digest
+
+
 def is_meta_member(name: str) -> bool:
     """Tar meta members, not samples: ``__index__.json``, ``__meta__...``, hidden folders (``.nv-meta/``)."""
     parts = name.split("/")
-    return parts[-1].startswith("__") or any(part.startswith(".") for part in parts)
+    return parts[-1].startswith("__") or any(part.startswith(".") and part != "." for part in parts)
 
 
 def forbidden(ext: str) -> bool:
@@ -118,7 +144,9 @@ def iter_tar_samples(
     this judges samples one by one: a key seen before (again later, or the same member twice
     in a row) is ``duplicate_key`` (the first is kept); a key that is not a safe name is
     ``unsafe_key``; a member of a type never loaded (``FORBIDDEN_EXTENSIONS``) makes the
-    sample ``forbidden_member``; a member without an extension is kept under the empty
+    sample ``forbidden_member``; a safe folder key (``a/b``, webdataset's key of ``a/b.jpg``) is
+    rekeyed flat (``flat_key``) and judged a repeat on that, so ``a/b`` after ``a__b`` is
+    ``duplicate_key``; a member without an extension is kept under the empty
     extension for the caller to refuse. Meta members (``is_meta_member``) are skipped. What
     ``iter_tar_members`` refuses (truncation, not a tar, compression, bad headers, links,
     absolute or ``..`` names, too many or too large members) ends the iteration with a
@@ -165,10 +193,12 @@ def iter_tar_samples(
             if current is not None:
                 yield finish(current)
                 ordinal += 1
-            current = TarSample(key=key, ordinal=ordinal, offset=member.header_offset)
-            if key in seen:
-                current.reason, current.detail = "duplicate_key", f"key '{current.shown_key}' appeared earlier in the shard; the first is kept"
-            seen.add(key)
+            flat = flat_key(key) if key_problem(key) is None else key
+            current = TarSample(key=key, ordinal=ordinal, offset=member.header_offset, flat_key=flat)
+            if flat in seen:
+                rekeyed = f" (rekeyed '{shown(flat)}')" if flat != key else ""
+                current.reason, current.detail = "duplicate_key", f"key '{current.shown_key}'{rekeyed} appeared earlier in the shard; the first is kept"
+            seen.add(flat)
         current.members[ext] = member.data
         current.sizes[ext] = member.size
     if current is not None:

@@ -157,6 +157,8 @@ class ShardIngest:
         if caption is None:
             caption = self._field(self.source.caption_column, meta, upstream)
         extra: dict[str, Any] = {"origin": {"shard": self.shard, "key": sample.shown_key, "offset": sample.offset}}
+        if sample.flat_key != sample.key:
+            extra["origin"]["flat_key"] = sample.flat_key
         if meta is not None:
             extra["upstream"] = meta
         if upstream is not None:
@@ -198,7 +200,8 @@ class ShardIngest:
             return Fetched(reason="too_large", detail=f"{shown(ext, 40)} member of {sample.sizes[ext]} bytes (download.max_bytes {self.cfg.max_bytes})" + where)
         fetched = judge(Fetched(data=data, attempts=0), self.cfg.allowed_formats)
         if fetched.reason is None:
-            fetched.detail = where.lstrip("; ") or None
+            rekeyed = f"folder key rekeyed '{shown(sample.flat_key)}'" if sample.flat_key != sample.key else ""
+            fetched.detail = "; ".join(part for part in (rekeyed, where.lstrip("; ")) if part) or None
         elif where:
             fetched.detail = (fetched.detail or "") + where
         return fetched
