@@ -83,13 +83,11 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object], for
     # this process imports the flows; otherwise the flows start the cluster at their first task.
     with Session(ex.cluster, ex.workers, ex.threads_per_worker) as session, stop_on_signals(session):
         if pending != 0:
-            # Work is coming: the cluster (no more workers than chunks to fetch) and Great
-            # Expectations (for the gates) start now, beside the Prefect server, before this
-            # process imports the flows.
+            # Work is coming: the cluster (no more workers than chunks to fetch) starts now,
+            # beside the Prefect server, before this process imports the flows. Great
+            # Expectations is imported once shard work runs (flows.runtime.gather_all), not
+            # here, where every core is busy starting.
             session.start_cluster(workers=pending)
-            from flows.runtime import warm_gates
-
-            warm_gates()
         from prefect import flow
 
         from flows.pretraining import run_phases
