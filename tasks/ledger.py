@@ -92,9 +92,10 @@ def write_parquet(storage: Storage, rel: str, table: pa.Table) -> None:
 
 def read_parquet(storage: Storage, rel: str, columns: list[str] | None = None) -> pa.Table:
     with storage.open(rel, "rb") as fh:
-        # Threads off: pyarrow reading a Python file object from its thread pool can abort the
-        # interpreter at exit ("terminate called without an active exception").
-        return pq.read_table(fh, columns=columns, use_threads=False)
+        # Threads and pre-buffering off: pyarrow reading a Python file object from its thread
+        # pools (pre_buffer reads ahead on the I/O pool) can abort the interpreter at exit
+        # ("terminate called without an active exception").
+        return pq.read_table(fh, columns=columns, use_threads=False, pre_buffer=False)
 
 
 def write_ledger(storage: Storage, rel: str, rows: Iterable[LedgerRow] | pa.Table) -> pa.Table:

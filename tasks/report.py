@@ -178,7 +178,7 @@ def read_samples(storage: Storage, rel: str) -> pa.Table | None:
     if not storage.exists(rel):
         return None
     with storage.open(rel, "rb") as fh:
-        return pq.read_table(fh, use_threads=False)  # see tasks.ledger.read_parquet
+        return pq.read_table(fh, use_threads=False, pre_buffer=False)  # see tasks.ledger.read_parquet
 
 
 def load_run(storage: Storage, rel_dir: str) -> tuple[dict, pa.Table | None]:

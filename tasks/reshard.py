@@ -325,7 +325,7 @@ def count_inputs(storage: Storage, tars: Sequence[str], ledgers: Sequence[str]) 
     out = []
     for tar, ledger in zip(tars, ledgers, strict=True):
         with storage.open(ledger, "rb") as fh:
-            table = pq.read_table(fh, columns=["status", "length"], use_threads=False)  # see tasks.ledger.read_parquet
+            table = pq.read_table(fh, columns=["status", "length"], use_threads=False, pre_buffer=False)  # see tasks.ledger.read_parquet
         ok = pc.fill_null(pc.equal(table.column("status"), OK), False)
         total = pc.sum(pc.filter(table.column("length"), ok)).as_py() or 0
         out.append(InputShard(tar=tar, ledger=ledger, count=int(pc.sum(ok).as_py() or 0), bytes=int(total)))

@@ -173,7 +173,7 @@ def content_hash(source: SourceConfig, table: pa.Table) -> str:
 def read_chunk(storage: Storage, ref: ChunkRef) -> pa.Table:
     """The rows of a chunk written by ``plan_file``; raises ManifestError if the file disagrees with ``ref``."""
     with storage.open(ref.path, "rb") as fh:
-        table = pq.read_table(fh, use_threads=False)  # see tasks.ledger.read_parquet
+        table = pq.read_table(fh, use_threads=False, pre_buffer=False)  # see tasks.ledger.read_parquet
     if not table.schema.equals(CHUNK_SCHEMA, check_metadata=False):
         raise ManifestError(ref.path, f"not a manifest chunk (schema {table.schema.names})")
     if table.num_rows != ref.rows:

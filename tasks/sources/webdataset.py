@@ -49,7 +49,7 @@ def read_side_rows(url: str, storage_options: dict[str, Any] | None) -> tuple[li
         return [], f"side file {posixpath.basename(path)} not read: {size} bytes (over {MAX_SIDE_FILE_BYTES})"
     try:
         with fs.open(path, "rb") as fh:
-            table = pq.read_table(fh, use_threads=False)
+            table = pq.read_table(fh, use_threads=False, pre_buffer=False)
     except (ValueError, OSError) as err:
         if isinstance(err, OSError) and "parquet" not in str(err).lower():
             raise
