@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: setup demo test system-deps bench-download energon-venv clean
+.PHONY: setup demo test lint system-deps bench-download energon-venv clean
 ENERGON := .bench/energon-venv
 
 $(STAMP): pyproject.toml
@@ -18,8 +18,14 @@ setup: $(STAMP)
 # fine-tuning demo over the same images (conversations, tiles, packs, its own release).
 demo: setup
 	$(VENV)/bin/shardsmith demo
-	$(VENV)/bin/python -m tasks.demo_finetune shardsmith-demo > /dev/null
+	$(VENV)/bin/python -m tasks.demo.finetune shardsmith-demo > /dev/null
 	SHARDSMITH_DEMO_DIR=$(CURDIR)/shardsmith-demo $(VENV)/bin/shardsmith run recipes/demo-finetune.yaml
+
+# Lint, format and type checks (configured in pyproject.toml); .ci/run runs them before the tests.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: setup $(ENERGON)/.installed
 	$(VENV)/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder

@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_validate  # noqa: E402  (the image pool, manifest, recipe, img2dataset's run and timing)
 from bench_download import (  # noqa: E402  (processes, servers, img2dataset's venv)
     BENCH_DIR,
     I2D_REQUIREMENT,
@@ -52,7 +53,6 @@ from bench_download import (  # noqa: E402  (processes, servers, img2dataset's v
     start_prefect_server,
     wait_for_quiet,
 )
-import bench_validate  # noqa: E402  (the image pool, manifest, recipe, img2dataset's run and timing)
 from bench_validate import ensure_unique_pool, run_img2dataset, timed, write_manifest  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -183,9 +183,14 @@ def run_round(ctx: dict, part: str, rnd: int) -> list[Result]:
             r = run_cp(ctx, rnd, ctx["shards"], ctx["samples"], ctx["shard_bytes"])
         else:
             source, image = sources(ctx)[tool]
-            r = run_shardsmith(ctx, part, tool, rnd, source, image, ctx["pool_bytes"] if tool == "download" else ctx["shard_bytes"])
+            r = run_shardsmith(
+                ctx, part, tool, rnd, source, image, ctx["pool_bytes"] if tool == "download" else ctx["shard_bytes"]
+            )
         kept = f"; {r.kept} with the input's bytes" if r.kept is not None else ""
-        print(f"  part {part} round {rnd} {tool:<8} {r.wall_s:7.1f} s = {r.rate:7.1f} samples/s; {r.samples} samples; {r.cpu_s:.1f} CPU s{kept}", flush=True)
+        print(
+            f"  part {part} round {rnd} {tool:<8} {r.wall_s:7.1f} s = {r.rate:7.1f} samples/s; {r.samples} samples; {r.cpu_s:.1f} CPU s{kept}",
+            flush=True,
+        )
         out.append(r)
         if not ctx["args"].keep:
             shutil.rmtree(ctx["work"] / f"{tool}-{rnd}", ignore_errors=True)
@@ -211,12 +216,16 @@ def report(results: list[Result], meta: dict) -> str:
     ]
     for r in results:
         kept = "-" if r.kept is None else str(r.kept)
-        lines.append(f"| {r.part} | {r.tool} | {r.round} | {r.wall_s:.2f} | {r.samples} | {r.rate:.1f} | {r.in_bytes / 1e6 / r.wall_s:.1f} | {r.cpu_s:.1f} | {kept} | {r.other_cpu_s / r.wall_s:.2f} |")
+        lines.append(
+            f"| {r.part} | {r.tool} | {r.round} | {r.wall_s:.2f} | {r.samples} | {r.rate:.1f} | {r.in_bytes / 1e6 / r.wall_s:.1f} | {r.cpu_s:.1f} | {kept} | {r.other_cpu_s / r.wall_s:.2f} |"
+        )
     lines += ["", "Median over rounds:", "", "| tool | runs | wall s | samples/s |", "|---|---:|---:|---:|"]
     for tool, label in LABELS.items():
         rs = [r for r in results if r.tool == tool]
         if rs:
-            lines.append(f"| {label} | {len(rs)} | {statistics.median(r.wall_s for r in rs):.2f} | {statistics.median(r.rate for r in rs):.1f} |")
+            lines.append(
+                f"| {label} | {len(rs)} | {statistics.median(r.wall_s for r in rs):.2f} | {statistics.median(r.rate for r in rs):.1f} |"
+            )
     lines += [
         "",
         f"- part a: shardsmith ingest -> release without re-encoding at {_ratio(results, 'keep', 'cp')} the samples/s of `cp -r` + `sync` of the same bytes",
@@ -226,16 +235,34 @@ def report(results: list[Result], meta: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench/bench_byo.py", description=__doc__.split("\n", 1)[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="bench/bench_byo.py",
+        description=__doc__.split("\n", 1)[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--shards", type=int, default=10, help="img2dataset shards to ingest")
-    p.add_argument("--per-shard", type=int, default=1000, help="samples per shard (img2dataset number_sample_per_shard; the download path's rows_per_shard)")
+    p.add_argument(
+        "--per-shard",
+        type=int,
+        default=1000,
+        help="samples per shard (img2dataset number_sample_per_shard; the download path's rows_per_shard)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of bench_validate.py's image pool")
-    p.add_argument("--repeats", type=int, default=2, help="rounds; each round runs every tool once, the order flipping every round")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="rounds; each round runs every tool once, the order flipping every round"
+    )
     p.add_argument("--image-size", type=int, default=224, help="part b's resize target (border mode)")
     p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
     p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count when it makes the shards")
-    p.add_argument("--tools", default="cp,keep,ingest,download", help="comma-separated subset of cp,keep,ingest,download")
-    p.add_argument("--quiet-wait", type=float, default=60.0, help="before each run, wait up to this many seconds for other work to drop under 0.3 cores (0: don't wait)")
+    p.add_argument(
+        "--tools", default="cp,keep,ingest,download", help="comma-separated subset of cp,keep,ingest,download"
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=60.0,
+        help="before each run, wait up to this many seconds for other work to drop under 0.3 cores (0: don't wait)",
+    )
     p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
     p.add_argument("--keep", action="store_true", help="keep each run's output under .bench/byo/runs/")
     args = p.parse_args(argv)

@@ -7,7 +7,7 @@ runs, alternating, for ``--repeats`` rounds, each method over each format's imag
 
 - ``process_image`` end to end at the benchmark's setting (``border``, 256 px, JPEG q95:
   img2dataset's defaults): ``old`` (every WebP through Pillow's animation decoder, every PNG
-  through Pillow, JPEG drafted) and ``new`` (tasks/decoders.py as it is);
+  through Pillow, JPEG drafted) and ``new`` (tasks/policies/decoders.py as it is);
 - decoders alone, decode + area resize to 256 px border, nothing else:
   JPEG ``pillow-full``, ``pillow-draft``, ``opencv-reduced`` (``IMREAD_REDUCED_COLOR_2/4/8``);
   WebP ``pillow-anim`` (Pillow 13: ``WebPAnimDecoder``), ``imagecodecs`` (libwebp
@@ -100,7 +100,12 @@ def opencv_reduced(data: bytes):
 
     with Image.open(io.BytesIO(data), formats=["JPEG"]) as img:  # the header, as the pixel cap needs
         size = img.size
-    flag = {1: cv2.IMREAD_COLOR_RGB, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}[_scale_for(*size)]
+    flag = {
+        1: cv2.IMREAD_COLOR_RGB,
+        2: cv2.IMREAD_REDUCED_COLOR_2,
+        4: cv2.IMREAD_REDUCED_COLOR_4,
+        8: cv2.IMREAD_REDUCED_COLOR_8,
+    }[_scale_for(*size)]
     arr = cv2.imdecode(np.frombuffer(data, np.uint8), flag | cv2.IMREAD_IGNORE_ORIENTATION)
     if flag != cv2.IMREAD_COLOR_RGB:
         arr = cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
@@ -174,8 +179,19 @@ def webp_scaled(data: bytes):
 
 DECODERS = {
     "jpeg": {"pillow-full": pillow_full, "pillow-draft": pillow_draft, "opencv-reduced": opencv_reduced},
-    "webp": {"pillow-anim": pillow_full, "imagecodecs": imagecodecs_webp, "opencv": opencv_full, "webp-scaled": webp_scaled},
-    "png": {"pillow": pillow_full, "imagecodecs": imagecodecs_png, "imagecodecs-spng": imagecodecs_spng, "opencv": opencv_full, "pyspng": pyspng_png},
+    "webp": {
+        "pillow-anim": pillow_full,
+        "imagecodecs": imagecodecs_webp,
+        "opencv": opencv_full,
+        "webp-scaled": webp_scaled,
+    },
+    "png": {
+        "pillow": pillow_full,
+        "imagecodecs": imagecodecs_png,
+        "imagecodecs-spng": imagecodecs_spng,
+        "opencv": opencv_full,
+        "pyspng": pyspng_png,
+    },
 }
 NEEDS = {"opencv-reduced": "cv2", "opencv": "cv2", "webp-scaled": "webp", "pyspng": "pyspng"}
 
@@ -198,9 +214,9 @@ def available(method: str) -> str | None:
 
 
 def process_runner(old: bool):
-    from tasks import decoders
-    from tasks.images import process_image
-    from tasks.recipe import ImageRules
+    from tasks.formats.recipe_download import ImageRules
+    from tasks.policies import decoders
+    from tasks.policies.images import process_image
 
     rules = ImageRules(resize_mode="border", image_size=SIDE, min_side=1, max_aspect_ratio=100.0)
 
@@ -233,8 +249,9 @@ def step_costs(fmt: str, images: list[bytes]) -> dict[str, float]:
     import numpy as np
     from PIL import Image
 
-    from tasks import decoders, images as im
-    from tasks.recipe import ImageRules
+    from tasks.formats.recipe_download import ImageRules
+    from tasks.policies import decoders
+    from tasks.policies import images as im
 
     rules = ImageRules(resize_mode="border", image_size=SIDE)
     clock = time.thread_time
@@ -276,7 +293,7 @@ def jpeg_sampling() -> str:
     import numpy as np
     from PIL import Image, JpegImagePlugin
 
-    from tasks.images import _encode
+    from tasks.policies.images import _encode
 
     arr = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
     names = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}
@@ -318,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in sorted(sizes):
         pool[EXTS[name.rsplit(".", 1)[1]]].append((folder / name).read_bytes())
     print(
-        f"pool: {folder.name}: " + ", ".join(f"{len(v)} {k}" for k, v in pool.items())
+        f"pool: {folder.name}: "
+        + ", ".join(f"{len(v)} {k}" for k, v in pool.items())
         + f"; {args.threads} threads, {SIDE} px border, {args.repeats} rounds; {platform.machine()}, "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
         flush=True,

@@ -1,7 +1,7 @@
 """Download benchmark: shardsmith's download phase beside img2dataset on the same loopback URLs.
 
 One invocation generates (or reuses) a pool of synthetic photos, serves them on loopback with
-``python -m tasks.webserver``, starts one Prefect server, and then runs, alternating, for
+``python -m tasks.demo.webserver``, starts one Prefect server, and then runs, alternating, for
 ``--repeats`` rounds:
 
 - ``shardsmith``: ``shardsmith run RECIPE --phase download --json`` (Dask LocalCluster);
@@ -83,7 +83,9 @@ def _render(seed: int, index: int) -> tuple[str, bytes]:
     w, h = long_side, max(1, round(long_side / aspect))
     if rng.random() < 0.3:
         w, h = h, w
-    base = Image.fromarray(rng.integers(0, 256, size=(4, 5, 3), dtype=np.uint8)).resize((w, h), Image.Resampling.BICUBIC)
+    base = Image.fromarray(rng.integers(0, 256, size=(4, 5, 3), dtype=np.uint8)).resize(
+        (w, h), Image.Resampling.BICUBIC
+    )
     tex = rng.normal(0, 1, size=(max(2, h // 6), max(2, w // 6), 3))
     tex = Image.fromarray(np.clip(128 + 40 * tex, 0, 255).astype(np.uint8)).resize((w, h), Image.Resampling.BICUBIC)
     arr = np.asarray(base, np.int16) + (np.asarray(tex, np.int16) - 128)
@@ -122,7 +124,10 @@ def ensure_pool(pool: int, seed: int) -> tuple[Path, dict[str, int]]:
             sizes[name] = len(data)
     stamp.write_text(json.dumps(sizes, sort_keys=True))
     total = sum(sizes.values())
-    print(f"  {total / 1e6:.0f} MB, mean {total / pool / 1e3:.0f} KB, in {time.perf_counter() - started:.0f} s", flush=True)
+    print(
+        f"  {total / 1e6:.0f} MB, mean {total / pool / 1e3:.0f} KB, in {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
     return folder, sizes
 
 
@@ -236,7 +241,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 def start_image_server(children: Children, root: Path) -> tuple[subprocess.Popen, str]:
     proc = children.start(
-        [str(VENV_PY), "-m", "tasks.webserver", "--root", str(root), "--port", "0"],
+        [str(VENV_PY), "-m", "tasks.demo.webserver", "--root", str(root), "--port", "0"],
         cwd=REPO,
         env=child_env(PYTHONPATH=str(REPO)),
         stdout=subprocess.PIPE,
@@ -252,7 +257,13 @@ def start_prefect_server(children: Children, home: Path, log: Path) -> tuple[sub
     port = free_port()
     env = child_env(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_UI_ENABLED="false")
     with open(log, "wb") as fh:
-        proc = children.start([str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)], cwd=home, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        proc = children.start(
+            [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=home,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     api = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 180
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -273,7 +284,9 @@ def ensure_img2dataset() -> Path:
     if exe.exists():
         return exe
     print(f"installing {I2D_REQUIREMENT} into {I2D_VENV} (once) ...", flush=True)
-    subprocess.run([sys.executable if sys.version_info[:2] == (3, 11) else "python3.11", "-m", "venv", str(I2D_VENV)], check=True)
+    subprocess.run(
+        [sys.executable if sys.version_info[:2] == (3, 11) else "python3.11", "-m", "venv", str(I2D_VENV)], check=True
+    )
     pip = [str(I2D_VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, I2D_REQUIREMENT], check=True)
     return exe
@@ -314,7 +327,9 @@ class Run:
         return 1000 * self.cpu_s / max(self.ok, 1)
 
 
-def timed(children: Children, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, watch: dict[str, int]) -> tuple[float, float, dict[str, float], str]:
+def timed(
+    children: Children, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, watch: dict[str, int]
+) -> tuple[float, float, dict[str, float], str]:
     """Run ``cmd`` to completion: (wall s, tree CPU s, CPU s of each watched pid, stdout).
 
     ``watched["other"]`` is the machine's busy CPU during the run less the tool's and the
@@ -341,7 +356,9 @@ def timed(children: Children, cmd: list[str], env: dict[str, str], cwd: Path, lo
     return wall, cpu, watched, out.decode(errors="replace")
 
 
-def run_shardsmith(children: Children, args, rnd: int, manifest: Path, work: Path, api: str, home: Path, watch: dict[str, int]) -> Run:
+def run_shardsmith(
+    children: Children, args, rnd: int, manifest: Path, work: Path, api: str, home: Path, watch: dict[str, int]
+) -> Run:
     out_dir = work / f"shardsmith-{rnd}"
     out_dir.mkdir(parents=True)
     recipe = out_dir / "recipe.yaml"
@@ -356,7 +373,7 @@ def run_shardsmith(children: Children, args, rnd: int, manifest: Path, work: Pat
         "download:\n"
         "  network:\n"
         '    allowed_networks: ["127.0.0.1/32"]\n'
-        '    any_port: true\n'
+        "    any_port: true\n"
         "execution:\n"
         "  cluster: local\n"
         f"  workers: {args.workers}\n"
@@ -367,15 +384,32 @@ def run_shardsmith(children: Children, args, rnd: int, manifest: Path, work: Pat
     start = out.rfind("\n{\n")
     summary = json.loads(out[start + 1 :] if start >= 0 else out)["download"]
     c = summary["counts"]
-    run = Run("shardsmith", rnd, wall, cpu, c["ok"], c["rows"], c["bytes"], phase_s=summary["seconds"],
-              server_cpu_s=watched.get("server", 0.0), prefect_cpu_s=watched.get("prefect"), other_cpu_s=watched["other"],
-              extra={"by_reason": c["by_reason"], "shards": summary["shards"], "json_samples_per_s": summary["samples_per_s"]})
+    run = Run(
+        "shardsmith",
+        rnd,
+        wall,
+        cpu,
+        c["ok"],
+        c["rows"],
+        c["bytes"],
+        phase_s=summary["seconds"],
+        server_cpu_s=watched.get("server", 0.0),
+        prefect_cpu_s=watched.get("prefect"),
+        other_cpu_s=watched["other"],
+        extra={
+            "by_reason": c["by_reason"],
+            "shards": summary["shards"],
+            "json_samples_per_s": summary["samples_per_s"],
+        },
+    )
     if c["ok"] != c["rows"]:
         print(f"  warning: shardsmith: {c['rows'] - c['ok']} rows not ok: {c['by_reason']}", flush=True)
     return run
 
 
-def run_img2dataset(children: Children, args, tool: str, rnd: int, manifest: Path, sizes_by_url, work: Path, watch: dict[str, int]) -> Run:
+def run_img2dataset(
+    children: Children, args, tool: str, rnd: int, manifest: Path, sizes_by_url, work: Path, watch: dict[str, int]
+) -> Run:
     import pyarrow.parquet as pq
 
     exe = I2D_VENV / "bin" / "img2dataset"
@@ -406,7 +440,18 @@ def run_img2dataset(children: Children, args, tool: str, rnd: int, manifest: Pat
                 ok += 1
                 nbytes += sizes_by_url(url)
     phase = (max(ends) - min(starts)) if starts else None
-    return Run(tool, rnd, wall, cpu, ok, n, nbytes, phase_s=phase, server_cpu_s=watched.get("server", 0.0), other_cpu_s=watched["other"])
+    return Run(
+        tool,
+        rnd,
+        wall,
+        cpu,
+        ok,
+        n,
+        nbytes,
+        phase_s=phase,
+        server_cpu_s=watched.get("server", 0.0),
+        other_cpu_s=watched["other"],
+    )
 
 
 # --------------------------------------------------------------------------------- report
@@ -440,7 +485,9 @@ def summarize(runs: list[Run], tools: list[str]) -> dict[str, dict]:
             "cpu_1k_min": min(r.cpu_per_1k for r in rs),
             "cpu_1k_med": _med([r.cpu_per_1k for r in rs]),
             "server_cpu_1k_med": _med([1000 * r.server_cpu_s / max(r.ok, 1) for r in rs]),
-            "prefect_cpu_1k_med": _med([1000 * r.prefect_cpu_s / max(r.ok, 1) if r.prefect_cpu_s is not None else None for r in rs]),
+            "prefect_cpu_1k_med": _med(
+                [1000 * r.prefect_cpu_s / max(r.ok, 1) if r.prefect_cpu_s is not None else None for r in rs]
+            ),
             "ok": sorted({r.ok for r in rs}),
             "rows": rs[0].rows,
         }
@@ -485,7 +532,11 @@ def report(runs: list[Run], tools: list[str], meta: dict) -> str:
         )
     if "shardsmith" in s:
         a = s["shardsmith"]
-        lines += ["", "Ratios, shardsmith / baseline (medians; > 1 means shardsmith is faster or, for CPU, cheaper):", ""]
+        lines += [
+            "",
+            "Ratios, shardsmith / baseline (medians; > 1 means shardsmith is faster or, for CPU, cheaper):",
+            "",
+        ]
         for base in ("i2d-reencode", "i2d-raw"):
             if base not in s:
                 continue
@@ -515,11 +566,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pool", type=int, default=400, help="distinct image files behind the URLs")
     p.add_argument("--seed", type=int, default=0, help="seed of the image pool and of the URL-to-image mapping")
     p.add_argument("--repeats", type=int, default=3, help="rounds; each round runs every tool once, in turn")
-    p.add_argument("--rows-per-shard", type=int, default=500, help="shardsmith rows_per_shard = img2dataset number_sample_per_shard")
+    p.add_argument(
+        "--rows-per-shard",
+        type=int,
+        default=500,
+        help="shardsmith rows_per_shard = img2dataset number_sample_per_shard",
+    )
     p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
     p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count per process")
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
-    p.add_argument("--quiet-wait", type=float, default=90.0, help="before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't wait)")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=90.0,
+        help="before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't wait)",
+    )
     p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
     p.add_argument("--keep", action="store_true", help="keep each run's output folder under .bench/download/runs/")
     args = p.parse_args(argv)
@@ -535,7 +596,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _revision() -> str:
     """The commit measured, with ``-dirty`` when the working tree has uncommitted changes."""
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() or "unknown"
@@ -569,7 +632,10 @@ def main(argv: list[str] | None = None) -> int:
             print("starting a Prefect server (not timed) ...", flush=True)
             prefect, api = start_prefect_server(children, home, work / "prefect-server.log")
             watch["prefect"] = prefect.pid
-        print(f"{args.rows} URLs at {base_url}, {url_bytes / 1e6:.0f} MB; {args.repeats} round(s) of {', '.join(args.tools)}", flush=True)
+        print(
+            f"{args.rows} URLs at {base_url}, {url_bytes / 1e6:.0f} MB; {args.repeats} round(s) of {', '.join(args.tools)}",
+            flush=True,
+        )
 
         def size_of(url: str) -> int:
             return sizes[url.rsplit("/", 1)[1].split("?", 1)[0]]
@@ -579,7 +645,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.quiet_wait > 0:
                     load = wait_for_quiet(args.quiet_wait)
                     if load >= 0.3:
-                        print(f"  (other work still uses {load:.1f} cores after {args.quiet_wait:g} s; running anyway)", flush=True)
+                        print(
+                            f"  (other work still uses {load:.1f} cores after {args.quiet_wait:g} s; running anyway)",
+                            flush=True,
+                        )
                 if tool == "shardsmith":
                     run = run_shardsmith(children, args, rnd, manifest, work, api, home, watch)
                 else:

@@ -7,17 +7,17 @@ the JSONL files one line in 1,000 is not JSON (not in the arrays: the old reader
 array on one broken element; tests/test_records.py covers that path)). For each file and round, methods
 alternate, each in a fresh child process:
 
-- ``new``: ``tasks.finetune_ingest`` as the flow runs it, without Prefect: ``plan_ingest``
+- ``new``: ``tasks.finetune.ingest`` as the flow runs it, without Prefect: ``plan_ingest``
   (hash + per-range record count) in the child, ``ingest_range`` for every range over a pool of
   ``--workers`` processes, then ``finish_ingest``;
-- ``old``: the ingest of commit ``--old-rev`` (``tasks/finetune.py`` and
-  ``tasks/conversations.py`` read from git): one task reads the file whole, then checks it.
+- ``old``: the ingest of commit ``--old-rev`` (``tasks/finetune/samples.py`` and
+  ``tasks/finetune/conversations.py`` read from git): one task reads the file whole, then checks it.
 
 Printed per run: records, seconds, records/s, CPU seconds (child and workers), and peak RSS (the largest ``ru_maxrss`` of the
 child and of its pool workers); then medians per method and size, the ratio new/old where
 both ran, and the ratio of each method's peak RSS at the largest size to its smallest (1.0x:
 memory does not grow with the file). ``--parsers`` adds a parse-only comparison on the JSON
-array: the stdlib streaming reader (``tasks.records``) beside ``ijson.items`` (yajl2_c) when
+array: the stdlib streaming reader (``tasks.finetune.records``) beside ``ijson.items`` (yajl2_c) when
 ijson is importable (it is not a project dependency).
 """
 
@@ -76,7 +76,11 @@ def generate(path: Path, gigabytes: float) -> int:
         fh.write(b"[\n" if array else b"")
         while size < target:
             # Not JSON, in JSONL only: the old reader fails a whole array on one broken element.
-            line = b'{"id": "broken", "conversations": [' if n % 1000 == 500 and not array else pool[n % 997].replace(b"@ID@", b"%012d" % n)
+            line = (
+                b'{"id": "broken", "conversations": ['
+                if n % 1000 == 500 and not array
+                else pool[n % 997].replace(b"@ID@", b"%012d" % n)
+            )
             sep = (b",\n" if n else b"") if array else b""
             fh.write(sep + line + (b"" if array else b"\n"))
             size += len(sep) + len(line) + 1
@@ -91,7 +95,7 @@ def generate(path: Path, gigabytes: float) -> int:
 
 
 def _range_job(job):
-    from tasks.finetune_ingest import ingest_range
+    from tasks.finetune.ingest import ingest_range
 
     storage, plan, part, cfg = job
     return ingest_range(storage, plan, part, cfg, {})
@@ -101,9 +105,10 @@ def run_new(path: Path, out: Path, workers: int, rows_per_shard: int) -> int:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    from tasks.finetune_ingest import finish_ingest, plan_ingest
-    from tasks.recipe import FinetuneConfig, SourceConfig
-    from tasks.storage import Storage
+    from tasks.finetune.ingest import finish_ingest, plan_ingest
+    from tasks.formats.recipe_download import SourceConfig
+    from tasks.formats.recipe_finetune import FinetuneConfig
+    from tasks.formats.storage import Storage
 
     storage = Storage(str(out))
     source = SourceConfig(name="llava", manifest=str(path), rows_per_shard=rows_per_shard)
@@ -118,20 +123,25 @@ def run_old(path: Path, out: Path, rows_per_shard: int) -> int:
     src = BENCH / f"old-{OLD_REV}"
     src.mkdir(parents=True, exist_ok=True)
     for name in ("conversations", "finetune"):
-        text = subprocess.run(["git", "-C", str(REPO), "show", f"{OLD_REV}:tasks/{name}.py"], check=True, capture_output=True, text=True).stdout
-        (src / f"old_{name}.py").write_text(text.replace("from tasks.conversations import", "from old_conversations import"))
+        text = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{OLD_REV}:tasks/{name}.py"], check=True, capture_output=True, text=True
+        ).stdout
+        (src / f"old_{name}.py").write_text(
+            text.replace("from tasks.finetune.conversations import", "from old_conversations import")
+        )
     sys.path.insert(0, str(src))
     from old_finetune import ingest_source
 
-    from tasks.recipe import FinetuneConfig, SourceConfig
-    from tasks.storage import Storage
+    from tasks.formats.recipe_download import SourceConfig
+    from tasks.formats.recipe_finetune import FinetuneConfig
+    from tasks.formats.storage import Storage
 
     source = SourceConfig(name="llava", manifest=str(path), rows_per_shard=rows_per_shard)
     return ingest_source(Storage(str(out)), "bench", source, FinetuneConfig(), {}).rows
 
 
 def child(method: str, path: Path, out: Path, workers: int, rows_per_shard: int) -> None:
-    import tasks.finetune_ingest  # noqa: F401 - imports are set-up, not ingest
+    import tasks.finetune.ingest  # noqa: F401 - imports are set-up, not ingest
 
     shutil.rmtree(out, ignore_errors=True)
 
@@ -142,7 +152,9 @@ def child(method: str, path: Path, out: Path, workers: int, rows_per_shard: int)
     start, cpu0 = time.perf_counter(), cpu()
     rows = run_new(path, out, workers, rows_per_shard) if method == "new" else run_old(path, out, rows_per_shard)
     seconds, cpu_s = time.perf_counter() - start, cpu() - cpu0
-    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    peak = max(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    )
     shutil.rmtree(out, ignore_errors=True)
     print(json.dumps({"rows": rows, "seconds": seconds, "cpu": cpu_s, "peak_mb": peak / 1024}))
 
@@ -150,13 +162,13 @@ def child(method: str, path: Path, out: Path, workers: int, rows_per_shard: int)
 def parse_only(path: Path) -> dict[str, float]:
     """Elements per CPU second of a JSON array: the stdlib streaming reader and, when
     importable, ijson (CPU time, as the other work on a shared machine would skew wall time)."""
-    from tasks.records import iter_records
+    from tasks.finetune.records import iter_records
 
     out = {}
     with open(path, "rb") as fh:
         start = time.process_time()
         n = sum(1 for _ in iter_records(fh, path.name, 1 << 20))
-        out["stdlib raw_decode (tasks.records)"] = n / (time.process_time() - start)
+        out["stdlib raw_decode (tasks.finetune.records)"] = n / (time.process_time() - start)
     try:
         import ijson
     except ImportError:
@@ -182,7 +194,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rows-per-shard", type=int, default=5000)
     parser.add_argument("--parsers", action="store_true")
-    parser.add_argument("--parsers-only", action="store_true", help="only the parse comparison (on existing or new files)")
+    parser.add_argument(
+        "--parsers-only", action="store_true", help="only the parse comparison (on existing or new files)"
+    )
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -190,12 +204,17 @@ def main() -> None:
         return
 
     BENCH.mkdir(parents=True, exist_ok=True)
-    files = [(BENCH / f"llava-{gb}gb.jsonl", float(gb)) for gb in args.jsonl_gb.split(",") if gb] + [(BENCH / f"llava-{gb}gb.json", float(gb)) for gb in args.json_gb.split(",") if gb]
+    files = [(BENCH / f"llava-{gb}gb.jsonl", float(gb)) for gb in args.jsonl_gb.split(",") if gb] + [
+        (BENCH / f"llava-{gb}gb.json", float(gb)) for gb in args.json_gb.split(",") if gb
+    ]
     counts = {}
     for path, gb in files:
         t = time.perf_counter()
         counts[path] = generate(path, gb)
-        print(f"{path.name}: {counts[path]} records, {path.stat().st_size / 1e9:.2f} GB ({time.perf_counter() - t:.0f} s to make or find)", flush=True)
+        print(
+            f"{path.name}: {counts[path]} records, {path.stat().st_size / 1e9:.2f} GB ({time.perf_counter() - t:.0f} s to make or find)",
+            flush=True,
+        )
     results: dict[tuple[str, str], list[dict]] = {}
     methods = [] if args.parsers_only else args.methods.split(",")
     for path, gb in files:
@@ -203,16 +222,37 @@ def main() -> None:
         here = [m for m in methods if m != "old" or gb <= args.old_max_gb]
         for r in range(args.repeats if smallest else args.large_repeats):
             for m in here if r % 2 == 0 else list(reversed(here)):
-                cmd = [sys.executable, __file__, "--child", m, str(path), "--workers", str(args.workers), "--rows-per-shard", str(args.rows_per_shard)]
-                res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.strip().splitlines()[-1])
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    m,
+                    str(path),
+                    "--workers",
+                    str(args.workers),
+                    "--rows-per-shard",
+                    str(args.rows_per_shard),
+                ]
+                res = json.loads(
+                    subprocess.run(
+                        cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
+                    )
+                    .stdout.strip()
+                    .splitlines()[-1]
+                )
                 if res["rows"] != counts[path]:
                     raise SystemExit(f"{m} on {path.name}: {res['rows']} rows, the file has {counts[path]} records")
                 results.setdefault((path.name, m), []).append(res)
-                print(f"round {r + 1} {path.name:22s} {m:4s} {res['rows']:9d} records {res['seconds']:8.1f} s {res['rows'] / res['seconds']:9.0f} records/s {res['cpu']:8.1f} CPU s peak {res['peak_mb']:7.0f} MB", flush=True)
+                print(
+                    f"round {r + 1} {path.name:22s} {m:4s} {res['rows']:9d} records {res['seconds']:8.1f} s {res['rows'] / res['seconds']:9.0f} records/s {res['cpu']:8.1f} CPU s peak {res['peak_mb']:7.0f} MB",
+                    flush=True,
+                )
     load = os.getloadavg()
-    print(f"\n{os.cpu_count()} CPUs, {platform.machine()}, python {platform.python_version()}, {args.workers} workers, rows_per_shard {args.rows_per_shard}, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(
+        f"\n{os.cpu_count()} CPUs, {platform.machine()}, python {platform.python_version()}, {args.workers} workers, rows_per_shard {args.rows_per_shard}, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    )
     print(f"{'file':22s} {'method':6s} {'records/s':>10s} {'per CPU s':>10s} {'peak MB':>8s} {'vs old':>7s}")
-    for path, gb in files:
+    for path, _gb in files:
         for m in methods:
             runs = results.get((path.name, m))
             if not runs:
@@ -220,16 +260,22 @@ def main() -> None:
                 continue
             rate = statistics.median(r["rows"] / r["seconds"] for r in runs)
             old = results.get((path.name, "old"))
-            ratio = f"{rate / statistics.median(r['rows'] / r['seconds'] for r in old):6.2f}x" if old and m != "old" else ""
+            ratio = (
+                f"{rate / statistics.median(r['rows'] / r['seconds'] for r in old):6.2f}x" if old and m != "old" else ""
+            )
             per_cpu = statistics.median(r["rows"] / r["cpu"] for r in runs)
-            print(f"{path.name:22s} {m:6s} {rate:10.0f} {per_cpu:10.0f} {statistics.median(r['peak_mb'] for r in runs):8.0f} {ratio:>7s}")
+            print(
+                f"{path.name:22s} {m:6s} {rate:10.0f} {per_cpu:10.0f} {statistics.median(r['peak_mb'] for r in runs):8.0f} {ratio:>7s}"
+            )
     for suffix in (".jsonl", ".json"):
         sized = sorted((gb, p) for p, gb in files if p.suffix == suffix)
         for m in methods:
             ends = [results.get((p.name, m)) for _, p in (sized[0], sized[-1])] if len(sized) > 1 else []
             if ends and all(ends):
                 small, large = (statistics.median(r["peak_mb"] for r in e) for e in ends)
-                print(f"peak RSS {suffix} {m}: {large:.0f} MB at {sized[-1][0]} GB / {small:.0f} MB at {sized[0][0]} GB = {large / small:.2f}x")
+                print(
+                    f"peak RSS {suffix} {m}: {large:.0f} MB at {sized[-1][0]} GB / {small:.0f} MB at {sized[0][0]} GB = {large / small:.2f}x"
+                )
     if args.parsers or args.parsers_only:
         for path, _ in files:
             if path.suffix == ".json":

@@ -49,10 +49,10 @@ def _photo(i: int, pool: list[bytes]) -> bytes:
 def build_release(root: Path, samples: int, per_shard: int) -> str:
     """A local release with latents; reused when it exists (its dataset URL is returned)."""
     import numpy as np
+    import release_fixtures as fx
     from PIL import Image
 
-    import release_fixtures as fx
-    from tasks.demo import render_image
+    from tasks.demo.images import render_image
 
     fx.LATENT_SHAPE = (4, 32, 32)
     fx.TEXT_SHAPE = (77, 64)
@@ -70,14 +70,15 @@ def build_release(root: Path, samples: int, per_shard: int) -> str:
     counts = [per_shard] * (samples // per_shard) + ([samples % per_shard] if samples % per_shard else [])
     print(f"building {samples} samples in {len(counts)} shards under {root / name} ...", flush=True)
     np.random.seed(0)
-    return fx.pretraining_release(str(root / name), counts, dataset="bench", latents=True, image=lambda i: _photo(i, pool))
+    return fx.pretraining_release(
+        str(root / name), counts, dataset="bench", latents=True, image=lambda i: _photo(i, pool)
+    )
 
 
 def _resize_crop_pil(im):
-    from PIL import Image
-
     import numpy as np
     import torch
+    from PIL import Image
 
     w, h = im.size
     s = SIZE / min(w, h)
@@ -103,7 +104,9 @@ def _wds_latent(sample):
     import torch
 
     # What a webdataset user writes: numpy.load of each member (float16 here, no bf16 view).
-    return {k: torch.from_numpy(np.load(io.BytesIO(v), allow_pickle=False)) for k, v in sample.items() if k.endswith(".npy")}
+    return {
+        k: torch.from_numpy(np.load(io.BytesIO(v), allow_pickle=False)) for k, v in sample.items() if k.endswith(".npy")
+    }
 
 
 def _collate_tuples(batch):
@@ -145,7 +148,9 @@ def run_method(method: str, release, args) -> tuple[int, float, float]:
 
         latents = method == "wds-latents"
         shards = [release.local_path(s.name) for s in (release.precache_shards if latents else release.shards)]
-        ds = wds.WebDataset(shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False).shuffle(256)
+        ds = wds.WebDataset(shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False).shuffle(
+            256
+        )
         if latents:
             ds, collate = ds.map(_wds_latent), _collate_dicts
         elif method == "wds-images":
@@ -162,7 +167,15 @@ def run_method(method: str, release, args) -> tuple[int, float, float]:
     else:
         from loaders.dali import DaliLoader
 
-        dl = DaliLoader(release, args.batch, latents=method.endswith("latents"), image_size=SIZE, device_id=None, num_threads=max(1, args.workers), initial_fill=256)
+        dl = DaliLoader(
+            release,
+            args.batch,
+            latents=method.endswith("latents"),
+            image_size=SIZE,
+            device_id=None,
+            num_threads=max(1, args.workers),
+            initial_fill=256,
+        )
         start, cpu = time.perf_counter(), cpu_seconds()  # pipeline build is one-off set-up, like worker start
         n = sum(b["valid"] for b in dl)
     return n, time.perf_counter() - start, cpu_seconds() - cpu
@@ -193,9 +206,14 @@ def main() -> None:
             n, secs, cpu = run_method(m, release, args)
             rates[m].append(n / secs)
             per_cpu[m].append(n / cpu)
-            print(f"round {r + 1} {m:26s} {n:6d} samples {secs:7.2f} s {n / secs:9.1f} samples/s {cpu:7.2f} CPU s {n / cpu:9.1f} samples/CPU s", flush=True)
-    print(f"\n{release.samples} samples, {len(release.shards)} shards, batch {args.batch}, {args.workers} workers, "
-          f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, python {platform.python_version()}")
+            print(
+                f"round {r + 1} {m:26s} {n:6d} samples {secs:7.2f} s {n / secs:9.1f} samples/s {cpu:7.2f} CPU s {n / cpu:9.1f} samples/CPU s",
+                flush=True,
+            )
+    print(
+        f"\n{release.samples} samples, {len(release.shards)} shards, batch {args.batch}, {args.workers} workers, "
+        f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, python {platform.python_version()}"
+    )
     print(f"{'method':26s} {'samples/s':>10s} {'ratio':>8s} {'per CPU s':>10s} {'ratio':>8s}")
     for m in methods:
         base = "wds-latents" if m.endswith("latents") else "wds-images"

@@ -13,10 +13,10 @@ Each measurement runs in a fresh child process, which reports wall seconds, CPU 
 planning (``plan_source`` into a fresh storage folder, ``--rows-per-shard`` rows per chunk,
 chunk files written). Steps, for each of ``--sizes``:
 
-- ``new``: ``tasks.manifests.plan_source`` over the parquet folder, then over the CSV;
+- ``new``: ``tasks.formats.manifests.plan_source`` over the parquet folder, then over the CSV;
 - ``new x2``: the parquet folder's files planned by ``plan_file`` in 2 worker processes and
   combined (``combine``), as the download flow does on a 2-worker cluster;
-- ``old``: the reader this one replaced (``tasks/manifests.py`` at ``--baseline-commit``,
+- ``old``: the reader this one replaced (``tasks/formats/manifests.py`` at ``--baseline-commit``,
   taken from git into ``.bench/manifests/``), over the first ``--old-rows`` rows only (it
   runs at about 20,000 rows/s); its rows/s is what it would do over the whole manifest.
 
@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:
 
 BENCH_DIR = REPO / ".bench" / "manifests"
 FILE_ROWS = 100_000
-BASELINE_COMMIT = "54abba3"  # the last commit with tasks/manifests.py as one row-at-a-time module
+BASELINE_COMMIT = "54abba3"  # the last commit with tasks/formats/manifests.py as one row-at-a-time module
 
 
 def peak_mb() -> float:
@@ -90,7 +90,9 @@ def make_manifests(rows: int) -> tuple[Path, Path]:
             out.write(b"url,caption,license\n")
             for start in range(0, rows, 500_000):
                 t = _table(start, min(500_000, rows - start))
-                lines = pc.binary_join_element_wise(t["url"], pc.binary_join_element_wise('"', t["caption"], '"', ""), t["license"], ",")
+                lines = pc.binary_join_element_wise(
+                    t["url"], pc.binary_join_element_wise('"', t["caption"], '"', ""), t["license"], ","
+                )
                 out.write("\n".join(lines.to_pylist()).encode() + b"\n")
         tmp.rename(csv_path)
     return folder, csv_path
@@ -100,7 +102,12 @@ def old_module(commit: str) -> Path:
     """The replaced reader, from git, as a module file under .bench/manifests/."""
     path = BENCH_DIR / f"old_manifests_{commit}.py"
     if not path.exists():
-        text = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:tasks/manifests.py"], capture_output=True, text=True, check=True).stdout
+        text = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{commit}:tasks/formats/manifests.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         path.write_text(text)
     return path
 
@@ -135,8 +142,8 @@ def _slice(manifest: Path, rows: int) -> Path:
 def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
     """Plan one manifest in this process; seconds, CPU seconds, rows and peak RSS."""
 
-    from tasks.recipe import SourceConfig
-    from tasks.storage import Storage
+    from tasks.formats.recipe_download import SourceConfig
+    from tasks.formats.storage import Storage
 
     if kind == "old":
         spec = importlib.util.spec_from_file_location("old_manifests", old_module(commit))
@@ -144,7 +151,7 @@ def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
         sys.modules["old_manifests"] = module
         spec.loader.exec_module(module)
     else:
-        from tasks import manifests as module
+        from tasks.formats import manifests as module
     base_mb = peak_mb()
     root = tempfile.mkdtemp(prefix="plan-", dir=BENCH_DIR)
     try:
@@ -152,17 +159,33 @@ def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
         start, cpu = time.perf_counter(), time.process_time()
         if kind == "old":  # one file at a time: it reads single files only
             files = sorted(Path(manifest).glob("part-*.parquet")) if Path(manifest).is_dir() else [Path(manifest)]
-            rows = sum(module.plan_source(SourceConfig(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b").rows for i, f in enumerate(files))
+            rows = sum(
+                module.plan_source(
+                    SourceConfig(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b"
+                ).rows
+                for i, f in enumerate(files)
+            )
         elif kind == "new x2":
             import concurrent.futures
 
             src = SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard)
             files = module.list_manifest_files(src)
             with concurrent.futures.ProcessPoolExecutor(2) as pool:
-                plans = list(pool.map(module.plan_file, [src] * len(files), files, [storage] * len(files), ["b"] * len(files), chunksize=4))
+                plans = list(
+                    pool.map(
+                        module.plan_file,
+                        [src] * len(files),
+                        files,
+                        [storage] * len(files),
+                        ["b"] * len(files),
+                        chunksize=4,
+                    )
+                )
             rows = module.combine(src, plans).rows
         else:
-            rows = module.plan_source(SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard), storage, "b").rows
+            rows = module.plan_source(
+                SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard), storage, "b"
+            ).rows
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         peak = peak_mb()
         if kind == "new x2":  # the workers do the work: their CPU, and the largest worker's peak
@@ -176,8 +199,19 @@ def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
 
 def run_child(kind: str, manifest: Path, args: argparse.Namespace) -> dict:
     done = subprocess.run(
-        [sys.executable, __file__, "--child", kind, str(manifest), "--rows-per-shard", str(args.rows_per_shard), "--baseline-commit", args.baseline_commit],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            kind,
+            str(manifest),
+            "--rows-per-shard",
+            str(args.rows_per_shard),
+            "--baseline-commit",
+            args.baseline_commit,
+        ],
+        capture_output=True,
+        text=True,
     )
     if done.returncode:
         raise SystemExit(f"{kind} {manifest}: {done.stderr.strip()[-2000:]}")
@@ -186,10 +220,14 @@ def run_child(kind: str, manifest: Path, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1000000,10000000", help="manifest rows, comma-separated (default 1000000,10000000)")
+    ap.add_argument(
+        "--sizes", default="1000000,10000000", help="manifest rows, comma-separated (default 1000000,10000000)"
+    )
     ap.add_argument("--rows-per-shard", type=int, default=10_000, help="rows per chunk (default 10000)")
     ap.add_argument("--old-rows", type=int, default=200_000, help="rows the old reader plans (default 200000)")
-    ap.add_argument("--baseline-commit", default=BASELINE_COMMIT, help=f"commit of the old reader (default {BASELINE_COMMIT})")
+    ap.add_argument(
+        "--baseline-commit", default=BASELINE_COMMIT, help=f"commit of the old reader (default {BASELINE_COMMIT})"
+    )
     ap.add_argument("--skip-old", action="store_true", help="leave the old reader out")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
@@ -208,8 +246,22 @@ def main() -> None:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     # Made in a child: Linux carries a parent's peak RSS into the children it starts, so this
     # process stays small (no pyarrow) for the children's peaks to be their own.
-    prepare = [sys.executable, __file__, "--prepare", "--sizes", args.sizes, "--old-rows", str(args.old_rows), "--baseline-commit", args.baseline_commit]
-    made = json.loads(subprocess.run(prepare + (["--skip-old"] if args.skip_old else []), capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+    prepare = [
+        sys.executable,
+        __file__,
+        "--prepare",
+        "--sizes",
+        args.sizes,
+        "--old-rows",
+        str(args.old_rows),
+        "--baseline-commit",
+        args.baseline_commit,
+    ]
+    made = json.loads(
+        subprocess.run(
+            prepare + (["--skip-old"] if args.skip_old else []), capture_output=True, text=True, check=True
+        ).stdout.splitlines()[-1]
+    )
     results: dict[tuple[str, str, int], dict] = {}
     for n in sizes:
         folder, csv_path = made[str(n)]
@@ -220,8 +272,10 @@ def main() -> None:
             if not args.skip_old and n == sizes[-1]:
                 results[("old", shape, n)] = run_child("old", Path(made["old"][i]), args)
     print(f"\nplan_source, {args.rows_per_shard:,} rows per chunk; load average {os.getloadavg()[0]:.1f} at the end")
-    print(f"{'manifest':<20}{'rows':>12}{'reader':>8}{'wall s':>9}{'rows/s':>11}{'cpu s':>8}{'rows/cpu-s':>12}{'peak MB':>9}{'over imports MB':>17}")
-    for (kind, shape, n), r in results.items():
+    print(
+        f"{'manifest':<20}{'rows':>12}{'reader':>8}{'wall s':>9}{'rows/s':>11}{'cpu s':>8}{'rows/cpu-s':>12}{'peak MB':>9}{'over imports MB':>17}"
+    )
+    for (kind, shape, _n), r in results.items():
         print(
             f"{shape:<20}{r['rows']:>12,}{kind:>8}{r['seconds']:>9.1f}{r['rows'] / r['seconds']:>11,.0f}{r['cpu']:>8.1f}"
             f"{r['rows'] / r['cpu']:>12,.0f}{r['peak_mb']:>9.0f}{r['peak_mb'] - r['base_mb']:>17.0f}"

@@ -31,10 +31,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks.packing import fixed_drop_ratio, pack_stats, pad_to_longest_ratio, padding_cutoff  # noqa: E402
-from tasks.packing import pack_balanced_greedy, pack_first_fit_decreasing  # noqa: E402
-from tasks.recipe import PackingConfig, PaddingConfig, TilingConfig  # noqa: E402
-from tasks.tiling import choose_grid, encode_jpeg, tile_count, tile_image, tile_members  # noqa: E402
+from tasks.finetune.packing import (  # noqa: E402  # noqa: E402
+    fixed_drop_ratio,
+    pack_balanced_greedy,
+    pack_first_fit_decreasing,
+    pack_stats,
+    pad_to_longest_ratio,
+    padding_cutoff,
+)
+from tasks.finetune.tiling import choose_grid, encode_jpeg, tile_count, tile_image, tile_members  # noqa: E402
+from tasks.formats.recipe_finetune import PackingConfig, PaddingConfig, TilingConfig
 
 
 def synthetic(n: int, seed: int, tiling: TilingConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -67,12 +73,16 @@ def bench_packing(args: argparse.Namespace) -> None:
     tiling = TilingConfig()
     cfg = PackingConfig(budget=args.budget, max_images=args.max_images)
     tokens, images, tiles = synthetic(args.samples, args.seed, tiling)
-    cutoff = padding_cutoff(tokens, PaddingConfig(cutoff="percentile", percentile=args.percentile, max_tokens=args.budget), cfg.budget)
+    cutoff = padding_cutoff(
+        tokens, PaddingConfig(cutoff="percentile", percentile=args.percentile, max_tokens=args.budget), cfg.budget
+    )
     over = int((tokens > cutoff).sum())
     capped = np.minimum(tokens, cutoff)
     pct = np.percentile(tokens, [50, 90, 99, 99.9]).astype(int)
-    print(f"{args.samples} samples: tokens p50 {pct[0]} p90 {pct[1]} p99 {pct[2]} p99.9 {pct[3]} max {tokens.max()}; "
-          f"text-only {float((images == 0).mean()):.2f}; cut-off p{args.percentile:g} = {cutoff} ({over} samples over, truncated)")
+    print(
+        f"{args.samples} samples: tokens p50 {pct[0]} p90 {pct[1]} p99 {pct[2]} p99.9 {pct[3]} max {tokens.max()}; "
+        f"text-only {float((images == 0).mean()):.2f}; cut-off p{args.percentile:g} = {cutoff} ({over} samples over, truncated)"
+    )
     print(f"budget {cfg.budget} tokens, {cfg.max_images} images per pack; {args.repeats} rounds, median seconds\n")
     rows = []
     t_sort = []
@@ -83,14 +93,36 @@ def bench_packing(args: argparse.Namespace) -> None:
     for name, fn in (("balanced_greedy", pack_balanced_greedy), ("ffd", pack_first_fit_decreasing)):
         secs = []
         for _ in range(args.repeats):
-            packs, s = timed(fn, capped.tolist(), cfg.budget, images.tolist(), cfg.max_images, tiles.tolist(), cfg.max_tiles)
+            packs, s = timed(
+                fn, capped.tolist(), cfg.budget, images.tolist(), cfg.max_images, tiles.tolist(), cfg.max_tiles
+            )
             secs.append(s)
         st = pack_stats(packs, capped.tolist(), cfg.budget, images.tolist(), tiles.tolist())
-        rows.append((name, f"{st.fill_ratio:.4f}", f"{st.packs}", f"{statistics.median(secs):.3f}", f"{statistics.median(secs) / base:.0f}x", "0"))
+        rows.append(
+            (
+                name,
+                f"{st.fill_ratio:.4f}",
+                f"{st.packs}",
+                f"{statistics.median(secs):.3f}",
+                f"{statistics.median(secs) / base:.0f}x",
+                "0",
+            )
+        )
     order = np.random.default_rng(args.seed + 1).permutation(len(capped))
-    rows.append(("pad-to-longest", f"{pad_to_longest_ratio(capped[order], args.batch):.4f}", f"{-(-len(capped) // args.batch)} batches of {args.batch}", "-", "-", "0"))
+    rows.append(
+        (
+            "pad-to-longest",
+            f"{pad_to_longest_ratio(capped[order], args.batch):.4f}",
+            f"{-(-len(capped) // args.batch)} batches of {args.batch}",
+            "-",
+            "-",
+            "0",
+        )
+    )
     fill, dropped = fixed_drop_ratio(tokens, 512)
-    rows.append(("fixed-512 drop", f"{fill:.4f}", f"{int((tokens <= 512).sum())} rows of 512", "-", "-", f"{dropped:.3f}"))
+    rows.append(
+        ("fixed-512 drop", f"{fill:.4f}", f"{int((tokens <= 512).sum())} rows of 512", "-", "-", f"{dropped:.3f}")
+    )
     rows.append(("sorted (baseline)", "-", "-", f"{base:.3f}", "1x", "-"))
     head = ("method", "fill ratio", "packs / batches", "seconds", "vs sort", "dropped share")
     print("| " + " | ".join(head) + " |")
@@ -102,7 +134,7 @@ def bench_packing(args: argparse.Namespace) -> None:
 def bench_tiling(args: argparse.Namespace) -> None:
     from PIL import Image
 
-    from tasks.demo import render_image
+    from tasks.demo.images import render_image
 
     cfg = TilingConfig()
     photos = []
@@ -124,7 +156,9 @@ def bench_tiling(args: argparse.Namespace) -> None:
         rates["resize448+encode (baseline)"].append(len(photos) / (time.perf_counter() - t0))
     med = {k: statistics.median(v) for k, v in rates.items()}
     size = f"{photos[0].width}x{photos[0].height}" if photos else "-"
-    print(f"\ntiling: {len(photos)} images (first {size}), {tiles / max(len(photos), 1):.1f} tiles per image, one thread")
+    print(
+        f"\ntiling: {len(photos)} images (first {size}), {tiles / max(len(photos), 1):.1f} tiles per image, one thread"
+    )
     for k, v in med.items():
         print(f"  {k}: {v:.1f} images/s")
     print(f"  ratio tile / baseline: {med['tile+encode'] / med['resize448+encode (baseline)']:.2f}x")

@@ -1,10 +1,10 @@
 """Precache benchmark: the whole stage beside the encoders alone on the same batches, in one run.
 
-One invocation writes (or reuses) a shard of ``--samples`` demo images (tasks.demo.render_image:
+One invocation writes (or reuses) a shard of ``--samples`` demo images (tasks.demo.corpus.render_image:
 JPEGs of 200..1000 px with captions) under ``.bench/precache/`` and tiny random-weight encoders
-(tasks.tiny_models: a 4-block AutoencoderKL and a CLIP text model). Then, per round:
+(tasks.demo.models: a 4-block AutoencoderKL and a CLIP text model). Then, per round:
 
-- ``stage``: ``tasks.precache.precache_shard`` into a fresh output prefix with the models
+- ``stage``: ``tasks.stages.precache.precache_shard`` into a fresh output prefix with the models
   already loaded: DALI reads the shard through its index, decodes, resizes and crops, the
   encoders run, every array is written to the latent shard and its ledger;
 - ``encoders``: the same encoders on the same batches, decoded beforehand and held in memory:
@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tasks.recipe import PrecacheConfig  # noqa: E402
-from tasks.storage import Storage  # noqa: E402
+from tasks.formats.recipe_outputs import PrecacheConfig  # noqa: E402
+from tasks.formats.storage import Storage  # noqa: E402
 
 
 def make_shard(storage: Storage, n: int):
@@ -39,9 +39,9 @@ def make_shard(storage: Storage, n: int):
 
     from PIL import Image
 
-    from tasks.demo import render_image
-    from tasks.precache import PrecacheInput
-    from tasks.shards import ShardWriter
+    from tasks.demo.images import render_image
+    from tasks.formats.shards import ShardWriter
+    from tasks.stages.precache import PrecacheInput
 
     rel = f"in/shard-{n}.tar"
     records_rel = f"in/shard-{n}.records"
@@ -80,7 +80,8 @@ def encoders_only(enc, batches) -> float:
 
 
 def collect_batches(storage: Storage, shard, cfg: PrecacheConfig) -> list:
-    from tasks.precache import _LocalShard, iter_batches
+    from tasks.stages.precache import _LocalShard
+    from tasks.stages.precache_batches import iter_batches
 
     local = _LocalShard(storage, shard)
     try:
@@ -98,10 +99,15 @@ def gpu_figures(storage: Storage, shard, models: dict, resolutions: list[int], b
     """DALI mixed decode images/s and VAE encode images/s at each resolution (GPU only)."""
     import torch
 
-    from tasks.precache import load_encoders
+    from tasks.stages.precache_models import load_encoders
 
     for res in resolutions:
-        cfg = PrecacheConfig(image_latents={"model": str(models["vae"]), "resolution": res}, batch_size=batch, decode="gpu", device="cuda")
+        cfg = PrecacheConfig(
+            image_latents={"model": str(models["vae"]), "resolution": res},
+            batch_size=batch,
+            decode="gpu",
+            device="cuda",
+        )
         start = time.perf_counter()
         batches = collect_batches(storage, shard, cfg)
         torch.cuda.synchronize()
@@ -109,7 +115,9 @@ def gpu_figures(storage: Storage, shard, models: dict, resolutions: list[int], b
         enc, _ = load_encoders(cfg)
         encode_s = encoders_only(enc, batches)
         n = len(shard.records)
-        print(f"gpu {res}px: DALI mixed decode+resize {n / decode_s:8.1f} images/s   VAE encode {n / encode_s:8.1f} images/s")
+        print(
+            f"gpu {res}px: DALI mixed decode+resize {n / decode_s:8.1f} images/s   VAE encode {n / encode_s:8.1f} images/s"
+        )
 
 
 def main() -> int:
@@ -120,7 +128,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (Dask workers run with OMP_NUM_THREADS=1)")
-    ap.add_argument("--resolutions", type=int, nargs="+", default=[256, 512], help="GPU figures at these sizes (--device cuda)")
+    ap.add_argument(
+        "--resolutions", type=int, nargs="+", default=[256, 512], help="GPU figures at these sizes (--device cuda)"
+    )
     ap.add_argument("--vae", help="a real VAE folder instead of the tiny one (e.g. an SD/SDXL vae)")
     ap.add_argument("--dir", default=str(ROOT / ".bench" / "precache"))
     args = ap.parse_args()
@@ -131,8 +141,9 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU visible: run this with --device cuda on a GPU machine", file=sys.stderr)
         return 2
-    from tasks.precache import load_encoders, precache_shard
-    from tasks.tiny_models import make_all
+    from tasks.demo.models import make_all
+    from tasks.stages.precache import precache_shard
+    from tasks.stages.precache_models import load_encoders
 
     base = Path(args.dir)
     models = make_all(base / "models")
@@ -149,8 +160,12 @@ def main() -> int:
         device=args.device,
     )
     enc, load_s = load_encoders(cfg)
-    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} threads {torch.get_num_threads()}, device {args.device}")
-    print(f"shard: {args.samples} demo images ({os.path.getsize(storage.path(shard.tar)) / 1e6:.1f} MB), batch {args.batch}, {args.resolution} px; models loaded in {load_s:.1f} s (not timed below)")
+    print(
+        f"machine: {os.cpu_count()} cores, torch {torch.__version__} threads {torch.get_num_threads()}, device {args.device}"
+    )
+    print(
+        f"shard: {args.samples} demo images ({os.path.getsize(storage.path(shard.tar)) / 1e6:.1f} MB), batch {args.batch}, {args.resolution} px; models loaded in {load_s:.1f} s (not timed below)"
+    )
     batches = collect_batches(storage, shard, cfg)
     encoders_only(enc, batches[:1])  # warm-up: first-call allocations
     # CPU seconds of this process (all its threads: DALI's and torch's) beside wall seconds:
@@ -172,9 +187,17 @@ def main() -> int:
     print(f"{'':10s} {'median s':>9s} {'samples/s':>10s}   rounds")
     print(f"{'stage':10s} {st:9.2f} {n / st:10.1f}   " + " ".join(f"{x:.2f}" for x in stage_s))
     print(f"{'encoders':10s} {en:9.2f} {n / en:10.1f}   " + " ".join(f"{x:.2f}" for x in enc_s))
-    print(f"ratio encoders / stage, wall: {en / st:.3f}  (per round: " + " ".join(f"{e / s:.3f}" for e, s in zip(enc_s, stage_s)) + ")")
+    print(
+        f"ratio encoders / stage, wall: {en / st:.3f}  (per round: "
+        + " ".join(f"{e / s:.3f}" for e, s in zip(enc_s, stage_s))
+        + ")"
+    )
     sc, ec = statistics.median(stage_cpu), statistics.median(enc_cpu)
-    print(f"ratio encoders / stage, CPU s: {ec / sc:.3f}  (stage {sc:.1f} CPU s, encoders {ec:.1f} CPU s; per round: " + " ".join(f"{e / s:.3f}" for e, s in zip(enc_cpu, stage_cpu)) + ")")
+    print(
+        f"ratio encoders / stage, CPU s: {ec / sc:.3f}  (stage {sc:.1f} CPU s, encoders {ec:.1f} CPU s; per round: "
+        + " ".join(f"{e / s:.3f}" for e, s in zip(enc_cpu, stage_cpu))
+        + ")"
+    )
     mid = parts[len(parts) // 2]
     print("inside the stage (middle round): " + ", ".join(f"{k} {v:.2f}" for k, v in mid.items()))
     if args.device == "cuda":

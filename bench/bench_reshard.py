@@ -76,9 +76,9 @@ def ensure_corpus(shards: int, samples: int, sample_kb: int, completion_order: b
     """The input shards and their ledgers, made once and reused (a shard's ledger says it is complete)."""
     import numpy as np
 
-    from tasks.ledger import LedgerRow, write_ledger
-    from tasks.shards import ShardWriter
-    from tasks.storage import Storage
+    from tasks.formats.ledger import LedgerRow, write_ledger
+    from tasks.formats.shards import ShardWriter
+    from tasks.formats.storage import Storage
 
     name = f"v{CORPUS_VERSION}-s{shards}-n{samples}-kb{sample_kb}" + ("-completion" if completion_order else "")
     storage = Storage(str(BENCH_DIR / name))
@@ -95,7 +95,14 @@ def ensure_corpus(shards: int, samples: int, sample_kb: int, completion_order: b
         for n in range(samples):
             key = f"src{i:04d}-{row:07d}"
             size = int(sample_kb * 1024 * rng.uniform(0.5, 1.5))
-            members[row] = (key, {"jpg": rng.bytes(size), "txt": f"caption of sample {row} of shard {i}".encode(), "json": f'{{"row": {row}, "shard": {i}}}'.encode()})
+            members[row] = (
+                key,
+                {
+                    "jpg": rng.bytes(size),
+                    "txt": f"caption of sample {row} of shard {i}".encode(),
+                    "json": f'{{"row": {row}, "shard": {i}}}'.encode(),
+                },
+            )
             row += 1
             if n % 10 == 9:
                 rows.append(LedgerRow(key=f"src{i:04d}-{row:07d}", source=f"src{i:04d}", row=row, reason="too_large"))
@@ -108,7 +115,16 @@ def ensure_corpus(shards: int, samples: int, sample_kb: int, completion_order: b
                 key, m = members[r]
                 rec = writer.write_sample(key, m)
                 rows.append(
-                    LedgerRow(key=key, source=f"src{i:04d}", row=r, shard=tar, bytes=len(m["jpg"]), offset=rec.offset, length=rec.length, members=rec.members_as_dicts())
+                    LedgerRow(
+                        key=key,
+                        source=f"src{i:04d}",
+                        row=r,
+                        shard=tar,
+                        bytes=len(m["jpg"]),
+                        offset=rec.offset,
+                        length=rec.length,
+                        members=rec.members_as_dicts(),
+                    )
                 )
         rows.sort(key=lambda x: x.row)  # ledgers stay in row order, whatever order the tar holds
         write_ledger(storage, ledger, rows)
@@ -156,7 +172,7 @@ def wait_quiet(below: float, timeout: float) -> float:
 
 
 def recipe_for(storage_root: str, dataset: str, n: int, workers: int, seed: int | None):
-    from tasks.recipe import parse_recipe
+    from tasks.formats.recipe import parse_recipe
 
     data = {
         "dataset": dataset,
@@ -168,7 +184,9 @@ def recipe_for(storage_root: str, dataset: str, n: int, workers: int, seed: int 
     return parse_recipe(data, Path(storage_root) / "recipe.yaml")
 
 
-def run_phase(address: str, storage_root: str, dataset: str, validated: Validated, n: int, workers: int, seed: int | None):
+def run_phase(
+    address: str, storage_root: str, dataset: str, validated: Validated, n: int, workers: int, seed: int | None
+):
     """(wall seconds, CPU seconds of the whole process tree, summary) of the reshard flow on the cluster at ``address``."""
     from prefect_dask import DaskTaskRunner
 
@@ -179,7 +197,9 @@ def run_phase(address: str, storage_root: str, dataset: str, validated: Validate
     record = new_run(recipe, f"bench-{dataset}")
     c0 = _tree_cpu()
     t0 = time.perf_counter()
-    summary, _ = reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(recipe=recipe, validated=validated, run=record)
+    summary, _ = reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(
+        recipe=recipe, validated=validated, run=record
+    )
     wall = time.perf_counter() - t0
     cpu = _tree_cpu() - c0
     if summary.samples != sum(o.samples for o in summary.outputs):
@@ -199,7 +219,15 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
     run_cp(in_dir, work / "warm")  # warm the page cache
     shutil.rmtree(work / "warm")
     # Warm the workers (imports, pyarrow kernels) and the flow's first calls on two inputs.
-    run_phase(address, storage.root, "warm", Validated(validated.tars[:2], validated.ledgers[:2]), args.samples_per_shard, args.workers, args.seed)
+    run_phase(
+        address,
+        storage.root,
+        "warm",
+        Validated(validated.tars[:2], validated.ledgers[:2]),
+        args.samples_per_shard,
+        args.workers,
+        args.seed,
+    )
     shutil.rmtree(storage.path("warm"), ignore_errors=True)
 
     rounds = Rounds()
@@ -214,10 +242,15 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
                 rounds.add(rounds.wall, "cp+sync", cp_sync)
                 rounds.add(rounds.cpu, "cp+sync", cpu)
                 shutil.rmtree(work / f"cp-{r}")
-                print(f"  {gb:g} GB round {r}: cp {cp:.2f} s, cp+sync {cp_sync:.2f} s, CPU {cpu:.2f} s (load {load0:.1f})", flush=True)
+                print(
+                    f"  {gb:g} GB round {r}: cp {cp:.2f} s, cp+sync {cp_sync:.2f} s, CPU {cpu:.2f} s (load {load0:.1f})",
+                    flush=True,
+                )
             else:
                 dataset = f"round{r}"
-                wall, cpu, summary = run_phase(address, storage.root, dataset, validated, args.samples_per_shard, args.workers, args.seed)
+                wall, cpu, summary = run_phase(
+                    address, storage.root, dataset, validated, args.samples_per_shard, args.workers, args.seed
+                )
                 t = getattr(summary, "timings", {})  # (absent before the flow recorded them)
                 rounds.add(rounds.wall, "reshard phase", wall)
                 rounds.add(rounds.cpu, "reshard phase", cpu)
@@ -227,8 +260,11 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
                     rounds.add(rounds.steps, step, s)
                 rounds.add(rounds.steps, "flow overhead", wall - sum(t.values()))
                 shutil.rmtree(storage.path(dataset), ignore_errors=True)
-                print(f"  {gb:g} GB round {r}: phase {wall:.2f} s, CPU {cpu:.2f} s, steps {({k: round(v, 2) for k, v in t.items()})}, "
-                      f"{len(summary.outputs)} outputs (load {load0:.1f})", flush=True)
+                print(
+                    f"  {gb:g} GB round {r}: phase {wall:.2f} s, CPU {cpu:.2f} s, steps { ({k: round(v, 2) for k, v in t.items()}) }, "
+                    f"{len(summary.outputs)} outputs (load {load0:.1f})",
+                    flush=True,
+                )
             rounds.load.append(os.getloadavg()[0])
     shutil.rmtree(work, ignore_errors=True)
     label = f"{gb:g} GB: {shards} input shards x {args.samples} samples of ~{args.sample_kb} KB, {total_bytes / 1e6:,.0f} MB"
@@ -238,15 +274,26 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
 def report(label: str, rounds: Rounds, total_bytes: int) -> list[str]:
     med = {k: statistics.median(v) for k, v in rounds.wall.items()}
     cpu = {k: statistics.median(v) for k, v in rounds.cpu.items()}
-    lines = [f"### {label}", "", "| method | median wall s | MB/s | cp+sync / method | CPU s per GB |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"### {label}",
+        "",
+        "| method | median wall s | MB/s | cp+sync / method | CPU s per GB |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for m in ("cp", "cp+sync", "reshard phase", "phase without the gate"):
         if m not in med:
             continue
         per_gb = f"{cpu[m] / (total_bytes / 1e9):.2f}" if m in cpu else ""
-        lines.append(f"| {m} | {med[m]:.2f} | {total_bytes / 1e6 / med[m]:.0f} | {med['cp+sync'] / med[m]:.2f} | {per_gb} |")
+        lines.append(
+            f"| {m} | {med[m]:.2f} | {total_bytes / 1e6 / med[m]:.0f} | {med['cp+sync'] / med[m]:.2f} | {per_gb} |"
+        )
     steps = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in rounds.steps.items()) or "not recorded"
-    lines += ["", f"Phase steps, median s: {steps}. Load average during the rounds: "
-              f"{min(rounds.load):.1f}-{max(rounds.load):.1f}.", ""]
+    lines += [
+        "",
+        f"Phase steps, median s: {steps}. Load average during the rounds: "
+        f"{min(rounds.load):.1f}-{max(rounds.load):.1f}.",
+        "",
+    ]
     return lines
 
 
@@ -260,8 +307,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--completion-order", action="store_true", help="inputs hold samples out of ledger order")
     p.add_argument("--rounds", type=int, default=3, help="rounds per size (default 3)")
     p.add_argument("--workers", type=int, default=2, help="Dask worker processes (default 2)")
-    p.add_argument("--quiet-wait", type=float, default=0.0, help="seconds to wait, before each run, for other work to settle (default 0)")
-    p.add_argument("--quiet-load", type=float, default=1.0, help="the 1-minute load average that counts as settled (default 1.0)")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        help="seconds to wait, before each run, for other work to settle (default 0)",
+    )
+    p.add_argument(
+        "--quiet-load", type=float, default=1.0, help="the 1-minute load average that counts as settled (default 1.0)"
+    )
     p.add_argument("--markdown", type=Path, default=None, help="also write the tables to this file")
     return p.parse_args(argv)
 
@@ -272,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ["PREFECT_HOME"] = str(home)
     from flows.runtime import dask_cluster, prefect_api
-    from tasks.gates import preload
+    from tasks.audit.ge_runner import preload
 
     out = [
         f"# reshard benchmark: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",

@@ -11,7 +11,7 @@ downloaded). A fresh child process per size then runs, and reports its peak RSS
   (``--rows-per-shard`` rows each);
 - ``ledgers``: one synthetic ledger per chunk, as the download phase writes them (90% ok,
   7% rejected, 3% error), written one at a time;
-- ``reconcile``: every ledger read back one at a time into ``tasks.gates.Reconciliation``,
+- ``reconcile``: every ledger read back one at a time into ``tasks.audit.gates.Reconciliation``,
   the ok rows added as released outputs, and the release gate (Great Expectations) run.
 
 Printed: seconds and peak RSS per step for each size, and the ratio of the largest size's
@@ -61,7 +61,13 @@ def write_manifest(path: Path, rows: int) -> None:
         w = csv.writer(fh)
         w.writerow(["url", "caption", "license"])
         for i in range(rows):
-            w.writerow([f"http://127.0.0.1:8765/img/p{i % 400:04d}.jpg?u={i}", f"a generated photo, number {i}, of a red shape", "CC-BY-4.0"])
+            w.writerow(
+                [
+                    f"http://127.0.0.1:8765/img/p{i % 400:04d}.jpg?u={i}",
+                    f"a generated photo, number {i}, of a red shape",
+                    "CC-BY-4.0",
+                ]
+            )
     tmp.rename(path)
 
 
@@ -70,20 +76,28 @@ def child(manifest: Path, rows_per_shard: int) -> dict:
     import numpy as np
     import pyarrow as pa
 
-    from tasks.gates import Reconciliation, _import_gx, release_gate
-    from tasks.ledger import read_ledger, write_parquet
-    from tasks.manifests import plan_source
-    from tasks.recipe import SourceConfig
-    from tasks.storage import Storage
+    from tasks.audit.ge_runner import import_gx
+    from tasks.audit.reconcile import Reconciliation, release_gate
+    from tasks.formats.ledger import read_ledger, write_parquet
+    from tasks.formats.manifests import plan_source
+    from tasks.formats.recipe_download import SourceConfig
+    from tasks.formats.storage import Storage
 
-    _import_gx()
+    import_gx()
     out: dict = {"imports": {"seconds": 0.0, "peak_mb": peak_mb()}}
     root = tempfile.mkdtemp(prefix="scale-", dir=BENCH_DIR)
     try:
         storage = Storage(root)
         t = time.perf_counter()
-        plan = plan_source(SourceConfig(name="web", manifest=str(manifest), rows_per_shard=rows_per_shard), storage, "scale")
-        out["plan"] = {"seconds": time.perf_counter() - t, "peak_mb": peak_mb(), "chunks": len(plan.chunks), "rows": plan.rows}
+        plan = plan_source(
+            SourceConfig(name="web", manifest=str(manifest), rows_per_shard=rows_per_shard), storage, "scale"
+        )
+        out["plan"] = {
+            "seconds": time.perf_counter() - t,
+            "peak_mb": peak_mb(),
+            "chunks": len(plan.chunks),
+            "rows": plan.rows,
+        }
 
         t = time.perf_counter()
         cycle = np.array(STATUS_CYCLE)
@@ -110,7 +124,12 @@ def child(manifest: Path, rows_per_shard: int) -> dict:
             tally.add_ledger(table)
             tally.add_outputs(table.filter(pa.compute.equal(table.column("status"), "ok")).select(["source", "row"]))
         gate = release_gate(tally)
-        out["reconcile"] = {"seconds": time.perf_counter() - t, "peak_mb": peak_mb(), "gate": gate.success, "ok": tally.status["ok"]}
+        out["reconcile"] = {
+            "seconds": time.perf_counter() - t,
+            "peak_mb": peak_mb(),
+            "gate": gate.success,
+            "ok": tally.status["ok"],
+        }
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -124,15 +143,21 @@ def memory_part(sizes: list[int], rows_per_shard: int) -> None:
         write_manifest(manifest, n)
         done = subprocess.run(
             [sys.executable, __file__, "--child", str(manifest), "--rows-per-shard", str(rows_per_shard)],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         results[n] = json.loads(done.stdout.strip().splitlines()[-1])
         if not results[n]["reconcile"]["gate"]:
             raise SystemExit(f"{n} rows: the release gate failed")
     steps = ["imports", "plan", "ledgers", "reconcile"]
     lo, hi = min(sizes), max(sizes)
-    print(f"\nmanifest -> plan -> ledgers -> reconciliation ({rows_per_shard} rows per shard); peak RSS after each step")
-    print(f"{'step':<10}" + "".join(f"{f'{n:,} rows s':>16}{f'{n:,} rows MB':>17}" for n in sizes) + f"{'RSS ratio':>11}")
+    print(
+        f"\nmanifest -> plan -> ledgers -> reconciliation ({rows_per_shard} rows per shard); peak RSS after each step"
+    )
+    print(
+        f"{'step':<10}" + "".join(f"{f'{n:,} rows s':>16}{f'{n:,} rows MB':>17}" for n in sizes) + f"{'RSS ratio':>11}"
+    )
     for step in steps:
         line = f"{step:<10}"
         for n in sizes:
@@ -142,11 +167,13 @@ def memory_part(sizes: list[int], rows_per_shard: int) -> None:
         print(line)
     for n in sizes:
         base = results[n]["imports"]["peak_mb"]
-        print(f"  {n:>9,} rows: {results[n]['plan']['chunks']} chunks; peak over the import baseline {results[n]['reconcile']['peak_mb'] - base:.0f} MB")
+        print(
+            f"  {n:>9,} rows: {results[n]['plan']['chunks']} chunks; peak over the import baseline {results[n]['reconcile']['peak_mb'] - base:.0f} MB"
+        )
 
 
 def synthetic_records(shard: int, samples: int):
-    from tasks.shards import MemberRecord, SampleRecord
+    from tasks.formats.shards import MemberRecord, SampleRecord
 
     out = []
     offset = 0
@@ -163,15 +190,20 @@ def synthetic_records(shard: int, samples: int):
 
 
 def shards_part(shards: int, per_shard: int) -> None:
-    from tasks.indexes import ShardIndexInput, all_indexes
-    from tasks.reshard import InputShard, plan_reshard
-    from tasks.storage import Storage
+    from tasks.formats.indexes import ShardIndexInput, all_indexes
+    from tasks.formats.storage import Storage
+    from tasks.stages.reshard import InputShard, plan_reshard
 
     print(f"\nreshard plan and release indexes ({per_shard} samples per shard)")
-    print(f"{'shards':>8}{'plan s':>9}{'plan+seed s':>13}{'records s':>11}{'indexes s':>11}{'write s':>9}{'fsync each s':>14}{'ratio':>9}{'files':>8}")
+    print(
+        f"{'shards':>8}{'plan s':>9}{'plan+seed s':>13}{'records s':>11}{'indexes s':>11}{'write s':>9}{'fsync each s':>14}{'ratio':>9}{'files':>8}"
+    )
     rows = {}
     for n in (max(1, shards // 10), shards):
-        inputs = [InputShard(f"ds/validate/web/{i:06d}.tar", f"ds/validate/web/{i:06d}.ledger.parquet", per_shard) for i in range(n)]
+        inputs = [
+            InputShard(f"ds/validate/web/{i:06d}.tar", f"ds/validate/web/{i:06d}.ledger.parquet", per_shard)
+            for i in range(n)
+        ]
         t = time.perf_counter()
         plan = plan_reshard(inputs, per_shard, prefix="ds/reshard")
         plan_s = time.perf_counter() - t
@@ -202,17 +234,32 @@ def shards_part(shards: int, per_shard: int) -> None:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         rows[n] = (plan_s, seed_s, records_s, index_s, write_s)
-        print(f"{n:>8,}{plan_s:>9.2f}{seed_s:>13.2f}{records_s:>11.2f}{index_s:>11.2f}{write_s:>9.2f}{fsync_each_s:>14.2f}{fsync_each_s / write_s:>8.1f}x{len(files):>8,}")
+        print(
+            f"{n:>8,}{plan_s:>9.2f}{seed_s:>13.2f}{records_s:>11.2f}{index_s:>11.2f}{write_s:>9.2f}{fsync_each_s:>14.2f}{fsync_each_s / write_s:>8.1f}x{len(files):>8,}"
+        )
     small, big = rows[max(1, shards // 10)], rows[shards]
-    print(f"ratio {shards:,} / {max(1, shards // 10):,} shards: " + ", ".join(f"{name} {b / a:.1f}x" for name, a, b in zip(("plan", "plan+seed", "records", "indexes", "write"), small, big) if a > 0))
+    print(
+        f"ratio {shards:,} / {max(1, shards // 10):,} shards: "
+        + ", ".join(
+            f"{name} {b / a:.1f}x"
+            for name, a, b in zip(("plan", "plan+seed", "records", "indexes", "write"), small, big)
+            if a > 0
+        )
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="100000,1000000", help="manifest sizes, comma-separated (default: 100000,1000000)")
-    ap.add_argument("--rows-per-shard", type=int, default=10_000, help="manifest rows per chunk and ledger (default 10000)")
+    ap.add_argument(
+        "--rows", default="100000,1000000", help="manifest sizes, comma-separated (default: 100000,1000000)"
+    )
+    ap.add_argument(
+        "--rows-per-shard", type=int, default=10_000, help="manifest rows per chunk and ledger (default 10000)"
+    )
     ap.add_argument("--shards", type=int, default=10_000, help="shards for the plan and index timing (default 10000)")
-    ap.add_argument("--per-shard", type=int, default=100, help="samples per shard for the plan and index timing (default 100)")
+    ap.add_argument(
+        "--per-shard", type=int, default=100, help="samples per shard for the plan and index timing (default 100)"
+    )
     ap.add_argument("--skip", choices=["memory", "shards"], help="leave one part out")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()

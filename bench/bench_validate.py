@@ -1,7 +1,7 @@
 """Validate benchmark: manifest -> validated 256 px shards, shardsmith beside img2dataset's default run.
 
 One invocation renders (or reuses) one distinct synthetic photo per URL, serves them on
-loopback with ``python -m tasks.webserver``, starts one Prefect server (not timed), and then
+loopback with ``python -m tasks.demo.webserver``, starts one Prefect server (not timed), and then
 runs, alternating, for ``--repeats`` rounds:
 
 - ``shardsmith``: ``shardsmith run RECIPE --phase validate --json`` (download, then validate:
@@ -104,7 +104,9 @@ def ensure_unique_pool(rows: int, seed: int) -> tuple[Path, dict[str, int]]:
         print(f"rendering {len(missing)} images into {folder} (once; reused by later runs) ...", flush=True)
         started = time.perf_counter()
         # At the lowest priority: on a shared machine someone else's timed run may be going.
-        with ProcessPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)), initializer=os.nice, initargs=(19,)) as ex:
+        with ProcessPoolExecutor(
+            max_workers=max(1, min(2, os.cpu_count() or 1)), initializer=os.nice, initargs=(19,)
+        ) as ex:
             for name, data in ex.map(_render, [seed] * len(missing), missing, chunksize=16):
                 (folder / name).write_bytes(data)
                 sizes[name] = len(data)
@@ -181,7 +183,9 @@ class TreeSampler(threading.Thread):
         self.pid = pid
         self.role = role or _role  # (psutil.Process, root) -> the name its CPU is counted under
         self.per_pid: dict[int, tuple[str, float]] = {}
-        self.timeline: list[tuple[float, float, float]] = []  # (time.time(), tree CPU so far, the root's own CPU so far)
+        self.timeline: list[
+            tuple[float, float, float]
+        ] = []  # (time.time(), tree CPU so far, the root's own CPU so far)
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -257,7 +261,16 @@ class Timed:
     sampler: TreeSampler
 
 
-def timed(children: Children, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, watch: dict[str, int], timeout: float | None = None, role=None) -> Timed:
+def timed(
+    children: Children,
+    cmd: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    log: Path,
+    watch: dict[str, int],
+    timeout: float | None = None,
+    role=None,
+) -> Timed:
     """Run ``cmd`` to completion, as bench_download.timed does, sampling its tree meanwhile.
 
     ``timeout``: stop the command's process group after this many seconds and fail the run
@@ -306,7 +319,9 @@ def flow_marks(log: Path, started: float) -> dict[str, float]:
         m = _LOG_LINE.match(line)
         if not m:
             continue
-        t = (day + dt.timedelta(hours=int(m[1]), minutes=int(m[2]), seconds=int(m[3]), milliseconds=int(m[4]))).timestamp()
+        t = (
+            day + dt.timedelta(hours=int(m[1]), minutes=int(m[2]), seconds=int(m[3]), milliseconds=int(m[4]))
+        ).timestamp()
         if t < started - 60:  # the run crossed midnight
             t += 86400
         text = m[5]
@@ -372,7 +387,9 @@ def first_image_size(tars: list[Path]) -> tuple[int, int] | None:
     return None
 
 
-def run_shardsmith(children: Children, args, rnd: int, manifest: Path, work: Path, api: str, home: Path, watch: dict[str, int]) -> Run:
+def run_shardsmith(
+    children: Children, args, rnd: int, manifest: Path, work: Path, api: str, home: Path, watch: dict[str, int]
+) -> Run:
     out_dir = work / f"shardsmith-{rnd}"
     out_dir.mkdir(parents=True)
     store = out_dir / "store"
@@ -395,7 +412,14 @@ def run_shardsmith(children: Children, args, rnd: int, manifest: Path, work: Pat
     )  # fmt: skip
     marks = flow_marks(log, t.started)
     if all(f"{p}_{e}" in marks for p in ("download", "validate") for e in ("start", "end")):
-        bounds = [t.started, marks["download_start"], marks["download_end"], marks["validate_start"], marks["validate_end"], t.started + t.wall_s]
+        bounds = [
+            t.started,
+            marks["download_start"],
+            marks["download_end"],
+            marks["validate_start"],
+            marks["validate_end"],
+            t.started + t.wall_s,
+        ]
         names = ["start-up", "download", "between", "validate", "teardown"]
         for name, a, b in zip(names, bounds, bounds[1:]):
             run.wall_by_phase[name] = b - a
@@ -404,7 +428,10 @@ def run_shardsmith(children: Children, args, rnd: int, manifest: Path, work: Pat
             run.cpu_by_phase[name] = t.sampler.cpu_between(a, b)
             run.main_cpu_by_phase[name] = t.sampler.cpu_between(a, b, column=2)
     if run.ok != run.rows:
-        print(f"  warning: shardsmith: {run.rows - run.ok} rows not ok: download {dl['counts']['by_reason']}, validate {val['counts']['by_reason']}", flush=True)
+        print(
+            f"  warning: shardsmith: {run.rows - run.ok} rows not ok: download {dl['counts']['by_reason']}, validate {val['counts']['by_reason']}",
+            flush=True,
+        )
     return run
 
 
@@ -453,8 +480,8 @@ def run_img2dataset(children: Children, args, rnd: int, manifest: Path, work: Pa
 _KERNEL_SHARDSMITH = f"""
 import json, sys, time
 from pathlib import Path
-from tasks.images import process_image
-from tasks.recipe import ImageRules
+from tasks.policies.images import process_image
+from tasks.formats.recipe import ImageRules
 rules = ImageRules(resize_mode="{I2D_RESIZE_MODE}", image_size={I2D_IMAGE_SIZE}, output_format="jpeg", quality={I2D_ENCODE_QUALITY})
 files = [Path(p) for p in sys.argv[1:]]
 for f in files[:10]:
@@ -500,7 +527,12 @@ def run_kernels(pool_dir: Path, names: list[str], tools: list[str]) -> dict[str,
     out: dict[str, dict[str, tuple[int, float]]] = {}
     jobs = []
     if "shardsmith" in tools:
-        jobs.append(([str(REPO_ROOT / ".venv" / "bin" / "python"), "-c", _KERNEL_SHARDSMITH], child_env(PYTHONPATH=str(REPO_ROOT))))
+        jobs.append(
+            (
+                [str(REPO_ROOT / ".venv" / "bin" / "python"), "-c", _KERNEL_SHARDSMITH],
+                child_env(PYTHONPATH=str(REPO_ROOT)),
+            )
+        )
     if "i2d-default" in tools:
         jobs.append(([str(I2D_VENV / "bin" / "python"), "-c", _KERNEL_I2D], child_env(NO_ALBUMENTATIONS_UPDATE="1")))
     for cmd, env in jobs:
@@ -610,11 +642,17 @@ def report(runs: list[Run], tools: list[str], meta: dict, kernels: dict | None =
         lines.append(f"- {tool}: by process: {roles}")
         if v["phases"]:
             phases = ", ".join(
-                f"{k} {_fmt(x, '.2f')} (main {_fmt(v['phase_mains'][k], '.2f')}; {_fmt(v['phase_walls'][k])} s wall)" for k, x in v["phases"].items()
+                f"{k} {_fmt(x, '.2f')} (main {_fmt(v['phase_mains'][k], '.2f')}; {_fmt(v['phase_walls'][k])} s wall)"
+                for k, x in v["phases"].items()
             )
-            lines.append(f"- {tool}: by part of the run (subflow spans from Prefect's log lines, gates and reports included): {phases}")
+            lines.append(
+                f"- {tool}: by part of the run (subflow spans from Prefect's log lines, gates and reports included): {phases}"
+            )
     if kernels:
-        exts = sorted({e for by in kernels.values() for e in by}, key=lambda e: -max(by.get(e, (0, 0))[0] for by in kernels.values()))
+        exts = sorted(
+            {e for by in kernels.values() for e in by},
+            key=lambda e: -max(by.get(e, (0, 0))[0] for by in kernels.values()),
+        )
         counts = next(iter(kernels.values()))
         mix = ", ".join(f"{counts[e][0]} {e}" for e in exts if e in counts)
         lines += [
@@ -627,7 +665,11 @@ def report(runs: list[Run], tools: list[str], meta: dict, kernels: dict | None =
         for label, by in kernels.items():
             n_all = sum(n for n, _ in by.values())
             cells = [_fmt(1000 * by[e][1] / by[e][0], ".1f") if e in by else "-" for e in exts]
-            lines.append(f"| {label} | " + " | ".join(cells) + f" | {1000 * sum(c for _, c in by.values()) / max(n_all, 1):.1f} |")
+            lines.append(
+                f"| {label} | "
+                + " | ".join(cells)
+                + f" | {1000 * sum(c for _, c in by.values()) / max(n_all, 1):.1f} |"
+            )
     if "shardsmith" in s and "i2d-default" in s:
         a, b = s["shardsmith"], s["i2d-default"]
         phase = a["phase_rate_med"] / b["phase_rate_med"] if a["phase_rate_med"] and b["phase_rate_med"] else None
@@ -657,15 +699,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Time shardsmith's download + validate phases (256 px border resize) beside img2dataset's default run, and print ratios.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--rows", type=int, default=4000, help="URLs in the manifest, each a distinct image (e.g. 300 for a smoke run)")
+    p.add_argument(
+        "--rows", type=int, default=4000, help="URLs in the manifest, each a distinct image (e.g. 300 for a smoke run)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the image pool")
     p.add_argument("--repeats", type=int, default=2, help="rounds; each round runs every tool once, in turn")
-    p.add_argument("--rows-per-shard", type=int, default=500, help="shardsmith rows_per_shard = img2dataset number_sample_per_shard")
+    p.add_argument(
+        "--rows-per-shard",
+        type=int,
+        default=500,
+        help="shardsmith rows_per_shard = img2dataset number_sample_per_shard",
+    )
     p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
-    p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count per process (as bench_download.py)")
+    p.add_argument(
+        "--threads", type=int, default=64, help="img2dataset thread_count per process (as bench_download.py)"
+    )
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
-    p.add_argument("--quiet-wait", type=float, default=90.0, help="before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't wait)")
-    p.add_argument("--kernel-images", type=int, default=300, help="after the runs, time each tool's per-image work alone on this many of the images (0: skip)")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=90.0,
+        help="before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't wait)",
+    )
+    p.add_argument(
+        "--kernel-images",
+        type=int,
+        default=300,
+        help="after the runs, time each tool's per-image work alone on this many of the images (0: skip)",
+    )
     p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
     p.add_argument("--keep", action="store_true", help="keep each run's output folder under .bench/validate/runs/")
     args = p.parse_args(argv)
@@ -701,13 +762,19 @@ def main(argv: list[str] | None = None) -> int:
             print("starting a Prefect server (not timed) ...", flush=True)
             prefect, api = start_prefect_server(children, home, work / "prefect-server.log")
             watch["prefect"] = prefect.pid
-        print(f"{args.rows} URLs at {base_url}, {sum(sizes.values()) / 1e6:.0f} MB; {args.repeats} round(s) of {', '.join(args.tools)}", flush=True)
+        print(
+            f"{args.rows} URLs at {base_url}, {sum(sizes.values()) / 1e6:.0f} MB; {args.repeats} round(s) of {', '.join(args.tools)}",
+            flush=True,
+        )
         for rnd in range(1, args.repeats + 1):
             for tool in args.tools:
                 if args.quiet_wait > 0:
                     load = wait_for_quiet(args.quiet_wait)
                     if load >= 0.3:
-                        print(f"  (other work still uses {load:.1f} cores after {args.quiet_wait:g} s; running anyway)", flush=True)
+                        print(
+                            f"  (other work still uses {load:.1f} cores after {args.quiet_wait:g} s; running anyway)",
+                            flush=True,
+                        )
                 if tool == "shardsmith":
                     run = run_shardsmith(children, args, rnd, manifest, work, api, home, watch)
                 else:

@@ -52,7 +52,16 @@ REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = ("validate", "faulty", "download", "fixed")
 FAULT_KINDS = ("404", "500", "slow", "timeout", "truncated", "corrupt", "html", "empty")
 I2D_TIMEOUT_S = 10  # img2dataset 1.47's default --timeout, and the faulty scenario's equal setting
-I2D_RESIZE = ("--resize_mode", I2D_RESIZE_MODE, "--image_size", str(I2D_IMAGE_SIZE), "--encode_quality", str(I2D_ENCODE_QUALITY), "--encode_format", "jpg")
+I2D_RESIZE = (
+    "--resize_mode",
+    I2D_RESIZE_MODE,
+    "--image_size",
+    str(I2D_IMAGE_SIZE),
+    "--encode_quality",
+    str(I2D_ENCODE_QUALITY),
+    "--encode_format",
+    "jpg",
+)
 I2D_NET = ("--timeout", str(I2D_TIMEOUT_S), "--retries", "0")  # img2dataset 1.47's defaults, stated
 TARGET_RATE = 1.5  # shardsmith / img2dataset samples/s, at least
 TARGET_CPU = 0.67  # shardsmith / img2dataset CPU s per 1,000 accepted samples, at most
@@ -83,22 +92,46 @@ class Tool:
 
 def scenario_tools(scenario: str, args) -> list[Tool]:
     """The tools one round of a scenario runs, in turn (the fixed scenario has its own steps)."""
-    i2d_default = Tool("img2dataset", f"img2dataset defaults ({I2D_RESIZE_MODE} {I2D_IMAGE_SIZE}, jpg q{I2D_ENCODE_QUALITY}, timeout {I2D_TIMEOUT_S} s, no retries)", False, i2d=I2D_RESIZE + I2D_NET)
+    i2d_default = Tool(
+        "img2dataset",
+        f"img2dataset defaults ({I2D_RESIZE_MODE} {I2D_IMAGE_SIZE}, jpg q{I2D_ENCODE_QUALITY}, timeout {I2D_TIMEOUT_S} s, no retries)",
+        False,
+        i2d=I2D_RESIZE + I2D_NET,
+    )
     if scenario == "validate":
         return [Tool("shardsmith", "shardsmith run --phase validate, recipe defaults", True), i2d_default]
     if scenario == "faulty":
         # Equal settings: img2dataset's timeout, no retries, as many requests in flight per
         # shard as img2dataset has threads per process, and no cap per host below that.
-        equal = (f"download.timeout_s={I2D_TIMEOUT_S}", "download.retries=0", f"download.max_inflight={args.threads}", f"download.per_host={args.threads}")
+        equal = (
+            f"download.timeout_s={I2D_TIMEOUT_S}",
+            "download.retries=0",
+            f"download.max_inflight={args.threads}",
+            f"download.per_host={args.threads}",
+        )
         return [
-            Tool("shardsmith-equal", f"shardsmith --phase validate, img2dataset's network settings ({' '.join(equal)})", True, sets=equal),
-            Tool("shardsmith-defaults", "shardsmith --phase validate, recipe defaults (its own timeout, retries and per-host limit)", True),
+            Tool(
+                "shardsmith-equal",
+                f"shardsmith --phase validate, img2dataset's network settings ({' '.join(equal)})",
+                True,
+                sets=equal,
+            ),
+            Tool(
+                "shardsmith-defaults",
+                "shardsmith --phase validate, recipe defaults (its own timeout, retries and per-host limit)",
+                True,
+            ),
             i2d_default,
         ]
     if scenario == "download":
         return [
             Tool("shardsmith", "shardsmith run --phase download (bytes stored as fetched)", True, phase="download"),
-            Tool("img2dataset-raw", "img2dataset --resize_mode no --disable_all_reencoding True (bytes stored as fetched)", False, i2d=("--resize_mode", "no", "--disable_all_reencoding", "True") + I2D_NET),
+            Tool(
+                "img2dataset-raw",
+                "img2dataset --resize_mode no --disable_all_reencoding True (bytes stored as fetched)",
+                False,
+                i2d=("--resize_mode", "no", "--disable_all_reencoding", "True") + I2D_NET,
+            ),
         ]
     raise ValueError(scenario)
 
@@ -123,7 +156,7 @@ FIXED_STEPS = {
 
 
 def fault_path(kind: str, name: str, row: int, slow_ms: int) -> str:
-    """The loopback path of one row of the faulty manifest (tasks/webserver.py's routes)."""
+    """The loopback path of one row of the faulty manifest (tasks/demo/webserver.py's routes)."""
     return {
         "ok": f"/img/{name}",
         "404": f"/status/404?u={row}",
@@ -137,7 +170,9 @@ def fault_path(kind: str, name: str, row: int, slow_ms: int) -> str:
     }[kind]
 
 
-def write_faulty_manifest(path: Path, base_url: str, names: list[str], share: float, slow_ms: int, seed: int) -> dict[str, int]:
+def write_faulty_manifest(
+    path: Path, base_url: str, names: list[str], share: float, slow_ms: int, seed: int
+) -> dict[str, int]:
     """The clean manifest's rows with ``share`` of them turned faulty, the kinds in equal parts
     at seeded random rows; a ``kind`` column says which. Returns rows per kind."""
     import numpy as np
@@ -235,7 +270,9 @@ def _json(stdout: str) -> dict:
     return json.loads(stdout[start + 1 :] if start >= 0 else stdout)
 
 
-def _measure(ctx: Context, run: Run, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, prefect: bool) -> Timed | None:
+def _measure(
+    ctx: Context, run: Run, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, prefect: bool
+) -> Timed | None:
     """Run and fill the run's times; on failure record the error and return None.
 
     ``prefect``: the command uses Prefect, so a pre-started server's CPU meanwhile is its cost
@@ -255,7 +292,9 @@ def _measure(ctx: Context, run: Run, cmd: list[str], env: dict[str, str], cwd: P
     run.wall_s, run.cpu_s = t.wall_s, t.cpu_s + (t.watched.get("prefect", 0.0) if prefect else 0.0)
     run.server_cpu_s, run.other_cpu_s = t.watched.get("server", 0.0), t.watched["other"]
     if prefect:
-        run.prefect_cpu_s = t.watched["prefect"] if "prefect" in t.watched else t.sampler.by_role().get("prefect-server")
+        run.prefect_cpu_s = (
+            t.watched["prefect"] if "prefect" in t.watched else t.sampler.by_role().get("prefect-server")
+        )
     return t
 
 
@@ -336,12 +375,24 @@ def run_img2dataset(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: 
     return run
 
 
-def run_tool(ctx: Context, scenario: str, tool: Tool, rnd: int, manifest: Path, folder: Path, kinds: bool = False, key: str | None = None) -> Run:
+def run_tool(
+    ctx: Context,
+    scenario: str,
+    tool: Tool,
+    rnd: int,
+    manifest: Path,
+    folder: Path,
+    kinds: bool = False,
+    key: str | None = None,
+) -> Run:
     """One timed run, after waiting for the machine to go quiet; prints its line."""
     if ctx.args.quiet_wait > 0:
         load = wait_for_quiet(ctx.args.quiet_wait)
         if load >= 0.3:
-            print(f"  (other work still uses {load:.1f} cores after {ctx.args.quiet_wait:g} s; running anyway)", flush=True)
+            print(
+                f"  (other work still uses {load:.1f} cores after {ctx.args.quiet_wait:g} s; running anyway)",
+                flush=True,
+            )
     run = Run(scenario, key or tool.name, rnd)
     if tool.shardsmith:
         run_shardsmith(ctx, run, tool, manifest, folder)
@@ -386,7 +437,17 @@ def fixed(ctx: Context, small: Path, big: Path) -> list[Run]:
     for rnd in _rounds(ctx.args):
         small_dir, big_dir = ctx.work / f"fixed-small-{rnd}", ctx.work / f"fixed-big-{rnd}"
         for key, tool in [("small", ss), ("small-i2d", i2d)][:: 1 if rnd % 2 else -1]:
-            runs.append(run_tool(ctx, "fixed", tool, rnd, small, small_dir if tool.shardsmith else ctx.work / f"fixed-i2d-{rnd}", key=key))
+            runs.append(
+                run_tool(
+                    ctx,
+                    "fixed",
+                    tool,
+                    rnd,
+                    small,
+                    small_dir if tool.shardsmith else ctx.work / f"fixed-i2d-{rnd}",
+                    key=key,
+                )
+            )
         if next(r for r in runs if r.round == rnd and r.tool == "small").error is None:
             runs.append(run_tool(ctx, "fixed", ss, rnd, small, small_dir, key="noop-small"))
         runs.append(run_tool(ctx, "fixed", ss, rnd, big, big_dir, key="big-validate"))
@@ -428,7 +489,9 @@ def summary(runs: list[Run]) -> dict[str, dict]:
             "cpu": _med([r.cpu_s for r in rs]),
             "cpu_1k": _med([r.cpu_per_1k for r in rs]),
             "cpu_1k_min": min(r.cpu_per_1k for r in rs),
-            "prefect_1k": _med([1000 * r.prefect_cpu_s / max(r.ok, 1) if r.prefect_cpu_s is not None else None for r in rs]),
+            "prefect_1k": _med(
+                [1000 * r.prefect_cpu_s / max(r.ok, 1) if r.prefect_cpu_s is not None else None for r in rs]
+            ),
             "ok": sorted({r.ok for r in rs}),
             "rows": rs[0].rows,
         }
@@ -482,7 +545,9 @@ def summary_table(s: dict[str, dict], labels: dict[str, str]) -> list[str]:
     return lines
 
 
-def compare(s: dict[str, dict], tool: str, base: str, rate_target: float | None, cpu_target: float | None) -> tuple[list[str], list[tuple]]:
+def compare(
+    s: dict[str, dict], tool: str, base: str, rate_target: float | None, cpu_target: float | None
+) -> tuple[list[str], list[tuple]]:
     """Ratio lines shardsmith / img2dataset, and rows for the targets table."""
     a, b = s.get(tool, {}), s.get(base, {})
     if not a.get("n") or not b.get("n"):
@@ -495,8 +560,26 @@ def compare(s: dict[str, dict], tool: str, base: str, rate_target: float | None,
         f"- {tool} / {base}, CPU s per 1,000 accepted samples: **{cpu:.2f}x** ({a['cpu_1k']:.2f} vs {b['cpu_1k']:.2f}; < 1: shardsmith cheaper; "
         f"i.e. img2dataset uses {1 / cpu:.2f}x shardsmith's CPU per sample){aim_cpu}",
     ]
-    rows = [(f"{tool} / {base}: samples/s", f"{a['rate']:.1f}", f"{b['rate']:.1f}", f"{rate:.2f}x", f">= {rate_target:g}x" if rate_target else "reported", _verdict(rate, rate_target, True) if rate_target else "-")]
-    rows.append((f"{tool} / {base}: CPU s / 1k ok", f"{a['cpu_1k']:.2f}", f"{b['cpu_1k']:.2f}", f"{cpu:.2f}x", f"<= {cpu_target:g}x" if cpu_target else "reported", _verdict(cpu, cpu_target, False) if cpu_target else "-"))
+    rows = [
+        (
+            f"{tool} / {base}: samples/s",
+            f"{a['rate']:.1f}",
+            f"{b['rate']:.1f}",
+            f"{rate:.2f}x",
+            f">= {rate_target:g}x" if rate_target else "reported",
+            _verdict(rate, rate_target, True) if rate_target else "-",
+        )
+    ]
+    rows.append(
+        (
+            f"{tool} / {base}: CPU s / 1k ok",
+            f"{a['cpu_1k']:.2f}",
+            f"{b['cpu_1k']:.2f}",
+            f"{cpu:.2f}x",
+            f"<= {cpu_target:g}x" if cpu_target else "reported",
+            _verdict(cpu, cpu_target, False) if cpu_target else "-",
+        )
+    )
     return lines, rows
 
 
@@ -506,7 +589,10 @@ def agreement(runs: list[Run], expected: int, what: str) -> list[str]:
     kept = {name: sorted({r.ok for r in _ok(runs) if r.tool == name}) for name in dict.fromkeys(r.tool for r in runs)}
     lines = []
     if len({ok for oks in kept.values() for ok in oks}) > 1:
-        lines.append("- WARNING: the tools kept different numbers of samples: " + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in kept.items() if v))
+        lines.append(
+            "- WARNING: the tools kept different numbers of samples: "
+            + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in kept.items() if v)
+        )
     for name, oks in kept.items():
         if oks and (oks[0] != expected or oks[-1] != expected):
             lines.append(f"- WARNING: {name} kept {'/'.join(map(str, oks))} samples where {what} gives {expected}")
@@ -524,7 +610,10 @@ def outcomes(runs: list[Run]) -> list[str]:
             kinds = ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in sorted(first.by_kind.items(), key=lambda kv: -kv[1][1]))
             lines.append(f"- {name}, kept per row kind: {kinds}")
         if first.reasons:
-            lines.append(f"- {name}, not kept: " + ", ".join(f"{k} {v}" for k, v in sorted(first.reasons.items(), key=lambda kv: -kv[1])))
+            lines.append(
+                f"- {name}, not kept: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(first.reasons.items(), key=lambda kv: -kv[1]))
+            )
     return lines
 
 
@@ -534,11 +623,12 @@ def report(runs: list[Run], meta: dict, scenarios: list[str], args) -> str:
         f"- date: {meta['date']}; machine: {meta['machine']}; load average before: {meta['load_before']}; code: {meta['revision']}; "
         f"{I2D_REQUIREMENT}; prefect {meta['prefect']}",
         f"- corpus: {meta['rows']} URLs, each a distinct synthetic image ({meta['url_mb']:.0f} MB, mean {meta['mean_kb']:.0f} KB, "
-        f"200..2000 px; {meta['mix']}), served on loopback by `python -m tasks.webserver`",
+        f"200..2000 px; {meta['mix']}), served on loopback by `python -m tasks.demo.webserver`",
         f"- both tools: {args.workers} processes, {args.rows_per_shard} rows per shard; img2dataset --thread_count {args.threads}, "
         f"--timeout {I2D_TIMEOUT_S} --retries 0 (its defaults, stated); shardsmith: {meta['prefect_mode']}",
         "- wall = the whole command; phase = shardsmith's JSON `seconds` of its phases / img2dataset's first shard start to last "
-        "shard end; CPU = user+sys of the tool's process tree" + (" plus the pre-started Prefect server's during the run" if args.prefect == "server" else "")
+        "shard end; CPU = user+sys of the tool's process tree"
+        + (" plus the pre-started Prefect server's during the run" if args.prefect == "server" else "")
         + "; the image server's CPU and other work's load are apart; medians over rounds (best in brackets)",
     ]
     targets: list[tuple] = []
@@ -554,7 +644,10 @@ def report(runs: list[Run], meta: dict, scenarios: list[str], args) -> str:
         lines += ["", f"#### {scenario}: {TITLES[scenario].format(small=args.small_rows, rows=meta['rows'])}", ""]
         if scenario == "faulty":
             mix = ", ".join(f"{k} {n}" for k, n in meta["faults"].items())
-            lines += [f"Manifest: {mix} rows (slow = the whole image over {args.slow_ms} ms, so it is kept; timeout = never answers).", ""]
+            lines += [
+                f"Manifest: {mix} rows (slow = the whole image over {args.slow_ms} ms, so it is kept; timeout = never answers).",
+                "",
+            ]
         lines += ["Per run:", "", *per_run_table(rs), "", "Summary:", "", *summary_table(s, labels), ""]
         if scenario == "validate":
             more, rows = compare(s, "shardsmith", "img2dataset", TARGET_RATE, TARGET_CPU)
@@ -563,7 +656,12 @@ def report(runs: list[Run], meta: dict, scenarios: list[str], args) -> str:
         elif scenario == "faulty":
             more, rows = compare(s, "shardsmith-equal", "img2dataset", TARGET_RATE, None)
             more2, rows2 = compare(s, "shardsmith-defaults", "img2dataset", None, None)
-            lines += more + more2 + agreement(rs, meta["faults"]["ok"] + meta["faults"].get("slow", 0), "the clean and slow rows") + ["", "Outcomes (round 1):", "", *outcomes(rs)]
+            lines += (
+                more
+                + more2
+                + agreement(rs, meta["faults"]["ok"] + meta["faults"].get("slow", 0), "the clean and slow rows")
+                + ["", "Outcomes (round 1):", "", *outcomes(rs)]
+            )
             targets += rows + rows2
         elif scenario == "download":
             more, rows = compare(s, "shardsmith", "img2dataset-raw", TARGET_RATE, None)
@@ -604,9 +702,13 @@ def fixed_summary(s: dict[str, dict], args) -> tuple[list[str], list[tuple]]:
         rows.append((label, _fmt(value), base, "-", f"<= {target:g} s", _verdict(value, target, False)))
         lines.append(f"- {label}: {_fmt(value)} (target <= {target:g} s: {_verdict(value, target, False)})")
     if rs.get("n"):
-        lines.append(f"- --phase reshard after validate: {rs['wall']:.1f} s wall, of which the reshard phase {_fmt(rs['reshard'])} s (JSON `reshard.seconds`)")
+        lines.append(
+            f"- --phase reshard after validate: {rs['wall']:.1f} s wall, of which the reshard phase {_fmt(rs['reshard'])} s (JSON `reshard.seconds`)"
+        )
     if s.get("small", {}).get("n"):
-        lines.append(f"- {args.small_rows} rows end to end: {s['small']['cpu']:.1f} CPU s (img2dataset: {_fmt(s.get('small-i2d', {}).get('cpu'))})")
+        lines.append(
+            f"- {args.small_rows} rows end to end: {s['small']['cpu']:.1f} CPU s (img2dataset: {_fmt(s.get('small-i2d', {}).get('cpu'))})"
+        )
     return lines, rows
 
 
@@ -621,24 +723,75 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     g = p.add_argument_group("scenarios (at least one)")
-    g.add_argument("--validate", action="store_true", help="--phase validate (256 px border) beside img2dataset's defaults")
-    g.add_argument("--faulty", action="store_true", help="the same with --faulty-share of the URLs faulty; shardsmith with img2dataset's network settings and with its defaults")
-    g.add_argument("--download", action="store_true", help="--phase download beside img2dataset --disable_all_reencoding True")
-    g.add_argument("--fixed", action="store_true", help="fixed costs: a --small-rows manifest end to end, no-op reruns, --phase reshard after a --rows validate")
+    g.add_argument(
+        "--validate", action="store_true", help="--phase validate (256 px border) beside img2dataset's defaults"
+    )
+    g.add_argument(
+        "--faulty",
+        action="store_true",
+        help="the same with --faulty-share of the URLs faulty; shardsmith with img2dataset's network settings and with its defaults",
+    )
+    g.add_argument(
+        "--download", action="store_true", help="--phase download beside img2dataset --disable_all_reencoding True"
+    )
+    g.add_argument(
+        "--fixed",
+        action="store_true",
+        help="fixed costs: a --small-rows manifest end to end, no-op reruns, --phase reshard after a --rows validate",
+    )
     g.add_argument("--all", action="store_true", help="every scenario, in the order above")
     p.add_argument("--rows", type=int, default=10_000, help="URLs in the manifest, each a distinct image")
-    p.add_argument("--small-rows", type=int, default=20, help="rows of the fixed scenario's small manifest (and of the warm-up)")
-    p.add_argument("--faulty-share", type=float, default=0.2, help="share of faulty rows, the kinds in equal parts: " + ", ".join(FAULT_KINDS))
+    p.add_argument(
+        "--small-rows", type=int, default=20, help="rows of the fixed scenario's small manifest (and of the warm-up)"
+    )
+    p.add_argument(
+        "--faulty-share",
+        type=float,
+        default=0.2,
+        help="share of faulty rows, the kinds in equal parts: " + ", ".join(FAULT_KINDS),
+    )
     p.add_argument("--slow-ms", type=int, default=3000, help="how long a slow row takes to arrive (complete)")
     p.add_argument("--seed", type=int, default=0, help="seed of the image pool and of the faulty rows")
-    p.add_argument("--repeats", type=int, default=3, help="rounds; each runs every tool once, in turn (reversed in even rounds)")
-    p.add_argument("--rows-per-shard", type=int, default=1000, help="shardsmith rows_per_shard = img2dataset number_sample_per_shard")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="rounds; each runs every tool once, in turn (reversed in even rounds)"
+    )
+    p.add_argument(
+        "--rows-per-shard",
+        type=int,
+        default=1000,
+        help="shardsmith rows_per_shard = img2dataset number_sample_per_shard",
+    )
     p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
-    p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count per process (= shardsmith max_inflight and per_host in the faulty equal-settings run)")
-    p.add_argument("--prefect", choices=("embedded", "server"), default="embedded", help="embedded: each shardsmith command starts its own Prefect server (its CPU is in the tool's tree); server: one started beforehand, its CPU during each run added and shown apart")
-    p.add_argument("--quiet-wait", type=float, default=90.0, help="before each run, wait up to this many seconds for other work to drop under 0.3 cores (0: don't wait)")
-    p.add_argument("--run-timeout", type=float, default=3600.0, help="stop a command after this many seconds and record it as failed")
-    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed --small-rows run of each tool before the rounds (it fills caches and the Prefect database)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=64,
+        help="img2dataset thread_count per process (= shardsmith max_inflight and per_host in the faulty equal-settings run)",
+    )
+    p.add_argument(
+        "--prefect",
+        choices=("embedded", "server"),
+        default="embedded",
+        help="embedded: each shardsmith command starts its own Prefect server (its CPU is in the tool's tree); server: one started beforehand, its CPU during each run added and shown apart",
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=90.0,
+        help="before each run, wait up to this many seconds for other work to drop under 0.3 cores (0: don't wait)",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=3600.0,
+        help="stop a command after this many seconds and record it as failed",
+    )
+    p.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="skip the untimed --small-rows run of each tool before the rounds (it fills caches and the Prefect database)",
+    )
     p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
     p.add_argument("--keep", action="store_true", help="keep each run's folder under .bench/web/runs/")
     args = p.parse_args(argv)
@@ -680,7 +833,10 @@ def main(argv: list[str] | None = None) -> int:
         clean, small = work / "manifest.parquet", work / "manifest-small.parquet"
         write_manifest(clean, base_url, names[: args.rows])
         write_manifest(small, base_url, names[: args.small_rows])
-        print(f"{args.rows} URLs at {base_url}; scenarios {', '.join(args.scenarios)}; {args.repeats} round(s); Prefect {args.prefect}", flush=True)
+        print(
+            f"{args.rows} URLs at {base_url}; scenarios {', '.join(args.scenarios)}; {args.repeats} round(s); Prefect {args.prefect}",
+            flush=True,
+        )
         if args.warmup:
             print(f"warm-up (not timed): each tool on {args.small_rows} rows ...", flush=True)
             for tool in scenario_tools("validate", args):
@@ -691,7 +847,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{scenario}:", flush=True)
             if scenario == "faulty":
                 manifest = work / "manifest-faulty.parquet"
-                faults = write_faulty_manifest(manifest, base_url, names[: args.rows], args.faulty_share, args.slow_ms, args.seed)
+                faults = write_faulty_manifest(
+                    manifest, base_url, names[: args.rows], args.faulty_share, args.slow_ms, args.seed
+                )
                 runs += alternated(ctx, scenario, scenario_tools(scenario, args), manifest, kinds=True)
             elif scenario == "fixed":
                 runs += fixed(ctx, small, clean)
@@ -721,7 +879,9 @@ def main(argv: list[str] | None = None) -> int:
         "rows": args.rows,
         "url_mb": sum(sizes[n] for n in names[: args.rows]) / 1e6,
         "mean_kb": sum(sizes[n] for n in names[: args.rows]) / args.rows / 1e3,
-        "mix": ", ".join(f"{100 * exts.count(e) / len(exts):.0f}% {e}" for e in sorted(set(exts), key=lambda e: -exts.count(e))),
+        "mix": ", ".join(
+            f"{100 * exts.count(e) / len(exts):.0f}% {e}" for e in sorted(set(exts), key=lambda e: -exts.count(e))
+        ),
         "faults": faults,
     }
     text = report(runs, meta, args.scenarios, args)

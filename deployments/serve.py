@@ -11,8 +11,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -100,7 +101,13 @@ def _healthy(api_url: str) -> bool:
 
 
 @contextlib.contextmanager
-def local_server(port: int | None = None, host: str = "127.0.0.1", ui: bool = True, env: dict[str, str] | None = None, timeout_s: float = 180) -> Iterator[str]:
+def local_server(
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    ui: bool = True,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 180,
+) -> Iterator[str]:
     """Run ``prefect server start`` (API, UI and its services, automations included) for the block.
 
     Yields the API URL. The database is SQLite under ``PREFECT_HOME`` unless
@@ -114,7 +121,19 @@ def local_server(port: int | None = None, host: str = "127.0.0.1", ui: bool = Tr
     server_env["PREFECT_UI_API_URL"] = server_env.get("PREFECT_UI_API_URL") or api_url
     # Links in alerts and logs point at the UI.
     server_env["PREFECT_UI_URL"] = server_env.get("PREFECT_UI_URL") or api_url[: -len("/api")]
-    args = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port), "--analytics-off", "--ui" if ui else "--no-ui"]
+    args = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--analytics-off",
+        "--ui" if ui else "--no-ui",
+    ]
     # A file, not a pipe: nobody reads a pipe while the server runs, and a full one blocks it.
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(args, env=server_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

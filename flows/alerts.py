@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from tasks.recipe import _Frozen
+from tasks.formats.recipe_base import Frozen
 
 WEBHOOK_ENV = "SHARDSMITH_ALERT_WEBHOOK_URL"
 
@@ -25,7 +25,7 @@ BODY = (
 )
 
 
-class AlertConfig(_Frozen):
+class AlertConfig(Frozen):
     """Where failure alerts go and which runs raise them.
 
     Args:

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import pyarrow as pa
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from tasks.ledger import Counts
-from tasks.reasons import family
-from tasks.recipe import Recipe
-from tasks.storage import Storage
+from tasks.formats.ledger import Counts
+from tasks.formats.reasons import family
+from tasks.formats.recipe import Recipe
+from tasks.formats.storage import Storage
 
 if TYPE_CHECKING:
-    from tasks.report_web import Link
+    from tasks.audit.report_web import Link
 
 
 class GateFailed(RuntimeError):
@@ -34,7 +35,7 @@ def new_run(recipe: Recipe, run: str) -> dict[str, Any]:
         "run": run,
         "recipe_hash": recipe.recipe_hash(),
         "storage": recipe.storage,
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "finished": None,
         "phases": [],
         "blocked": None,
@@ -62,11 +63,23 @@ def by_source(ledger: pa.Table) -> dict[str, dict[str, int]]:
 def by_license(ledger: pa.Table) -> dict[str, int]:
     if "license" not in ledger.column_names:
         return {}
-    c = Counter(lic or "(none)" for lic, st in zip(ledger.column("license").to_pylist(), ledger.column("status").to_pylist()) if st == "ok")
+    c = Counter(
+        lic or "(none)"
+        for lic, st in zip(ledger.column("license").to_pylist(), ledger.column("status").to_pylist())
+        if st == "ok"
+    )
     return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def phase_record(phase: str, counts: Counts, ledger: pa.Table, seconds: float, samples_per_s: float, gate: Any | None, links: dict[str, str]) -> dict[str, Any]:
+def phase_record(
+    phase: str,
+    counts: Counts,
+    ledger: pa.Table,
+    seconds: float,
+    samples_per_s: float,
+    gate: Any | None,
+    links: dict[str, str],
+) -> dict[str, Any]:
     return {
         "phase": phase,
         "rows": counts.rows,
@@ -84,19 +97,24 @@ def phase_record(phase: str, counts: Counts, ledger: pa.Table, seconds: float, s
     }
 
 
-def run_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, reused_from: str | None = None) -> dict[str, str]:
+def run_gate(
+    storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, reused_from: str | None = None
+) -> dict[str, str]:
     """Save a gate's JSON and Data Docs under the run's report folder; return relative links.
 
     A gate reused from run ``reused_from`` keeps its Data Docs there; the link points at them.
     """
-    from tasks.data_docs import save_gate_report
+    from tasks.audit.data_docs import save_gate_report
 
     base = report_dir(recipe, run["run"])
     written = save_gate_report(gate, storage, f"{base}/gates", docs=reused_from is None)
     if reused_from is not None:
         written["data_docs"] = f"{report_dir(recipe, reused_from)}/gates/data_docs/index.html"
     # Links in the HTML report are relative to the report's folder.
-    return {name: path[len(base) + 1 :] if path.startswith(base + "/") else _relative(path, base) for name, path in written.items()}
+    return {
+        name: path[len(base) + 1 :] if path.startswith(base + "/") else _relative(path, base)
+        for name, path in written.items()
+    }
 
 
 def _relative(path: str, base: str) -> str:
@@ -106,11 +124,17 @@ def _relative(path: str, base: str) -> str:
 
 
 def judge_phase(
-    storage: Storage, recipe: Recipe, run: dict[str, Any], phase: str, files: list[str], settings: tuple[Any, ...], evaluate: Callable[[], Any]
+    storage: Storage,
+    recipe: Recipe,
+    run: dict[str, Any],
+    phase: str,
+    files: list[str],
+    settings: tuple[Any, ...],
+    evaluate: Callable[[], Any],
 ) -> tuple[Any, dict[str, str]]:
     """A phase's gate verdict and its report links; a verdict that passed on exactly these
-    files and settings in an earlier run is reused instead of evaluated again (tasks/gate_cache.py)."""
-    from tasks.gate_cache import gate_key, recall, remember, stamps
+    files and settings in an earlier run is reused instead of evaluated again (tasks/audit/gate_cache.py)."""
+    from tasks.audit.gate_cache import gate_key, recall, remember, stamps
 
     try:
         key = gate_key(phase, stamps(storage, files), *settings)
@@ -135,27 +159,37 @@ def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.T
 
     Returns the report's link (a URL a browser opens, or its path when nothing serves it).
     """
-    from tasks.report import read_samples, write_report
-    from tasks.report_web import report_link
+    from tasks.audit.report import read_samples, write_report
+    from tasks.audit.report_web import report_link
 
     base = report_dir(recipe, run["run"])
-    run["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    run["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     written = write_report(storage, base, run, samples)
     report = report_link(storage, written["html"])
     phase = run["phases"][-1] if run["phases"] else None
     key = recipe.dataset
     if phase is not None:
         name = phase["phase"]
-        create_markdown_artifact(_markdown(run, phase, report), key=f"{key}-{name}-summary", description=f"{key}: {name} summary")
-        table = [{"reason": r, "rows": n, "share": round(n / max(phase["rows"], 1), 4)} for r, n in _families(phase).items()]
-        create_table_artifact(table or [{"reason": "(none)", "rows": 0, "share": 0.0}], key=f"{key}-{name}-reasons", description=f"{key}: {name} rows by reason")
+        create_markdown_artifact(
+            _markdown(run, phase, report), key=f"{key}-{name}-summary", description=f"{key}: {name} summary"
+        )
+        table = [
+            {"reason": r, "rows": n, "share": round(n / max(phase["rows"], 1), 4)} for r, n in _families(phase).items()
+        ]
+        create_table_artifact(
+            table or [{"reason": "(none)", "rows": 0, "share": 0.0}],
+            key=f"{key}-{name}-reasons",
+            description=f"{key}: {name} rows by reason",
+        )
     if samples is None and "samples" in written:
         samples = read_samples(storage, written["samples"])
     post_run_artifacts(storage, recipe, run, report, samples)
     return report.url
 
 
-def post_run_artifacts(storage: Storage, recipe: Recipe, run: dict[str, Any], report: Link, samples: pa.Table | None) -> None:
+def post_run_artifacts(
+    storage: Storage, recipe: Recipe, run: dict[str, Any], report: Link, samples: pa.Table | None
+) -> None:
     """Create, or update in place, the run's artifacts on the flow run a user started (the
     ``pretraining`` deployment's run, the CLI's ``shardsmith-{dataset}`` run): its summary
     with the key plots (``{dataset}-summary``), rows by reason (``-reasons``), every gate
@@ -165,28 +199,52 @@ def post_run_artifacts(storage: Storage, recipe: Recipe, run: dict[str, Any], re
     naming the top-level run and updating the same artifacts after each phase keeps one
     current set there, whichever phase wrote last.
     """
-    from tasks.report_markdown import gate_rows, reason_rows, run_summary
-    from tasks.report_web import link_markdown, report_link
+    from tasks.audit.report_markdown import gate_rows, reason_rows, run_summary
+    from tasks.audit.report_web import link_markdown, report_link
 
     flow_run_id = run.get("flow_run_id") or _current_flow_run_id()
     if flow_run_id is None:
         return  # not inside a flow: nothing to attach to
     key = recipe.dataset
     links = {"audit report": link_markdown(report, "report.html")}
-    docs = next((p["links"]["data_docs"] for p in reversed(run["phases"]) if (p.get("links") or {}).get("data_docs")), None)
+    docs = next(
+        (p["links"]["data_docs"] for p in reversed(run["phases"]) if (p.get("links") or {}).get("data_docs")), None
+    )
     docs_link = report_link(storage, f"{report_dir(recipe, run['run'])}/{docs}") if docs else None
     if docs_link is not None:
         # One Data Docs site per run lists every gate so far, so the latest link is enough.
         links["gate results (Great Expectations Data Docs)"] = link_markdown(docs_link, "data_docs/index.html")
     label = f"{key} audit report ({run['run']})"
     items = [
-        (f"{key}-summary", "markdown", f"{key}: the run, every phase, reasons, gates, plots", run_summary(run, samples, links)),
-        (f"{key}-reasons", "table", f"{key}: rows by reason, every phase", json.dumps(reason_rows(run) or [{"phase": "", "reason": "(none)", "rows": 0}])),
-        (f"{key}-gates", "table", f"{key}: every gate check", json.dumps(gate_rows(run) or [{"phase": "", "check": "(none)"}])),
+        (
+            f"{key}-summary",
+            "markdown",
+            f"{key}: the run, every phase, reasons, gates, plots",
+            run_summary(run, samples, links),
+        ),
+        (
+            f"{key}-reasons",
+            "table",
+            f"{key}: rows by reason, every phase",
+            json.dumps(reason_rows(run) or [{"phase": "", "reason": "(none)", "rows": 0}]),
+        ),
+        (
+            f"{key}-gates",
+            "table",
+            f"{key}: every gate check",
+            json.dumps(gate_rows(run) or [{"phase": "", "check": "(none)"}]),
+        ),
         (f"{key}-report", "markdown", "HTML audit report", link_markdown(report, label)),
     ]
     if docs_link is not None:
-        items.append((f"{key}-data-docs", "markdown", "Great Expectations Data Docs", link_markdown(docs_link, f"{key} gate results, Data Docs ({run['run']})")))
+        items.append(
+            (
+                f"{key}-data-docs",
+                "markdown",
+                "Great Expectations Data Docs",
+                link_markdown(docs_link, f"{key} gate results, Data Docs ({run['run']})"),
+            )
+        )
     _upsert_artifacts(UUID(str(flow_run_id)), items)
 
 
@@ -197,17 +255,24 @@ def _upsert_artifacts(flow_run_id: UUID, items: list[tuple[str, str, str, str]])
 
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[k for k, *_ in items]))
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+                key=ArtifactFilterKey(any_=[k for k, *_ in items]),
+            )
         )
         ids = {a.key: a.id for a in found}
         for key, kind, description, data in items:
             if key in ids:
                 client.update_artifact(ids[key], ArtifactUpdate(data=data, description=description))
             else:
-                client.create_artifact(ArtifactCreate(key=key, type=kind, description=description, data=data, flow_run_id=flow_run_id))
+                client.create_artifact(
+                    ArtifactCreate(key=key, type=kind, description=description, data=data, flow_run_id=flow_run_id)
+                )
 
 
-def check_gate(storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, samples: pa.Table | None = None, why: str = "") -> str:
+def check_gate(
+    storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, samples: pa.Table | None = None, why: str = ""
+) -> str:
     """Publish the report; raise ``GateFailed`` if the gate failed (after the report is written).
 
     ``why`` is said with a failure, for people: what the phase saw (e.g. a manifest with no rows).
@@ -229,9 +294,9 @@ def _families(phase: dict[str, Any]) -> dict[str, int]:
 
 
 def _markdown(run: dict[str, Any], phase: dict[str, Any], report: Link) -> str:
-    from tasks.gates import observed_text
-    from tasks.report_markdown import md as _md
-    from tasks.report_web import link_markdown
+    from tasks.audit.gate_results import observed_text
+    from tasks.audit.report_markdown import md as _md
+    from tasks.audit.report_web import link_markdown
 
     lines = [
         f"# {run['dataset']}: {phase['phase']} ({run['run']})",
@@ -245,7 +310,9 @@ def _markdown(run: dict[str, Any], phase: dict[str, Any], report: Link) -> str:
     if gate:
         lines += ["| gate | threshold | observed | result |", "|---|---|---|---|"]
         for o in gate["outcomes"]:
-            lines.append(f"| {_md(o['name'])} | {_md(o['threshold'])} | {_md(observed_text(o['observed']))} | {'PASS' if o['success'] else 'FAIL'} |")
+            lines.append(
+                f"| {_md(o['name'])} | {_md(o['threshold'])} | {_md(observed_text(o['observed']))} | {'PASS' if o['success'] else 'FAIL'} |"
+            )
         lines.append("")
     if run.get("blocked"):
         lines += [f"**BLOCKED**: {_md(run['blocked'])}", ""]

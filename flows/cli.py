@@ -13,7 +13,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from enum import Enum  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Annotated, Optional  # noqa: E402
+from typing import Annotated  # noqa: E402
 
 import typer  # noqa: E402
 
@@ -50,8 +50,9 @@ def _fail(message: str, code: int) -> typer.Exit:
 def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object], force: bool = True) -> dict:
     # Prefect, Dask and the flows are imported only once there is something to run.
     from flows.preflight import up_to_date, work_ahead
-    from tasks.manifests import ManifestError
-    from tasks.recipe import RecipeError, load_recipe
+    from tasks.formats.manifests import ManifestError
+    from tasks.formats.recipe import load_recipe
+    from tasks.formats.recipe_base import RecipeError
 
     try:
         recipe = load_recipe(recipe_path, overrides)
@@ -75,8 +76,8 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object], for
     from flows.audit import GateFailed
     from flows.download import PhaseFailed
     from flows.runtime import NoGPU, Session, stop_on_signals
-    from tasks.locks import LockHeld, LockLost
-    from tasks.precache import PrecacheError
+    from tasks.formats.locks import LockHeld, LockLost
+    from tasks.stages.precache_models import PrecacheError
 
     ex = recipe.execution
     # The Prefect server and, when there is work, the Dask cluster start side by side, while
@@ -126,8 +127,14 @@ def _print_summary(result: dict) -> None:
     last = result.get("up_to_date")
     if last is not None:
         release = f"; release {last['release']} is still the latest" if last.get("release") else ""
-        typer.secho(f"{result['dataset']}: up to date, nothing to do (run {last['run']} covered {', '.join(last['phases'])} over the same inputs{release})", bold=True, fg="green")
-        typer.echo(f"  report: {result['storage']}/{result['dataset']}/reports/{last['run']}/report.html   (--force runs every phase again)")
+        typer.secho(
+            f"{result['dataset']}: up to date, nothing to do (run {last['run']} covered {', '.join(last['phases'])} over the same inputs{release})",
+            bold=True,
+            fg="green",
+        )
+        typer.echo(
+            f"  report: {result['storage']}/{result['dataset']}/reports/{last['run']}/report.html   (--force runs every phase again)"
+        )
         return
     dl = result.get("download")
     if dl is None:
@@ -137,12 +144,16 @@ def _print_summary(result: dict) -> None:
     typer.secho(f"download: {c.rows} rows -> {c.ok} ok, {c.rejected} rejected, {c.error} error", bold=True)
     for reason, n in c.by_reason.items():
         typer.echo(f"  {reason:<24} {n}")
-    typer.echo(f"  shards: {dl.shards} ({dl.shards_skipped} already done), {dl.samples_per_s} samples/s, {dl.mb_per_s} MB/s")
+    typer.echo(
+        f"  shards: {dl.shards} ({dl.shards_skipped} already done), {dl.samples_per_s} samples/s, {dl.mb_per_s} MB/s"
+    )
     typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/download/")
     val = result.get("validate")
     if val is not None:
         c = val.counts
-        typer.secho(f"validate: {c.rows} samples -> {c.ok} ok, {c.rejected} rejected ({val.duplicates} duplicates)", bold=True)
+        typer.secho(
+            f"validate: {c.rows} samples -> {c.ok} ok, {c.rejected} rejected ({val.duplicates} duplicates)", bold=True
+        )
         for reason, n in _grouped(c.by_reason).items():
             typer.echo(f"  {reason:<24} {n}")
         typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/validate/")
@@ -152,17 +163,27 @@ def _print_summary(result: dict) -> None:
         typer.secho(f"finetune: {c.rows} records -> {c.ok} ok, {c.rejected} rejected, {c.error} error", bold=True)
         for reason, n in _grouped(c.by_reason).items():
             typer.echo(f"  {reason:<24} {n}")
-        fill = f", fill {st['fill_ratio']:.3f} (padding to the longest: {st['pad_to_longest_ratio']:.3f})" if st.get("fill_ratio") is not None else ""
+        fill = (
+            f", fill {st['fill_ratio']:.3f} (padding to the longest: {st['pad_to_longest_ratio']:.3f})"
+            if st.get("fill_ratio") is not None
+            else ""
+        )
         typer.echo(f"  {st['samples']} samples in {st['packs']} packs, cut-off {st['cutoff']} tokens{fill}")
     rs = result.get("reshard")
     if rs is not None:
-        typer.secho(f"reshard: {rs.samples} samples -> {len(rs.outputs)} shards of {rs.samples_per_shard} (last holds {rs.tail})", bold=True)
+        typer.secho(
+            f"reshard: {rs.samples} samples -> {len(rs.outputs)} shards of {rs.samples_per_shard} (last holds {rs.tail})",
+            bold=True,
+        )
         if rs.incomplete:
             typer.echo(f"  {'incomplete_sample':<24} {rs.incomplete}")
     pc = result.get("precache")
     if pc is not None:
         skipped = sum(1 for r in pc.results if getattr(r, "skipped", False))
-        typer.secho(f"precache: {pc.samples} samples encoded in {len(pc.results)} latent shards ({skipped} already done)", bold=True)
+        typer.secho(
+            f"precache: {pc.samples} samples encoded in {len(pc.results)} latent shards ({skipped} already done)",
+            bold=True,
+        )
         for name, enc in pc.encodings.items():
             shape = "x".join(str(d) for d in enc.get("shape", ()))
             typer.echo(f"  {name:<24} {shape} {enc.get('dtype', '')}")
@@ -213,7 +234,7 @@ def _progress(enabled: bool):
 
 
 def _grouped(by_reason: dict[str, int]) -> dict[str, int]:
-    from tasks.reasons import family
+    from tasks.formats.reasons import family
 
     out: dict[str, int] = {}
     for reason, n in by_reason.items():
@@ -224,14 +245,18 @@ def _grouped(by_reason: dict[str, int]) -> dict[str, int]:
 @app.command()
 def run(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML.", exists=True, dir_okay=False)],
-    phase: Annotated[Optional[list[PhaseName]], typer.Option("--phase", "-p", help="Phase to run (repeatable); default: all.")] = None,
-    cluster: Annotated[Optional[str], typer.Option(help="local | cuda | tcp://scheduler:8786")] = None,
-    storage: Annotated[Optional[str], typer.Option(help="Storage root: a local path or s3://bucket/prefix.")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Worker processes of a local cluster.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: download.timeout_s=5")] = None,
+    phase: Annotated[
+        list[PhaseName] | None, typer.Option("--phase", "-p", help="Phase to run (repeatable); default: all.")
+    ] = None,
+    cluster: Annotated[str | None, typer.Option(help="local | cuda | tcp://scheduler:8786")] = None,
+    storage: Annotated[str | None, typer.Option(help="Storage root: a local path or s3://bucket/prefix.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Worker processes of a local cluster.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key: download.timeout_s=5")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect's and Dask's INFO logs.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Run every phase even when the last run covered the same inputs.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run every phase even when the last run covered the same inputs.")
+    ] = False,
 ) -> None:
     """Run a recipe's phases (nothing, when the last run covered them over the same inputs)."""
     _logs(verbose)
@@ -250,21 +275,29 @@ def run(
     if json_out:
         from dataclasses import asdict
 
-        typer.echo(json.dumps({k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in result.items()}, indent=2, default=_json_value))
+        typer.echo(
+            json.dumps(
+                {k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in result.items()},
+                indent=2,
+                default=_json_value,
+            )
+        )
     else:
         _print_summary(result)
 
 
 @app.command()
 def demo(
-    directory: Annotated[Path, typer.Option("--dir", help="Where the demo corpus and its outputs go.")] = Path("shardsmith-demo"),
+    directory: Annotated[Path, typer.Option("--dir", help="Where the demo corpus and its outputs go.")] = Path(
+        "shardsmith-demo"
+    ),
     images: Annotated[int, typer.Option(help="Images in the generated corpus.")] = 300,
-    workers: Annotated[Optional[int], typer.Option(help="Worker processes of the local cluster.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Worker processes of the local cluster.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect's and Dask's INFO logs.")] = False,
 ) -> None:
     """Generate a demo corpus, serve it on loopback, and run the demo recipe on it."""
     _logs(verbose)
-    from tasks.demo import prepare_demo
+    from tasks.demo.corpus import prepare_demo
 
     directory = directory.resolve()
     typer.echo(f"demo corpus: {directory}")
@@ -285,24 +318,33 @@ def demo(
     got = result["download"].counts
     same = (got.rows, got.ok, got.by_reason) == (expected["rows"], expected["ok"], expected["by_reason"])
     verdict = "matches" if same else "DIFFERS from"
-    typer.echo(f"\nThe outcome {verdict} what the corpus generator expected ({expected['rows']} rows, {expected['ok']} ok): {directory / 'manifests' / 'EXPECTED.json'}")
+    typer.echo(
+        f"\nThe outcome {verdict} what the corpus generator expected ({expected['rows']} rows, {expected['ok']} ok): {directory / 'manifests' / 'EXPECTED.json'}"
+    )
     if not same:
         raise typer.Exit(1)
 
 
 @app.command()
 def report(
-    target: Annotated[Optional[str], typer.Argument(help="A run's report folder (path or URL), or DATASET/RUN, or DATASET/latest under --storage.")] = None,
-    storage: Annotated[Optional[str], typer.Option(help="Storage root, for DATASET/RUN targets and for --serve.")] = None,
-    serve: Annotated[bool, typer.Option("--serve", help="Serve the storage root's reports read-only over HTTP until Ctrl-C.")] = False,
-    host: Annotated[str, typer.Option(help="Address --serve listens on (loopback: only this machine can read).")] = "127.0.0.1",
+    target: Annotated[
+        str | None,
+        typer.Argument(help="A run's report folder (path or URL), or DATASET/RUN, or DATASET/latest under --storage."),
+    ] = None,
+    storage: Annotated[str | None, typer.Option(help="Storage root, for DATASET/RUN targets and for --serve.")] = None,
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Serve the storage root's reports read-only over HTTP until Ctrl-C.")
+    ] = False,
+    host: Annotated[
+        str, typer.Option(help="Address --serve listens on (loopback: only this machine can read).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port --serve listens on; 0 picks a free one.", min=0, max=65535)] = 4280,
 ) -> None:
     """Print a run's audit summary (the same numbers as its HTML report), or serve every run's
     reports to a browser (--serve), which is where the Prefect UI's report links lead."""
-    from tasks.report import load_run, summary_text
-    from tasks.report_web import report_link
-    from tasks.storage import Storage
+    from tasks.audit.report import load_run, summary_text
+    from tasks.audit.report_web import report_link
+    from tasks.formats.storage import Storage
 
     if serve:
         _serve_reports(storage or target, host, port)
@@ -321,8 +363,8 @@ def report(
 
 def _serve_reports(root: str | None, host: str, port: int) -> None:
     """`shardsmith report --serve`: the storage root's {dataset}/reports/ over HTTP, read-only."""
-    from tasks.report_web import REPORT_URL_ENV, ReportServer
-    from tasks.storage import Storage
+    from tasks.audit.report_web import REPORT_URL_ENV, ReportServer
+    from tasks.formats.storage import Storage
 
     if not root:
         raise _fail("give the storage root to serve: shardsmith report --serve --storage ROOT", 2)
@@ -330,7 +372,9 @@ def _serve_reports(root: str | None, host: str, port: int) -> None:
         server = ReportServer(Storage(root), host=host, port=port)
     except OSError as err:
         raise _fail(f"cannot listen on {host}:{port}: {err}", 1) from None
-    typer.secho(f"serving the reports under {Storage(root).url()} at {server.url}/ (read-only; Ctrl-C stops)", bold=True)
+    typer.secho(
+        f"serving the reports under {Storage(root).url()} at {server.url}/ (read-only; Ctrl-C stops)", bold=True
+    )
     typer.echo(f"for links in the Prefect UI, run flows with {REPORT_URL_ENV}={server.url}")
     sys.stdout.flush()
     try:
@@ -339,10 +383,11 @@ def _serve_reports(root: str | None, host: str, port: int) -> None:
         server.stop()
 
 
-def _storage_for(dataset_or_recipe: str, storage: str | None) -> tuple[str, "object"]:
+def _storage_for(dataset_or_recipe: str, storage: str | None) -> tuple[str, object]:
     """(dataset, Storage) from a recipe file or a dataset name plus --storage."""
-    from tasks.recipe import RecipeError, load_recipe
-    from tasks.storage import Storage
+    from tasks.formats.recipe import load_recipe
+    from tasks.formats.recipe_base import RecipeError
+    from tasks.formats.storage import Storage
 
     if dataset_or_recipe.endswith((".yaml", ".yml")):
         try:
@@ -358,10 +403,10 @@ def _storage_for(dataset_or_recipe: str, storage: str | None) -> tuple[str, "obj
 @app.command()
 def releases(
     dataset: Annotated[str, typer.Argument(help="A dataset name (with --storage) or a recipe file.")],
-    storage: Annotated[Optional[str], typer.Option(help="Storage root.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Storage root.")] = None,
 ) -> None:
     """List a dataset's releases, newest last."""
-    from tasks.release import latest, list_versions, read_index
+    from tasks.stages.release import latest, list_versions, read_index
 
     name, st = _storage_for(dataset, storage)
     versions = list_versions(st, name)
@@ -374,7 +419,9 @@ def releases(
         ix = read_index(st, name, v)
         t = ix["totals"]
         mark = "  <- LATEST" if v == head else ""
-        typer.echo(f"{v:<8} {ix['created']:<26} {t['samples']:>9} {t['shards']:>7} {t['tail']:>6}  {ix.get('parent') or '-'}{mark}")
+        typer.echo(
+            f"{v:<8} {ix['created']:<26} {t['samples']:>9} {t['shards']:>7} {t['tail']:>6}  {ix.get('parent') or '-'}{mark}"
+        )
 
 
 @app.command()
@@ -382,11 +429,11 @@ def diff(
     dataset: Annotated[str, typer.Argument(help="A dataset name (with --storage) or a recipe file.")],
     a: Annotated[str, typer.Argument(help="Older version, e.g. v0001.")],
     b: Annotated[str, typer.Argument(help="Newer version, or latest.")] = "latest",
-    storage: Annotated[Optional[str], typer.Option(help="Storage root.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Storage root.")] = None,
 ) -> None:
     """What was added and removed between two releases, and why (from the ledgers)."""
-    from tasks.release import ReleaseError
-    from tasks.release import diff as release_diff
+    from tasks.stages.release import ReleaseError
+    from tasks.stages.release import diff as release_diff
 
     name, st = _storage_for(dataset, storage)
     try:
@@ -402,9 +449,19 @@ def diff(
 
 @app.command()
 def serve(
-    prefect_file: Annotated[Optional[Path], typer.Option("--prefect-file", help="Deployments to serve (default: deployments/prefect.yaml).", exists=True, dir_okay=False)] = None,
-    port: Annotated[int, typer.Option(help="Port of the local Prefect server started when PREFECT_API_URL is not set.")] = 4200,
-    limit: Annotated[Optional[int], typer.Option(help="Most flow runs at once (default: no limit).", min=1)] = None,
+    prefect_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--prefect-file",
+            help="Deployments to serve (default: deployments/prefect.yaml).",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    port: Annotated[
+        int, typer.Option(help="Port of the local Prefect server started when PREFECT_API_URL is not set.")
+    ] = 4200,
+    limit: Annotated[int | None, typer.Option(help="Most flow runs at once (default: no limit).", min=1)] = None,
 ) -> None:
     """Serve the nightly and by-hand deployments without a work pool (Ctrl-C stops).
 
@@ -432,10 +489,22 @@ def serve(
 
 @app.command()
 def alerts(
-    webhook_url: Annotated[Optional[str], typer.Option(help="Receives a JSON POST per failed run (default: $SHARDSMITH_ALERT_WEBHOOK_URL).")] = None,
-    name: Annotated[str, typer.Option(help="Name of the automation and of its webhook block; rerunning replaces them.")] = "shardsmith-failures",
-    flow_name: Annotated[Optional[list[str]], typer.Option("--flow", help="Flow name whose failures alert (repeatable; trailing * matches). Default: the end-to-end flows.")] = None,
-    header: Annotated[Optional[list[str]], typer.Option(help="Extra HTTP header for the receiver, NAME=VALUE (repeatable).")] = None,
+    webhook_url: Annotated[
+        str | None, typer.Option(help="Receives a JSON POST per failed run (default: $SHARDSMITH_ALERT_WEBHOOK_URL).")
+    ] = None,
+    name: Annotated[
+        str, typer.Option(help="Name of the automation and of its webhook block; rerunning replaces them.")
+    ] = "shardsmith-failures",
+    flow_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--flow",
+            help="Flow name whose failures alert (repeatable; trailing * matches). Default: the end-to-end flows.",
+        ),
+    ] = None,
+    header: Annotated[
+        list[str] | None, typer.Option(help="Extra HTTP header for the receiver, NAME=VALUE (repeatable).")
+    ] = None,
 ) -> None:
     """Create (or replace) the automation that posts failed and crashed runs to a webhook."""
     if not os.environ.get("PREFECT_API_URL"):
@@ -452,12 +521,14 @@ def alerts(
     except (ValueError, ValidationError) as err:
         raise _fail(str(err), 2) from None
     ids = create_alert(cfg)
-    typer.echo(f"automation {cfg.name} ({ids['automation']}): {', '.join(cfg.states)} runs of {', '.join(cfg.flows)} -> {cfg.webhook_url}")
+    typer.echo(
+        f"automation {cfg.name} ({ids['automation']}): {', '.join(cfg.states)} runs of {', '.join(cfg.flows)} -> {cfg.webhook_url}"
+    )
 
 
 def _locate_run(target: str, storage: str | None) -> tuple[str, str]:
     """(storage root, folder relative to it) holding the run's run.json."""
-    from tasks.storage import Storage
+    from tasks.formats.storage import Storage
 
     if storage is None:
         target = target.rstrip("/")

@@ -4,26 +4,23 @@ from __future__ import annotations
 
 import json
 import time
-
-import pyarrow as pa
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
-from typing import Any
+from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.runtime import flow_run
 
 from flows.audit import check_gate, judge_phase, phase_record
 from flows.preflight import combine_groups, list_groups, plan_here, small, take_primed
 from flows.runtime import gather_all
-from tasks.download import ShardResult, download_config_hash, download_shard, shard_paths
-from tasks.ledger import Counts, committed, concat_ledgers, read_ledgers
-from tasks.onepass import download_and_validate
-from tasks.validate import CandidateResult, candidate_config_hash, candidate_paths
-from tasks.manifests import SourcePlan, plan_files
-from tasks.recipe import Recipe
-from tasks.storage import Storage
+from tasks.formats.ledger import Counts, committed, concat_ledgers, read_ledgers
+from tasks.formats.manifests import SourcePlan, plan_files
+from tasks.formats.recipe import Recipe
+from tasks.formats.storage import Storage
+from tasks.stages.download import ShardResult, download_config_hash, download_shard, shard_paths
+from tasks.stages.onepass import download_and_validate
+from tasks.stages.validate import CandidateResult, candidate_config_hash, candidate_paths
 
 
 class PhaseFailed(RuntimeError):
@@ -58,12 +55,23 @@ def plan_files_task(source, files: list, storage: Storage, dataset: str, options
 
 
 @task(name="download-shard", task_run_name="download-{ref.source}-{ref.name}")
-def download_shard_task(ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict, rows_from=None) -> ShardResult:
+def download_shard_task(
+    ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict, rows_from=None
+) -> ShardResult:
     return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options, rows_from)
 
 
 @task(name="download-validate-shard", task_run_name="download-validate-{ref.source}-{ref.name}")
-def download_validate_task(ref, storage: Storage, dcfg, vcfg, download: tuple[str, str], candidates: tuple[str, str], s3_options: dict, rows_from=None) -> tuple[ShardResult, CandidateResult]:
+def download_validate_task(
+    ref,
+    storage: Storage,
+    dcfg,
+    vcfg,
+    download: tuple[str, str],
+    candidates: tuple[str, str],
+    s3_options: dict,
+    rows_from=None,
+) -> tuple[ShardResult, CandidateResult]:
     return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options, rows_from)
 
 
@@ -78,7 +86,7 @@ def rows_from(recipe: Recipe, source: str):
 
 
 def run_name() -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_id = flow_run.get_id()
     return f"{stamp}-{run_id[:8]}" if run_id else stamp
 
@@ -87,11 +95,11 @@ def run_name() -> str:
 def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> tuple[DownloadSummary, dict]:
     """Download every manifest row of the recipe into shards (skipping committed ones), then gate.
 
-    With ``fuse_validation`` each chunk is fetched and validated in one task (tasks/onepass.py): the
+    With ``fuse_validation`` each chunk is fetched and validated in one task (tasks/stages/onepass.py): the
     raw shards of this phase and the candidate shards of the validation phase come out of one
     pass over the bytes, and the validation flow then only deduplicates and gates.
     """
-    from tasks.gates import download_gate
+    from tasks.audit.gates import download_gate
 
     logger = get_run_logger()
     started = time.perf_counter()
@@ -102,9 +110,15 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
     vhash = candidate_config_hash(recipe)
     retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
     key = f"{recipe.dataset}-download"
-    progress = create_progress_artifact(0.0, key=f"{key}-progress", description=f"{recipe.dataset}: download shards done")
+    progress = create_progress_artifact(
+        0.0, key=f"{key}-progress", description=f"{recipe.dataset}: download shards done"
+    )
     paths = {ref: shard_paths(recipe.dataset, ref, chash) for ref in refs}
-    cand_paths = {ref: candidate_paths(recipe.dataset, ref.source, ref.index, paths[ref][0], vhash) for ref in refs} if fuse_validation else {}
+    cand_paths = (
+        {ref: candidate_paths(recipe.dataset, ref.source, ref.index, paths[ref][0], vhash) for ref in refs}
+        if fuse_validation
+        else {}
+    )
     done = committed(storage, [p[1] for p in paths.values()] + [p[1] for p in cand_paths.values()])
     futures = {}
     for ref in refs:
@@ -112,9 +126,26 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         if ledger_rel in done and (not fuse_validation or cand_paths[ref][1] in done):
             continue  # committed by an earlier run: nothing to submit
         if fuse_validation:
-            fut = download_validate_task.with_options(**retries).submit(ref, storage, recipe.download, recipe.validate_, paths[ref], cand_paths[ref], recipe.storage_options, rows_from(recipe, ref.source))
+            fut = download_validate_task.with_options(**retries).submit(
+                ref,
+                storage,
+                recipe.download,
+                recipe.validate_,
+                paths[ref],
+                cand_paths[ref],
+                recipe.storage_options,
+                rows_from(recipe, ref.source),
+            )
         else:
-            fut = download_shard_task.with_options(**retries).submit(ref, storage, recipe.download, tar_rel, ledger_rel, recipe.storage_options, rows_from(recipe, ref.source))
+            fut = download_shard_task.with_options(**retries).submit(
+                ref,
+                storage,
+                recipe.download,
+                tar_rel,
+                ledger_rel,
+                recipe.storage_options,
+                rows_from(recipe, ref.source),
+            )
         futures[fut] = tar_rel
     todo = {paths[ref][0] for ref in refs} & set(futures.values())
     fresh, failed = gather_all(futures, progress, "download", rows=sum(r.rows for r in refs if paths[r][0] in todo))
@@ -130,7 +161,9 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
             results.append(by_ledger[ledger_rel])
         elif tables.get(ledger_rel) is not None:
             counts = Counts.of(tables[ledger_rel])
-            results.append(ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok))
+            results.append(
+                ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
+            )
     seconds = time.perf_counter() - started
     counts = sum((r.counts for r in results), Counts.zero())
     fresh_ok = sum(r.counts.ok for r in fresh_results)
@@ -155,12 +188,22 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
     summary.report = write_summary(storage, summary)
     logger.info(
         "download: %d rows, %d ok, %d rejected, %d error; %d/%d shards skipped; %.1f samples/s",
-        counts.rows, counts.ok, counts.rejected, counts.error, summary.shards_skipped, summary.shards, summary.samples_per_s,
+        counts.rows,
+        counts.ok,
+        counts.rejected,
+        counts.error,
+        summary.shards_skipped,
+        summary.shards,
+        summary.samples_per_s,
     )
     if failed:
         # The gate and its report (which post this artifact on success) will not run.
-        create_markdown_artifact(summary_markdown(summary), key=f"{key}-summary", description=f"{recipe.dataset}: download summary")
-        raise PhaseFailed(f"{len(failed)} of {len(refs)} download shards failed; see {summary.report}:\n" + "\n".join(failed[:20]))
+        create_markdown_artifact(
+            summary_markdown(summary), key=f"{key}-summary", description=f"{recipe.dataset}: download summary"
+        )
+        raise PhaseFailed(
+            f"{len(failed)} of {len(refs)} download shards failed; see {summary.report}:\n" + "\n".join(failed[:20])
+        )
     ledger = concat_ledgers([tables.get(r.ledger) for r in results], ["key", "source", "status", "reason"])
     # Rows in: the manifests' rows; a source counted only when read (WebDataset shards) by its ledgers.
     counted = {p.source for p in plans if not p.rows_known}
@@ -176,7 +219,7 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
 
 def plan_sources(recipe: Recipe, storage: Storage) -> list[SourcePlan]:
     """Every source's plan. A few small manifest files are planned here, in threads; many or
-    large ones on the cluster, one task per group of files (tasks.manifests.group_files)."""
+    large ones on the cluster, one task per group of files (tasks.formats.manifests.group_files)."""
     primed = take_primed(recipe)
     if primed is not None:
         return primed

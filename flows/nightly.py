@@ -14,8 +14,9 @@ from prefect.states import Failed
 
 from flows.audit import GateFailed, report_dir
 from flows.params import ClusterChoice, RecipeOverrides, recipe_overrides
-from tasks.recipe import RecipeError, load_recipe
-from tasks.storage import Storage
+from tasks.formats.recipe import load_recipe
+from tasks.formats.recipe_base import RecipeError
+from tasks.formats.storage import Storage
 
 SUMMARY_KEY = "nightly-rebuild-summary"
 
@@ -64,13 +65,27 @@ def nightly_rebuild(
     if bad:
         # Failed, so the night shows red in the UI and the alert automation fires; every
         # dataset has still been attempted and the summary is posted.
-        return Failed(message=f"{len(bad)} of {len(rows)} datasets not rebuilt: " + "; ".join(f"{r['dataset']} {r['status']}" for r in bad), data=rows)
+        return Failed(
+            message=f"{len(bad)} of {len(rows)} datasets not rebuilt: "
+            + "; ".join(f"{r['dataset']} {r['status']}" for r in bad),
+            data=rows,
+        )
     return rows
 
 
-def rebuild_one(path: Path, phases: list[str] | None, cluster: str | None, overrides: RecipeOverrides | None) -> dict[str, Any]:
+def rebuild_one(
+    path: Path, phases: list[str] | None, cluster: str | None, overrides: RecipeOverrides | None
+) -> dict[str, Any]:
     """Run one recipe as a subflow and describe the outcome as one summary row."""
-    row: dict[str, Any] = {"dataset": _declared_name(path), "recipe": str(path), "kind": "", "status": "failed", "version": "", "why": "", "report": ""}
+    row: dict[str, Any] = {
+        "dataset": _declared_name(path),
+        "recipe": str(path),
+        "kind": "",
+        "status": "failed",
+        "version": "",
+        "why": "",
+        "report": "",
+    }
     dotted = recipe_overrides(overrides, cluster)
     try:
         recipe = load_recipe(path, dotted)
@@ -99,13 +114,17 @@ def rebuild_one(path: Path, phases: list[str] | None, cluster: str | None, overr
         row["status"] = "done"  # ran the phases asked for, none of them a release
     record = result.get("record") if isinstance(result, dict) else None
     if record:
-        row["report"] = Storage(recipe.storage, recipe.storage_options).url(f"{report_dir(recipe, record['run'])}/report.html")
+        row["report"] = Storage(recipe.storage, recipe.storage_options).url(
+            f"{report_dir(recipe, record['run'])}/report.html"
+        )
     return row
 
 
 def publish_summary(rows: list[dict[str, Any]]) -> None:
     """A markdown and a table artifact under stable keys, so the Artifacts page keeps each night."""
-    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("released", "unchanged", "done", "blocked", "failed")}
+    counts = {
+        s: sum(1 for r in rows if r["status"] == s) for s in ("released", "unchanged", "done", "blocked", "failed")
+    }
     lines = [
         "# Nightly rebuild",
         "",
@@ -118,7 +137,11 @@ def publish_summary(rows: list[dict[str, Any]]) -> None:
         report = f"[report]({r['report']})" if r["report"] else ""
         why = r["why"].replace("|", "\\|")
         lines.append(f"| {r['dataset']} | {r['kind']} | **{r['status']}** | {r['version']} | {why} | {report} |")
-    create_markdown_artifact("\n".join(lines) + "\n", key=SUMMARY_KEY, description="What the nightly rebuild released, what it blocked and why")
+    create_markdown_artifact(
+        "\n".join(lines) + "\n",
+        key=SUMMARY_KEY,
+        description="What the nightly rebuild released, what it blocked and why",
+    )
     create_table_artifact(rows, key=f"{SUMMARY_KEY}-table", description="Nightly rebuild, one row per dataset")
 
 

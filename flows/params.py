@@ -8,14 +8,20 @@ from typing import Annotated, Any
 import annotated_types
 from pydantic import BaseModel, Field, model_validator
 
-from tasks.recipe import DownloadConfig, DownloadGate, ExecutionConfig, ReshardConfig, ValidateGate, _Frozen
+from tasks.formats.recipe import ExecutionConfig
+from tasks.formats.recipe_base import Frozen
+from tasks.formats.recipe_download import DownloadConfig
+from tasks.formats.recipe_outputs import DownloadGate, ReshardConfig, ValidateGate
 
 # Keys of ``RecipeOverrides.extra`` and of ``--set``: dotted recipe paths.
 _DOTTED = r"^[a-z_]+(\.[a-z_]+)+$"
 
 RecipePath = Annotated[
     str,
-    Field(min_length=1, description="Recipe YAML; a relative path is relative to the project folder (the deployments' working directory)."),
+    Field(
+        min_length=1,
+        description="Recipe YAML; a relative path is relative to the project folder (the deployments' working directory).",
+    ),
 ]
 ClusterChoice = Annotated[
     str,
@@ -24,8 +30,12 @@ ClusterChoice = Annotated[
         description="local (a Dask LocalCluster), cuda (one worker per GPU) or an existing scheduler, tcp://host:8786. Empty: the recipe's.",
     ),
 ]
-Workers = Annotated[int, Field(ge=1, le=512, description="Worker processes of a local cluster. Empty: the recipe's (or one per core).")]
-StorageRoot = Annotated[str, Field(min_length=1, description="Storage root, a local path or s3://bucket/prefix. Empty: the recipe's.")]
+Workers = Annotated[
+    int, Field(ge=1, le=512, description="Worker processes of a local cluster. Empty: the recipe's (or one per core).")
+]
+StorageRoot = Annotated[
+    str, Field(min_length=1, description="Storage root, a local path or s3://bucket/prefix. Empty: the recipe's.")
+]
 
 
 def _like(model: type[BaseModel], name: str, key: str, description: str) -> Any:
@@ -41,7 +51,7 @@ def _like(model: type[BaseModel], name: str, key: str, description: str) -> Any:
     return Field(default=None, description=description, json_schema_extra={"recipe_key": key}, **bounds)
 
 
-class RecipeOverrides(_Frozen):
+class RecipeOverrides(Frozen):
     """Recipe values for one run; empty fields keep the recipe's.
 
     Args:
@@ -57,15 +67,42 @@ class RecipeOverrides(_Frozen):
         extra: any other recipe key, dotted (``{"validate.image.min_side": 128}``), as ``--set`` takes.
     """
 
-    samples_per_shard: int | None = _like(ReshardConfig, "samples_per_shard", "reshard.samples_per_shard", "Samples per released shard; the last shard holds the remainder.")
-    download_timeout_s: float | None = _like(DownloadConfig, "timeout_s", "download.timeout_s", "Seconds per request attempt, connect plus body.")
-    download_retries: int | None = _like(DownloadConfig, "retries", "download.retries", "Further attempts after the first, for 429, 5xx and connection errors.")
-    max_inflight: int | None = _like(DownloadConfig, "max_inflight", "download.max_inflight", "Concurrent requests per download shard.")
-    per_host: int | None = _like(DownloadConfig, "per_host", "download.per_host", "Concurrent requests per host per download shard.")
-    task_retries: int | None = _like(ExecutionConfig, "task_retries", "execution.task_retries", "Prefect retries of a failed shard task.")
-    min_success_rate: float | None = _like(DownloadGate, "min_success_rate", "gates.download.min_success_rate", "Download gate: ok / rows at least this.")
-    max_reject_rate: float | None = _like(ValidateGate, "max_reject_rate", "gates.validate.max_reject_rate", "Validation gate: rejected / rows at most this.")
-    min_samples: int | None = _like(ValidateGate, "min_samples", "gates.validate.min_samples", "Validation gate: accepted samples at least this.")
+    samples_per_shard: int | None = _like(
+        ReshardConfig,
+        "samples_per_shard",
+        "reshard.samples_per_shard",
+        "Samples per released shard; the last shard holds the remainder.",
+    )
+    download_timeout_s: float | None = _like(
+        DownloadConfig, "timeout_s", "download.timeout_s", "Seconds per request attempt, connect plus body."
+    )
+    download_retries: int | None = _like(
+        DownloadConfig,
+        "retries",
+        "download.retries",
+        "Further attempts after the first, for 429, 5xx and connection errors.",
+    )
+    max_inflight: int | None = _like(
+        DownloadConfig, "max_inflight", "download.max_inflight", "Concurrent requests per download shard."
+    )
+    per_host: int | None = _like(
+        DownloadConfig, "per_host", "download.per_host", "Concurrent requests per host per download shard."
+    )
+    task_retries: int | None = _like(
+        ExecutionConfig, "task_retries", "execution.task_retries", "Prefect retries of a failed shard task."
+    )
+    min_success_rate: float | None = _like(
+        DownloadGate, "min_success_rate", "gates.download.min_success_rate", "Download gate: ok / rows at least this."
+    )
+    max_reject_rate: float | None = _like(
+        ValidateGate,
+        "max_reject_rate",
+        "gates.validate.max_reject_rate",
+        "Validation gate: rejected / rows at most this.",
+    )
+    min_samples: int | None = _like(
+        ValidateGate, "min_samples", "gates.validate.min_samples", "Validation gate: accepted samples at least this."
+    )
     extra: dict[Annotated[str, Field(pattern=_DOTTED)], Any] = Field(
         default_factory=dict, description='Other recipe keys, dotted: {"validate.image.min_side": 128}.'
     )

@@ -13,9 +13,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tasks.manifests import FilePlan, SourcePlan, combine, group_files, list_manifest_files, plan_files
-from tasks.recipe import Recipe
-from tasks.storage import Storage
+from tasks.formats.manifests import FilePlan, SourcePlan, combine, group_files, list_manifest_files, plan_files
+from tasks.formats.recipe import Recipe
+from tasks.formats.storage import Storage
 
 # Pretraining phases in order (flows.pretraining.PHASES, which imports Prefect).
 PHASES = ("download", "validate", "reshard", "precache", "release")
@@ -31,7 +31,9 @@ _primed: dict[str, list[SourcePlan]] = {}
 
 
 def _plan_key(recipe: Recipe) -> str:
-    return json.dumps([recipe.dataset, recipe.storage, [s.model_dump(mode="json") for s in recipe.sources]], sort_keys=True)
+    return json.dumps(
+        [recipe.dataset, recipe.storage, [s.model_dump(mode="json") for s in recipe.sources]], sort_keys=True
+    )
 
 
 def list_groups(recipe: Recipe) -> list[tuple[Any, list]]:
@@ -52,7 +54,9 @@ def small(groups: list[tuple[Any, list]]) -> bool:
 def plan_here(recipe: Recipe, storage: Storage, groups: list[tuple[Any, list]]) -> list[list[FilePlan]]:
     """Plan the groups in this process, side by side in threads."""
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(groups)))) as pool:
-        return list(pool.map(lambda sg: plan_files(sg[0], sg[1], storage, recipe.dataset, recipe.storage_options), groups))
+        return list(
+            pool.map(lambda sg: plan_files(sg[0], sg[1], storage, recipe.dataset, recipe.storage_options), groups)
+        )
 
 
 def combine_groups(recipe: Recipe, groups: list[tuple[Any, list]], planned: list[list[FilePlan]]) -> list[SourcePlan]:
@@ -63,7 +67,10 @@ def combine_groups(recipe: Recipe, groups: list[tuple[Any, list]], planned: list
     by_source: dict[str, list[FilePlan]] = {s.name: [] for s in recipe.sources}
     for (source, _), plans in zip(groups, planned):
         by_source[source.name].extend(plans)
-    return [combine(s, by_source[s.name]) if s.kind == "manifest" else plan_ingest(s, recipe.storage_options) for s in recipe.sources]
+    return [
+        combine(s, by_source[s.name]) if s.kind == "manifest" else plan_ingest(s, recipe.storage_options)
+        for s in recipe.sources
+    ]
 
 
 def prime_plans(recipe: Recipe, storage: Storage) -> list[SourcePlan] | None:
@@ -86,10 +93,20 @@ def _inputs_digest(ledgers: list[str]) -> str:
     return hashlib.sha256("\n".join(sorted(ledgers)).encode()).hexdigest()
 
 
-def remember_run(storage: Storage, recipe: Recipe, phases: list[str], download_ledgers: list[str], run: str, release: str | None) -> None:
+def remember_run(
+    storage: Storage, recipe: Recipe, phases: list[str], download_ledgers: list[str], run: str, release: str | None
+) -> None:
     """What a complete run covered: the phases, over which inputs, and the release it left."""
-    record = {"recipe_hash": recipe.recipe_hash(), "phases": phases, "inputs": _inputs_digest(download_ledgers), "run": run, "release": release}
-    storage.write_bytes(LAST_RUN.format(dataset=recipe.dataset), json.dumps(record, sort_keys=True).encode(), fsync=False)
+    record = {
+        "recipe_hash": recipe.recipe_hash(),
+        "phases": phases,
+        "inputs": _inputs_digest(download_ledgers),
+        "run": run,
+        "release": release,
+    }
+    storage.write_bytes(
+        LAST_RUN.format(dataset=recipe.dataset), json.dumps(record, sort_keys=True).encode(), fsync=False
+    )
 
 
 def _last_run(storage: Storage, recipe: Recipe) -> dict[str, Any] | None:
@@ -114,9 +131,9 @@ def work_ahead(recipe: Recipe, phases: list[str]) -> int | None:
     validation shards; when all are committed, the run has work (None) only if the last
     complete run did not cover these phases over these very inputs with this recipe.
     """
-    from tasks.download import download_config_hash, shard_paths
-    from tasks.ledger import committed
-    from tasks.validate import candidate_config_hash, candidate_paths
+    from tasks.formats.ledger import committed
+    from tasks.stages.download import download_config_hash, shard_paths
+    from tasks.stages.validate import candidate_config_hash, candidate_paths
 
     if recipe.kind != "pretraining":
         return None
@@ -135,14 +152,16 @@ def work_ahead(recipe: Recipe, phases: list[str]) -> int | None:
     if pending:
         return pending
     last = _last_run(storage, recipe)
-    covered = last is not None and set(_upto(phases)) <= set(last["phases"]) and last["recipe_hash"] == recipe.recipe_hash()
+    covered = (
+        last is not None and set(_upto(phases)) <= set(last["phases"]) and last["recipe_hash"] == recipe.recipe_hash()
+    )
     return 0 if covered and last["inputs"] == _inputs_digest(ledgers) else None
 
 
 def up_to_date(recipe: Recipe, phases: list[str]) -> dict[str, Any] | None:
     """The last run's record when it covered ``phases`` over exactly today's inputs and its
     release is still the latest: then there is nothing to do."""
-    from tasks.release import latest
+    from tasks.stages.release import latest
 
     if recipe.kind != "pretraining" or work_ahead(recipe, phases) != 0:
         return None

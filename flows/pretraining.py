@@ -10,17 +10,18 @@ from prefect_dask import DaskTaskRunner
 
 from flows.audit import new_run
 from flows.download import download_flow, run_name
-from flows.precache import precache_flow
 from flows.params import ClusterChoice, RecipeOverrides, RecipePath, StorageRoot, Workers, recipe_overrides
+from flows.precache import precache_flow
 from flows.preflight import remember_run
-from flows.runtime import Session, cleanup_on_stop, dask_cluster
 from flows.release import release_flow
 from flows.reshard import reshard_flow
+from flows.runtime import Session, cleanup_on_stop, dask_cluster
 from flows.validate import validate_flow
-from tasks.licenses import policy_problems
-from tasks.locks import run_lock
-from tasks.recipe import Recipe, RecipeError, load_recipe
-from tasks.storage import Storage
+from tasks.formats.locks import run_lock
+from tasks.formats.recipe import Recipe, load_recipe
+from tasks.formats.recipe_base import RecipeError
+from tasks.formats.storage import Storage
+from tasks.policies.licenses import policy_problems
 
 Phase = Literal["download", "validate", "reshard", "precache", "release"]
 PHASES: tuple[Phase, ...] = ("download", "validate", "reshard", "precache", "release")
@@ -69,20 +70,30 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
     out: dict = {"run": record["run"], "record": record}
     # One run per dataset at a time: a second one waits or refuses, naming the holder.
     lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record["run"])
-    cluster = contextlib.nullcontext() if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
+    cluster = (
+        contextlib.nullcontext() if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
+    )
     with lock as held, cluster as scheduler, cleanup_on_stop(session, held):
         # The CLI's session starts its cluster when the first task is submitted (or earlier, when
         # it saw work coming); a flow run from a deployment has its cluster here already.
         runner = session.task_runner() if session is not None else DaskTaskRunner(address=scheduler)
         # With validation to follow, each chunk is fetched and validated in one pass.
         fuse = last >= PHASES.index("validate")
-        out["download"], record = download_flow.with_options(task_runner=runner)(recipe=recipe, run=record, fuse_validation=fuse)
+        out["download"], record = download_flow.with_options(task_runner=runner)(
+            recipe=recipe, run=record, fuse_validation=fuse
+        )
         if last >= PHASES.index("validate"):
-            out["validate"], record = validate_flow.with_options(task_runner=runner)(recipe=recipe, download=out["download"], run=record)
+            out["validate"], record = validate_flow.with_options(task_runner=runner)(
+                recipe=recipe, download=out["download"], run=record
+            )
         if last >= PHASES.index("reshard"):
-            out["reshard"], record = reshard_flow.with_options(task_runner=runner)(recipe=recipe, validated=out["validate"], run=record)
+            out["reshard"], record = reshard_flow.with_options(task_runner=runner)(
+                recipe=recipe, validated=out["validate"], run=record
+            )
         if last >= PHASES.index("precache"):
-            out["precache"], record = precache_flow.with_options(task_runner=runner)(recipe=recipe, reshard=out["reshard"], run=record)
+            out["precache"], record = precache_flow.with_options(task_runner=runner)(
+                recipe=recipe, reshard=out["reshard"], run=record
+            )
         if last >= PHASES.index("release"):
             held.check()
             out["release"], record = release_flow.with_options(task_runner=runner)(
@@ -95,7 +106,12 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
             )
         release = out.get("release")
         remember_run(
-            Storage(recipe.storage, recipe.storage_options), recipe, list(PHASES[: last + 1]), out["download"].ledgers, record["run"], release.version if release else None
+            Storage(recipe.storage, recipe.storage_options),
+            recipe,
+            list(PHASES[: last + 1]),
+            out["download"].ledgers,
+            record["run"],
+            release.version if release else None,
         )
     out["record"] = record
     return out

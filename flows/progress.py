@@ -75,7 +75,7 @@ class Terminal:
         self.tasks: dict[str, Any] = {}
         self.stats: dict[str, dict[str, float]] = {}
 
-    def __enter__(self) -> "Terminal":
+    def __enter__(self) -> Terminal:
         global _sink
         self.progress.start()
         self._previous, _sink = _sink, self
@@ -114,4 +114,8 @@ class Terminal:
         self.progress.update(self.tasks[phase], completed=max(st["total"], 1), rows=self._rows_text(phase))
         if not self.live:
             seconds = time.monotonic() - st["t0"]
-            print(f"{phase}: {int(st['shards'])}/{int(st['total'])} shards, {self._rows_text(phase)} ({seconds:.1f} s)", file=sys.stderr, flush=True)
+            print(
+                f"{phase}: {int(st['shards'])}/{int(st['total'])} shards, {self._rows_text(phase)} ({seconds:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )

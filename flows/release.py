@@ -9,25 +9,22 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.audit import GateFailed, publish, report_dir, run_gate
-from tasks.indexes import ShardIndexInput, all_indexes, dali_indexes
-from tasks.ledger import read_parquet
-from tasks.recipe import Recipe
-from tasks.release import (
-    INDEX,
+from tasks.formats.indexes import ShardIndexInput, all_indexes, dali_indexes
+from tasks.formats.ledger import read_parquet
+from tasks.formats.recipe import Recipe
+from tasks.formats.storage import Storage
+from tasks.stages.release import (
     ReleaseResult,
-    code_version,
-    commit_index,
+    commit_release_index,
     fingerprint,
     latest,
     next_version,
-    now,
     place_file,
     read_index,
     releases_dir,
     set_latest,
     write_tables,
 )
-from tasks.storage import Storage
 
 LEDGER_COLUMNS = ["key", "source", "row", "status", "reason"]
 
@@ -37,7 +34,13 @@ class Unreconciled(GateFailed):
 
 
 @task(name="release-tables")
-def release_tables(storage: Storage, download_ledgers: list[str], validate_ledgers: list[str], outputs: list[tuple[str, str]], incomplete: list[Any]) -> tuple[pa.Table, pa.Table]:
+def release_tables(
+    storage: Storage,
+    download_ledgers: list[str],
+    validate_ledgers: list[str],
+    outputs: list[tuple[str, str]],
+    incomplete: list[Any],
+) -> tuple[pa.Table, pa.Table]:
     """(samples, ledger): where each released sample is, and every manifest row's final fate."""
     samples = []
     for name, ledger in outputs:
@@ -60,13 +63,15 @@ def release_tables(storage: Storage, download_ledgers: list[str], validate_ledge
     return samples_t, pa.concat_tables(parts)
 
 
-def reconcile(storage: Storage, recipe: Recipe, run: dict, ledger: pa.Table, outputs: pa.Table | None, manifest_rows: int) -> dict:
+def reconcile(
+    storage: Storage, recipe: Recipe, run: dict, ledger: pa.Table, outputs: pa.Table | None, manifest_rows: int
+) -> dict:
     """Gate the release on reconciliation (rows in = ok + rejected + error, no duplicate rows,
     no output without an ok ledger row); raise ``Unreconciled`` after writing the report.
 
     Returns the gate's entry for index.json.
     """
-    from tasks.gates import Reconciliation, release_gate
+    from tasks.audit.reconcile import Reconciliation, release_gate
 
     tally = Reconciliation(manifest_rows)
     tally.add_ledger(ledger)
@@ -90,7 +95,9 @@ def copy_audit(storage: Storage, recipe: Recipe, run: dict, base: str, reconcile
     gates = {}
     for phase in run["phases"]:
         if phase.get("gate"):
-            storage.write_bytes(f"{base}/gates/{phase['phase']}.json", storage.read_bytes(f"{reports}/gates/{phase['phase']}.json"))
+            storage.write_bytes(
+                f"{base}/gates/{phase['phase']}.json", storage.read_bytes(f"{reports}/gates/{phase['phase']}.json")
+            )
             gates[phase["phase"]] = {"success": phase["gate"]["success"], "outcomes": phase["gate"]["outcomes"]}
     storage.write_bytes(f"{base}/gates/release.json", storage.read_bytes(f"{reports}/gates/release.json"))
     gates["release"] = reconciled
@@ -98,7 +105,9 @@ def copy_audit(storage: Storage, recipe: Recipe, run: dict, base: str, reconcile
 
 
 @flow(name="release")
-def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, run: dict, precache: Any = None) -> tuple[ReleaseResult, dict]:
+def release_flow(
+    recipe: Recipe, download: Any, validated: Any, reshard: Any, run: dict, precache: Any = None
+) -> tuple[ReleaseResult, dict]:
     """Make ``releases/vNNNN/`` unless the latest release already has the same content.
 
     With ``precache`` (the precache phase's summary), the latent shards go under ``latents/``
@@ -109,7 +118,9 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
     storage = Storage(recipe.storage, recipe.storage_options)
     base_dir = releases_dir(recipe.dataset)
     names = [f"shard-{o.index:06d}.tar" for o in reshard.outputs]
-    shards = [{"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, reshard.outputs)]
+    shards = [
+        {"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, reshard.outputs)
+    ]
     latent_shards = [
         {"name": f"latents/{n}", "image_shard": n, "sha256": r.sha256, "bytes": r.bytes, "samples": r.samples}
         for n, r in zip(names, precache.results if precache else [])
@@ -123,7 +134,11 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
         return ReleaseResult(head, storage.url(f"{base_dir}/{head}"), False, reshard.samples, len(shards)), run
 
     samples, ledger = release_tables.submit(
-        storage, download.ledgers, validated.ledgers, [(n, o.ledger) for n, o in zip(names, reshard.outputs)], reshard.incomplete_rows
+        storage,
+        download.ledgers,
+        validated.ledgers,
+        [(n, o.ledger) for n, o in zip(names, reshard.outputs)],
+        reshard.incomplete_rows,
     ).result()
     # The released samples come from the reshard ledgers, the ok rows from the samples table;
     # reconciling the download and validate ledgers' ok rows too would count a row per phase.
@@ -140,7 +155,10 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
     if latent_shards:
         for entry, r in zip(latent_shards, precache.results):
             place_file(storage, r.tar, f"{base}/{entry['name']}")
-        latent_inputs = [ShardIndexInput(name=e["name"], size=r.bytes, samples=r.records) for e, r in zip(latent_shards, precache.results)]
+        latent_inputs = [
+            ShardIndexInput(name=e["name"], size=r.bytes, samples=r.records)
+            for e, r in zip(latent_shards, precache.results)
+        ]
         for rel, data in dali_indexes(latent_inputs).items():
             storage.write_bytes(f"{base}/{rel}", data, fsync=False)
     write_tables(storage, base, samples, ledger)
@@ -149,36 +167,36 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
     publish(storage, recipe, run)
     reports = report_dir(recipe, run["run"])
     gates = copy_audit(storage, recipe, run, base, reconciled)
-    index = {
-        "version": version,
-        "dataset": recipe.dataset,
-        "kind": recipe.kind,
-        "created": now(),
-        "fingerprint": fp,
-        "parent": head,
-        "run": run["run"],
-        "shards": shards,
-        "totals": {
+    commit_release_index(
+        storage,
+        base,
+        version=version,
+        dataset=recipe.dataset,
+        kind=recipe.kind,
+        fp=fp,
+        parent=head,
+        run=run["run"],
+        shards=shards,
+        totals={
             "samples": reshard.samples,
             "bytes": sum(s["bytes"] for s in shards),
             "shards": len(shards),
             "samples_per_shard": reshard.samples_per_shard,
             "tail": reshard.tail,
         },
-        "schema": {"members": list(recipe.reshard.required(recipe.validate_)), "image_format": recipe.validate_.image.output_format},
-        "shuffle_seed": reshard.seed,
-        "recipe_hash": recipe.recipe_hash(),
-        "sources": {name: {"sha256": sha} for name, sha in download.manifests.items()},
-        "code_version": code_version(),
-        "gates": gates,
-        "ledger": {"rows": ledger.num_rows, "ok": reshard.samples, "not_released": ledger.num_rows - reshard.samples},
-        "indexes": {"dali": "*.idx", "energon": ".nv-meta/", "wids": "wids-index.json"},
-        "data_docs": f"{reports}/gates/data_docs/index.html",
-    }
-    if latent_shards:
-        index["precache"] = {"shards": latent_shards, "encodings": precache.encodings}
-    storage.sync()  # every file above (links included) is on disk before index.json names it
-    commit_index(storage, f"{base}/{INDEX}", index)
+        schema={
+            "members": list(recipe.reshard.required(recipe.validate_)),
+            "image_format": recipe.validate_.image.output_format,
+        },
+        shuffle_seed=reshard.seed,
+        recipe_hash=recipe.recipe_hash(),
+        sources={name: {"sha256": sha} for name, sha in download.manifests.items()},
+        gates=gates,
+        ledger_rows=ledger.num_rows,
+        released=reshard.samples,
+        reports=reports,
+        extra={"precache": {"shards": latent_shards, "encodings": precache.encodings}} if latent_shards else None,
+    )
     set_latest(storage, recipe.dataset, version)
     create_markdown_artifact(
         f"# {recipe.dataset} {version}\n\n{reshard.samples} samples in {len(shards)} shards "
@@ -188,4 +206,3 @@ def release_flow(recipe: Recipe, download: Any, validated: Any, reshard: Any, ru
     )
     logger.info("released %s: %d samples in %d shards at %s", version, reshard.samples, len(shards), storage.url(base))
     return ReleaseResult(version, storage.url(base), True, reshard.samples, len(shards)), run
-

@@ -13,11 +13,12 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.audit import check_gate, judge_phase, phase_record
 from flows.runtime import default_workers, gather
-from tasks.ledger import Counts, committed
-from tasks.recipe import Recipe, ReshardConfig
-from tasks.reshard import InputCensus, census_inputs, count_inputs, group_outputs, plan_reshard
-from tasks.reshard_build import OutputResult, build_outputs, recorded_output
-from tasks.storage import Storage
+from tasks.formats.ledger import Counts, committed
+from tasks.formats.recipe import Recipe
+from tasks.formats.recipe_outputs import ReshardConfig
+from tasks.formats.storage import Storage
+from tasks.stages.reshard import InputCensus, census_inputs, count_inputs, group_outputs, plan_reshard
+from tasks.stages.reshard_build import OutputResult, build_outputs, recorded_output
 
 
 @dataclass
@@ -44,7 +45,9 @@ class ReshardSummary:
 
 
 @task(name="reshard-census", task_run_name="census-{first}")
-def census_task(storage: Storage, tars: list[str], ledgers: list[str], required: tuple[str, ...], first: str) -> list[InputCensus]:
+def census_task(
+    storage: Storage, tars: list[str], ledgers: list[str], required: tuple[str, ...], first: str
+) -> list[InputCensus]:
     return census_inputs(storage, tars, ledgers, required=required)
 
 
@@ -59,10 +62,10 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
 
     Tasks are few and large (``group_outputs``): one run of consecutive outputs per worker
     thread, or a multiple of that for large datasets. Each output is checked by the task that
-    writes it, from what its writer recorded (tasks/reshard_check.py); the gate judges those
+    writes it, from what its writer recorded (tasks/stages/reshard_check.py); the gate judges those
     rows, so no task reads the outputs back.
     """
-    from tasks.gates import reshard_gate
+    from tasks.audit.gates import reshard_gate
 
     logger = get_run_logger()
     started = time.perf_counter()
@@ -70,7 +73,9 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     cfg = recipe.reshard
     required = cfg.required(recipe.validate_)
     retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
-    progress = create_progress_artifact(0.0, key=f"{recipe.dataset}-reshard-progress", description=f"{recipe.dataset}: reshard")
+    progress = create_progress_artifact(
+        0.0, key=f"{recipe.dataset}-reshard-progress", description=f"{recipe.dataset}: reshard"
+    )
     timings = {"start": time.perf_counter() - started}
     mark = time.perf_counter()
 
@@ -86,7 +91,9 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
         inputs = [c.shard for c in censuses]
         accepted_in = sum(c.ok for c in censuses)
     incomplete = sum(c.incomplete.num_rows for c in censuses)
-    plan = plan_reshard(inputs, cfg.samples_per_shard, prefix=f"{recipe.dataset}/reshard", seed=cfg.seed, required=required)
+    plan = plan_reshard(
+        inputs, cfg.samples_per_shard, prefix=f"{recipe.dataset}/reshard", seed=cfg.seed, required=required
+    )
     timings["plan"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
@@ -97,7 +104,12 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     todo = [o for o in plan.outputs if o.ledger not in done]
     if todo:
         todo_plan = dataclasses.replace(plan, outputs=tuple(todo))
-        futures = {build_task.with_options(**retries).submit(storage, g, g[0].index, g[-1].index): f"outputs {g[0].index}..{g[-1].index}" for g in group_outputs(todo_plan, _task_slots(recipe))}
+        futures = {
+            build_task.with_options(**retries).submit(
+                storage, g, g[0].index, g[-1].index
+            ): f"outputs {g[0].index}..{g[-1].index}"
+            for g in group_outputs(todo_plan, _task_slots(recipe))
+        }
         outputs += [o for part in gather(futures, progress, 10.0, 80.0, logger, "reshard") for o in part]
     outputs.sort(key=lambda r: r.index)
     timings["build"] = time.perf_counter() - mark
@@ -106,7 +118,9 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
 
     def evaluate():
         rows = [dict(o.check, is_last=(i == len(outputs) - 1)) for i, o in enumerate(outputs)]
-        return reshard_gate(pa.Table.from_pylist(rows) if rows else pa.table({}), cfg.samples_per_shard, accepted_in - incomplete)
+        return reshard_gate(
+            pa.Table.from_pylist(rows) if rows else pa.table({}), cfg.samples_per_shard, accepted_in - incomplete
+        )
 
     # A rerun over outputs committed before reuses the verdict on exactly these outputs.
     settings = (cfg.samples_per_shard, accepted_in - incomplete, tuple(required), [o.check for o in outputs])
@@ -130,22 +144,38 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     counts = Counts.of(ledger) if ledger.num_rows else Counts.zero()
     seconds = time.perf_counter() - started
     fresh = sum(o.samples for o in outputs if not o.skipped)
-    run["phases"].append(phase_record("reshard", counts, ledger, seconds, round(fresh / seconds, 1) if seconds else 0.0, gate, links))
+    run["phases"].append(
+        phase_record("reshard", counts, ledger, seconds, round(fresh / seconds, 1) if seconds else 0.0, gate, links)
+    )
     update_progress_artifact(progress, 100.0)
     check_gate(storage, recipe, run, gate)
     timings["report"] = time.perf_counter() - mark
     summary.seconds = round(time.perf_counter() - started, 3)
-    logger.info("reshard: %d samples into %d shards of %d (tail %d) in %.2f s: %s", plan.total, len(outputs), cfg.samples_per_shard, plan.tail, summary.seconds, {k: round(v, 2) for k, v in timings.items()})
+    logger.info(
+        "reshard: %d samples into %d shards of %d (tail %d) in %.2f s: %s",
+        plan.total,
+        len(outputs),
+        cfg.samples_per_shard,
+        plan.tail,
+        summary.seconds,
+        {k: round(v, 2) for k, v in timings.items()},
+    )
     return summary, run
 
 
-def _census(storage: Storage, validated: Any, required: tuple[str, ...], slots: int, retries: dict, progress, logger) -> list[InputCensus]:
+def _census(
+    storage: Storage, validated: Any, required: tuple[str, ...], slots: int, retries: dict, progress, logger
+) -> list[InputCensus]:
     """Census of every input, in as many tasks as the cluster has slots (a ledger read each is milliseconds)."""
     pairs = list(zip(validated.tars, validated.ledgers))
     parts = max(1, min(slots, len(pairs)))
     groups = [pairs[k * len(pairs) // parts : (k + 1) * len(pairs) // parts] for k in range(parts)]
     futures = {
-        census_task.with_options(**retries).submit(storage, [t for t, _ in g], [led for _, led in g], required, g[0][0]): g[0][0] for g in groups if g
+        census_task.with_options(**retries).submit(
+            storage, [t for t, _ in g], [led for _, led in g], required, g[0][0]
+        ): g[0][0]
+        for g in groups
+        if g
     }
     censuses = [c for part in gather(futures, progress, 0.0, 10.0, logger, "census") for c in part]
     order = {t: i for i, t in enumerate(validated.tars)}

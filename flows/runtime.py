@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -12,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from prefect_dask import DaskTaskRunner
 
@@ -53,7 +52,7 @@ class LocalServer:
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "LocalServer":
+    def start(self) -> LocalServer:
         from prefect.settings import get_current_settings
 
         env = {
@@ -67,8 +66,21 @@ class LocalServer:
         }
         env.pop("PREFECT_API_URL", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "prefect.server.api.server:create_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "error",
+                "--lifespan",
+                "on",
+            ],
             env=env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
@@ -83,14 +95,18 @@ class LocalServer:
         with httpx.Client(timeout=2.0) as client:
             while True:
                 if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(f"the local Prefect server exited with code {self.process.returncode} before it answered")
+                    raise RuntimeError(
+                        f"the local Prefect server exited with code {self.process.returncode} before it answered"
+                    )
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
                         return self.api_url
                 except httpx.TransportError:
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the local Prefect server did not answer within {timeout:.0f} s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+                    raise RuntimeError(
+                        f"the local Prefect server did not answer within {timeout:.0f} s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
+                    )
                 time.sleep(0.05)
 
     def stop(self) -> None:
@@ -168,7 +184,9 @@ def require_gpu() -> None:
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
     except Exception as err:
-        raise NoGPU(f"--cluster cuda needs a CUDA GPU and its driver, and none is visible here ({type(err).__name__}: {err}); use --cluster local") from err
+        raise NoGPU(
+            f"--cluster cuda needs a CUDA GPU and its driver, and none is visible here ({type(err).__name__}: {err}); use --cluster local"
+        ) from err
     if count == 0:
         raise NoGPU("--cluster cuda: the NVIDIA driver sees no GPU; use --cluster local")
 
@@ -178,10 +196,14 @@ def _cuda_cluster(threads_per_worker: int, env: dict[str, str]):
 
     try:
         # One worker per GPU; the GPU resource keeps CPU-only stages off them.
-        return LocalCUDACluster(threads_per_worker=threads_per_worker, resources={"GPU": 1}, env=env, dashboard_address=None)
+        return LocalCUDACluster(
+            threads_per_worker=threads_per_worker, resources={"GPU": 1}, env=env, dashboard_address=None
+        )
     except Exception as err:
         if "NVML" in type(err).__name__ or "nvml" in str(err).lower() or "cuda" in str(err).lower():
-            raise NoGPU(f"--cluster cuda needs a CUDA GPU and its driver, and none is visible here ({type(err).__name__}: {err}); use --cluster local") from err
+            raise NoGPU(
+                f"--cluster cuda needs a CUDA GPU and its driver, and none is visible here ({type(err).__name__}: {err}); use --cluster local"
+            ) from err
         raise
 
 
@@ -223,7 +245,7 @@ def close_cluster(cluster) -> None:
     """Close a cluster we started; a worker slow to exit is killed (the run's work is committed)."""
     try:
         cluster.close(timeout=60)
-    except (TimeoutError, asyncio.TimeoutError) as err:
+    except TimeoutError as err:
         log.warning("dask cluster did not close within 60 s (%r); its workers were killed", err)
 
 
@@ -288,7 +310,9 @@ class Session:
             if self._thread is not None:
                 return
             env = {**worker_env(), "PREFECT_API_URL": self.api_url}
-            self._thread = threading.Thread(target=self._start_cluster, args=(choice, workers, threads, env), name="start-dask-cluster", daemon=True)
+            self._thread = threading.Thread(
+                target=self._start_cluster, args=(choice, workers, threads, env), name="start-dask-cluster", daemon=True
+            )
             self._thread.start()
 
     def task_runner(self):
@@ -356,7 +380,7 @@ class Session:
         if self.server is not None:
             self.server.stop()
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -381,7 +405,7 @@ class SessionTaskRunner(DaskTaskRunner):
             self.address = self._resolve()
         return DaskTaskRunner.client.fget(self)
 
-    def duplicate(self) -> "SessionTaskRunner":
+    def duplicate(self) -> SessionTaskRunner:
         return type(self)(self._resolve)
 
     def __reduce__(self):
@@ -430,7 +454,9 @@ def stop_on_signals(session: Session) -> Iterator[None]:
 
     def watchdog(signum: int) -> None:
         time.sleep(STOP_GRACE_S)
-        log.error("the run did not stop within %.0f s of %s; killing what is left", STOP_GRACE_S, signal.Signals(signum).name)
+        log.error(
+            "the run did not stop within %.0f s of %s; killing what is left", STOP_GRACE_S, signal.Signals(signum).name
+        )
         hard_exit(signum)
 
     def handler(signum: int, _frame: object) -> None:
@@ -438,7 +464,9 @@ def stop_on_signals(session: Session) -> Iterator[None]:
             hard_exit(state["signum"])
         global stopped_by
         state["signum"] = stopped_by = signum
-        sys.stderr.write(f"\n{signal.Signals(signum).name}: stopping; committed shards stay, the rest is redone by the next run\n")
+        sys.stderr.write(
+            f"\n{signal.Signals(signum).name}: stopping; committed shards stay, the rest is redone by the next run\n"
+        )
         threading.Thread(target=watchdog, args=(signum,), name="stop-watchdog", daemon=True).start()
         session.stop_workers()
         raise Interrupted(signum)
@@ -490,18 +518,20 @@ _warmed = False
 def warm_gates() -> None:
     """Import Great Expectations (about 5 s) in the background once this process has shard work
     running, so the gate after it does not wait for it; a rerun with nothing to do (every
-    verdict reused, tasks/gate_cache.py) never imports it."""
+    verdict reused, tasks/audit/gate_cache.py) never imports it."""
     global _warmed
     with _warming:
         if _warmed:
             return
         _warmed = True
-    from tasks.gates import preload
+    from tasks.audit.ge_runner import preload
 
     threading.Thread(target=preload, name="preload-great-expectations", daemon=True).start()
 
 
-def gather_all(futures: dict, progress, what: str, rows: int | None = None, offset: float = 0.0, share: float = 100.0, logger=None) -> tuple[list, list[str]]:
+def gather_all(
+    futures: dict, progress, what: str, rows: int | None = None, offset: float = 0.0, share: float = 100.0, logger=None
+) -> tuple[list, list[str]]:
     """(results, failures) in completion order; a failure is ``"{label}: {Type}: {message}"``.
 
     ``futures`` maps each future to a label for people (its shard). ``progress`` is the phase's
@@ -542,7 +572,9 @@ def gather_all(futures: dict, progress, what: str, rows: int | None = None, offs
     return out, failed
 
 
-def gather(futures: dict, progress, offset: float, share: float, logger, what: str = "shard", rows: int | None = None) -> list:
+def gather(
+    futures: dict, progress, offset: float, share: float, logger, what: str = "shard", rows: int | None = None
+) -> list:
     """Results in completion order; a shard that failed after its retries raises after all finish.
 
     ``progress`` is the phase's Prefect progress artifact (``offset`` + ``share`` percent of it

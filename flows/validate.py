@@ -12,17 +12,17 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.audit import check_gate, judge_phase, phase_record
 from flows.runtime import gather
-from tasks.download import ShardResult
-from tasks.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers
-from tasks.recipe import Recipe
-from tasks.storage import Storage
-from tasks.validate import (
+from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers
+from tasks.formats.recipe import Recipe
+from tasks.formats.storage import Storage
+from tasks.stages.download import ShardResult
+from tasks.stages.validate import (
     CandidateResult,
     candidate_config_hash,
     candidate_paths,
+    duplicates_by_table,
     final_paths,
     finalize_shard,
-    duplicates_by_table,
     thumbs_path,
     validate_shard,
 )
@@ -48,7 +48,16 @@ class ValidateSummary:
 
 
 @task(name="validate-shard", task_run_name="validate-{source}-{index}")
-def validate_shard_task(storage: Storage, source: str, index: int, download_tar: str, download_ledger: str, cfg, tar_rel: str, table_rel: str) -> CandidateResult:
+def validate_shard_task(
+    storage: Storage,
+    source: str,
+    index: int,
+    download_tar: str,
+    download_ledger: str,
+    cfg,
+    tar_rel: str,
+    table_rel: str,
+) -> CandidateResult:
     return validate_shard(storage, source, index, download_tar, download_ledger, cfg, tar_rel, table_rel)
 
 
@@ -61,7 +70,7 @@ def dedup_task(storage: Storage, tables: list[str], cfg, source_order: dict[str,
 def dedup(storage: Storage, recipe: Recipe, tables: list[str], order: dict[str, int]) -> dict[str, dict[str, str]]:
     """Dedup decisions over the candidate tables: on the cluster, unless the same tables (names,
     sizes, stamps) and settings were decided before (a rerun with nothing new)."""
-    from tasks.gate_cache import gate_key, recall_value, remember_value, stamps
+    from tasks.audit.gate_cache import gate_key, recall_value, remember_value, stamps
 
     if not tables:
         return {}
@@ -75,7 +84,9 @@ def dedup(storage: Storage, recipe: Recipe, tables: list[str], order: dict[str, 
 
 
 @task(name="finalize-shard", task_run_name="finalize-{cand.source}-{cand.index}")
-def finalize_shard_task(storage: Storage, cand: CandidateResult, dups: dict[str, str], tar_rel: str, ledger_rel: str) -> ShardResult:
+def finalize_shard_task(
+    storage: Storage, cand: CandidateResult, dups: dict[str, str], tar_rel: str, ledger_rel: str
+) -> ShardResult:
     return finalize_shard(storage, cand, dups, tar_rel, ledger_rel)
 
 
@@ -83,8 +94,8 @@ def finalize_shard_task(storage: Storage, cand: CandidateResult, dups: dict[str,
 def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSummary, dict]:
     """Validate every downloaded shard (unless the download phase already did, in one pass),
     dedup across the dataset, gate, and report."""
-    from tasks.gates import validate_gate
-    from tasks.licenses import review_problem
+    from tasks.audit.gates import validate_gate
+    from tasks.policies.licenses import review_problem
 
     logger = get_run_logger()
     started = time.perf_counter()
@@ -92,7 +103,9 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
     cfg = recipe.validate_
     retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
     chash = candidate_config_hash(recipe)
-    progress = create_progress_artifact(0.0, key=f"{recipe.dataset}-validate-progress", description=f"{recipe.dataset}: validation shards done")
+    progress = create_progress_artifact(
+        0.0, key=f"{recipe.dataset}-validate-progress", description=f"{recipe.dataset}: validation shards done"
+    )
 
     fused = {c.table: c for c in getattr(download, "candidates", [])}
     wanted = []
@@ -106,9 +119,15 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
         if table_rel in fused:
             cands.append(fused[table_rel])
         elif table_rel in done:
-            cands.append(CandidateResult(source, index, tar_rel, table_rel, Counts.of(counted[table_rel]), 0.0, skipped=True))
+            cands.append(
+                CandidateResult(source, index, tar_rel, table_rel, Counts.of(counted[table_rel]), 0.0, skipped=True)
+            )
         else:
-            futures[validate_shard_task.with_options(**retries).submit(storage, source, index, tar, ledger, cfg, tar_rel, table_rel)] = tar
+            futures[
+                validate_shard_task.with_options(**retries).submit(
+                    storage, source, index, tar, ledger, cfg, tar_rel, table_rel
+                )
+            ] = tar
     cands += gather(futures, progress, 0.0, 80.0, logger, "validate")
     cands.sort(key=lambda c: (c.source, c.index))
 
@@ -155,17 +174,35 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
         ledgers=[r.ledger for r in results],
         tars=[r.tar for r in results],
     )
-    run["phases"].append(phase_record("validate", counts, ledger if ledger is not None else pa.table({"source": [], "status": []}), seconds, summary.samples_per_s, gate, links))
+    run["phases"].append(
+        phase_record(
+            "validate",
+            counts,
+            ledger if ledger is not None else pa.table({"source": [], "status": []}),
+            seconds,
+            summary.samples_per_s,
+            gate,
+            links,
+        )
+    )
     update_progress_artifact(progress, 100.0)
     summary.report = check_gate(storage, recipe, run, gate, samples)
-    logger.info("validate: %d in, %d ok, %d rejected (%d duplicates); gate passed", counts.rows, counts.ok, counts.rejected, n_dups)
+    logger.info(
+        "validate: %d in, %d ok, %d rejected (%d duplicates); gate passed",
+        counts.rows,
+        counts.ok,
+        counts.rejected,
+        n_dups,
+    )
     return summary, run
 
 
 def _gate_samples(accepted: pa.Table | None) -> pa.Table:
     if accepted is None or accepted.num_rows == 0:
         return pa.table({"key": pa.array([], pa.string())})
-    return _with_aspect(accepted.select(["key", "license", "width", "height", "caption_chars", "pixel_sha256", "phash", "bytes"]))
+    return _with_aspect(
+        accepted.select(["key", "license", "width", "height", "caption_chars", "pixel_sha256", "phash", "bytes"])
+    )
 
 
 def _with_aspect(table: pa.Table) -> pa.Table:
@@ -185,4 +222,6 @@ def _report_samples(storage: Storage, ledger: pa.Table | None, cands: list[Candi
     for table in read_ledgers(storage, sorted(committed(storage, files))).values():
         thumbs.update(zip(table.column("key").to_pylist(), table.column("thumbnail").to_pylist()))
     base = _with_aspect(ledger.select(REPORT_COLUMNS))
-    return base.append_column("thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary()))
+    return base.append_column(
+        "thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary())
+    )

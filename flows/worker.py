@@ -13,10 +13,10 @@ import importlib
 MODULES = (
     "prefect.task_engine",
     "prefect_dask",
-    "tasks.download",
-    "tasks.validate",
-    "tasks.manifests",
-    "tasks.reshard",
+    "tasks.stages.download",
+    "tasks.stages.validate",
+    "tasks.formats.manifests",
+    "tasks.stages.reshard",
 )
 
 

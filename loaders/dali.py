@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from loaders.release import Release, ReleaseError
 
 __all__ = ["DaliLoader", "dali_pipeline", "default_device_id"]
 
 READER = "Reader"
-_LATENT_MEMBERS = ("latent_mean.npy", "latent_logvar.npy", "latent.npy", "text_emb.npy", "text_mask.npy", "vision_emb.npy")
+_LATENT_MEMBERS = (
+    "latent_mean.npy",
+    "latent_logvar.npy",
+    "latent.npy",
+    "text_emb.npy",
+    "text_mask.npy",
+    "vision_emb.npy",
+)
 
 
 def default_device_id() -> int | None:
@@ -26,9 +34,7 @@ def default_device_id() -> int | None:
 def _local_paths(release: Release, names: list[str]) -> list[str]:
     paths = [release.local_path(n) for n in names]
     if any(p is None for p in paths):
-        raise ReleaseError(
-            f"{release.url}: DALI reads local files only; copy the release locally (or mount it) first"
-        )
+        raise ReleaseError(f"{release.url}: DALI reads local files only; copy the release locally (or mount it) first")
     return paths  # type: ignore[return-value]
 
 
@@ -106,7 +112,9 @@ def dali_pipeline(
     paths = _local_paths(release, [s.name for s in shards])
     index_paths = _local_paths(release, [s.index_name for s in shards])
 
-    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed, prefetch_queue_depth=2)
+    @pipeline_def(
+        batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed, prefetch_queue_depth=2
+    )
     def pipe():
         outs = fn.readers.webdataset(
             paths=paths,
@@ -126,7 +134,11 @@ def dali_pipeline(
             jpg, txt = outs
             image = fn.decoders.image(jpg, device="mixed" if gpu else "cpu", output_type=types.RGB)
             image = fn.resize(image, resize_shorter=image_size)
-            pos = {"crop_pos_x": fn.random.uniform(range=(0.0, 1.0)), "crop_pos_y": fn.random.uniform(range=(0.0, 1.0))} if random_crop else {}
+            pos = (
+                {"crop_pos_x": fn.random.uniform(range=(0.0, 1.0)), "crop_pos_y": fn.random.uniform(range=(0.0, 1.0))}
+                if random_crop
+                else {}
+            )
             image = fn.crop_mirror_normalize(
                 image, crop=(image_size, image_size), output_layout="CHW", dtype=types.UINT8, **pos
             )

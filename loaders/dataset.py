@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import io
 import json
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from typing import Any
 
 # The one import of torch at module level: the class below subclasses it. loaders.release
 # stays torch-free, so opening a release does not pay for it.
@@ -13,162 +12,14 @@ from torch.utils.data import IterableDataset
 
 from loaders.latents import decode_latent_block, load_npy
 from loaders.release import IndexEntry, Release, ReleaseError, ShardInfo
-from tasks.shards import ShardError, iter_samples
+from tasks.formats.shards import iter_samples
+from tasks.formats.tar_reader import ShardError
 
 __all__ = ["ReleaseDataset", "EpochPlan", "plan_epoch", "collate_images", "collate_latents", "decode_image", "load_npy"]
+from loaders.decode import DEFAULT_MAX_PIXELS, collate_images, collate_latents, decode_image
+from loaders.epochs import EVEN, EpochPlan, plan_epoch
 
 MODES = ("images", "latents", "raw")
-EVEN = ("drop", "pad")
-
-# A hard cap read from the image header before any pixel is decoded (Pillow's default bomb
-# threshold is 89 M pixels; a release's images were validated smaller than this already).
-DEFAULT_MAX_PIXELS = 50_000_000
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """Which samples each (rank, worker) slot reads in one epoch.
-
-    Args:
-        per_slot: samples every slot yields (the same for all, so ranks never wait on each other).
-        slots: for slot ``rank * num_workers + worker``, its ``(shard index, start, stop)``
-            ranges in reading order.
-        dropped: samples of the release left out this epoch (``even="drop"``).
-        repeated: samples read twice this epoch to fill the last slots (``even="pad"``).
-    """
-
-    per_slot: int
-    slots: tuple[tuple[tuple[int, int, int], ...], ...]
-    dropped: int
-    repeated: int
-
-
-def _shard_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
-    if not shuffle:
-        return list(range(n))
-    import numpy as np
-
-    return [int(i) for i in np.random.default_rng([seed, epoch, 0]).permutation(n)]
-
-
-def plan_epoch(
-    counts: Sequence[int],
-    *,
-    world_size: int,
-    num_workers: int,
-    epoch: int = 0,
-    seed: int = 0,
-    shuffle: bool = True,
-    even: str = "drop",
-) -> EpochPlan:
-    """Split one epoch's samples into ``world_size * num_workers`` slots of equal size.
-
-    The shards, in an order shuffled by ``(seed, epoch)``, are laid end to end as one sequence
-    of samples; slot ``s`` reads the ``s``-th run of ``per_slot`` consecutive samples. Most
-    slots read whole shards; a shard cut at a slot boundary is read from a seek to the cut
-    (its byte offset comes from the DALI index). With ``even="drop"``, ``per_slot = total //
-    slots`` and the tail of the sequence (fewer samples than slots) is left out: a different
-    tail each epoch, since the shard order changes. With ``even="pad"``, ``per_slot =
-    ceil(total / slots)`` and the sequence wraps around to its start to fill the last slots.
-    """
-    if world_size < 1 or num_workers < 1:
-        raise ValueError(f"world_size ({world_size}) and num_workers ({num_workers}) must be >= 1")
-    if even not in EVEN:
-        raise ValueError(f"even={even!r}: use one of {EVEN}")
-    total = sum(counts)
-    n_slots = world_size * num_workers
-    per_slot = total // n_slots if even == "drop" else -(-total // n_slots)
-    if per_slot == 0:
-        raise ValueError(f"{total} samples cannot give each of {n_slots} rank x worker slots at least one")
-    order = _shard_order(len(counts), seed, epoch, shuffle)
-    # The sequence as (shard, start, stop) pieces; "pad" appends it again for the wrap.
-    pieces = [(i, 0, counts[i]) for i in order if counts[i]]
-    if even == "pad":
-        pieces = pieces * 2
-    slots = []
-    piece, pos = 0, 0  # pos: next unread sample within pieces[piece]
-    for _ in range(n_slots):
-        need = per_slot
-        ranges = []
-        while need:
-            shard, start, stop = pieces[piece]
-            take = min(need, stop - start - pos)
-            ranges.append((shard, start + pos, start + pos + take))
-            need -= take
-            pos += take
-            if start + pos == stop:
-                piece, pos = piece + 1, 0
-        slots.append(tuple(ranges))
-    used = n_slots * per_slot
-    return EpochPlan(
-        per_slot=per_slot,
-        slots=tuple(slots),
-        dropped=max(0, total - used),
-        repeated=max(0, used - total),
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Decoding
-# ---------------------------------------------------------------------------------------------
-
-
-def decode_image(data: bytes, size: int | None, max_pixels: int = DEFAULT_MAX_PIXELS):
-    """JPEG/PNG/WebP bytes -> uint8 tensor ``(3, size, size)``: short side resized to ``size``,
-    then center-cropped (``size=None``: ``(3, H, W)`` as stored).
-
-    The pixel count is read from the header and checked before decoding; JPEGs are decoded at
-    a reduced scale (``draft``) when that still covers ``size``.
-    """
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as im:
-        if im.width * im.height > max_pixels:
-            raise ValueError(f"image of {im.width}x{im.height} pixels is over max_pixels={max_pixels}")
-        if size is not None and im.format == "JPEG":
-            scale = min(im.width, im.height) / size
-            if scale >= 2:
-                im.draft("RGB", (int(im.width / scale) + 1, int(im.height / scale) + 1))
-        im = im.convert("RGB")
-    if size is not None:
-        w, h = im.size
-        scale = size / min(w, h)
-        nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-        im = im.resize((nw, nh), Image.BILINEAR, reducing_gap=None if scale > 0.5 else 2.0)
-        left, top = (nw - size) // 2, (nh - size) // 2
-        im = im.crop((left, top, left + size, top + size))
-    return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).contiguous()
-
-
-def collate_images(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Samples of ``mode="images"`` -> ``{"image": uint8 (B, 3, S, S), "caption": [B str],
-    "key": [B str], "meta": [B dict]}``."""
-    import torch
-
-    return {
-        "image": torch.stack([s["image"] for s in samples]),
-        "caption": [s["caption"] for s in samples],
-        "key": [s["key"] for s in samples],
-        "meta": [s["meta"] for s in samples],
-    }
-
-
-def collate_latents(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Samples of ``mode="latents"`` -> ``{"latent": float32 (B, C, h, w), "text_emb": (B, L, D)
-    in the stored dtype, "text_mask": bool (B, L), "vision_emb": (B, ...), "key": [B str],
-    "caption": [B str]}`` (only the encodings the release has; captions when read)."""
-    import torch
-
-    out: dict[str, Any] = {"key": [s["key"] for s in samples]}
-    for name in ("latent", "text_emb", "text_mask", "vision_emb"):
-        if name in samples[0]:
-            out[name] = torch.stack([s[name] for s in samples])
-    if "caption" in samples[0]:
-        out["caption"] = [s["caption"] for s in samples]
-    return out
-
 
 # ---------------------------------------------------------------------------------------------
 # The dataset
@@ -332,7 +183,9 @@ class ReleaseDataset(IterableDataset):
         if num_workers == 1:
             return 0, min(self.start, per_slot)
         if self.start and self.batch_size is None:
-            raise ValueError("resuming with DataLoader workers needs batch_size on the dataset (DataLoader(batch_size=None))")
+            raise ValueError(
+                "resuming with DataLoader workers needs batch_size on the dataset (DataLoader(batch_size=None))"
+            )
         unit = self.batch_size or 1
         if self.start % unit:
             raise ValueError(f"start={self.start} is not a multiple of batch_size={unit}")
@@ -433,7 +286,10 @@ class ReleaseDataset(IterableDataset):
     def _decode_latent_block(self, samples: list[Any], slot: int, block_no: int) -> list[dict[str, Any]]:
         try:
             return decode_latent_block(
-                samples, self.release.encodings, latent_sample=self.latent_sample, scale_latents=self.scale_latents,
+                samples,
+                self.release.encodings,
+                latent_sample=self.latent_sample,
+                scale_latents=self.scale_latents,
                 noise_seed=(self.seed, self.epoch, slot, block_no),
             )
         except (KeyError, ValueError) as err:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import io
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,9 @@ def npy_header(data: bytes) -> tuple[np.dtype, tuple[int, ...], int]:
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read(fh)
         if dtype.hasobject or fortran:
-            raise ValueError(f".npy member with {'an object dtype' if dtype.hasobject else 'Fortran order'} is not supported")
+            raise ValueError(
+                f".npy member with {'an object dtype' if dtype.hasobject else 'Fortran order'} is not supported"
+            )
         found = (dtype, tuple(shape), size, dtype.itemsize * int(np.prod(shape)))
         if len(_HEADERS) < _MAX_HEADERS:
             _HEADERS[head] = found
@@ -113,7 +116,9 @@ def decode_latent_block(
         if "latent_mean.npy" in members[0]:
             latent = _float32(stacked("latent_mean.npy"))
             if latent_sample:
-                noise = np.random.default_rng([*noise_seed, _NOISE_STREAM]).standard_normal(latent.shape, dtype=np.float32)
+                noise = np.random.default_rng([*noise_seed, _NOISE_STREAM]).standard_normal(
+                    latent.shape, dtype=np.float32
+                )
                 std = _float32(stacked("latent_logvar.npy"))
                 np.multiply(std, 0.5, out=std)
                 np.exp(std, out=std)

@@ -6,7 +6,8 @@ import io
 import json
 import queue
 import threading
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from torch.utils.data import IterableDataset
 
@@ -50,7 +51,9 @@ def finetuning_samples(release: Release, **kwargs: Any) -> ReleaseDataset:
     ``kwargs`` go to ``ReleaseDataset`` (rank, world_size, seed, shuffle, ...).
     """
     if release.kind != "finetuning" or release.packed:
-        raise ReleaseError(f"{release.url}: not an unpacked fine-tuning release (kind={release.kind}, packed={release.packed})")
+        raise ReleaseError(
+            f"{release.url}: not an unpacked fine-tuning release (kind={release.kind}, packed={release.packed})"
+        )
     return ReleaseDataset(release, mode="raw", transform=_parse_record, **kwargs)
 
 
@@ -287,4 +290,3 @@ def collate_packs(packs: list[dict[str, Any]], tile_size: int = 448, budget: int
         "conversations": [[r["conversations"] for r in p["samples"]] for p in packs],
         "keys": [[r["key"] for r in p["samples"]] for p in packs],
     }
-

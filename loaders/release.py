@@ -8,9 +8,9 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tasks.indexes import dali_index_name
-from tasks.release import INDEX, VERSION_RE, ReleaseError
-from tasks.storage import Storage
+from tasks.formats.indexes import dali_index_name
+from tasks.formats.storage import Storage
+from tasks.stages.release import INDEX, VERSION_RE, ReleaseError
 
 __all__ = ["Release", "ReleaseError", "ShardInfo", "IndexEntry", "open_release", "parse_dali_index"]
 
@@ -148,7 +148,7 @@ class Release:
         return {"storage": self.storage, "index": self.index}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["storage"], state["index"])
+        type(self).__init__(self, state["storage"], state["index"])
 
     @property
     def samples(self) -> int:

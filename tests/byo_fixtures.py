@@ -6,12 +6,11 @@ import gzip
 import io
 import json
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from conftest import make_image
 
 JPEG = make_image("JPEG", size=(96, 80))
@@ -44,7 +43,9 @@ def tar_bytes(members: Iterable[tuple[str, bytes] | tarfile.TarInfo]) -> bytes:
     return buf.getvalue()
 
 
-def sample(key: str, caption: str | None = None, image: bytes = JPEG, meta: dict | None = None, ext: str = "jpg") -> list[tuple[str, bytes]]:
+def sample(
+    key: str, caption: str | None = None, image: bytes = JPEG, meta: dict | None = None, ext: str = "jpg"
+) -> list[tuple[str, bytes]]:
     """The members of one webdataset sample: image, caption, json."""
     out = [(f"{key}.{ext}", image)]
     if caption is not None:
@@ -57,7 +58,11 @@ def sample(key: str, caption: str | None = None, image: bytes = JPEG, meta: dict
 def good_samples(prefix: str, n: int, license: str = "CC-BY-4.0") -> list[tuple[str, bytes]]:
     members = []
     for i in range(n):
-        members += sample(f"{prefix}{i:04d}", f"a photo number {i} of {prefix}", meta={"license": license, "url": f"https://example.org/{prefix}{i}.jpg"})
+        members += sample(
+            f"{prefix}{i:04d}",
+            f"a photo number {i} of {prefix}",
+            meta={"license": license, "url": f"https://example.org/{prefix}{i}.jpg"},
+        )
     return members
 
 
@@ -82,7 +87,12 @@ def img2dataset_shard(folder: Path, shard: int, rows: list[dict], missing: Itera
             members += sample(key, r.get("caption") or "", image=distinct_image(shard * 10_000 + i), meta=meta)
     (folder / f"{name}.tar").write_bytes(tar_bytes(members))
     pq.write_table(pa.Table.from_pylist(table_rows), folder / f"{name}.parquet")
-    stats = {"count": len(rows), "successes": sum(r.get("status", "success") == "success" for r in rows), "failed_to_download": 0, "failed_to_resize": 0}
+    stats = {
+        "count": len(rows),
+        "successes": sum(r.get("status", "success") == "success" for r in rows),
+        "failed_to_download": 0,
+        "failed_to_resize": 0,
+    }
     (folder / f"{name}_stats.json").write_text(json.dumps(stats))
 
 
@@ -121,14 +131,32 @@ def hostile_shards(folder: Path) -> dict[str, str]:
     return {name: reason for name, (_, reason) in shards.items()}
 
 
-def images_parquet(path: Path, n: int, *, struct: bool, row_group_size: int = 4, extra_rows: list[dict] | None = None) -> None:
+def images_parquet(
+    path: Path, n: int, *, struct: bool, row_group_size: int = 4, extra_rows: list[dict] | None = None
+) -> None:
     """A parquet of ``n`` good rows (id, image, caption, license, author) plus ``extra_rows``:
     ``image`` raw bytes, or Hugging Face's ``{bytes, path}`` struct."""
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())]) if struct else pa.binary()
     rows = []
     for i in range(n):
         data = distinct_image(i, "JPEG" if i % 2 == 0 else "PNG")
-        rows.append({"id": f"img-{i}", "image": {"bytes": data, "path": f"{i}.jpg"} if struct else data, "caption": f"picture {i} of a thing", "license": "CC0-1.0", "author": f"author {i}"})
+        rows.append(
+            {
+                "id": f"img-{i}",
+                "image": {"bytes": data, "path": f"{i}.jpg"} if struct else data,
+                "caption": f"picture {i} of a thing",
+                "license": "CC0-1.0",
+                "author": f"author {i}",
+            }
+        )
     rows += extra_rows or []
-    schema = pa.schema([("id", pa.string()), ("image", image_type), ("caption", pa.string()), ("license", pa.string()), ("author", pa.string())])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("image", image_type),
+            ("caption", pa.string()),
+            ("license", pa.string()),
+            ("author", pa.string()),
+        ]
+    )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, row_group_size=row_group_size)

@@ -8,9 +8,10 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -191,7 +192,9 @@ def wait_healthy(p: Process) -> None:
         if subprocess.run(p.check, capture_output=True, timeout=30).returncode == 0:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{p.name} not healthy within {p.deadline_s:.0f} s (its compose healthcheck)\n{p.tail()}")
+            raise RuntimeError(
+                f"{p.name} not healthy within {p.deadline_s:.0f} s (its compose healthcheck)\n{p.tail()}"
+            )
         time.sleep(1)
 
 

@@ -57,7 +57,7 @@ def image_dir(tmp_path_factory) -> Path:
     # A photo-like picture and its near duplicate: half the size, re-encoded.
     from PIL import Image
 
-    from tasks.demo import render_image
+    from tasks.demo.images import render_image
 
     _, photo, _ = render_image(0, 0)
     (root / "photo.jpg").write_bytes(photo)
@@ -72,7 +72,7 @@ def image_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def web(image_dir):
     """The loopback image web (good, missing, flaky, slow, hostile routes) for the session."""
-    from tasks.webserver import ImageWeb
+    from tasks.demo.webserver import ImageWeb
 
     server = ImageWeb(root=image_dir)
     server.start()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from tasks.indexes import ShardIndexInput, all_indexes, dali_indexes
-from tasks.release import commit_index, set_latest
-from tasks.shards import ShardWriter
-from tasks.storage import Storage
+from tasks.formats.indexes import ShardIndexInput, all_indexes, dali_indexes
+from tasks.formats.shards import ShardWriter
+from tasks.formats.storage import Storage
+from tasks.stages.release import commit_index, set_latest
 
 LATENT_SHAPE = (4, 8, 8)
 TEXT_SHAPE = (7, 5)
@@ -49,7 +50,9 @@ def _write_shards(storage: Storage, base: str, shards: list[list[tuple[str, dict
                 writer.write_sample(key, members)
         data = buf.getvalue()
         storage.write_bytes(f"{base}/{name}", data)
-        entries.append({"name": name, "samples": len(samples), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        entries.append(
+            {"name": name, "samples": len(samples), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        )
         inputs.append(ShardIndexInput(name=name, size=len(data), samples=writer.records))
     return entries, inputs
 
@@ -142,7 +145,13 @@ def pretraining_release(
                     "store": "mean_logvar",
                     "model": "tiny-vae",
                 },
-                "text": {"members": ["text_emb.npy", "text_mask.npy"], "shape": list(TEXT_SHAPE), "dtype": "float16", "max_length": TEXT_SHAPE[0], "model": "tiny-clip"},
+                "text": {
+                    "members": ["text_emb.npy", "text_mask.npy"],
+                    "shape": list(TEXT_SHAPE),
+                    "dtype": "float16",
+                    "max_length": TEXT_SHAPE[0],
+                    "model": "tiny-clip",
+                },
             },
         }
     return _commit(storage, dataset, version, index)
@@ -159,13 +168,26 @@ def conversation_sample(i: int, rng) -> tuple[dict[str, Any], dict[str, bytes]]:
         for t, m in enumerate(tile_members):
             members[m] = jpeg((TILE, TILE), color_of(i + t))
         members[f"i{k}.jpg"] = jpeg((TILE * 2, TILE), color_of(i))
-        images.append({"member": f"i{k}.jpg", "width": TILE * 2, "height": TILE, "grid": [1, tiles], "tiles": tiles, "thumbnail": False, "tile_members": tile_members})
+        images.append(
+            {
+                "member": f"i{k}.jpg",
+                "width": TILE * 2,
+                "height": TILE,
+                "grid": [1, tiles],
+                "tiles": tiles,
+                "thumbnail": False,
+                "tile_members": tile_members,
+            }
+        )
         image_tokens += tiles * 16
     text = int(rng.integers(5, 120))
     record = {
         "key": f"c-{i:06d}",
         "id": f"rec{i}",
-        "conversations": [{"from": "human", "value": "<tile_1> what is this? " * (1 + i % 3)}, {"from": "gpt", "value": f"answer {i}"}],
+        "conversations": [
+            {"from": "human", "value": "<tile_1> what is this? " * (1 + i % 3)},
+            {"from": "gpt", "value": f"answer {i}"},
+        ],
         "images": images,
         "tokens": {"text": text, "image": image_tokens, "total": text + image_tokens},
         "text_only": n_images == 0,
@@ -224,7 +246,15 @@ def finetuning_release(
                 cu.append(cu[-1] + record["tokens"]["total"])
             key = f"pack-{p:09d}"
             members["json"] = json.dumps(
-                {"pack": key, "budget": packed_budget, "tokens": cu[-1], "images": sum(len(s["images"]) for s in samples_json), "tiles": 0, "cu_seqlens": cu, "samples": samples_json}
+                {
+                    "pack": key,
+                    "budget": packed_budget,
+                    "tokens": cu[-1],
+                    "images": sum(len(s["images"]) for s in samples_json),
+                    "tiles": 0,
+                    "cu_seqlens": cu,
+                    "samples": samples_json,
+                }
             ).encode()
             packs.append((key, members))
         shards = [packs[k : k + 4] for k in range(0, len(packs), 4)]
@@ -238,7 +268,15 @@ def finetuning_release(
         "parent": None,
         "shards": entries,
         "totals": {"samples": sum(e["samples"] for e in entries), "shards": len(entries)},
-        "schema": {"packed": packed_budget is not None, "budget": packed_budget or 512, "max_images": max_images, "max_tiles": 3, "tile_size": TILE, "tokens_per_tile": 16, "tags": {}},
+        "schema": {
+            "packed": packed_budget is not None,
+            "budget": packed_budget or 512,
+            "max_images": max_images,
+            "max_tiles": 3,
+            "tile_size": TILE,
+            "tokens_per_tile": 16,
+            "tags": {},
+        },
     }
     return _commit(storage, dataset, version, index), records
 

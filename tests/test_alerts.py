@@ -61,7 +61,7 @@ def test_failed_gate_alerts_the_webhook_once(prefect_harness, receiver, tmp_path
     from flows.audit import GateFailed
     from flows.cli import app
     from flows.pretraining import pretraining_flow
-    from tasks.demo import prepare_demo
+    from tasks.demo.corpus import prepare_demo
 
     url, got = receiver
     monkeypatch.setenv("PREFECT_API_URL", str(get_current_settings().api.url))
@@ -77,8 +77,11 @@ def test_failed_gate_alerts_the_webhook_once(prefect_harness, receiver, tmp_path
     try:
         # The demo corpus has bad rows on purpose, so a 100 % success threshold fails the gate.
         state = pretraining_flow(
-            recipe_path=str(RECIPES / "demo-strict.yaml"), phases=["download"], workers=1,
-            overrides={"min_success_rate": 1.0, "task_retries": 0}, return_state=True,
+            recipe_path=str(RECIPES / "demo-strict.yaml"),
+            phases=["download"],
+            workers=1,
+            overrides={"min_success_rate": 1.0, "task_retries": 0},
+            return_state=True,
         )
     finally:
         web.stop()

@@ -11,7 +11,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from byo_fixtures import distinct_image, images_parquet, img2dataset_shard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def cli(*args: str, example_dir: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env["SHARDSMITH_EXAMPLE_DIR"] = str(example_dir)
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def phases(store: Path, dataset: str) -> dict[str, dict]:
@@ -40,7 +41,11 @@ def released_samples(store: Path, dataset: str, images: dict | None = None) -> t
     index = json.loads((base / version / "index.json").read_text())
     metas = []
     for shard in index["shards"]:
-        data = (base / version / shard["name"]).read_bytes() if (base / version / shard["name"]).exists() else (store / shard["path"]).read_bytes()
+        data = (
+            (base / version / shard["name"]).read_bytes()
+            if (base / version / shard["name"]).exists()
+            else (store / shard["path"]).read_bytes()
+        )
         with tarfile.open(fileobj=io.BytesIO(data)) as tf:
             members = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
         for name, blob in members.items():
@@ -52,7 +57,14 @@ def released_samples(store: Path, dataset: str, images: dict | None = None) -> t
 
 
 def i2d_rows(shard: int, n: int) -> list[dict]:
-    rows = [{"url": f"https://example.org/{shard}/{i}.jpg", "caption": f"picture {i} of shard {shard}", "license": "CC-BY-4.0"} for i in range(n)]
+    rows = [
+        {
+            "url": f"https://example.org/{shard}/{i}.jpg",
+            "caption": f"picture {i} of shard {shard}",
+            "license": "CC-BY-4.0",
+        }
+        for i in range(n)
+    ]
     rows[1] = {"url": rows[1]["url"], "status": "failed_to_download", "error_message": "HTTP Error 404: Not Found"}
     return rows
 
@@ -87,14 +99,26 @@ def test_example_webdataset_recipe_releases_img2dataset_output_and_ingests_new_s
     assert out["summary"]["shards"] == 3 and out["summary"]["shards_skipped"] == 2
     assert (out["download"]["rows"], out["download"]["ok"]) == (30, 27)
     index, metas = released_samples(tmp_path / "store", "example-webdataset")
-    assert len(metas) == 27 and {Path(m["origin"]["shard"]).name for m in metas} == {"00000.tar", "00001.tar", "00002.tar"}
+    assert len(metas) == 27 and {Path(m["origin"]["shard"]).name for m in metas} == {
+        "00000.tar",
+        "00001.tar",
+        "00002.tar",
+    }
 
 
 @pytest.mark.slow
 def test_example_parquet_recipe_releases_embedded_images(tmp_path):
     folder = tmp_path / "parquet"
     folder.mkdir()
-    bad = [{"id": "path-only", "image": {"bytes": None, "path": "x.jpg"}, "caption": "an image kept elsewhere", "license": "CC0-1.0", "author": "z"}]
+    bad = [
+        {
+            "id": "path-only",
+            "image": {"bytes": None, "path": "x.jpg"},
+            "caption": "an image kept elsewhere",
+            "license": "CC0-1.0",
+            "author": "z",
+        }
+    ]
     images_parquet(folder / "train-00000-of-00002.parquet", 10, struct=True, extra_rows=bad)
     images_parquet(folder / "train-00001-of-00002.parquet", 6, struct=True)
     run = cli("run", str(ROOT / "recipes" / "example-parquet.yaml"), example_dir=tmp_path)

@@ -6,13 +6,14 @@ import json
 from functools import partial
 
 from byo_fixtures import good_samples, sample, tar_bytes
-from tasks.download import download_shard, shard_paths
-from tasks.ledger import read_ledger
-from tasks.recipe import DownloadConfig, SourceConfig
-from tasks.shards import iter_samples
+
+from tasks.formats.ledger import read_ledger
+from tasks.formats.recipe_download import DownloadConfig, SourceConfig
+from tasks.formats.shards import iter_samples
+from tasks.formats.storage import Storage
 from tasks.sources import ingest_rows, plan_ingest
 from tasks.sources.tarsamples import MAX_KEY_CHARS
-from tasks.storage import Storage
+from tasks.stages.download import download_shard, shard_paths
 
 
 def ingest_tar(tmp_path, members) -> tuple[list[dict], dict[str, dict]]:

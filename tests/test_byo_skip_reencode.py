@@ -6,17 +6,17 @@ import io
 import json
 from functools import partial
 
+from byo_fixtures import PNG, distinct_image, sample, tar_bytes
 from PIL import Image
 
-from byo_fixtures import PNG, distinct_image, sample, tar_bytes
-from tasks.download import shard_paths
-from tasks.ledger import read_ledger
-from tasks.onepass import download_and_validate
-from tasks.recipe import DownloadConfig, SourceConfig, ValidateConfig
-from tasks.shards import iter_samples
+from tasks.formats.ledger import read_ledger
+from tasks.formats.recipe_download import DownloadConfig, SourceConfig, ValidateConfig
+from tasks.formats.shards import iter_samples
+from tasks.formats.storage import Storage
 from tasks.sources import ingest_rows, plan_ingest
-from tasks.storage import Storage
-from tasks.validate import candidate_paths
+from tasks.stages.download import shard_paths
+from tasks.stages.onepass import download_and_validate
+from tasks.stages.validate import candidate_paths
 
 
 def _jpeg(img: Image.Image, **save) -> bytes:
@@ -60,7 +60,9 @@ def validate(tmp_path, image: dict) -> tuple[list[dict], dict[str, dict[str, byt
     ref = plan_ingest(source).chunks[0]
     down = shard_paths("ds", ref, "cfg")
     cand = candidate_paths("ds", ref.source, ref.index, down[0], "v")
-    vcfg = ValidateConfig.model_validate({"license": {"allow": ["CC0-1.0"]}, "image": {"min_side": 32, "max_pixels": 10_000, **image}})
+    vcfg = ValidateConfig.model_validate(
+        {"license": {"allow": ["CC0-1.0"]}, "image": {"min_side": 32, "max_pixels": 10_000, **image}}
+    )
     download_and_validate(ref, storage, DownloadConfig(), vcfg, down, cand, None, partial(ingest_rows, source))
     rows = read_ledger(storage, cand[1]).to_pylist()
     with storage.open(cand[0], "rb") as fh:

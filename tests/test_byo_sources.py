@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from byo_fixtures import JPEG, good_samples, hostile_shards, images_parquet, img2dataset_shard, sample, tar_bytes
-from tasks.download import download_shard, shard_paths
-from tasks.ledger import read_ledger
-from tasks.manifests import ManifestError
-from tasks.onepass import download_and_validate
-from tasks.reasons import REASONS
-from tasks.recipe import DownloadConfig, SourceConfig, ValidateConfig
-from tasks.shards import iter_samples
+
+from tasks.formats.ledger import read_ledger
+from tasks.formats.manifests import ManifestError
+from tasks.formats.reasons import REASONS
+from tasks.formats.recipe_download import DownloadConfig, SourceConfig, ValidateConfig
+from tasks.formats.shards import iter_samples
+from tasks.formats.storage import Storage
 from tasks.sources import ingest_rows, plan_ingest
-from tasks.storage import Storage
-from tasks.validate import candidate_paths
+from tasks.stages.download import download_shard, shard_paths
+from tasks.stages.onepass import download_and_validate
+from tasks.stages.validate import candidate_paths
 
 
 def ingest(source: SourceConfig, out: Path, options: dict | None = None, cfg: DownloadConfig = DownloadConfig()):
@@ -120,7 +120,9 @@ def test_a_shard_fault_keeps_the_samples_before_it_and_the_run_goes_on(tmp_path)
         assert [r["status"] for r in rows] == ["ok"] * before + ["error"], name
         last = rows[-1]
         assert last["reason"] == reason and last["status"] == "error" and reason in REASONS, name
-        assert f"{before} samples read before the fault" in last["detail"] and "rest of the shard" in last["detail"], name
+        assert f"{before} samples read before the fault" in last["detail"] and "rest of the shard" in last["detail"], (
+            name
+        )
         assert last["origin"].endswith(f"{name}:after sample {before}"), name
     # The cut names the third sample's member: the second is whole and kept; a bad checksum
     # names none, so the sample in progress is dropped with the fault, and said so.
@@ -134,7 +136,11 @@ def test_img2dataset_output_keeps_url_status_and_original_row(tmp_path):
     folder.mkdir()
     rows = [
         {"url": "https://example.org/0.jpg", "caption": "first", "license": "CC0-1.0"},
-        {"url": "https://example.org/1.jpg", "status": "failed_to_download", "error_message": "HTTP Error 404: Not Found"},
+        {
+            "url": "https://example.org/1.jpg",
+            "status": "failed_to_download",
+            "error_message": "HTTP Error 404: Not Found",
+        },
         {"url": "https://example.org/2.jpg", "caption": "third", "license": "CC0-1.0"},
         {"url": "https://example.org/3.jpg", "status": "failed_to_resize", "error_message": "image too small"},
         {"url": "https://example.org/4.jpg", "caption": "listed, but not in the tar"},
@@ -155,7 +161,9 @@ def test_img2dataset_output_keeps_url_status_and_original_row(tmp_path):
     by_row = {r["row"] - base: r for r in ledger}
     assert by_row[0]["detail"] == "img2dataset status success (00000.parquet:1)"
     assert by_row[1]["detail"] == "img2dataset status failed_to_download (00000.parquet:2): HTTP Error 404: Not Found"
-    assert by_row[3]["origin"].endswith("i2d/00000.parquet:4") and by_row[0]["origin"].endswith("i2d/00000.tar:000000000")
+    assert by_row[3]["origin"].endswith("i2d/00000.parquet:4") and by_row[0]["origin"].endswith(
+        "i2d/00000.tar:000000000"
+    )
     assert "has no sample '000000004'" in by_row[4]["detail"]
     written = tar_samples(storage, result.tar)
     meta = json.loads(written[by_row[2]["key"]]["json"])
@@ -223,7 +231,14 @@ def test_parquet_with_raw_bytes_and_hugging_face_structs(tmp_path):
     ]
     images_parquet(folder / "train-00000-of-00002.parquet", 6, struct=True, extra_rows=bad)
     images_parquet(folder / "train-00001-of-00002.parquet", 3, struct=True)
-    source = SourceConfig(name="hf", manifest=str(folder), kind="parquet_images", id_column="id", extra_columns=("author",), rows_per_shard=4)
+    source = SourceConfig(
+        name="hf",
+        manifest=str(folder),
+        kind="parquet_images",
+        id_column="id",
+        extra_columns=("author",),
+        rows_per_shard=4,
+    )
     plan, results, storage = ingest(source, tmp_path / "out")
     assert plan.rows == 12 and plan.rows_known and [c.rows for c in plan.chunks] == [4, 4, 1, 3]
     first = [r for (res, rows) in results.values() for r in rows if "00000-of" in r["origin"]]
@@ -247,17 +262,31 @@ def test_parquet_with_raw_bytes_and_wrong_types(tmp_path):
     path = tmp_path / "raw.parquet"
     images_parquet(path, 2, struct=False)
     table = pq.read_table(path)
-    no_caption = pa.table({"id": ["no-caption"], "image": [JPEG], "caption": [None], "license": ["CC0-1.0"], "author": ["x"]}, schema=table.schema)
+    no_caption = pa.table(
+        {"id": ["no-caption"], "image": [JPEG], "caption": [None], "license": ["CC0-1.0"], "author": ["x"]},
+        schema=table.schema,
+    )
     pq.write_table(pa.concat_tables([table, no_caption]), path)
-    rows = ingest(SourceConfig(name="raw", manifest=str(path), kind="parquet_images"), tmp_path / "out")[1]["raw.parquet"][1]
+    rows = ingest(SourceConfig(name="raw", manifest=str(path), kind="parquet_images"), tmp_path / "out")[1][
+        "raw.parquet"
+    ][1]
     # A single file keeps single-file keys; no caption is the caption rules' business, later.
-    assert [(r["key"], r["status"]) for r in rows] == [("raw-000000000", "ok"), ("raw-000000001", "ok"), ("raw-000000002", "ok")]
+    assert [(r["key"], r["status"]) for r in rows] == [
+        ("raw-000000000", "ok"),
+        ("raw-000000001", "ok"),
+        ("raw-000000002", "ok"),
+    ]
 
     # Lists and strings are never taken for captions or images.
     odd = tmp_path / "odd"
     odd.mkdir()
-    pq.write_table(pa.table({"image": [JPEG], "caption": [["a", "list"]], "license": ["CC0-1.0"]}), odd / "list-caption.parquet")
-    pq.write_table(pa.table({"image": ["/path/to/x.jpg"], "caption": ["a path, not bytes"], "license": ["CC0-1.0"]}), odd / "string-image.parquet")
+    pq.write_table(
+        pa.table({"image": [JPEG], "caption": [["a", "list"]], "license": ["CC0-1.0"]}), odd / "list-caption.parquet"
+    )
+    pq.write_table(
+        pa.table({"image": ["/path/to/x.jpg"], "caption": ["a path, not bytes"], "license": ["CC0-1.0"]}),
+        odd / "string-image.parquet",
+    )
     _, results, _ = ingest(SourceConfig(name="odd", manifest=str(odd), kind="parquet_images"), tmp_path / "out2")
     listed = results["list-caption.parquet"][1][0]
     assert listed["reason"] == "wrong_type" and "column 'caption' holds list" in listed["detail"]
@@ -279,7 +308,9 @@ def test_one_pass_validates_ingested_samples_and_keeps_their_origin(tmp_path):
     down = shard_paths("ds", ref, "cfg")
     cand = candidate_paths("ds", ref.source, ref.index, down[0], "v")
     vcfg = ValidateConfig.model_validate({"license": {"allow": ["CC-BY-4.0"]}, "image": {"min_side": 32}})
-    got, validated = download_and_validate(ref, storage, DownloadConfig(), vcfg, down, cand, None, partial(ingest_rows, source))
+    got, validated = download_and_validate(
+        ref, storage, DownloadConfig(), vcfg, down, cand, None, partial(ingest_rows, source)
+    )
     assert got.counts.ok == 4 and validated.counts.ok == 3
     rows = read_ledger(storage, cand[1]).to_pylist()
     assert {r["reason"] for r in rows} == {None, "license_missing"}
@@ -314,7 +345,9 @@ def test_parquet_on_s3_by_pattern(s3_bucket, tmp_path):
         images_parquet(tmp_path / f"part-{i}.parquet", 3, struct=True)
         fs.put(str(tmp_path / f"part-{i}.parquet"), f"{bucket}/hf/part-{i}.parquet")
     fs.pipe(f"{bucket}/hf/README.md", b"not a part")
-    source = SourceConfig(name="hf", manifest=f"s3://{bucket}/hf/part-*.parquet", kind="parquet_images", rows_per_shard=2)
+    source = SourceConfig(
+        name="hf", manifest=f"s3://{bucket}/hf/part-*.parquet", kind="parquet_images", rows_per_shard=2
+    )
     plan, results, _ = ingest(source, tmp_path / "out", options)
     assert plan.rows == 6 and [c.rows for c in plan.chunks] == [2, 1, 2, 1]
     rows = results["part-1.parquet"][1]
@@ -332,7 +365,9 @@ def _verdicts(data: bytes) -> list:
         reason = item.reason
         assert reason is None or reason in REASONS
         if not isinstance(item, ShardFault):
-            assert [s.ordinal for s in items[: item.ordinal + 1] if not isinstance(s, ShardFault)] == list(range(item.ordinal + 1))
+            assert [s.ordinal for s in items[: item.ordinal + 1] if not isinstance(s, ShardFault)] == list(
+                range(item.ordinal + 1)
+            )
     return items
 
 
@@ -345,7 +380,10 @@ def test_mutated_shards_give_verdicts_never_exceptions():
     base = tar_bytes(good_samples("a", 2) + [("a0000.jpg", JPEG), ("b\u202e.jpg", JPEG), ("c.pth", b"x")])
 
     @settings(max_examples=100, deadline=None, derandomize=True)
-    @given(st.lists(st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255)), min_size=1, max_size=8), st.integers(0, len(base)))
+    @given(
+        st.lists(st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255)), min_size=1, max_size=8),
+        st.integers(0, len(base)),
+    )
     def check(flips, cut):
         raw = bytearray(base)
         for pos, value in flips:
@@ -353,7 +391,13 @@ def test_mutated_shards_give_verdicts_never_exceptions():
         _verdicts(bytes(raw[:cut]))
 
     check()
-    assert [getattr(i, "reason", None) for i in _verdicts(base)] == [None, None, "duplicate_key", "unsafe_key", "forbidden_member"]
+    assert [getattr(i, "reason", None) for i in _verdicts(base)] == [
+        None,
+        None,
+        "duplicate_key",
+        "unsafe_key",
+        "forbidden_member",
+    ]
 
 
 def test_an_unreadable_side_file_is_said_and_the_shard_still_read(tmp_path):
@@ -370,7 +414,7 @@ def test_an_unreadable_side_file_is_said_and_the_shard_still_read(tmp_path):
 def test_a_recipe_mixes_url_manifests_and_ingested_sources(tmp_path):
     """The CLI's planning (flows/preflight.py) plans URL manifests and ingest sources side by side, in recipe order."""
     from flows.preflight import combine_groups, list_groups, plan_here
-    from tasks.recipe import parse_recipe
+    from tasks.formats.recipe import parse_recipe
 
     (tmp_path / "m.csv").write_text("url,caption,license\nhttps://example.org/a.jpg,a,CC0-1.0\n")
     (tmp_path / "shards").mkdir()
@@ -385,4 +429,7 @@ def test_a_recipe_mixes_url_manifests_and_ingested_sources(tmp_path):
     groups = list_groups(recipe)
     assert [s.name for s, _ in groups] == ["urls"]
     plans = combine_groups(recipe, groups, plan_here(recipe, Storage(recipe.storage), groups))
-    assert [(p.source, p.rows, p.rows_known, len(p.chunks)) for p in plans] == [("wds", 0, False, 1), ("urls", 1, True, 1)]
+    assert [(p.source, p.rows, p.rows_known, len(p.chunks)) for p in plans] == [
+        ("wds", 0, False, 1),
+        ("urls", 1, True, 1),
+    ]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tasks.captions import caption_verdict, clean_caption, count_words, non_text_ratio
-from tasks.recipe import CaptionRules
+from tasks.formats.recipe_download import CaptionRules
+from tasks.policies.captions import caption_verdict, clean_caption, count_words, non_text_ratio
 
 CLEANUP = [
     # HTML references
@@ -17,7 +17,7 @@ CLEANUP = [
     # tags, only real ones
     ("<b>Bold</b> move", "Bold move"),
     ("line one<br/>line two<BR>three", "line one line two three"),
-    ('<a href="https://x.org/?a=1&b=2" class=\'c\'>a link</a>', "a link"),
+    ("<a href=\"https://x.org/?a=1&b=2\" class='c'>a link</a>", "a link"),
     ("<p>para</p><p>graph</p>", "para graph"),
     ("&lt;i&gt;escaped&lt;/i&gt; tags", "escaped tags"),
     ("<!-- note -->visible<script>alert(1)</script>", "visible"),

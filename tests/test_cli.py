@@ -27,7 +27,9 @@ def test_help_lists_the_commands():
 
 def test_bad_recipe_exits_2_naming_file_and_key(tmp_path):
     recipe = tmp_path / "bad.yaml"
-    recipe.write_text("dataset: x\nstorage: s\nsources:\n  - name: a\n    manifest: m.csv\ndownload:\n  retries: many\n")
+    recipe.write_text(
+        "dataset: x\nstorage: s\nsources:\n  - name: a\n    manifest: m.csv\ndownload:\n  retries: many\n"
+    )
     out = cli("run", str(recipe))
     assert out.returncode == 2
     assert f"{recipe}: download.retries: Input should be a valid integer" in out.stderr
@@ -53,7 +55,11 @@ def test_demo_end_to_end(tmp_path):
     import json
 
     expected = json.loads((tmp_path / "demo" / "manifests" / "EXPECTED.json").read_text())
-    rows = pq.read_table([str(p) for p in ledgers]).to_pylist() if len(ledgers) == 1 else [r for p in ledgers for r in pq.read_table(p).to_pylist()]
+    rows = (
+        pq.read_table([str(p) for p in ledgers]).to_pylist()
+        if len(ledgers) == 1
+        else [r for p in ledgers for r in pq.read_table(p).to_pylist()]
+    )
     assert len(rows) == expected["rows"]
     assert sum(r["status"] == "ok" for r in rows) == expected["ok"]
     # The user is told where things are.

@@ -26,10 +26,10 @@ def _recipe(tmp_path: Path, web) -> Path:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
         f"""dataset: sig
-storage: {tmp_path / 'store'}
+storage: {tmp_path / "store"}
 sources:
   - name: s
-    manifest: {tmp_path / 'm.csv'}
+    manifest: {tmp_path / "m.csv"}
     rows_per_shard: 5
 download:
   timeout_s: 600
@@ -59,7 +59,12 @@ def test_a_signal_stops_the_run_within_the_grace_period(tmp_path, web, signum):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", str(recipe), "--phase", "download"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     store = tmp_path / "store" / "sig"
     try:

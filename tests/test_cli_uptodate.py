@@ -15,18 +15,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.mark.slow
 def test_nothing_to_do_then_a_new_row_then_force(tmp_path, web):
     manifest = tmp_path / "m.csv"
-    rows = ["url,caption,license"] + [f"{web.url('/img/' + name)},picture number {i},CC0-1.0" for i, name in enumerate(["photo.jpg", "a.jpg", "b.png"])]
+    rows = ["url,caption,license"] + [
+        f"{web.url('/img/' + name)},picture number {i},CC0-1.0"
+        for i, name in enumerate(["photo.jpg", "a.jpg", "b.png"])
+    ]
     manifest.write_text("\n".join(rows) + "\n")
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
         f"""dataset: again
-storage: {tmp_path / 'store'}
+storage: {tmp_path / "store"}
 sources:
   - name: s
     manifest: {manifest}

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from compose_services import COMPOSE, ROOT, env_example, interpolate, variable_defaults
 
 OURS = {"prefect-deploy", "prefect-worker", "dask-scheduler", "dask-worker", "dask-cuda-worker"}
@@ -30,7 +29,9 @@ def stack() -> dict:
 
 def test_compose_file_validates_against_the_compose_spec():
     exe = Path(sys.executable).with_name("check-jsonschema")
-    out = subprocess.run([str(exe), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)], capture_output=True, text=True)
+    out = subprocess.run(
+        [str(exe), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -39,7 +40,9 @@ def test_the_spec_check_catches_a_broken_file(tmp_path):
     bad = tmp_path / "docker-compose.yml"
     bad.write_text("services:\n  x:\n    image: busybox\n    comand: [true]\n")
     exe = Path(sys.executable).with_name("check-jsonschema")
-    out = subprocess.run([str(exe), "--builtin-schema", "vendor.compose-spec", str(bad)], capture_output=True, text=True)
+    out = subprocess.run(
+        [str(exe), "--builtin-schema", "vendor.compose-spec", str(bad)], capture_output=True, text=True
+    )
     assert out.returncode != 0
 
 
@@ -89,7 +92,9 @@ def test_every_command_of_our_services_is_installed_by_our_dependencies(stack):
         for exe in executables(svc["command"]):
             if exe.startswith("-m "):
                 module = exe[3:]
-                assert module.split(".")[0] in PACKAGES and importlib.util.find_spec(module), f"{name}: python -m {module} is not in the image"
+                assert module.split(".")[0] in PACKAGES and importlib.util.find_spec(module), (
+                    f"{name}: python -m {module} is not in the image"
+                )
             else:
                 assert exe in scripts, f"{name}: {exe} is not a console script of shardsmith's dependencies"
 
@@ -180,8 +185,8 @@ def test_stack_wiring(stack):
 def test_the_demo_corpus_is_the_one_private_address_the_stack_recipe_reaches(stack):
     import ipaddress
 
-    from tasks.recipe import load_recipe
-    from tasks.urlguard import AddressPolicy
+    from tasks.formats.recipe import load_recipe
+    from tasks.policies.urlguard import AddressPolicy
 
     s = stack["services"]
     demo_net = stack["networks"]["demo"]
@@ -221,7 +226,9 @@ def test_the_demo_corpus_is_the_one_private_address_the_stack_recipe_reaches(sta
 
 def test_the_active_nightly_schedule_is_the_stacks_demo():
     deploy = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
-    active = {d["name"]: d for d in deploy["deployments"] if any(s.get("active", True) for s in d.get("schedules") or [])}
+    active = {
+        d["name"]: d for d in deploy["deployments"] if any(s.get("active", True) for s in d.get("schedules") or [])
+    }
     assert list(active) == ["stack-demo"]
     assert active["stack-demo"]["parameters"]["recipe_path"] == "recipes/stack-demo.yaml"
     # The laptop demo's schedule stays, paused: it needs a server only `shardsmith demo` runs.

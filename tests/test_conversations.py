@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from tasks.conversations import check_conversation, render_turns, resolve_image
-from tasks.reasons import status_of
-from tasks.recipe import ConversationRules
-from tasks.records import RecordsError, iter_records, records_format
+from tasks.finetune.conversations import check_conversation, render_turns, resolve_image
+from tasks.finetune.records import RecordsError, iter_records, records_format
+from tasks.formats.reasons import status_of
+from tasks.formats.recipe_finetune import ConversationRules
 
 RULES = ConversationRules(max_chars=200, max_images=2, max_turns=6)
 
@@ -48,7 +48,13 @@ def test_good_record():
         (conv(("human", "a"), ("robot", "b")), "conversation_roles"),
         (conv(*[("human", "a"), ("gpt", "b")] * 4), "conversation_roles"),
         (conv(("human", "<image>"), ("gpt", "b"), image="a.jpg"), "conversation_empty_turn"),
-        (conv(("human", "x"), ("gpt", "  "),), "conversation_empty_turn"),
+        (
+            conv(
+                ("human", "x"),
+                ("gpt", "  "),
+            ),
+            "conversation_empty_turn",
+        ),
         (conv(("human", "<image> x"), ("gpt", "b")), "placeholder_mismatch"),
         (conv(("human", "x"), ("gpt", "b"), image="a.jpg"), "placeholder_mismatch"),
         (conv(("human", "<image><image> x"), ("gpt", "b"), image=["a.jpg"]), "placeholder_mismatch"),
@@ -63,7 +69,16 @@ def test_each_failure_has_its_reason(record, reason):
 
 
 def test_jsonl_rows_blank_lines_and_bad_lines():
-    data = b"\n".join([json.dumps(GOOD).encode(), b"", b"{not json", b"\xff\xfe", json.dumps(GOOD).encode() + b"x" * 5000, b'{"id": 2}'])
+    data = b"\n".join(
+        [
+            json.dumps(GOOD).encode(),
+            b"",
+            b"{not json",
+            b"\xff\xfe",
+            json.dumps(GOOD).encode() + b"x" * 5000,
+            b'{"id": 2}',
+        ]
+    )
     rows = list(iter_records(io.BytesIO(data), "a.jsonl", max_record_bytes=2048))
     assert [r.row for r in rows] == [0, 1, 2, 3, 4]
     assert [r.reason for r in rows] == [None, "unparsable_row", "unparsable_row", "unparsable_row", None]

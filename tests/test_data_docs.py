@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tasks.data_docs import offline_page, save_gate_report
-from tasks.gates import Reconciliation, download_gate, release_gate
-from tasks.ledger import LedgerRow, ledger_table
-from tasks.recipe import DownloadGate
-from tasks.storage import Storage
+from tasks.audit.data_docs import offline_page, save_gate_report
+from tasks.audit.gates import download_gate
+from tasks.audit.reconcile import Reconciliation, release_gate
+from tasks.formats.ledger import LedgerRow, ledger_table
+from tasks.formats.recipe_outputs import DownloadGate
+from tasks.formats.storage import Storage
 
 REMOTE = re.compile(r"^\s*(?:[a-z][a-z0-9+.-]*:)?//", re.I)  # http://, https://, //host (data: is fine)
 CSS_URL = re.compile(r"url\(\s*['\"]?([^'\")]*)", re.I)
@@ -77,7 +78,9 @@ def site(tmp_path_factory) -> Path:
     """A run's Data Docs after two gates (one failed): the site lists both."""
     root = tmp_path_factory.mktemp("docs")
     storage = Storage(str(root))
-    save_gate_report(download_gate(ledger(8, 2), 10, DownloadGate(min_success_rate=0.9)), storage, "ds/reports/r1/gates")
+    save_gate_report(
+        download_gate(ledger(8, 2), 10, DownloadGate(min_success_rate=0.9)), storage, "ds/reports/r1/gates"
+    )
     tally = Reconciliation(10)
     tally.add_ledger(ledger(8, 2))
     save_gate_report(release_gate(tally, check_outputs=False), storage, "ds/reports/r1/gates")
@@ -112,8 +115,14 @@ def test_index_tables_are_in_the_html(site):
     assert len(pages) == 2 and all((site / p).is_file() for p in pages)
     text = (site / "index.html").read_text(encoding="utf-8")
     # One gate failed (download), one passed (the reconciliation), each shown in its row.
-    assert len(re.findall(r'<i class="[^"]*ge-failed-icon', text)) == 1 and len(re.findall(r'<i class="[^"]*ge-success-icon', text)) == 1
-    assert sorted(h for r in suites for h in r) == ["expectations/download_ledger.html", "expectations/release_reconciliation.html"]
+    assert (
+        len(re.findall(r'<i class="[^"]*ge-failed-icon', text)) == 1
+        and len(re.findall(r'<i class="[^"]*ge-success-icon', text)) == 1
+    )
+    assert sorted(h for r in suites for h in r) == [
+        "expectations/download_ledger.html",
+        "expectations/release_reconciliation.html",
+    ]
 
 
 def test_offline_page_leaves_a_page_without_tables_alone_but_strips_its_assets():

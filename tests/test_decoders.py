@@ -1,21 +1,20 @@
-"""tasks.decoders through process_image: still WebP and plain PNG through libwebp and libpng, with the same verdicts and pixels as Pillow's path."""
+"""tasks.policies.decoders through process_image: still WebP and plain PNG through libwebp and libpng, with the same verdicts and pixels as Pillow's path."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import struct
-
 import zlib
 
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw, PngImagePlugin, WebPImagePlugin
-
-from tasks import decoders
-from tasks.images import process_image
-from tasks.recipe import ImageRules
 from test_images import EXACT, encode, pixels, scene, two_frames
+
+from tasks.formats.recipe_download import ImageRules
+from tasks.policies import decoders
+from tasks.policies.images import process_image
 
 RULES = (
     ImageRules(resize_mode="border", image_size=256),  # the benchmark's setting (img2dataset's defaults)
@@ -135,7 +134,13 @@ def vp8x_file(width: int, height: int, flags: int = 0) -> bytes:
     """A VP8X header claiming a ``width`` x ``height`` canvas, around a real 1x1 VP8 frame."""
     small = encode(Image.new("RGB", (1, 1), (9, 9, 9)), "WEBP")
     frame = small[12:]  # the VP8 chunk
-    vp8x = b"VP8X" + struct.pack("<I", 10) + bytes([flags, 0, 0, 0]) + (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+    vp8x = (
+        b"VP8X"
+        + struct.pack("<I", 10)
+        + bytes([flags, 0, 0, 0])
+        + (width - 1).to_bytes(3, "little")
+        + (height - 1).to_bytes(3, "little")
+    )
     body = b"WEBP" + vp8x + frame
     return b"RIFF" + struct.pack("<I", len(body)) + body
 
@@ -187,7 +192,9 @@ def test_plain_png_outcomes_equal_pillows(rules):
 @pytest.mark.parametrize(
     "damage",
     [
-        pytest.param(lambda png: png[:-16] + bytes(4) + png[-12:], id="idat-crc"),  # libpng refuses, Pillow never checks it
+        pytest.param(
+            lambda png: png[:-16] + bytes(4) + png[-12:], id="idat-crc"
+        ),  # libpng refuses, Pillow never checks it
         pytest.param(lambda png: with_chunk(png, png_chunk(b"ABCD", b"x")), id="unknown-critical-chunk"),
         pytest.param(lambda png: with_chunk(png, png_chunk(b"gAMA", b"\0\1")), id="short-gAMA"),
         pytest.param(lambda png: with_chunk(png, png_chunk(b"pHYs", bytes(9))[:-1] + b"\0"), id="bad-ancillary-crc"),

@@ -4,18 +4,37 @@ import random
 
 import pyarrow as pa
 
-from tasks.recipe import DedupConfig
-from tasks.validate import DEDUP_COLUMNS, find_duplicates
+from tasks.formats.recipe_download import DedupConfig
+from tasks.stages.validate import DEDUP_COLUMNS, find_duplicates
 
 
 def table(rows):
     cols = {c: [r.get(c) for r in rows] for c in DEDUP_COLUMNS}
     cols["status"] = [r.get("status", "ok") for r in rows]
-    return pa.table(cols, schema=pa.schema([("key", pa.string()), ("source", pa.string()), ("row", pa.int64()), ("status", pa.string()), ("pixel_sha256", pa.string()), ("phash", pa.uint64())]))
+    return pa.table(
+        cols,
+        schema=pa.schema(
+            [
+                ("key", pa.string()),
+                ("source", pa.string()),
+                ("row", pa.int64()),
+                ("status", pa.string()),
+                ("pixel_sha256", pa.string()),
+                ("phash", pa.uint64()),
+            ]
+        ),
+    )
 
 
 def row(source, n, sha, phash, status="ok"):
-    return {"key": f"{source}-{n:09d}", "source": source, "row": n, "pixel_sha256": sha, "phash": phash, "status": status}
+    return {
+        "key": f"{source}-{n:09d}",
+        "source": source,
+        "row": n,
+        "pixel_sha256": sha,
+        "phash": phash,
+        "status": status,
+    }
 
 
 def test_exact_duplicates_point_at_the_first_by_source_order_then_row():

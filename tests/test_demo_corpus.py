@@ -17,22 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tasks.demo import (
-    BAD_ROWS,
-    EXPECTED_NAME,
-    MANIFEST_FILES,
-    SOURCES,
-    STAMP_NAME,
-    TRICKY_ROWS,
-    ImageInfo,
-    ensure_images,
-    expected_outcomes,
-    make_images,
-    prepare_demo,
-    write_manifests,
-)
-from tasks.reasons import status_of
-from tasks.recipe import RecipeError, load_recipe
+from tasks.demo.corpus import BAD_ROWS, TRICKY_ROWS, expected_outcomes, prepare_demo, write_manifests
+from tasks.demo.images import EXPECTED_NAME, MANIFEST_FILES, SOURCES, STAMP_NAME, ImageInfo, ensure_images, make_images
+from tasks.formats.reasons import status_of
+from tasks.formats.recipe import load_recipe
+from tasks.formats.recipe_base import RecipeError
 
 N = 40
 SEED = 3
@@ -73,7 +62,12 @@ def classify(row: dict | None) -> str | None:
     if parts.scheme not in ("http", "https"):
         return "unsupported_scheme"
     route = parts.path.split("/")[1]
-    return {"status": "http_404", "html-as-jpeg": "not_an_image", "truncated": "truncated_image", "optout": "opted_out"}.get(route)
+    return {
+        "status": "http_404",
+        "html-as-jpeg": "not_an_image",
+        "truncated": "truncated_image",
+        "optout": "opted_out",
+    }.get(route)
 
 
 # --------------------------------------------------------------------------- images
@@ -165,10 +159,18 @@ def test_special_rows_are_well_formed():
         assert row.why
     for row in BAD_ROWS:
         assert row.reason is not None
-        status_of(row.reason)  # raises for a reason tasks/reasons.py does not know
+        status_of(row.reason)  # raises for a reason tasks/formats/reasons.py does not know
     assert all(row.reason is None for row in TRICKY_ROWS)
     reasons = {row.reason for row in BAD_ROWS}
-    assert {"http_404", "not_an_image", "truncated_image", "opted_out", "unsupported_scheme", "missing_url", "unparsable_row"} <= reasons
+    assert {
+        "http_404",
+        "not_an_image",
+        "truncated_image",
+        "opted_out",
+        "unsupported_scheme",
+        "missing_url",
+        "unparsable_row",
+    } <= reasons
 
 
 def test_manifests_are_readable_and_match_expected(corpus):
@@ -277,7 +279,9 @@ def test_prepare_demo_serves_what_expected_promises(tmp_path):
     try:
         assert (tmp_path / STAMP_NAME).stat().st_mtime_ns == stamp_mtime
         assert again["base_url"] == server.base_url
-        assert {k: v for k, v in again.items() if k != "base_url"} == {k: v for k, v in expected.items() if k != "base_url"}
+        assert {k: v for k, v in again.items() if k != "base_url"} == {
+            k: v for k, v in expected.items() if k != "base_url"
+        }
     finally:
         server.stop()
 

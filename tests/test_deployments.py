@@ -52,10 +52,9 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(server, tmp_path_factory):
     """`python -m deployments.serve` pointed at the server, with a small demo corpus online."""
-    from tasks.demo import prepare_demo
-
-    from tasks.report_web import REPORT_URL_ENV, ReportServer
-    from tasks.storage import Storage
+    from tasks.audit.report_web import REPORT_URL_ENV, ReportServer
+    from tasks.demo.corpus import prepare_demo
+    from tasks.formats.storage import Storage
 
     root = tmp_path_factory.mktemp("demo")
     web, expected = prepare_demo(root, n=40, port=0)
@@ -63,7 +62,14 @@ def served(server, tmp_path_factory):
     reports = ReportServer(Storage(str(root / "store"))).start()
     env = {**os.environ, "PREFECT_API_URL": server, "SHARDSMITH_DEMO_DIR": str(root), REPORT_URL_ENV: reports.url}
     log = open(root / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "deployments.serve"], cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deployments.serve"],
+        cwd=PROJECT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         yield root, expected, proc, reports.url
     finally:
@@ -121,7 +127,9 @@ def test_served_deployments_schedules_forms_and_a_run(server, served, demo_run):
 
     # Schedules with their timezones, as prefect.yaml says. The one active nightly is the
     # stack's (tests/test_stack.py runs it); the laptop demo and the blocked example are paused.
-    assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in demo.schedules] == [("0 2 * * *", "Europe/Amsterdam", False)]
+    assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in demo.schedules] == [
+        ("0 2 * * *", "Europe/Amsterdam", False)
+    ]
     strict = found["demo-strict"].schedules
     assert [(s.schedule.timezone, s.active) for s in strict] == [("America/New_York", False)]
     assert found["nightly-rebuild"].schedules == []
@@ -155,14 +163,31 @@ def test_served_deployments_schedules_forms_and_a_run(server, served, demo_run):
         run, _ = demo_run
         assert run.parameters["overrides"]["min_success_rate"] == 0.6
 
-        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterParentFlowRunId
+        from prefect.client.schemas.filters import (
+            ArtifactFilter,
+            ArtifactFilterFlowRunId,
+            FlowRunFilter,
+            FlowRunFilterParentFlowRunId,
+        )
 
         # The run the user started carries the run's artifacts; its phase subflow carries the phase's.
-        arts = {a.key: a for a in c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))}
-        children = c.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+        arts = {
+            a.key: a
+            for a in c.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+            )
+        }
+        children = c.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id]))
+        )
         subflows = [r.id for r in children]
         assert subflows
-        phase_arts = {a.key: a for a in c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=subflows)))}
+        phase_arts = {
+            a.key: a
+            for a in c.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=subflows))
+            )
+        }
     assert set(arts) == {"demo-summary", "demo-reasons", "demo-gates", "demo-report", "demo-data-docs"}
     assert {"demo-download-progress", "demo-download-summary", "demo-download-reasons"} <= set(phase_arts)
     assert phase_arts["demo-download-progress"].data == 100.0
@@ -199,7 +224,9 @@ def require(what: str, why: str):
     pytest.skip(f"{what} not installed ({why}; `make system-deps` installs it)")
 
 
-CHROMIUM = os.environ.get("SHARDSMITH_CHROMIUM") or next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(n)), None)
+CHROMIUM = os.environ.get("SHARDSMITH_CHROMIUM") or next(
+    (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(n)), None
+)
 CHROMEDRIVER = os.environ.get("SHARDSMITH_CHROMEDRIVER") or shutil.which("chromedriver")
 
 
@@ -216,9 +243,19 @@ def browser(tmp_path_factory):
         require("selenium", "the test extra: pip install -e '.[test]'")
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1400,1000",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):
         opts.add_argument(flag)
     # An explicit driver path: Selenium Manager (which would download one) never runs.
     driver = webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
@@ -236,14 +273,18 @@ def wait_for(driver, condition, what: str, timeout: float = 90):
     try:
         return WebDriverWait(driver, timeout, poll_frequency=0.5).until(lambda d: condition(d))
     except TimeoutException:
-        pytest.fail(f"{what} not seen within {timeout} s at {driver.current_url}:\n{driver.find_element('tag name', 'body').text[:3000]}")
+        pytest.fail(
+            f"{what} not seen within {timeout} s at {driver.current_url}:\n{driver.find_element('tag name', 'body').text[:3000]}"
+        )
 
 
 def test_browser_finds_our_deployments(server, served, browser):
     _, _, proc, _ = served
     wait_for_deployments(server, proc, {"demo"})
     browser.get(f"{server[: -len('/api')]}/deployments")
-    wait_for(browser, lambda d: "demo-strict" in d.page_source and "nightly-rebuild" in d.page_source, "our deployments")
+    wait_for(
+        browser, lambda d: "demo-strict" in d.page_source and "nightly-rebuild" in d.page_source, "our deployments"
+    )
 
 
 def test_browser_opens_the_run_its_artifacts_and_its_report(server, served, demo_run, browser):
@@ -254,15 +295,61 @@ def test_browser_opens_the_run_its_artifacts_and_its_report(server, served, demo
     root, expected, _, reports_url = served
     run, _ = demo_run
     browser.get(f"{server[: -len('/api')]}/runs/flow-run/{run.id}")
-    tab = wait_for(browser, lambda d: next((e for e in d.find_elements(By.XPATH, "//li[contains(@class, 'p-tab')][normalize-space()='Artifacts']") if e.is_displayed()), None), "the Artifacts tab")
+    tab = wait_for(
+        browser,
+        lambda d: next(
+            (
+                e
+                for e in d.find_elements(By.XPATH, "//li[contains(@class, 'p-tab')][normalize-space()='Artifacts']")
+                if e.is_displayed()
+            ),
+            None,
+        ),
+        "the Artifacts tab",
+    )
     tab.click()
-    card = wait_for(browser, lambda d: next((e for e in d.find_elements(By.XPATH, "//*[contains(@class, 'artifact-card__title')][normalize-space()='demo-summary']") if e.is_displayed()), None), "the demo-summary artifact")
+    card = wait_for(
+        browser,
+        lambda d: next(
+            (
+                e
+                for e in d.find_elements(
+                    By.XPATH, "//*[contains(@class, 'artifact-card__title')][normalize-space()='demo-summary']"
+                )
+                if e.is_displayed()
+            ),
+            None,
+        ),
+        "the demo-summary artifact",
+    )
     card.click()
     # The artifact's page renders the markdown: the counts, and the status plot as an image.
-    wait_for(browser, lambda d: "Rows by reason" in d.find_element(By.TAG_NAME, "body").text or "Gates" in d.find_element(By.TAG_NAME, "body").text, "the rendered summary")
-    plot = wait_for(browser, lambda d: next((i for i in d.find_elements(By.CSS_SELECTOR, "img[src^='data:image/svg+xml']") if i.get_property("naturalWidth")), None), "the status plot")
+    wait_for(
+        browser,
+        lambda d: (
+            "Rows by reason" in d.find_element(By.TAG_NAME, "body").text
+            or "Gates" in d.find_element(By.TAG_NAME, "body").text
+        ),
+        "the rendered summary",
+    )
+    plot = wait_for(
+        browser,
+        lambda d: next(
+            (
+                i
+                for i in d.find_elements(By.CSS_SELECTOR, "img[src^='data:image/svg+xml']")
+                if i.get_property("naturalWidth")
+            ),
+            None,
+        ),
+        "the status plot",
+    )
     assert plot.get_property("naturalWidth") == 600 and plot.get_attribute("alt") == "status download"
-    link = wait_for(browser, lambda d: next((a for a in d.find_elements(By.TAG_NAME, "a") if a.text.strip() == "report.html"), None), "the report link")
+    link = wait_for(
+        browser,
+        lambda d: next((a for a in d.find_elements(By.TAG_NAME, "a") if a.text.strip() == "report.html"), None),
+        "the report link",
+    )
     href = link.get_attribute("href")
     assert href.startswith(f"{reports_url}/demo/reports/") and href.endswith("/report.html")
     before = set(browser.window_handles)
@@ -271,11 +358,17 @@ def test_browser_opens_the_run_its_artifacts_and_its_report(server, served, demo
     browser.switch_to.window(new)
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-verdict]"), "the served report")
     assert browser.title.startswith("shardsmith report: demo")
-    cell = browser.find_element(By.CSS_SELECTOR, "table[data-table='overview'] tr[data-key='download'] td[data-col='rows']")
+    cell = browser.find_element(
+        By.CSS_SELECTOR, "table[data-table='overview'] tr[data-key='download'] td[data-col='rows']"
+    )
     assert cell.get_attribute("data-value") == str(expected["rows"])
     # The gate results open from the report too, styled and with their tables, without a network.
     browser.find_element(By.XPATH, "//a[normalize-space()='data_docs']").click()
-    wait_for(browser, lambda d: d.find_elements(By.XPATH, "//td//a[contains(@href, 'validations/')]"), "the Data Docs index's rows")
+    wait_for(
+        browser,
+        lambda d: d.find_elements(By.XPATH, "//td//a[contains(@href, 'validations/')]"),
+        "the Data Docs index's rows",
+    )
     assert "Great Expectations" in browser.title or "Data Docs" in browser.title
     assert browser.execute_script("return document.scripts.length") == 0
 
@@ -296,7 +389,10 @@ def postgres_url():
         return
     initdb = _initdb()
     if initdb is None:
-        require("PostgreSQL", "apt-get install postgresql, or set SHARDSMITH_TEST_POSTGRES_URL=postgresql+asyncpg://user:pass@host:5432/db")
+        require(
+            "PostgreSQL",
+            "apt-get install postgresql, or set SHARDSMITH_TEST_POSTGRES_URL=postgresql+asyncpg://user:pass@host:5432/db",
+        )
     import pwd
     import tempfile
 
@@ -317,13 +413,28 @@ def postgres_url():
         assert out.returncode == 0, f"{args[0]} failed:\n{out.stdout}\n{out.stderr}"
 
     pg(initdb, "-D", str(data), "-U", "prefect", "--auth=trust", "-E", "UTF8", "--no-sync")
-    pg(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(base / "log"), "-w", "-t", "60", "start",
-       "-o", f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off")
+    pg(
+        str(bindir / "pg_ctl"),
+        "-D",
+        str(data),
+        "-l",
+        str(base / "log"),
+        "-w",
+        "-t",
+        "60",
+        "start",
+        "-o",
+        f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off",
+    )
     try:
         pg(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "prefect", "prefect")
         yield f"postgresql+asyncpg://prefect@127.0.0.1:{port}/prefect"
     finally:
-        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True, timeout=120)
+        subprocess.run(
+            [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            timeout=120,
+        )
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import io
-import json
-import tarfile
 
 import pytest
 
-from tasks.fetch import Fetcher, judge, parse_retry_after
-from tasks.recipe import DownloadConfig, NetworkConfig
-from tasks.robots import opted_out
+from tasks.formats.recipe_download import DownloadConfig, NetworkConfig
+from tasks.policies.robots import opted_out
+from tasks.stages.fetch import Fetcher, judge, parse_retry_after
 
 # The session's image server listens on loopback at a random port.
 LOOPBACK = NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True)
@@ -38,7 +34,9 @@ def outcome(url: str, config: DownloadConfig | None = None):
     return fetched.reason, fetched.format, fetched
 
 
-@pytest.mark.parametrize(("name", "fmt"), [("a.jpg", "jpeg"), ("b.png", "png"), ("c.webp", "webp"), ("d.gif", "gif"), ("e.bmp", "bmp")])
+@pytest.mark.parametrize(
+    ("name", "fmt"), [("a.jpg", "jpeg"), ("b.png", "png"), ("c.webp", "webp"), ("d.gif", "gif"), ("e.bmp", "bmp")]
+)
 def test_good_images_are_sniffed_from_bytes(web, image_dir, name, fmt):
     reason, got, fetched = outcome(f"{web.base_url}/img/{name}")
     assert (reason, got) == (None, fmt)
@@ -120,7 +118,10 @@ def test_opt_out_scoped_to_another_bot_does_not_apply(web):
 
 
 def test_format_not_on_the_allowlist(web):
-    assert outcome(f"{web.base_url}/img/d.gif", cfg(allowed_formats=("jpeg", "png")))[:2] == ("format_not_allowed", "gif")
+    assert outcome(f"{web.base_url}/img/d.gif", cfg(allowed_formats=("jpeg", "png")))[:2] == (
+        "format_not_allowed",
+        "gif",
+    )
 
 
 def test_redirects_are_followed_and_capped(web):
@@ -147,7 +148,10 @@ def test_loopback_refused_without_the_recipe_flag(web):
     config = cfg(network=NetworkConfig(any_port=True))
     assert outcome(f"{web.base_url}/img/a.jpg", config)[0] == "blocked_address"
     assert outcome(f"http://localhost:{web.port}/img/a.jpg", config)[0] == "blocked_address"
-    assert outcome(f"{web.base_url}/img/a.jpg", cfg(network=NetworkConfig(allow_private_networks=True, any_port=True)))[0] is None
+    assert (
+        outcome(f"{web.base_url}/img/a.jpg", cfg(network=NetworkConfig(allow_private_networks=True, any_port=True)))[0]
+        is None
+    )
 
 
 def test_robots_txt_when_the_recipe_asks(web):
@@ -177,7 +181,7 @@ def test_user_agent_is_sent(web):
 def own_web(image_dir):
     """A web of the test's own: the session's may still be serving another test's slow requests,
     which would count towards the concurrency seen here."""
-    from tasks.webserver import ImageWeb
+    from tasks.demo.webserver import ImageWeb
 
     server = ImageWeb(root=image_dir)
     server.start()

@@ -16,24 +16,32 @@ import aiohappyeyeballs
 import pytest
 from aiohttp.resolver import ThreadedResolver
 
-import tasks.fetch
-import tasks.fetchrows
-from tasks.download import download_shard, shard_paths
-from tasks.fetch import Fetcher
-from tasks.fetchrows import iter_completed
-from tasks.ledger import read_ledger
-from tasks.manifests import plan_source
-from tasks.reasons import REASONS
-from tasks.recipe import DownloadConfig, NetworkConfig, SourceConfig
-from tasks.shards import iter_samples
-from tasks.storage import Storage
-from tasks.webserver import ImageWeb
+import tasks.stages.fetch
+import tasks.stages.fetchrows
+from tasks.demo.webserver import ImageWeb
+from tasks.formats.ledger import read_ledger
+from tasks.formats.manifests import plan_source
+from tasks.formats.reasons import REASONS
+from tasks.formats.recipe_download import DownloadConfig, NetworkConfig, SourceConfig
+from tasks.formats.shards import iter_samples
+from tasks.formats.storage import Storage
+from tasks.stages.download import download_shard, shard_paths
+from tasks.stages.fetch import Fetcher
+from tasks.stages.fetchrows import iter_completed
 
 LOOPBACK = NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True)
 
 
 def cfg(**kw) -> DownloadConfig:
-    base = dict(timeout_s=10, retries=1, backoff_s=0.01, max_backoff_s=0.02, respect_robots_txt=True, shard_timeout_s=60, network=LOOPBACK)
+    base = dict(
+        timeout_s=10,
+        retries=1,
+        backoff_s=0.01,
+        max_backoff_s=0.02,
+        respect_robots_txt=True,
+        shard_timeout_s=60,
+        network=LOOPBACK,
+    )
     base.update(kw)
     return DownloadConfig(**base)
 
@@ -127,14 +135,14 @@ def inject(monkeypatch, step: str, fault: BaseException, web: ImageWeb, other_we
         monkeypatch.setattr(aiohappyeyeballs, "start_connection", start_connection)
         return f"{other_web.base_url}/img/c.webp?victim"
     if step == "headers":
-        real_opted_out = tasks.fetch.opted_out
+        real_opted_out = tasks.stages.fetch.opted_out
 
         def opted_out(values, directives, ua_token):
             if "otherbot: noai" in values:
                 boom()
             return real_opted_out(values, directives, ua_token)
 
-        monkeypatch.setattr(tasks.fetch, "opted_out", opted_out)
+        monkeypatch.setattr(tasks.stages.fetch, "opted_out", opted_out)
         return f"{web.base_url}/optout-other-bot/c.webp?victim"
     if step == "body":
         real_read = Fetcher._read_capped
@@ -157,14 +165,14 @@ def inject(monkeypatch, step: str, fault: BaseException, web: ImageWeb, other_we
         monkeypatch.setattr(Fetcher, "_robots_refusal", robots_refusal)
         return f"{web.base_url}/img/c.webp?victim"
     if step == "judge":
-        real_judge = tasks.fetchrows.judge
+        real_judge = tasks.stages.fetchrows.judge
 
         def judge(fetched, allowed_formats):
             if fetched.data is not None and fetched.data.startswith(b"BM"):
                 boom()
             return real_judge(fetched, allowed_formats)
 
-        monkeypatch.setattr(tasks.fetchrows, "judge", judge)
+        monkeypatch.setattr(tasks.stages.fetchrows, "judge", judge)
         return f"{web.base_url}/img/e.bmp?victim"
     raise AssertionError(step)
 
@@ -173,7 +181,13 @@ def inject(monkeypatch, step: str, fault: BaseException, web: ImageWeb, other_we
 @pytest.mark.parametrize("step", STEPS)
 def test_a_fault_at_any_step_is_that_rows_record(tmp_path, monkeypatch, web, other_web, step, fault):
     victim = inject(monkeypatch, step, fault, web, other_web)
-    urls = [f"{web.base_url}/img/a.jpg?n=1", victim, f"{web.base_url}/status/404", f"{web.base_url}/img/b.png?n=2", "ftp://example.com/x.jpg"]
+    urls = [
+        f"{web.base_url}/img/a.jpg?n=1",
+        victim,
+        f"{web.base_url}/status/404",
+        f"{web.base_url}/img/b.png?n=2",
+        "ftp://example.com/x.jpg",
+    ]
     # robots.txt is fetched through the same resolver and connector: a fault there would end
     # the row as robots_disallowed (RFC 9309: unreachable means disallow), not at the step.
     ledger, _, _ = run_shard(tmp_path, urls, cfg(respect_robots_txt=step not in ("resolution", "connect")))
@@ -205,7 +219,13 @@ def test_a_broken_fetch_machine_raises_instead_of_hanging(tmp_path, monkeypatch,
 
 
 def test_the_shard_deadline_records_pending_rows_and_commits(tmp_path, web, image_dir):
-    urls = [f"{web.base_url}/img/a.jpg", f"{web.base_url}/hang?i=1", f"{web.base_url}/img/b.png", f"{web.base_url}/hang?i=2", f"{web.base_url}/img/c.webp"]
+    urls = [
+        f"{web.base_url}/img/a.jpg",
+        f"{web.base_url}/hang?i=1",
+        f"{web.base_url}/img/b.png",
+        f"{web.base_url}/hang?i=2",
+        f"{web.base_url}/img/c.webp",
+    ]
     ledger, storage, tar_rel = run_shard(tmp_path, urls, cfg(timeout_s=300, retries=0, shard_timeout_s=2))
     assert [r["reason"] for r in ledger] == [None, "timeout", None, "timeout", None]
     for r in (ledger[1], ledger[3]):
@@ -218,7 +238,11 @@ def test_the_shard_deadline_records_pending_rows_and_commits(tmp_path, web, imag
 
 def test_rows_never_started_by_the_deadline_are_recorded_too(tmp_path, web):
     # One request at a time: the hanging first row holds the only slot until the deadline.
-    urls = [f"{web.base_url}/hang?i=0"] + [f"{web.base_url}/img/a.jpg?i={i}" for i in range(1, 12)] + ["ftp://example.com/x.jpg"]
+    urls = (
+        [f"{web.base_url}/hang?i=0"]
+        + [f"{web.base_url}/img/a.jpg?i={i}" for i in range(1, 12)]
+        + ["ftp://example.com/x.jpg"]
+    )
     ledger, _, _ = run_shard(tmp_path, urls, cfg(timeout_s=300, retries=0, max_inflight=1, shard_timeout_s=1))
     assert [r["row"] for r in ledger] == list(range(13))
     assert [r["reason"] for r in ledger] == ["timeout"] * 12 + ["unsupported_scheme"]
@@ -245,7 +269,10 @@ def test_rows_are_written_as_they_complete_and_the_ledger_is_in_row_order(tmp_pa
 
 
 def test_manifest_rejects_keep_their_detail():
-    rows = [{"row": 0, "url": "not a url", "reason": "invalid_url", "detail": "no scheme"}, {"row": 1, "url": None, "reason": None}]
+    rows = [
+        {"row": 0, "url": "not a url", "reason": "invalid_url", "detail": "no scheme"},
+        {"row": 1, "url": None, "reason": None},
+    ]
     got = {row["row"]: fetched for row, fetched in iter_completed(rows, cfg())}
     assert (got[0].reason, got[0].detail, got[0].attempts) == ("invalid_url", "no scheme", 0)
     assert (got[1].reason, got[1].detail) == ("missing_url", "the row has no URL")
@@ -255,17 +282,19 @@ def test_chunk_detail_and_origin_reach_the_ledger(tmp_path, monkeypatch, web):
     """Chunks that carry ``detail`` and ``origin`` columns (the manifest reader adds them) fill the ledger's."""
     import pyarrow as pa
 
-    import tasks.download
+    import tasks.stages.download
 
-    real_read_chunk = tasks.download.read_chunk
+    real_read_chunk = tasks.stages.download.read_chunk
 
     def read_chunk(storage, ref):
         table = real_read_chunk(storage, ref)
         origins = [f"m.csv line {line}" for line in table.column("line").to_pylist()]
         details = ["a made-up manifest detail" if reason else None for reason in table.column("reason").to_pylist()]
-        return table.append_column("detail", pa.array(details, pa.string())).append_column("origin", pa.array(origins, pa.string()))
+        return table.append_column("detail", pa.array(details, pa.string())).append_column(
+            "origin", pa.array(origins, pa.string())
+        )
 
-    monkeypatch.setattr(tasks.download, "read_chunk", read_chunk)
+    monkeypatch.setattr(tasks.stages.download, "read_chunk", read_chunk)
     ledger, _, _ = run_shard(tmp_path, [f"{web.base_url}/img/a.jpg", "ftp://example.com/x.jpg"], cfg())
     assert [(r["reason"], r["detail"], r["origin"]) for r in ledger] == [
         (None, None, "m.csv line 2"),

@@ -8,10 +8,10 @@ from urllib.parse import quote
 
 import pytest
 
-from tasks.fetch import Fetcher, judge
-from tasks.recipe import DownloadConfig, NetworkConfig
-from tasks.robots import RobotsRules
-from tasks.webserver import ImageWeb
+from tasks.demo.webserver import ImageWeb
+from tasks.formats.recipe_download import DownloadConfig, NetworkConfig
+from tasks.policies.robots import RobotsRules
+from tasks.stages.fetch import Fetcher, judge
 
 LOOPBACK = dict(allowed_networks=("127.0.0.1/32",), any_port=True)
 
@@ -109,7 +109,12 @@ def test_a_url_over_the_length_cap_is_never_requested(web):
     assert got.reason == "url_too_long"
     assert "over download.network.max_url_chars (2048)" in got.detail
     assert web.requests == 0
-    assert fetch(f"{web.base_url}/img/a.jpg?" + "q" * 3000, cfg(network=NetworkConfig(**LOOPBACK, max_url_chars=4096))).reason is None
+    assert (
+        fetch(
+            f"{web.base_url}/img/a.jpg?" + "q" * 3000, cfg(network=NetworkConfig(**LOOPBACK, max_url_chars=4096))
+        ).reason
+        is None
+    )
 
 
 def test_a_host_label_over_63_characters_is_invalid_url():
@@ -127,7 +132,10 @@ def test_a_redirect_to_a_malformed_host_is_invalid_url(web):
 
 def test_a_literal_address_says_which_and_why(web):
     got = fetch(f"http://127.0.0.2:{web.port}/img/a.jpg")
-    assert (got.reason, got.detail) == ("blocked_address", "refused address 127.0.0.2 (loopback); download.network does not allow it")
+    assert (got.reason, got.detail) == (
+        "blocked_address",
+        "refused address 127.0.0.2 (loopback); download.network does not allow it",
+    )
 
 
 def test_a_name_that_resolves_to_a_refused_address_says_which(web):
@@ -166,7 +174,10 @@ def test_truncated_image_says_what_is_missing(web, image_dir):
     assert got.detail == f"jpeg without its end marker (EOI) in {half} bytes (Content-Type image/jpeg)"
     got = fetch(f"{web.base_url}/truncated/c.webp")
     size = len((image_dir / "c.webp").read_bytes())
-    assert got.detail == f"webp: received {size // 2} of the {size} bytes its RIFF header declares (Content-Type image/webp)"
+    assert (
+        got.detail
+        == f"webp: received {size // 2} of the {size} bytes its RIFF header declares (Content-Type image/webp)"
+    )
 
 
 def test_a_body_cut_off_in_transit_says_received_versus_declared(web, image_dir):
@@ -184,7 +195,11 @@ def test_an_empty_body_says_zero_bytes(web, image_dir):
 
 def test_too_large_and_opted_out_say_why(web):
     got = fetch(f"{web.base_url}/img/big.png", cfg(max_bytes=1024))
-    assert got.reason == "too_large" and got.detail.startswith("Content-Length ") and "over download.max_bytes (1024)" in got.detail
+    assert (
+        got.reason == "too_large"
+        and got.detail.startswith("Content-Length ")
+        and "over download.max_bytes (1024)" in got.detail
+    )
     got = fetch(f"{web.base_url}/endless", cfg(max_bytes=256 * 1024))
     assert got.reason == "too_large" and got.detail == f"more than download.max_bytes ({256 * 1024}) received"
     got = fetch(f"{web.base_url}/optout/a.jpg")
@@ -212,7 +227,10 @@ def test_an_unresolvable_name_is_dns_error():
 def test_robots_longest_match_wins():
     rules = RobotsRules.parse(b"User-agent: *\nDisallow: /img/\nAllow: /img/public/\n", "http://h/robots.txt")
     assert rules.refusal("http://h/img/public/a.jpg", "shardsmith") is None
-    assert rules.refusal("http://h/img/private/a.jpg", "shardsmith") == "http://h/robots.txt disallows /img/private/a.jpg for shardsmith"
+    assert (
+        rules.refusal("http://h/img/private/a.jpg", "shardsmith")
+        == "http://h/robots.txt disallows /img/private/a.jpg for shardsmith"
+    )
 
 
 def test_robots_wildcards_and_end_anchor():
@@ -236,7 +254,10 @@ def test_robots_rules_through_the_real_fetch(image_dir):
     with ImageWeb(image_dir, robots_txt=robots) as site:
         config = cfg(respect_robots_txt=True)
         got = fetch(f"{site.base_url}/img/a.jpg", config)  # /*.jpg$ is the longest match
-        assert (got.reason, got.detail) == ("robots_disallowed", f"{site.base_url}/robots.txt disallows /img/a.jpg for shardsmith")
+        assert (got.reason, got.detail) == (
+            "robots_disallowed",
+            f"{site.base_url}/robots.txt disallows /img/a.jpg for shardsmith",
+        )
         assert fetch(f"{site.base_url}/img/a.jpg?v=2", config).reason is None  # Allow /img/a beats Disallow /img/
         assert fetch(f"{site.base_url}/img/b.png", config).reason == "robots_disallowed"
         assert site.hits["/img/a.jpg"] == 1 and site.hits["/img/b.png"] == 0
@@ -248,7 +269,9 @@ def test_robots_4xx_allows_and_5xx_disallows(image_dir):
     with ImageWeb(image_dir, robots_txt=503) as site:
         got = fetch(f"{site.base_url}/img/a.jpg", cfg(respect_robots_txt=True))
         assert got.reason == "robots_disallowed"
-        assert got.detail == f"{site.base_url}/robots.txt answered HTTP 503 Service Unavailable: disallow all (RFC 9309)"
+        assert (
+            got.detail == f"{site.base_url}/robots.txt answered HTTP 503 Service Unavailable: disallow all (RFC 9309)"
+        )
         assert site.hits["/img/a.jpg"] == 0
 
 

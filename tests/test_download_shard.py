@@ -7,14 +7,16 @@ import json
 
 import pytest
 
-from tasks.download import download_shard, shard_paths
-from tasks.ledger import read_ledger
-from tasks.manifests import plan_source
-from tasks.recipe import DownloadConfig, NetworkConfig, SourceConfig
-from tasks.shards import iter_samples
-from tasks.storage import Storage
+from tasks.formats.ledger import read_ledger
+from tasks.formats.manifests import plan_source
+from tasks.formats.recipe_download import DownloadConfig, NetworkConfig, SourceConfig
+from tasks.formats.shards import iter_samples
+from tasks.formats.storage import Storage
+from tasks.stages.download import download_shard, shard_paths
 
-CFG = DownloadConfig(timeout_s=5, retries=1, backoff_s=0.01, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True))
+CFG = DownloadConfig(
+    timeout_s=5, retries=1, backoff_s=0.01, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True)
+)
 
 
 def manifest_rows(base: str) -> list[tuple[str, str, str]]:
@@ -91,7 +93,9 @@ def test_shard_and_ledger_on_local_disk(tmp_path, web, image_dir):
     assert (result.counts.rows, result.counts.ok, result.counts.rejected, result.counts.error) == (8, 3, 4, 1)
     check_outputs(storage, tar_rel, ledger_rel, web, image_dir)
     # No temp files are left beside the outputs.
-    leftovers = [p.name for p in (tmp_path / "store" / "ds" / "download" / "web").iterdir() if p.name.startswith(".tmp")]
+    leftovers = [
+        p.name for p in (tmp_path / "store" / "ds" / "download" / "web").iterdir() if p.name.startswith(".tmp")
+    ]
     assert leftovers == []
     # Committed means skipped: a second call fetches nothing.
     web.reset_stats()
@@ -139,11 +143,17 @@ def test_manifest_on_s3_with_s3_images(tmp_path, s3_bucket, image_dir):
     bucket, options = s3_bucket
     fs = s3fs.S3FileSystem(**options)
     fs.pipe(f"{bucket}/img/a.jpg", (image_dir / "a.jpg").read_bytes())
-    fs.pipe(f"{bucket}/m.jsonl", (
-        json.dumps({"url": f"s3://{bucket}/img/a.jpg", "caption": "x"}) + "\n"
-        + json.dumps({"url": "s3://elsewhere/img/a.jpg", "caption": "y"}) + "\n"
-        + json.dumps({"url": f"s3://{bucket}/img/missing.jpg", "caption": "z"}) + "\n"
-    ).encode())
+    fs.pipe(
+        f"{bucket}/m.jsonl",
+        (
+            json.dumps({"url": f"s3://{bucket}/img/a.jpg", "caption": "x"})
+            + "\n"
+            + json.dumps({"url": "s3://elsewhere/img/a.jpg", "caption": "y"})
+            + "\n"
+            + json.dumps({"url": f"s3://{bucket}/img/missing.jpg", "caption": "z"})
+            + "\n"
+        ).encode(),
+    )
     storage = Storage(str(tmp_path / "store"))
     source = SourceConfig(name="s3src", manifest=f"s3://{bucket}/m.jsonl")
     plan = plan_source(source, storage, "ds", options)

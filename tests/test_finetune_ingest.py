@@ -8,15 +8,23 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.finetune_ingest import ingest_range, ingest_source, plan_ingest
-from tasks.recipe import ConversationRules, FinetuneConfig, SourceConfig
-from tasks.records import RecordsError
-from tasks.storage import Storage
+from tasks.finetune.ingest import ingest_range, ingest_source, plan_ingest
+from tasks.finetune.records import RecordsError
+from tasks.formats.recipe_download import SourceConfig
+from tasks.formats.recipe_finetune import ConversationRules, FinetuneConfig
+from tasks.formats.storage import Storage
+
 
 def record(i: int) -> dict:
     """LLaVA-style: one image, two turns; every 97th has its roles swapped, every 5th is text-only."""
     human, gpt = ("gpt", "human") if i % 97 == 13 else ("human", "gpt")
-    rec = {"id": f"r{i}", "conversations": [{"from": human, "value": f"question {i} " + "w" * (i % 50)}, {"from": gpt, "value": f"answer {i}"}]}
+    rec = {
+        "id": f"r{i}",
+        "conversations": [
+            {"from": human, "value": f"question {i} " + "w" * (i % 50)},
+            {"from": gpt, "value": f"answer {i}"},
+        ],
+    }
     if i % 5:
         rec["image"] = f"imgs/{i}.jpg"
         rec["conversations"][0]["value"] = "<image>\n" + rec["conversations"][0]["value"]
@@ -44,7 +52,9 @@ def rows_and_images(storage: Storage, result) -> tuple[list[dict], list[dict]]:
             r["image_rows"] = [first + x for x in r["image_rows"] or []]
             assert all(first <= x < end for x in r["image_rows"])
             rows.append(r)
-    images = [json.loads(x) for x in storage.read_bytes(result.image_manifest).splitlines()] if result.image_manifest else []
+    images = (
+        [json.loads(x) for x in storage.read_bytes(result.image_manifest).splitlines()] if result.image_manifest else []
+    )
     return rows, images
 
 
@@ -71,7 +81,9 @@ def test_a_malformed_record_in_the_middle_of_a_large_file_is_one_row_whatever_th
     # Each record's images are its rows of the one image manifest, in order, pointing back at it.
     for r in rows:
         assert [images[x]["record"] for x in r["image_rows"]] == [r["key"]] * len(r["image_rows"])
-        assert [images[x]["url"] for x in r["image_rows"]] == [f"file://{tmp_path}/imgs/{r['row']}.jpg"] * len(r["image_rows"])
+        assert [images[x]["url"] for x in r["image_rows"]] == [f"file://{tmp_path}/imgs/{r['row']}.jpg"] * len(
+            r["image_rows"]
+        )
     assert n_images == len(images) == sum(1 for r in rows if r["status"] == "ok" and r["row"] % 5)
 
 
@@ -86,7 +98,9 @@ def test_empty_files_crlf_and_no_trailing_newline(tmp_path):
         ingest_source(storage, "ds", SourceConfig(name="j", manifest=str(tmp_path / "empty.json")), cfg(1024), {})
     body = b"\r\n".join(json.dumps(record(i)).encode() for i in range(1, 40))  # CRLF, no final newline
     (tmp_path / "crlf.jsonl").write_bytes(body)
-    result = ingest_source(storage, "ds", SourceConfig(name="c", manifest=str(tmp_path / "crlf.jsonl"), rows_per_shard=7), cfg(1024), {})
+    result = ingest_source(
+        storage, "ds", SourceConfig(name="c", manifest=str(tmp_path / "crlf.jsonl"), rows_per_shard=7), cfg(1024), {}
+    )
     rows, _ = rows_and_images(storage, result)
     assert result.ranges > 1 and [r["id"] for r in rows] == [f"r{i}" for i in range(1, 40)]
     assert {r["reason"] for r in rows} == {None, "conversation_roles"}

@@ -15,7 +15,7 @@ RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "demo.yaml"
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    from tasks.demo import prepare_demo
+    from tasks.demo.corpus import prepare_demo
 
     root = tmp_path_factory.mktemp("demo")
     server, expected = prepare_demo(root, n=40, port=0)
@@ -46,7 +46,7 @@ def test_demo_recipe_end_to_end_then_nothing_twice(prefect_harness, demo, monkey
     monkeypatch.setenv("SHARDSMITH_DEMO_DIR", str(root))
     server.reset_stats()
     # Other tests share the session's Prefect API: look only at task runs made from here on.
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
 
     first = run(RECIPE)["download"]
     c = first.counts

@@ -18,7 +18,7 @@ def released(tmp_path_factory, prefect_harness):
     import os
 
     from flows.finetuning import finetuning_flow
-    from tasks.demo_finetune import write_finetune_corpus
+    from tasks.demo.finetune import write_finetune_corpus
 
     root = tmp_path_factory.mktemp("ftdemo")
     expected = write_finetune_corpus(root, n=20, text_only=10)
@@ -26,9 +26,14 @@ def released(tmp_path_factory, prefect_harness):
     try:
         packed = finetuning_flow(recipe_path=str(RECIPES / "demo-finetune.yaml"), workers=2)
         unpacked = finetuning_flow(
-            recipe_path=str(RECIPES / "demo-finetune.yaml"), workers=2,
+            recipe_path=str(RECIPES / "demo-finetune.yaml"),
+            workers=2,
             # Small byte ranges: the records file is read by several tasks in this run.
-            overrides={"finetune.packing.packed": False, "finetune.tiling.store": "grid", "finetune.conversation.range_bytes": 1024},
+            overrides={
+                "finetune.packing.packed": False,
+                "finetune.tiling.store": "grid",
+                "finetune.conversation.range_bytes": 1024,
+            },
         )
     finally:
         os.environ.pop("SHARDSMITH_DEMO_DIR", None)
@@ -36,7 +41,7 @@ def released(tmp_path_factory, prefect_harness):
 
 
 def _samples(tar: Path):
-    from tasks.shards import iter_samples
+    from tasks.formats.shards import iter_samples
 
     with tar.open("rb") as fh:
         yield from iter_samples(fh)
@@ -53,7 +58,11 @@ def test_every_record_is_one_ledger_row_with_its_reason(released):
         assert reasons[reason] == n, (reason, reasons)
     # Demo images without an allowed license fail validation; their records follow them.
     assert reasons["image_rejected"] >= 1
-    details = [d for d, r in zip(ledger.column("detail").to_pylist(), ledger.column("reason").to_pylist()) if r == "image_rejected"]
+    details = [
+        d
+        for d, r in zip(ledger.column("detail").to_pylist(), ledger.column("reason").to_pylist())
+        if r == "image_rejected"
+    ]
     assert all("license" in d or "duplicate_of" in d for d in details)
 
 
@@ -77,7 +86,11 @@ def test_packs_hold_every_accepted_sample_once_within_limits(released):
     index = json.loads((base / "index.json").read_text())
     assert index["kind"] == "finetuning" and index["schema"]["packed"] is True
     schema = index["schema"]
-    assert schema["tile_size"] == 448 and schema["tokens_per_tile"] == 256 and "<tile_global_thumbnail>" in schema["tags"]["all"]
+    assert (
+        schema["tile_size"] == 448
+        and schema["tokens_per_tile"] == 256
+        and "<tile_global_thumbnail>" in schema["tags"]["all"]
+    )
     ledger = pq.read_table(base / "ledger.parquet").to_pylist()
     ok = {r["key"] for r in ledger if r["status"] == "ok"}
     seen: list[str] = []
@@ -126,11 +139,19 @@ def test_unpacked_release_is_a_new_version_with_one_sample_per_record(released):
 
 
 def test_gate_fails_on_over_budget_pack_and_fill():
-    from tasks.gates import finetune_gate
-    from tasks.recipe import FinetuneGate, PackingConfig
+    from tasks.audit.finetune_gate import finetune_gate
+    from tasks.formats.recipe_finetune import FinetuneGate, PackingConfig
 
     ledger = pa.table({"key": ["a", "b"], "status": ["ok", "ok"], "reason": pa.nulls(2, pa.string())})
-    samples = pa.table({"key": ["a", "b"], "schema_ok": [True, True], "tags_ok": [True, False], "pack": ["p0", None], "text_only": [False, True]})
+    samples = pa.table(
+        {
+            "key": ["a", "b"],
+            "schema_ok": [True, True],
+            "tags_ok": [True, False],
+            "pack": ["p0", None],
+            "text_only": [False, True],
+        }
+    )
     packs = pa.table({"key": ["p0"], "tokens": [5000], "images": [1], "tiles": [7], "samples": [1]})
     gate = finetune_gate(ledger, samples, packs, FinetuneGate(min_fill_ratio=0.9), PackingConfig(budget=4096))
     failed = {o.name for o in gate.failed}

@@ -16,7 +16,7 @@ def recipe(tmp_path: Path, manifest: Path, rows_per_shard: int = 1000) -> Path:
     path = tmp_path / "r.yaml"
     path.write_text(
         f"""dataset: inputs
-storage: {tmp_path / 'store'}
+storage: {tmp_path / "store"}
 sources:
   - name: parts
     manifest: {manifest}
@@ -65,7 +65,7 @@ def web(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from tasks.webserver import ImageWeb
+    from tasks.demo.webserver import ImageWeb
 
     root = tmp_path / "pictures"
     root.mkdir()

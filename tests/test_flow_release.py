@@ -15,7 +15,7 @@ def released(tmp_path_factory, prefect_harness):
     import os
 
     from flows.pretraining import pretraining_flow
-    from tasks.demo import prepare_demo
+    from tasks.demo.corpus import prepare_demo
 
     root = tmp_path_factory.mktemp("demo")
     server, expected = prepare_demo(root, n=60, port=0)
@@ -24,7 +24,11 @@ def released(tmp_path_factory, prefect_harness):
         first = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2)
         second = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2)
         # A narrower license policy: a new release whose parent is the first.
-        third = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2, overrides={"validate.license.allow": ["CC0-1.0", "CC-BY-4.0"], "gates.validate.max_reject_rate": 0.9})
+        third = pretraining_flow(
+            recipe_path=str(RECIPES / "demo.yaml"),
+            workers=2,
+            overrides={"validate.license.allow": ["CC0-1.0", "CC-BY-4.0"], "gates.validate.max_reject_rate": 0.9},
+        )
     finally:
         server.stop()
         os.environ.pop("SHARDSMITH_DEMO_DIR", None)
@@ -54,7 +58,11 @@ def test_equal_shards_and_an_immutable_release(released):
     for s in index["shards"]:
         assert hashlib.sha256((base / s["name"]).read_bytes()).hexdigest() == s["sha256"]
     assert index["gates"]["reshard"]["success"] and index["gates"]["validate"]["success"]
-    assert (base / "report.html").is_file() and (base / "wids-index.json").is_file() and (base / ".nv-meta" / "split.yaml").is_file()
+    assert (
+        (base / "report.html").is_file()
+        and (base / "wids-index.json").is_file()
+        and (base / ".nv-meta" / "split.yaml").is_file()
+    )
 
 
 def test_rerun_with_unchanged_sources_makes_no_new_release(released):
@@ -86,7 +94,9 @@ def test_release_reads_back_with_dali_and_our_indexes(released):
 
     @pipeline_def(batch_size=16, num_threads=1, device_id=None)
     def pipe():
-        jpg, txt = fn.readers.webdataset(paths=tars, index_paths=idxs, ext=["jpg", "txt"], missing_component_behavior="error", name="r")
+        jpg, txt = fn.readers.webdataset(
+            paths=tars, index_paths=idxs, ext=["jpg", "txt"], missing_component_behavior="error", name="r"
+        )
         return fn.decoders.image(jpg, device="cpu"), txt
 
     p = pipe()
@@ -105,9 +115,17 @@ def test_cli_lists_and_diffs_releases(released):
     import sys
 
     store, *_ = released
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "releases", "demo", "--storage", str(store.parent)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "releases", "demo", "--storage", str(store.parent)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and "v0001" in out.stdout and "LATEST" in out.stdout
-    same = subprocess.run([sys.executable, "-m", "flows.cli", "diff", "demo", "v0001", "v0001", "--storage", str(store.parent)], capture_output=True, text=True)
+    same = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "diff", "demo", "v0001", "v0001", "--storage", str(store.parent)],
+        capture_output=True,
+        text=True,
+    )
     assert same.returncode == 0 and "+0 added, -0 removed" in same.stdout
 
 
@@ -122,7 +140,11 @@ def test_a_changed_policy_makes_a_child_release_and_diff_says_why(released):
     assert (store / "releases" / "LATEST").read_text().strip() == "v0002"
     removed = first["validate"].counts.ok - third["validate"].counts.ok
     assert removed > 0
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "diff", "demo", "v0001", "v0002", "--storage", str(store.parent)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "diff", "demo", "v0001", "v0002", "--storage", str(store.parent)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert f"-{removed} removed" in out.stdout
     assert "validate: license_not_allowed" in out.stdout
@@ -134,7 +156,7 @@ def test_release_ships_latents_and_embeddings_aligned_key_for_key(released):
 
     import numpy as np
 
-    from tasks.shards import iter_samples
+    from tasks.formats.shards import iter_samples
 
     store, first, *_ = released
     base = store / "releases" / "v0001"
@@ -142,7 +164,11 @@ def test_release_ships_latents_and_embeddings_aligned_key_for_key(released):
     pre = index["precache"]
     assert set(pre["encodings"]) == {"image_latents", "text"}
     lat = pre["encodings"]["image_latents"]
-    assert lat["shape"] == [4, 32, 32] and lat["dtype"] == "float16" and lat["members"] == ["latent_mean.npy", "latent_logvar.npy"]
+    assert (
+        lat["shape"] == [4, 32, 32]
+        and lat["dtype"] == "float16"
+        and lat["members"] == ["latent_mean.npy", "latent_logvar.npy"]
+    )
     assert pre["encodings"]["text"]["shape"] == [32, 32]
     assert [s["image_shard"] for s in pre["shards"]] == [s["name"] for s in index["shards"]]
     for latent, image in zip(pre["shards"], index["shards"]):
@@ -180,14 +206,20 @@ def test_a_nan_latent_fails_the_precache_gate_and_blocks_the_release(released, t
     try:
         # Download, validate and reshard are committed already and skipped; only precache runs.
         with pytest.raises(GateFailed, match="every stored value finite"):
-            pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2, overrides={"precache.image_latents.model": str(tmp_path / "nan-vae")})
+            pretraining_flow(
+                recipe_path=str(RECIPES / "demo.yaml"),
+                workers=2,
+                overrides={"precache.image_latents.model": str(tmp_path / "nan-vae")},
+            )
     finally:
         os.environ.pop("SHARDSMITH_DEMO_DIR", None)
     assert (store / "releases" / "LATEST").read_text() == latest
     assert sorted(p.name for p in (store / "releases").iterdir() if p.name.startswith("v")) == ["v0001", "v0002"]
     reports = sorted((store / "reports").iterdir(), key=lambda p: p.stat().st_mtime)
     run = json.loads((reports[-1] / "run.json").read_text())
-    assert run["phases"][-1]["phase"] == "precache" and run["phases"][-1]["by_reason"] == {"nonfinite_encoding": run["phases"][-1]["rows"]}
+    assert run["phases"][-1]["phase"] == "precache" and run["phases"][-1]["by_reason"] == {
+        "nonfinite_encoding": run["phases"][-1]["rows"]
+    }
     assert "every stored value finite" in run["blocked"]
 
 
@@ -214,7 +246,7 @@ def test_the_demo_release_reads_back_with_our_loaders(released):
 
 
 def _release_samples(base, index):
-    from tasks.shards import iter_samples
+    from tasks.formats.shards import iter_samples
 
     for shard in index["shards"]:
         with open(base / shard["name"], "rb") as fh:
@@ -238,5 +270,7 @@ def test_the_final_report_keeps_the_validation_plots_and_thumbnails(released):
             n = re.search(rf'<div class="hist" data-hist="{column}" data-n="(\d+)"', html)
             assert n and int(n.group(1)) == first["validate"].counts.ok, column
         assert re.search(r'<rect class="bar" data-count="[1-9]', html)
-        thumbs = re.findall(r'<figure class="thumb" data-reason="([\w-]+)"[^>]*><img src="data:image/(?:jpeg|png|webp);base64,', html)
+        thumbs = re.findall(
+            r'<figure class="thumb" data-reason="([\w-]+)"[^>]*><img src="data:image/(?:jpeg|png|webp);base64,', html
+        )
         assert thumbs, "no thumbnails of rejected samples"

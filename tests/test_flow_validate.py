@@ -13,7 +13,7 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    from tasks.demo import prepare_demo
+    from tasks.demo.corpus import prepare_demo
 
     root = tmp_path_factory.mktemp("demo")
     server, expected = prepare_demo(root, n=40, port=0)
@@ -28,7 +28,7 @@ def run(name, **kw):
 
 
 def test_download_then_validate_with_gates_and_report(prefect_harness, demo, monkeypatch):
-    from tasks.shards import iter_samples
+    from tasks.formats.shards import iter_samples
 
     root, expected = demo
     monkeypatch.setenv("SHARDSMITH_DEMO_DIR", str(root))
@@ -43,10 +43,12 @@ def test_download_then_validate_with_gates_and_report(prefect_harness, demo, mon
     rows = [r for p in val.ledgers for r in pq.read_table(store / p).to_pylist()]
     ok = [r for r in rows if r["status"] == "ok"]
     assert {r["license"] for r in ok} <= {"CC0-1.0", "CC-BY-4.0", "CC-BY-SA-4.0"}
-    from tasks.licenses import normalize_license
+    from tasks.policies.licenses import normalize_license
 
     allowed = {"CC0-1.0", "CC-BY-4.0", "CC-BY-SA-4.0"}
-    not_allowed = sum(n for raw, n in expected["ok_by_license"].items() if raw and normalize_license(raw) not in allowed)
+    not_allowed = sum(
+        n for raw, n in expected["ok_by_license"].items() if raw and normalize_license(raw) not in allowed
+    )
     assert sum(r["reason"] == "license_not_allowed" for r in rows) == not_allowed
     # The validated shards hold exactly the ok rows, re-encoded, with normalised metadata.
     keys = []

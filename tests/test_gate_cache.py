@@ -9,10 +9,11 @@ import pyarrow as pa
 import pytest
 
 from flows.audit import judge_phase
-from tasks.gates import download_gate
-from tasks.ledger import write_ledger
-from tasks.recipe import DownloadGate, load_recipe
-from tasks.storage import Storage
+from tasks.audit.gates import download_gate
+from tasks.formats.ledger import write_ledger
+from tasks.formats.recipe import load_recipe
+from tasks.formats.recipe_outputs import DownloadGate
+from tasks.formats.storage import Storage
 
 
 @pytest.fixture
@@ -21,7 +22,15 @@ def setup(tmp_path):
     recipe_file.write_text(f"dataset: gc\nstorage: {tmp_path / 'store'}\nsources:\n  - name: a\n    manifest: m.csv\n")
     recipe = load_recipe(recipe_file)
     storage = Storage(recipe.storage)
-    ledger = pa.table({"key": ["a-0", "a-1"], "source": ["a", "a"], "row": [0, 1], "status": ["ok", "ok"], "reason": pa.nulls(2, pa.string())})
+    ledger = pa.table(
+        {
+            "key": ["a-0", "a-1"],
+            "source": ["a", "a"],
+            "row": [0, 1],
+            "status": ["ok", "ok"],
+            "reason": pa.nulls(2, pa.string()),
+        }
+    )
     write_ledger(storage, "gc/download/a/000000-x.ledger.parquet", ledger)
     return recipe, storage, ledger
 
@@ -33,7 +42,9 @@ def run(recipe, storage, ledger, name, cfg=DownloadGate(), evaluated=None):
         evaluated.append(name)
         return download_gate(ledger, ledger.num_rows, cfg)
 
-    return judge_phase(storage, recipe, record, "download", ["gc/download/a/000000-x.ledger.parquet"], (ledger.num_rows, cfg), evaluate)
+    return judge_phase(
+        storage, recipe, record, "download", ["gc/download/a/000000-x.ledger.parquet"], (ledger.num_rows, cfg), evaluate
+    )
 
 
 def test_reused_only_while_files_and_settings_are_the_same(setup):

@@ -8,11 +8,13 @@ import re
 import pyarrow as pa
 import pytest
 
-from tasks.data_docs import save_gate_report
-from tasks.gates import LICENSE_REVIEW, GateResult, download_gate, validate_gate
-from tasks.ledger import LedgerRow, ledger_table
-from tasks.recipe import DownloadGate, ImageRules, ValidateGate
-from tasks.storage import Storage
+from tasks.audit.data_docs import save_gate_report
+from tasks.audit.gate_results import LICENSE_REVIEW, GateResult
+from tasks.audit.gates import download_gate, validate_gate
+from tasks.formats.ledger import LedgerRow, ledger_table
+from tasks.formats.recipe_download import ImageRules
+from tasks.formats.recipe_outputs import DownloadGate, ValidateGate
+from tasks.formats.storage import Storage
 
 ALLOW = ["CC0-1.0", "CC-BY-4.0", "MIT"]
 
@@ -20,9 +22,9 @@ ALLOW = ["CC0-1.0", "CC-BY-4.0", "MIT"]
 @pytest.fixture(scope="module", autouse=True)
 def gx():
     """Pay for the GE import (several seconds) once, in a fixture, not in the first test."""
-    from tasks.gates import _import_gx
+    from tasks.audit.ge_runner import import_gx
 
-    return _import_gx()
+    return import_gx()
 
 
 def ledger(ok: int, reasons: dict[str, int] | None = None, source: str = "web") -> pa.Table:

@@ -14,19 +14,54 @@ import tarfile
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tasks.reasons import REASONS
-from tasks.recipe import NetworkConfig
-from tasks.shards import SHARD_ERROR_REASONS, ShardError, ShardWriter, iter_samples, iter_tar_members
-from tasks.urlguard import AddressPolicy, check_url
+from tasks.formats.reasons import REASONS
+from tasks.formats.recipe_download import NetworkConfig
+from tasks.formats.shards import ShardWriter, iter_samples
+from tasks.formats.tar_format import SHARD_ERROR_REASONS
+from tasks.formats.tar_reader import ShardError, iter_tar_members
+from tasks.policies.urlguard import AddressPolicy, check_url
 
 GUARD = NetworkConfig()
 POLICY = AddressPolicy.from_config(GUARD)
 FAST = settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 
 _URL_PIECES = [
-    "http://", "https://", "file://", "s3://", "ftp://", "gopher://", "HTTP://", "//", "[", "]", "::1", "::ffff:",
-    "127.0.0.1", "0x7f.1", "2130706433", "017700000001", "10.0.0.1", "169.254.169.254", "example.com", "@", ":", ":0",
-    ":80", ":99999", "/", "..", "%2e%2e", "%00", "?", "#", "\\", " ", "\u2024", "xn--", "localhost", "fe80::1%eth0",
+    "http://",
+    "https://",
+    "file://",
+    "s3://",
+    "ftp://",
+    "gopher://",
+    "HTTP://",
+    "//",
+    "[",
+    "]",
+    "::1",
+    "::ffff:",
+    "127.0.0.1",
+    "0x7f.1",
+    "2130706433",
+    "017700000001",
+    "10.0.0.1",
+    "169.254.169.254",
+    "example.com",
+    "@",
+    ":",
+    ":0",
+    ":80",
+    ":99999",
+    "/",
+    "..",
+    "%2e%2e",
+    "%00",
+    "?",
+    "#",
+    "\\",
+    " ",
+    "\u2024",
+    "xn--",
+    "localhost",
+    "fe80::1%eth0",
 ]
 
 
@@ -68,7 +103,10 @@ def test_over_the_length_cap_is_always_url_too_long(host, pad):
 
 
 @FAST
-@given(st.from_regex(r"[a-z0-9]{1,10}", fullmatch=True), st.text(max_size=10).filter(lambda t: not set(t) & set("/?#@[]\\")))
+@given(
+    st.from_regex(r"[a-z0-9]{1,10}", fullmatch=True),
+    st.text(max_size=10).filter(lambda t: not set(t) & set("/?#@[]\\")),
+)
 def test_user_info_is_always_refused(user, secret):
     refusal = check_url(f"http://{user}:{secret}@example.com/a.jpg", GUARD, POLICY)
     assert refusal is not None and refusal.reason in ("credentials_in_url", "invalid_url")
@@ -118,7 +156,9 @@ def _valid_tar(samples: list[tuple[str, dict[str, bytes]]]) -> bytes:
 _SAMPLES = st.lists(
     st.tuples(
         st.from_regex(r"[a-z]{1,6}-[0-9]{1,4}", fullmatch=True),
-        st.dictionaries(st.sampled_from(["jpg", "txt", "json", "png"]), st.binary(max_size=700), min_size=1, max_size=3),
+        st.dictionaries(
+            st.sampled_from(["jpg", "txt", "json", "png"]), st.binary(max_size=700), min_size=1, max_size=3
+        ),
     ),
     min_size=1,
     max_size=5,

@@ -1,4 +1,4 @@
-"""tasks.images: every verdict and normalisation, on images built here."""
+"""tasks.policies.images: every verdict and normalisation, on images built here."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFile
 
-from tasks import decoders, images
-from tasks.images import ImageOutcome, hamming, process_image
-from tasks.recipe import ImageRules
+from tasks.formats.recipe_download import ImageRules
+from tasks.policies import decoders, images
+from tasks.policies.images import ImageOutcome, hamming, process_image
 
 LOOSE = ImageRules(min_side=1, max_aspect_ratio=1000.0)
 EXACT = ImageRules(min_side=1, max_aspect_ratio=1000.0, output_format="png")  # lossless output to read pixels
@@ -119,7 +119,9 @@ def test_bomb_header_under_pillows_guard_rejected_by_max_pixels_without_decoding
 
 def test_upscale_target_over_pixel_cap_is_not_allocated(monkeypatch):
     data = encode(Image.new("RGB", (1000, 4), (5, 5, 5)), "PNG")
-    rules = ImageRules(min_side=1, max_aspect_ratio=1000.0, resize_mode="keep_ratio", image_size=256, max_pixels=10_000_000)
+    rules = ImageRules(
+        min_side=1, max_aspect_ratio=1000.0, resize_mode="keep_ratio", image_size=256, max_pixels=10_000_000
+    )
     monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: pytest.fail("decoded"))
     outcome = process_image(data, rules)  # 64000 x 256 = 16.4 Mpx
     assert outcome.reason == "decompression_bomb"
@@ -491,7 +493,9 @@ def test_pixel_sha256_ignores_exif_rotation_and_appended_bytes():
 
 
 def test_accepted_outcome_fields():
-    outcome = process_image(encode(scene(23, (200, 150)), "WEBP"), ImageRules(resize_mode="center_crop", image_size=64), thumbnail=True)
+    outcome = process_image(
+        encode(scene(23, (200, 150)), "WEBP"), ImageRules(resize_mode="center_crop", image_size=64), thumbnail=True
+    )
     assert outcome.ok and outcome.reason is None and outcome.detail is None
     assert (outcome.ext, outcome.src_format, outcome.width, outcome.height) == ("jpg", "webp", 64, 64)
     assert len(outcome.pixel_sha256) == 64
@@ -519,7 +523,10 @@ def test_mutated_files_only_ever_return_verdicts():
         encode(base, "TIFF", compression="tiff_deflate"),
         encode(base.convert("CMYK"), "JPEG"),
     ]
-    rules = (ImageRules(min_side=1), ImageRules(min_side=1, resize_mode="center_crop", image_size=48, animated="reject"))
+    rules = (
+        ImageRules(min_side=1),
+        ImageRules(min_side=1, resize_mode="center_crop", image_size=48, animated="reject"),
+    )
     rng = np.random.default_rng(0)
     seen = set()
     for case in range(400):
@@ -537,9 +544,9 @@ def test_mutated_files_only_ever_return_verdicts():
 
 
 def test_reasons_are_registered():
-    from tasks.reasons import REASONS, REJECTED
+    from tasks.formats.reasons import REASONS, REJECTED
 
     missing = [r for r in images.REASONS if r not in REASONS]
     if missing:
-        pytest.skip(f"tasks/reasons.py does not list {missing} yet")
+        pytest.skip(f"tasks/formats/reasons.py does not list {missing} yet")
     assert all(REASONS[r][0] == REJECTED for r in images.REASONS)

@@ -1,4 +1,4 @@
-"""Tests for tasks/indexes.py: a tiny release read back through DALI, webdataset, energon and wids."""
+"""Tests for tasks/formats/indexes.py: a tiny release read back through DALI, webdataset, energon and wids."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from release_fixtures import finetuning_release, pretraining_release
 
-from tasks.indexes import (
+from tasks.formats.indexes import (
     ShardIndexInput,
     _collapse_ranges,
     all_indexes,
@@ -25,9 +26,8 @@ from tasks.indexes import (
     energon_indexes,
     wids_index,
 )
-from tasks.shards import MemberRecord, ShardWriter
-from tasks.storage import Storage
-from release_fixtures import finetuning_release, pretraining_release
+from tasks.formats.shards import MemberRecord, ShardWriter
+from tasks.formats.storage import Storage
 
 REPO = Path(__file__).resolve().parents[1]
 # megatron-energon 7.4.1 would downgrade tzdata in the project venv (multi-storage-client pins
@@ -189,7 +189,7 @@ def test_dali_reads_the_release_with_our_indexes(release):
     assert total == len(expected) == sum(COUNTS)
     assert [g[0] for g in got] == [caption for _, caption in expected]
     keys = [key for key, _ in expected]
-    for (caption, shape, source, meta), key, index in zip(got, keys, [i for n in COUNTS for i in range(n)]):
+    for (_caption, shape, source, meta), key, index in zip(got, keys, [i for n in COUNTS for i in range(n)]):
         assert source.endswith(f":{key}.jpg")  # the member name from the v1.2 index line
         assert meta == {"i": index}
         assert len(shape) == 3 and shape[2] == 3 and shape[0] > 0
@@ -263,7 +263,10 @@ def test_energon_crude_config_beside_a_dataset_yaml_every_reader_loads(release):
         b"sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: json\n"
     )
     # The default view needs a json member in every sample.
-    no_json = replace(release["shards"][2], samples=[replace(release["shards"][2].samples[0], members=release["shards"][2].samples[0].members[:1])])
+    no_json = replace(
+        release["shards"][2],
+        samples=[replace(release["shards"][2].samples[0], members=release["shards"][2].samples[0].members[:1])],
+    )
     with pytest.raises(ValueError, match="no member for field 'text'"):
         energon_indexes([no_json], sample_type="CrudeWebdataset")
 
@@ -361,7 +364,7 @@ def test_bad_records_raise(release):
 # wids, in their own venv
 # ---------------------------------------------------------------------------------------------
 
-_READERS_SCRIPT = r'''
+_READERS_SCRIPT = r"""
 import contextlib, json, os, sys
 release, reference, cache, reference_default, chat = sys.argv[1:6]
 out = {}
@@ -417,7 +420,7 @@ with contextlib.redirect_stdout(sys.stderr):
     ds = get_val_dataset(chat, split_part="train", worker_config=worker_config, batch_size=1)
     out["default_view"] = [[b.__class__.__name__, b.text["key"][0]] for b in get_loader(ds)]
 print(json.dumps(out))
-'''
+"""
 
 
 def _missing(why: str) -> None:
@@ -457,7 +460,15 @@ def readers(release, tmp_path_factory):
     script = work / "readers.py"
     script.write_text(_READERS_SCRIPT)
     proc = subprocess.run(
-        [python, str(script), str(release["root"]), str(reference), str(work / "wids-cache"), str(reference_default), str(chat)],
+        [
+            python,
+            str(script),
+            str(release["root"]),
+            str(reference),
+            str(work / "wids-cache"),
+            str(reference_default),
+            str(chat),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -529,7 +540,10 @@ def lint_releases(tmp_path_factory) -> dict[str, Path]:
     pre = pretraining_release(str(root), [3, 2], latents=True)
     chat, _ = finetuning_release(str(root), [3, 2])
     packed, _ = finetuning_release(str(root), [6, 5], packed_budget=400, dataset="chat-packed")
-    return {name: Path(url) / "releases" / "v0001" for name, url in (("pretraining", pre), ("finetuning", chat), ("finetuning-packed", packed))}
+    return {
+        name: Path(url) / "releases" / "v0001"
+        for name, url in (("pretraining", pre), ("finetuning", chat), ("finetuning-packed", packed))
+    }
 
 
 @pytest.mark.parametrize("kind", ["pretraining", "finetuning", "finetuning-packed"])

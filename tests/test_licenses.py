@@ -4,7 +4,8 @@ import datetime as dt
 
 import pytest
 
-from tasks.licenses import (
+from tasks.formats.recipe_download import LicensePolicy, LicenseReview
+from tasks.policies.licenses import (
     ALL_RIGHTS_RESERVED,
     LICENSE_ALIASES,
     PUBLIC_DOMAIN,
@@ -16,7 +17,6 @@ from tasks.licenses import (
     policy_problems,
     review_problem,
 )
-from tasks.recipe import LicensePolicy, LicenseReview
 
 SPELLINGS = [
     # exact ids, any case
@@ -211,7 +211,11 @@ def test_allowlist_entries_may_be_aliases():
 
 def test_default_allowlist_accepts_the_public_domain_mark():
     # the default lists "PDM-1.0"; SPDX's id is CC-PDM-1.0, and the alias bridges them
-    assert license_verdict("https://creativecommons.org/publicdomain/mark/1.0/", "s", policy()) == ("CC-PDM-1.0", None, None)
+    assert license_verdict("https://creativecommons.org/publicdomain/mark/1.0/", "s", policy()) == (
+        "CC-PDM-1.0",
+        None,
+        None,
+    )
 
 
 def test_unknown_rejected_by_default_with_the_raw_value():
@@ -368,7 +372,9 @@ def test_a_value_that_is_not_a_string_is_refused_never_read_as_its_first_element
 
 
 def test_policy_problems_name_expressions_in_the_allowlist():
-    p = policy(allow=("MIT OR Apache-2.0", "GPL-2.0-only WITH Classpath-exception-2.0", "Foo WITH Classpath-exception-2.0"))
+    p = policy(
+        allow=("MIT OR Apache-2.0", "GPL-2.0-only WITH Classpath-exception-2.0", "Foo WITH Classpath-exception-2.0")
+    )
     problems = policy_problems(p)
     assert len(problems) == 2
     assert "'MIT OR Apache-2.0' joins licenses with AND or OR" in problems[0]
@@ -380,17 +386,20 @@ def test_expressions_through_the_validate_stage(tmp_path, web):
     ledger carries each row's reason and the normalised expression."""
     import csv
 
-    from tasks.download import download_shard, shard_paths
-    from tasks.ledger import read_parquet
-    from tasks.manifests import plan_source
-    from tasks.recipe import DownloadConfig, ImageRules, NetworkConfig, SourceConfig, ValidateConfig
-    from tasks.storage import Storage
-    from tasks.validate import candidate_paths, validate_shard
+    from tasks.formats.ledger import read_parquet
+    from tasks.formats.manifests import plan_source
+    from tasks.formats.recipe_download import DownloadConfig, ImageRules, NetworkConfig, SourceConfig, ValidateConfig
+    from tasks.formats.storage import Storage
+    from tasks.stages.download import download_shard, shard_paths
+    from tasks.stages.validate import candidate_paths, validate_shard
 
     rows = [  # license as written, (normalised, reason)
         ("mit or apache-2.0", ("MIT OR Apache-2.0", None)),
         ("CC BY 4.0 AND ODbL-1.0", ("CC-BY-4.0 AND ODbL-1.0", "license_not_allowed")),
-        ("GPL-2.0-or-later WITH Classpath-exception-2.0 OR CC0", ("GPL-2.0-or-later WITH Classpath-exception-2.0 OR CC0-1.0", None)),
+        (
+            "GPL-2.0-or-later WITH Classpath-exception-2.0 OR CC0",
+            ("GPL-2.0-or-later WITH Classpath-exception-2.0 OR CC0-1.0", None),
+        ),
         ("Foo-1.0 AND MIT", ("LicenseRef-Unknown AND MIT", "license_not_allowed")),
     ]
     manifest = tmp_path / "m.csv"
@@ -402,7 +411,9 @@ def test_expressions_through_the_validate_stage(tmp_path, web):
     storage = Storage(str(tmp_path / "store"))
     ref = plan_source(SourceConfig(name="web", manifest=str(manifest)), storage, "ds").chunks[0]
     tar, ledger = shard_paths("ds", ref, "x")
-    dl = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True))
+    dl = DownloadConfig(
+        timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True)
+    )
     assert download_shard(ref, storage, dl, tar, ledger).counts.ok == len(rows)
     cfg = ValidateConfig(license=LicensePolicy(allow=("MIT", "CC0-1.0", "CC-BY-4.0")), image=ImageRules(min_side=32))
     cand_tar, cand_table = candidate_paths("ds", "web", 0, tar, "cfg")

@@ -7,7 +7,6 @@ import os
 import shutil
 
 import pytest
-
 from release_fixtures import LATENT_SHAPE, TEXT_SHAPE, color_of, pretraining_release
 
 COUNTS = [13, 9, 17, 5]  # uneven shards on purpose: 44 samples
@@ -40,10 +39,18 @@ def test_open_release_resolves_latest_from_any_folder_and_lists_counts(pre):
 
     version_dir = os.path.join(pre, "releases", "v0001")
     index = json.load(open(os.path.join(version_dir, "index.json")))
-    for where, version in ((pre, "latest"), (os.path.join(pre, "releases"), "latest"), (version_dir, "latest"), (pre, "v0001"), (version_dir, "v0001")):
+    for where, version in (
+        (pre, "latest"),
+        (os.path.join(pre, "releases"), "latest"),
+        (version_dir, "latest"),
+        (pre, "v0001"),
+        (version_dir, "v0001"),
+    ):
         rel = open_release(where, version=version)
         assert rel.url == version_dir
-        assert [(s.name, s.samples, s.sha256) for s in rel.shards] == [(s["name"], s["samples"], s["sha256"]) for s in index["shards"]]
+        assert [(s.name, s.samples, s.sha256) for s in rel.shards] == [
+            (s["name"], s["samples"], s["sha256"]) for s in index["shards"]
+        ]
     assert rel.samples == TOTAL and rel.kind == "pretraining" and rel.version == "v0001"
     assert rel.schema["members"] == ["jpg", "json", "txt"]
     assert set(rel.encodings) == {"image_latents", "text"}
@@ -219,7 +226,9 @@ def test_latents_mode_reads_the_latent_shards_in_step_with_the_keys(release):
             assert b["caption"][j] == f"caption {i}"
         keys += b["key"]
     assert sorted(keys) == [f"s-{i:06d}" for i in range(TOTAL)]
-    raw = ReleaseDataset(release, mode="latents", rank=0, world_size=1, shuffle=False, scale_latents=False, latent_sample=False)
+    raw = ReleaseDataset(
+        release, mode="latents", rank=0, world_size=1, shuffle=False, scale_latents=False, latent_sample=False
+    )
     first = next(iter(raw))
     assert first["key"] == "s-000000" and torch.all(next(iter(raw))["latent"] == 0)
     assert torch.all(list(raw)[3]["latent"] == 3)
@@ -257,7 +266,9 @@ def test_release_on_s3_opens_verifies_and_streams(pre, s3_bucket):
         seen += [(s["key"], s["txt"].decode()) for w in range(2) for s in ds.iter_worker(w, 2)]
     assert len(seen) == len(set(seen)) == TOTAL // 4 * 4
     assert all(c == f"caption {_index(k)}" for k, c in seen)
-    latent = next(iter(ReleaseDataset(rel, mode="latents", rank=0, world_size=1, with_captions=True, latent_sample=False)))
+    latent = next(
+        iter(ReleaseDataset(rel, mode="latents", rank=0, world_size=1, with_captions=True, latent_sample=False))
+    )
     assert latent["caption"] == f"caption {_index(latent['key'])}"  # a byte-range read over S3
 
 
@@ -270,5 +281,11 @@ def test_loaders_import_neither_prefect_nor_dask():
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('prefect', 'dask', 'distributed'))\n"
         "print(bad)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert out.stdout.strip() == "[]"

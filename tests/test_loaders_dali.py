@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from release_fixtures import LATENT_SHAPE, color_of, pretraining_release
 
 COUNTS = [11, 7, 6]

@@ -6,7 +6,6 @@ import io
 
 import numpy as np
 import pytest
-
 from release_fixtures import LATENT_SHAPE, npy, pretraining_release
 
 COUNTS = [13, 9, 17, 5]
@@ -53,7 +52,9 @@ def test_resumption_draws_the_same_noise_for_the_rest(noisy, consumed_batches):
     from loaders.dataset import ReleaseDataset
 
     def stream(start):
-        ds = ReleaseDataset(noisy, mode="latents", rank=1, world_size=2, seed=5, shuffle_buffer=3, batch_size=2, scale_latents=False)
+        ds = ReleaseDataset(
+            noisy, mode="latents", rank=1, world_size=2, seed=5, shuffle_buffer=3, batch_size=2, scale_latents=False
+        )
         ds.set_epoch(2, start=start)
         workers = [list(ds.iter_worker(w, 2)) for w in range(2)]
         out = []

@@ -7,12 +7,14 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from release_fixtures import TILE, finetuning_release
 
 
 def _synthetic(lengths):
-    return [{"key": f"k{i}", "record": {"key": f"k{i}", "images": []}, "members": {}, "tokens": t, "images": n} for i, (t, n) in enumerate(lengths)]
+    return [
+        {"key": f"k{i}", "record": {"key": f"k{i}", "images": []}, "members": {}, "tokens": t, "images": n}
+        for i, (t, n) in enumerate(lengths)
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -55,7 +57,9 @@ def test_online_packer_passes_source_errors_on_and_stops_its_thread():
     before = threading.active_count()
     with pytest.raises(OSError, match="disk gone"):
         list(OnlinePacker(broken(), 100, 3, buffer_size=8))
-    endless = ({"key": f"k{i}", "record": {"key": f"k{i}"}, "members": {}, "tokens": 30, "images": 0} for i in range(10**9))
+    endless = (
+        {"key": f"k{i}", "record": {"key": f"k{i}"}, "members": {}, "tokens": 30, "images": 0} for i in range(10**9)
+    )
     it = iter(OnlinePacker(endless, 100, 3, queue_size=4, num_packs=5))
     assert len(list(it)) == 5
     assert threading.active_count() == before

@@ -7,8 +7,8 @@ import gzip
 import os
 import tempfile
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tasks.manifests import ManifestError, careful, jsonl, list_manifest_files, text
-from tasks.manifests.chunks import file_chunks
-from tasks.manifests.reading import FileTally
-from tasks.manifests.values import _ASCII_SPACE, _PLAIN_URL, url_problem
-from tasks.recipe import SourceConfig
+from tasks.formats.manifests import ManifestError, careful, jsonl, list_manifest_files, text
+from tasks.formats.manifests.chunks import file_chunks
+from tasks.formats.manifests.reading import FileTally
+from tasks.formats.manifests.values import _ASCII_SPACE, _PLAIN_URL, url_problem
+from tasks.formats.recipe_download import SourceConfig
 
 
 def read(path: str, careful_only: bool, **kw) -> tuple[list[dict] | None, str | None]:
@@ -46,9 +46,34 @@ def both(path: str, **kw) -> tuple:
 # alone and before LF, blank and whitespace-only lines, unicode spaces, NUL, invalid UTF-8,
 # a byte order mark, delimiters of both formats, long fields.
 _PIECES = [
-    b"http://a/b.jpg", b"https://x.org/p?q=1", b"not a url", b"ftp://h/x", b"", b" ", b"\t", b",", b'"', b'""',
-    b'"a,b"', b'"x\ny"', b'a"b', b"\r", b"\r\n", b"\n", b"\n\n", b"\x00", b"\xff", b"\xc2\xa0", b"\xe3\x80\x80",
-    b"\x1c", b"\xef\xbb\xbf", b"caf\xc3\xa9", b"x" * 40, b"\\", b"{", b"}",
+    b"http://a/b.jpg",
+    b"https://x.org/p?q=1",
+    b"not a url",
+    b"ftp://h/x",
+    b"",
+    b" ",
+    b"\t",
+    b",",
+    b'"',
+    b'""',
+    b'"a,b"',
+    b'"x\ny"',
+    b'a"b',
+    b"\r",
+    b"\r\n",
+    b"\n",
+    b"\n\n",
+    b"\x00",
+    b"\xff",
+    b"\xc2\xa0",
+    b"\xe3\x80\x80",
+    b"\x1c",
+    b"\xef\xbb\xbf",
+    b"caf\xc3\xa9",
+    b"x" * 40,
+    b"\\",
+    b"{",
+    b"}",
 ]
 
 
@@ -66,18 +91,43 @@ def limits(block: int, cap: int) -> Iterator[None]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    header=st.sampled_from([b"url,caption\n", b"url\n", b"url,caption,license,w\n", b"caption,url\r\n", b"\xef\xbb\xbfurl,caption\n"]),
+    header=st.sampled_from(
+        [b"url,caption\n", b"url\n", b"url,caption,license,w\n", b"caption,url\r\n", b"\xef\xbb\xbfurl,caption\n"]
+    ),
     body=st.lists(st.sampled_from(_PIECES), max_size=60).map(b"".join),
     fmt=st.sampled_from(["csv", "tsv"]),
     gz=st.booleans(),
     extras=st.sampled_from([(), ("*",), ("w", "gone")]),
     block=st.sampled_from([48, 1 << 16]),
 )
-@example(header=b"url,caption\n", body=b'http://a/1.jpg,"two\nlines"\n\nhttp://a/2.jpg,x\n', fmt="csv", gz=False, extras=(), block=48)
-@example(header=b"url,caption\n", body=b'http://a/1.jpg,"unclosed\n' + b"y" * 70 + b"\nhttp://a/2.jpg,x\n", fmt="csv", gz=False, extras=(), block=48)
+@example(
+    header=b"url,caption\n",
+    body=b'http://a/1.jpg,"two\nlines"\n\nhttp://a/2.jpg,x\n',
+    fmt="csv",
+    gz=False,
+    extras=(),
+    block=48,
+)
+@example(
+    header=b"url,caption\n",
+    body=b'http://a/1.jpg,"unclosed\n' + b"y" * 70 + b"\nhttp://a/2.jpg,x\n",
+    fmt="csv",
+    gz=False,
+    extras=(),
+    block=48,
+)
 @example(header=b"url\n", body=b'  \n""\n\xc2\xa0\nhttp://a/1.jpg\n', fmt="csv", gz=False, extras=(), block=48)
-@example(header=b"url,caption\n", body=b"\xef\xbb\xbf\t", fmt="tsv", gz=False, extras=(), block=1 << 16)  # pyarrow drops a BOM
-@example(header=b"url,caption\n", body=b"http://a/1.jpg,x\ry\nhttp://a/2.jpg,z\r\r\n", fmt="csv", gz=False, extras=(), block=1 << 16)
+@example(
+    header=b"url,caption\n", body=b"\xef\xbb\xbf\t", fmt="tsv", gz=False, extras=(), block=1 << 16
+)  # pyarrow drops a BOM
+@example(
+    header=b"url,caption\n",
+    body=b"http://a/1.jpg,x\ry\nhttp://a/2.jpg,z\r\r\n",
+    fmt="csv",
+    gz=False,
+    extras=(),
+    block=1 << 16,
+)
 @example(header=b"url,caption\n", body=b'http://a/1.jpg,a"b,"c\nd"\n', fmt="csv", gz=True, extras=("*",), block=1 << 16)
 def test_fast_csv_equals_careful_csv(header, body, fmt, gz, extras, block):
     data = header.replace(b",", b"\t") if fmt == "tsv" else header
@@ -91,10 +141,29 @@ def test_fast_csv_equals_careful_csv(header, body, fmt, gz, extras, block):
 
 
 _JSON_PIECES = [
-    b'{"url": "http://a/b.jpg"}', b'{"url": "http://a/b.jpg", "caption": "c", "license": "mit"}', b'{"url": ["x"]}',
-    b'{"url": 12, "caption": {"a": 1}}', b'{"url": "\\ud800"}', b'{"caption": "\\u0000\\n"}', b'{"n": NaN, "url": "x://y"}',
-    b'{"big": 123456789012345678901234567890}', b"[1, 2]", b'"str"', b"{broken", b"{", b"}", b" ", b"\t", b"\r", b"\n",
-    b"\r\n", b"\xff", b"\xef\xbb\xbf", b"\xc3\xa9", b"x" * 40, b'{"url": "http://a/' + b"y" * 70 + b'"}',
+    b'{"url": "http://a/b.jpg"}',
+    b'{"url": "http://a/b.jpg", "caption": "c", "license": "mit"}',
+    b'{"url": ["x"]}',
+    b'{"url": 12, "caption": {"a": 1}}',
+    b'{"url": "\\ud800"}',
+    b'{"caption": "\\u0000\\n"}',
+    b'{"n": NaN, "url": "x://y"}',
+    b'{"big": 123456789012345678901234567890}',
+    b"[1, 2]",
+    b'"str"',
+    b"{broken",
+    b"{",
+    b"}",
+    b" ",
+    b"\t",
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b"\xff",
+    b"\xef\xbb\xbf",
+    b"\xc3\xa9",
+    b"x" * 40,
+    b'{"url": "http://a/' + b"y" * 70 + b'"}',
 ]
 
 
@@ -106,7 +175,9 @@ _JSON_PIECES = [
     block=st.sampled_from([48, 1 << 16]),
 )
 @example(body=b'\xef\xbb\xbf{"url": "http://a/1.jpg"}\n{"url": "\\ud800"}\n\n[1]\n', gz=False, extras=(), block=1 << 16)
-@example(body=b'{"url": "http://a/1.jpg"}\n' + b"z" * 100 + b'\n{"url": "http://a/2.jpg"}', gz=False, extras=("*",), block=48)
+@example(
+    body=b'{"url": "http://a/1.jpg"}\n' + b"z" * 100 + b'\n{"url": "http://a/2.jpg"}', gz=False, extras=("*",), block=48
+)
 def test_jsonl_blocks_equal_the_careful_lines(body, gz, extras, block):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "m.jsonl" + (".gz" if gz else ""))
@@ -117,7 +188,15 @@ def test_jsonl_blocks_equal_the_careful_lines(body, gz, extras, block):
 
 
 @settings(max_examples=1000, deadline=None)
-@given(st.lists(st.lists(st.sampled_from(['"', '""', ",", "a", " ", "x,y", '"q"']), max_size=8).map("".join), min_size=1, max_size=8), st.sampled_from(["\n", "\r\n"]), st.booleans())
+@given(
+    st.lists(
+        st.lists(st.sampled_from(['"', '""', ",", "a", " ", "x,y", '"q"']), max_size=8).map("".join),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from(["\n", "\r\n"]),
+    st.booleans(),
+)
 def test_the_quote_positions_judge_like_the_pattern(lines, newline, last_newline):
     data = (newline.join(lines) + (newline if last_newline else "")).encode()
     a = np.frombuffer(data, np.uint8)
@@ -181,9 +260,49 @@ def test_invalid_utf8_names_its_line_in_both_paths(tmp_path, monkeypatch):
 # -- the URL pattern ------------------------------------------------------------------------
 
 _URL_PIECES = [
-    "http://", "https://", "HTTP://", "hTtPs://", "ftp://", "s3://", "file://", "a", "B", "0", "9", ".", "-", "_", "~",
-    "example.com", ":", ":80", ":8080", ":99999", ":0", "/", "?", "#", "@", "[", "]", " ", "\t", "\n", "\r", "\x00",
-    "\x7f", "\x85", "\xa0", "\u2028", "\u3000", "\x1c", "é", "%20", "\\", "user:pw@", "[::1]",
+    "http://",
+    "https://",
+    "HTTP://",
+    "hTtPs://",
+    "ftp://",
+    "s3://",
+    "file://",
+    "a",
+    "B",
+    "0",
+    "9",
+    ".",
+    "-",
+    "_",
+    "~",
+    "example.com",
+    ":",
+    ":80",
+    ":8080",
+    ":99999",
+    ":0",
+    "/",
+    "?",
+    "#",
+    "@",
+    "[",
+    "]",
+    " ",
+    "\t",
+    "\n",
+    "\r",
+    "\x00",
+    "\x7f",
+    "\x85",
+    "\xa0",
+    "\u2028",
+    "\u3000",
+    "\x1c",
+    "é",
+    "%20",
+    "\\",
+    "user:pw@",
+    "[::1]",
 ]
 
 
@@ -199,7 +318,11 @@ def test_a_url_the_pattern_passes_is_one_url_problem_passes(url):
 
 
 def test_the_pattern_passes_the_common_urls():
-    urls = ["http://example.com/a.jpg", "https://cdn.example.org:8443/p/q.png?w=1&h=2#x", "http://127.0.0.1:8765/img/p0001.jpg?u=7"]
+    urls = [
+        "http://example.com/a.jpg",
+        "https://cdn.example.org:8443/p/q.png?w=1&h=2#x",
+        "http://127.0.0.1:8765/img/p0001.jpg?u=7",
+    ]
     assert pc.match_substring_regex(pa.array(urls), _PLAIN_URL).to_pylist() == [True, True, True]
 
 

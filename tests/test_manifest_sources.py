@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from test_manifests import CountingStorage
 
-from tasks import manifests
-from tasks.gates import Reconciliation
-from tasks.manifests import (
+from tasks.audit.reconcile import Reconciliation
+from tasks.formats import manifests
+from tasks.formats.manifests import (
     ManifestError,
     combine,
     group_files,
@@ -28,8 +28,8 @@ from tasks.manifests import (
     read_chunk,
     sample_key,
 )
-from tasks.recipe import SourceConfig
-from tasks.storage import Storage
+from tasks.formats.recipe_download import SourceConfig
+from tasks.formats.storage import Storage
 
 
 def source(manifest: str | Path, **kw) -> SourceConfig:
@@ -39,7 +39,10 @@ def source(manifest: str | Path, **kw) -> SourceConfig:
 def part(folder: Path, name: str, start: int, n: int, **columns) -> Path:
     """A parquet part of ``n`` rows whose urls are numbered from ``start``."""
     folder.mkdir(parents=True, exist_ok=True)
-    data = {"url": [f"http://example.com/{i}.jpg" for i in range(start, start + n)], "caption": [f"c {i}" for i in range(start, start + n)]}
+    data = {
+        "url": [f"http://example.com/{i}.jpg" for i in range(start, start + n)],
+        "caption": [f"c {i}" for i in range(start, start + n)],
+    }
     data.update(columns)
     path = folder / name
     pq.write_table(pa.table(data), path)
@@ -88,7 +91,12 @@ def test_a_folder_plans_every_file_with_stable_keys_and_origins(tmp_path):
     # Chunks never span files: 4 rows -> 2 + 2, 3 rows -> 2 + 1.
     assert [c.rows for c in plan.chunks] == [2, 2, 2, 1]
     first, second = tag("part-00000-5f2c.snappy.parquet"), tag("part-00001-5f2c.snappy.parquet")
-    assert [c.name for c in plan.chunks] == [f"{first}-000000", f"{first}-000001", f"{second}-000000", f"{second}-000001"]
+    assert [c.name for c in plan.chunks] == [
+        f"{first}-000000",
+        f"{first}-000001",
+        f"{second}-000000",
+        f"{second}-000001",
+    ]
     assert plan.chunks[0].path.startswith(f"demo/manifests/web/{first}/000000-")
     rows = rows_of(storage, plan)
     keys = [sample_key("web", r["row"]) for r in rows]
@@ -161,7 +169,11 @@ def test_glob_brace_and_recursive_patterns(tmp_path):
 
     assert rels(f"{base}/train/*.csv.gz") == ["train-00000.csv.gz", "train-00001.csv.gz"]
     assert rels(f"{base}/{{train,test}}/*-00000.csv.gz") == ["test/test-00000.csv.gz", "train/train-00000.csv.gz"]
-    assert rels(f"{base}/**/*-00001.csv.gz") == ["dev/dev-00001.csv.gz", "test/test-00001.csv.gz", "train/train-00001.csv.gz"]
+    assert rels(f"{base}/**/*-00001.csv.gz") == [
+        "dev/dev-00001.csv.gz",
+        "test/test-00001.csv.gz",
+        "train/train-00001.csv.gz",
+    ]
     assert rels(str(base)) == [f"{s}/{s}-{i:05d}.csv.gz" for s in ("dev", "test", "train") for i in range(2)]
     rows = [r for t in iter_chunks(source(f"{base}/train/*.csv.gz")) for r in t.to_pylist()]
     assert [(r["url"], r["origin"]) for r in rows] == [
@@ -185,7 +197,10 @@ def test_spark_json_lines_are_taken_when_the_format_says_jsonl(tmp_path):
     "layout, message",
     [
         ({}, "no manifest files"),
-        ({"a.csv": b"url\n", "b.parquet": None}, "files of more than one format (a.csv (csv), b.parquet (parquet)); one source takes one format"),
+        (
+            {"a.csv": b"url\n", "b.parquet": None},
+            "files of more than one format (a.csv (csv), b.parquet (parquet)); one source takes one format",
+        ),
         ({"a.csv.bz2": b""}, "a.csv.bz2: bz2 compression is not supported"),
     ],
 )
@@ -206,7 +221,9 @@ def test_a_pattern_matching_nothing_and_a_missing_folder(tmp_path):
     with pytest.raises(ManifestError, match="no files match"):
         list_manifest_files(source(f"{tmp_path}/*.parquet"))
     with pytest.raises(ManifestError, match="cannot open: No such file or directory"):
-        plan_source(source(f"{tmp_path}/absent.csv"), Storage(str(tmp_path / "store")), "demo")  # neither folder nor pattern: a missing file
+        plan_source(
+            source(f"{tmp_path}/absent.csv"), Storage(str(tmp_path / "store")), "demo"
+        )  # neither folder nor pattern: a missing file
 
 
 # -- files that disagree ----------------------------------------------------------------------
@@ -237,7 +254,10 @@ def test_csv_headers_that_differ_are_named(tmp_path):
     (out / "c.csv").write_text("caption,url\nz,http://a/3.jpg\n")  # the same columns in another order: fine
     with pytest.raises(ManifestError) as info:
         plan_source(source(out), Storage(str(tmp_path / "store")), "demo")
-    assert str(info.value) == f"{out}: the files disagree: b.csv has no column 'caption' (a.csv has); b.csv has a column 'text' that a.csv has not"
+    assert (
+        str(info.value)
+        == f"{out}: the files disagree: b.csv has no column 'caption' (a.csv has); b.csv has a column 'text' that a.csv has not"
+    )
 
 
 def test_a_file_missing_the_url_column_names_itself(tmp_path):
@@ -307,11 +327,23 @@ def test_rows_of_a_folder_source_reconcile(tmp_path):
     plan = plan_source(source(out), storage, "demo")
     rows = [r["row"] for r in rows_of(storage, plan)]
     tally = Reconciliation(plan.rows)
-    ledger = pa.table({"key": [sample_key("web", r) for r in rows], "source": ["web"] * len(rows), "row": rows, "status": ["ok"] * len(rows)})
+    ledger = pa.table(
+        {
+            "key": [sample_key("web", r) for r in rows],
+            "source": ["web"] * len(rows),
+            "row": rows,
+            "status": ["ok"] * len(rows),
+        }
+    )
     tally.add_ledger(ledger)
     tally.add_outputs(ledger.select(["source", "row"]))
     summary = tally.summary()
-    assert (summary["accounted"], summary["duplicates"], summary["orphan_outputs"], summary["unreleased_ok"]) == (7, 0, 0, 0)
+    assert (summary["accounted"], summary["duplicates"], summary["orphan_outputs"], summary["unreleased_ok"]) == (
+        7,
+        0,
+        0,
+        0,
+    )
     tally.add_ledger(ledger.slice(5, 1))
     assert tally.summary()["examples"]["duplicates"] == [sample_key("web", rows[5])]
 
@@ -337,7 +369,9 @@ def test_a_folder_and_a_pattern_on_s3(s3_bucket, tmp_path):
     storage = Storage(f"s3://{bucket}/store", options)
     remote = plan_source(source(f"s3://{bucket}/laion/"), storage, "demo", options)
     here = plan_source(source(local), Storage(str(tmp_path / "store")), "demo")
-    assert [(c.index, c.rows, c.first_row) for c in remote.chunks] == [(c.index, c.rows, c.first_row) for c in here.chunks]
+    assert [(c.index, c.rows, c.first_row) for c in remote.chunks] == [
+        (c.index, c.rows, c.first_row) for c in here.chunks
+    ]
     assert remote.manifest_sha256 == here.manifest_sha256
     rows = rows_of(storage, remote)
     assert rows[0]["origin"] == f"s3://{bucket}/laion/part-00000-5f2c.snappy.parquet:1"

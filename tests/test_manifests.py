@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasks import manifests
-from tasks.manifests import (
+from tasks.formats import manifests
+from tasks.formats.manifests import (
     CHUNK_SCHEMA,
     ChunkRef,
     ManifestError,
@@ -33,9 +33,9 @@ from tasks.manifests import (
     sample_key,
     url_reason,
 )
-from tasks.reasons import REASONS
-from tasks.recipe import SourceConfig
-from tasks.storage import Storage
+from tasks.formats.reasons import REASONS
+from tasks.formats.recipe_download import SourceConfig
+from tasks.formats.storage import Storage
 
 ROWS = [
     {"url": "http://example.com/1.jpg", "caption": "a cat", "license": "cc-by", "width": "640"},
@@ -266,7 +266,9 @@ def test_overlong_jsonl_line_is_skipped_without_holding_it(tmp_path):
     assert [(r["line"], r["reason"]) for r in rows] == [(1, None), (2, "unparsable_row"), (3, None)]
     assert rows[1]["detail"] == "line 2: longer than 1048576 bytes"
     # The row cap and a read block (the line's first MiB), never the 16 MiB line.
-    assert peak < 3 * manifests.careful.MAX_ROW_BYTES + 2 * manifests.jsonl.BLOCK_BYTES, f"peak {peak} bytes for a 16 MiB line"
+    assert peak < 3 * manifests.careful.MAX_ROW_BYTES + 2 * manifests.jsonl.BLOCK_BYTES, (
+        f"peak {peak} bytes for a 16 MiB line"
+    )
 
 
 def test_unclosed_csv_quote_costs_one_capped_row_not_the_file(tmp_path, monkeypatch):
@@ -274,9 +276,12 @@ def test_unclosed_csv_quote_costs_one_capped_row_not_the_file(tmp_path, monkeypa
     text = (
         "url,caption\n"  # 1
         'http://a/1.jpg,"unclosed\n'  # 2: the quote swallows lines until the row cap
-        + "x" * 30 + "\n"  # 3
-        + "y" * 30 + "\n"  # 4: over 64 bytes here; the record ends
-        + "z" * 30 + "\n"  # 5: read fresh: one field, not two
+        + "x" * 30
+        + "\n"  # 3
+        + "y" * 30
+        + "\n"  # 4: over 64 bytes here; the record ends
+        + "z" * 30
+        + "\n"  # 5: read fresh: one field, not two
         + "http://a/2.jpg,fine\n"  # 6
     )
     rows = read_all(source(write(tmp_path / "q.csv", text.encode())))
@@ -338,7 +343,10 @@ def test_parquet_row_over_the_cap_says_how_big(tmp_path, monkeypatch):
     path = tmp_path / "m.parquet"
     pq.write_table(pa.table({"url": ["http://a/1.jpg", "http://a/2.jpg"], "caption": ["short", "x" * 200]}), path)
     rows = read_all(source(path))
-    assert [(r["reason"], r["url"], r["caption"]) for r in rows] == [(None, "http://a/1.jpg", "short"), ("unparsable_row", None, None)]
+    assert [(r["reason"], r["url"], r["caption"]) for r in rows] == [
+        (None, "http://a/1.jpg", "short"),
+        ("unparsable_row", None, None),
+    ]
     assert rows[1]["detail"] == "row 2: the row's values take 216 bytes, over the cap of 100"
 
 
@@ -632,7 +640,7 @@ def test_manifests_on_s3(s3_bucket, tmp_path):
     for name, data in payloads.items():
         fs.pipe(f"{bucket}/in/{name}", data)
 
-    for name, data in payloads.items():
+    for name in payloads:
         assert as_tuples(read_all(source(f"s3://{bucket}/in/{name}", extra_columns=("width",)), options)) == EXPECTED
 
     storage = Storage(f"s3://{bucket}/store", options)
@@ -654,8 +662,24 @@ def test_manifests_on_s3(s3_bucket, tmp_path):
 # -- any bytes --------------------------------------------------------------------------------
 
 _PIECES = [
-    b"url,caption\n", b"url\tcaption\n", b'{"url": "http://a/b.jpg"}', b'{"url": "\\ud800"}', b'"', b",",
-    b"\t", b"\n", b"\r", b"\r\n", b" ", b"{", b"}", b"[", b"http://x/y.jpg", b"\xff", b"\xef\xbb\xbf", b"\x00",
+    b"url,caption\n",
+    b"url\tcaption\n",
+    b'{"url": "http://a/b.jpg"}',
+    b'{"url": "\\ud800"}',
+    b'"',
+    b",",
+    b"\t",
+    b"\n",
+    b"\r",
+    b"\r\n",
+    b" ",
+    b"{",
+    b"}",
+    b"[",
+    b"http://x/y.jpg",
+    b"\xff",
+    b"\xef\xbb\xbf",
+    b"\x00",
 ]
 
 

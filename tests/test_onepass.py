@@ -7,17 +7,27 @@ import io
 
 import pytest
 
-from tasks.download import download_shard, shard_paths
-from tasks.ledger import read_ledger
-from tasks.manifests import plan_source
-from tasks.onepass import download_and_validate
-from tasks.recipe import DownloadConfig, ImageRules, LicensePolicy, NetworkConfig, SourceConfig, ValidateConfig
-from tasks.shards import iter_samples
-from tasks.storage import Storage
-from tasks.validate import candidate_paths, validate_shard
+from tasks.formats.ledger import read_ledger
+from tasks.formats.manifests import plan_source
+from tasks.formats.recipe_download import (
+    DownloadConfig,
+    ImageRules,
+    LicensePolicy,
+    NetworkConfig,
+    SourceConfig,
+    ValidateConfig,
+)
+from tasks.formats.shards import iter_samples
+from tasks.formats.storage import Storage
+from tasks.stages.download import download_shard, shard_paths
+from tasks.stages.onepass import download_and_validate
+from tasks.stages.validate import candidate_paths, validate_shard
 
 DL = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True))
-CFG = ValidateConfig(license=LicensePolicy(allow=("CC0-1.0", "CC-BY-4.0")), image=ImageRules(min_side=32, resize_mode="border", image_size=64))
+CFG = ValidateConfig(
+    license=LicensePolicy(allow=("CC0-1.0", "CC-BY-4.0")),
+    image=ImageRules(min_side=32, resize_mode="border", image_size=64),
+)
 
 ROWS = [  # (path, caption, license): accepted, rejected by each stage, failed fetches
     ("/img/photo.jpg", "a photo", "cc0"),

@@ -18,10 +18,24 @@ def test_overrides_map_to_recipe_keys_with_the_recipe_bounds(monkeypatch):
 
     monkeypatch.delenv("SHARDSMITH_CLUSTER", raising=False)
     o = RecipeOverrides(samples_per_shard=500, max_reject_rate=0.2, extra={"validate.image.min_side": 128})
-    assert o.dotted() == {"reshard.samples_per_shard": 500, "gates.validate.max_reject_rate": 0.2, "validate.image.min_side": 128}
+    assert o.dotted() == {
+        "reshard.samples_per_shard": 500,
+        "gates.validate.max_reject_rate": 0.2,
+        "validate.image.min_side": 128,
+    }
     # Dotted keys at the top level, as callers and --set pass them, land in extra.
-    assert recipe_overrides({"reshard.seed": 3, "min_samples": 10}, workers=2) == {"reshard.seed": 3, "gates.validate.min_samples": 10, "execution.workers": 2}
-    for bad in ({"samples_per_shard": 0}, {"max_reject_rate": 1.5}, {"download_timeout_s": 0}, {"extra": {"Not Dotted": 1}}, {"unknown": 1}):
+    assert recipe_overrides({"reshard.seed": 3, "min_samples": 10}, workers=2) == {
+        "reshard.seed": 3,
+        "gates.validate.min_samples": 10,
+        "execution.workers": 2,
+    }
+    for bad in (
+        {"samples_per_shard": 0},
+        {"max_reject_rate": 1.5},
+        {"download_timeout_s": 0},
+        {"extra": {"Not Dotted": 1}},
+        {"unknown": 1},
+    ):
         with pytest.raises(ValidationError):
             RecipeOverrides.model_validate(bad)
     # The stack's worker names its Dask scheduler; an explicit parameter still wins.
@@ -32,7 +46,7 @@ def test_overrides_map_to_recipe_keys_with_the_recipe_bounds(monkeypatch):
 
 def test_unknown_kind_has_no_flow():
     from flows.nightly import dataset_flow
-    from tasks.recipe import RecipeError
+    from tasks.formats.recipe_base import RecipeError
 
     assert dataset_flow("pretraining").name == "pretraining"
     with pytest.raises(RecipeError):
@@ -42,11 +56,16 @@ def test_unknown_kind_has_no_flow():
 @pytest.mark.slow
 def test_nightly_rebuild_runs_every_dataset_and_says_why(prefect_harness, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+    )
     from prefect.client.schemas.sorting import ArtifactSort
 
     from flows.nightly import SUMMARY_KEY, nightly_rebuild
-    from tasks.demo import prepare_demo
+    from tasks.demo.corpus import prepare_demo
 
     web, expected = prepare_demo(tmp_path / "corpus", n=30, port=0)
     monkeypatch.setenv("SHARDSMITH_DEMO_DIR", str(tmp_path / "corpus"))
@@ -55,11 +74,18 @@ def test_nightly_rebuild_runs_every_dataset_and_says_why(prefect_harness, tmp_pa
     demo = yaml.safe_load((RECIPES / "demo.yaml").read_text())
     (folder / "a-good.yaml").write_text(yaml.safe_dump(demo))
     # The demo has bad rows on purpose: a 100 % success threshold blocks this one.
-    (folder / "b-blocked.yaml").write_text(yaml.safe_dump({**demo, "dataset": "demo-blocked", "gates": {"download": {"min_success_rate": 1.0}}}))
+    (folder / "b-blocked.yaml").write_text(
+        yaml.safe_dump({**demo, "dataset": "demo-blocked", "gates": {"download": {"min_success_rate": 1.0}}})
+    )
     (folder / "c-broken.yaml").write_text(yaml.safe_dump({**demo, "dataset": "demo-broken", "shards_per_night": 3}))
     (folder / "notes.txt").write_text("not a recipe")
     try:
-        state = nightly_rebuild(recipes_dir=str(folder), phases=["download"], overrides={"task_retries": 0, "extra": {"execution.workers": 1}}, return_state=True)
+        state = nightly_rebuild(
+            recipes_dir=str(folder),
+            phases=["download"],
+            overrides={"task_retries": 0, "extra": {"execution.workers": 1}},
+            return_state=True,
+        )
     finally:
         web.stop()
 
@@ -67,12 +93,23 @@ def test_nightly_rebuild_runs_every_dataset_and_says_why(prefect_harness, tmp_pa
     assert state.is_failed() and "2 of 3 datasets" in state.message
     assert list((tmp_path / "corpus" / "store" / "demo" / "download").rglob("*.ledger.parquet"))
     with get_client(sync_client=True) as client:
-        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[SUMMARY_KEY, SUMMARY_KEY + "-table"])), sort=ArtifactSort.CREATED_DESC)
-        subflows = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])))
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[SUMMARY_KEY, SUMMARY_KEY + "-table"])),
+            sort=ArtifactSort.CREATED_DESC,
+        )
+        subflows = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])
+            )
+        )
     table = json.loads(next(a for a in arts if a.key == SUMMARY_KEY + "-table").data)
     rows = {r["dataset"]: r for r in table}
     assert [r["dataset"] for r in table] == ["demo", "demo-blocked", "demo-broken"]
-    assert rows["demo"]["status"] == "done" and rows["demo"]["report"].endswith("report.html") and rows["demo"]["why"] == ""
+    assert (
+        rows["demo"]["status"] == "done"
+        and rows["demo"]["report"].endswith("report.html")
+        and rows["demo"]["why"] == ""
+    )
     assert rows["demo-blocked"]["status"] == "blocked"
     assert "min_success_rate" in rows["demo-blocked"]["why"] or "success" in rows["demo-blocked"]["why"]
     assert rows["demo-blocked"]["report"].endswith("report.html")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.packing import (
+from tasks.finetune.packing import (
     PackingError,
     cu_seqlens,
     fixed_drop_ratio,
@@ -20,7 +20,7 @@ from tasks.packing import (
     padding_cutoff,
     truncate_at_turns,
 )
-from tasks.recipe import PackingConfig, PaddingConfig
+from tasks.formats.recipe_finetune import PackingConfig, PaddingConfig
 
 PACKERS = [pack_balanced_greedy, pack_first_fit_decreasing]
 

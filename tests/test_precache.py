@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks.recipe import PrecacheConfig, PrecacheGate
-from tasks.shards import ShardWriter, iter_samples
-from tasks.storage import Storage
+from tasks.formats.recipe_outputs import PrecacheConfig, PrecacheGate
+from tasks.formats.shards import ShardWriter, iter_samples
+from tasks.formats.storage import Storage
 
 # Distinct R, G and B so a channel swap (BGR) changes the latents.
 COLOURS = [(230, 40, 90), (20, 160, 240), (250, 220, 10), (90, 90, 90), (10, 200, 60)]
@@ -22,7 +22,7 @@ N = 19  # not a multiple of the batch size: the last batch is partial
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    from tasks.tiny_models import make_all
+    from tasks.demo.models import make_all
 
     return make_all(tmp_path_factory.mktemp("models"))
 
@@ -38,17 +38,25 @@ def _image(i: int) -> tuple[str, bytes]:
 
 
 def _caption(i: int) -> str:
-    return ["a red circle", "a blue square above the sea", "yellow stripes", "a grey field", "green dots on a white plain"][i % 5]
+    return [
+        "a red circle",
+        "a blue square above the sea",
+        "yellow stripes",
+        "a grey field",
+        "green dots on a white plain",
+    ][i % 5]
 
 
 def write_shard(storage: Storage, rel: str, n: int = N):
-    from tasks.precache import PrecacheInput
+    from tasks.stages.precache import PrecacheInput
 
     with storage.atomic_writer(rel) as fh:
         w = ShardWriter(fh)
         for i in range(n):
             ext, data = _image(i)
-            w.write_sample(f"src-{i:09d}", {ext: data, "txt": _caption(i).encode(), "json": json.dumps({"i": i}).encode()})
+            w.write_sample(
+                f"src-{i:09d}", {ext: data, "txt": _caption(i).encode(), "json": json.dumps({"i": i}).encode()}
+            )
         w.close()
     sha = hashlib.sha256(storage.read_bytes(rel)).hexdigest()
     return PrecacheInput(rel, sha, tuple(w.records))
@@ -63,13 +71,17 @@ def read_latents(storage: Storage, rel: str) -> list[tuple[str, dict[str, np.nda
 
 
 def cfg(tiny, **kw) -> PrecacheConfig:
-    base = dict(image_latents={"model": str(tiny["vae"]), "resolution": 64}, text={"model": str(tiny["clip-text"]), "max_length": 16}, batch_size=8)
+    base = dict(
+        image_latents={"model": str(tiny["vae"]), "resolution": 64},
+        text={"model": str(tiny["clip-text"]), "max_length": 16},
+        batch_size=8,
+    )
     base.update(kw)
     return PrecacheConfig.model_validate(base)
 
 
 def test_latent_shard_mirrors_the_image_shard(tmp_path, tiny):
-    from tasks.precache import precache_shard, read_ledgers
+    from tasks.stages.precache import precache_shard, read_ledgers
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar")
@@ -99,7 +111,7 @@ def test_values_are_the_encoders_outputs(tmp_path, tiny):
     from diffusers import AutoencoderKL
     from transformers import AutoTokenizer, CLIPTextModel
 
-    from tasks.precache import precache_shard
+    from tasks.stages.precache import precache_shard
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar")
@@ -127,14 +139,18 @@ def test_values_are_the_encoders_outputs(tmp_path, tiny):
 def test_bf16_is_stored_as_raw_bits_and_sample_policy_is_seeded_by_key(tmp_path, tiny):
     import torch
 
-    from tasks.precache import precache_shard
+    from tasks.stages.precache import precache_shard
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar", n=6)
-    c = cfg(tiny, dtype="bf16", image_latents={"model": str(tiny["vae"]), "resolution": 64, "store": "sample"}, text=None)
+    c = cfg(
+        tiny, dtype="bf16", image_latents={"model": str(tiny["vae"]), "resolution": 64, "store": "sample"}, text=None
+    )
     r = precache_shard(st, c, shard, "a")
     got = read_latents(st, r.tar)
-    assert r.encodings["image_latents"]["dtype"] == "bfloat16" and r.encodings["image_latents"]["members"] == ["latent.npy"]
+    assert r.encodings["image_latents"]["dtype"] == "bfloat16" and r.encodings["image_latents"]["members"] == [
+        "latent.npy"
+    ]
     raw = got[0][1]["latent.npy"]
     assert raw.dtype == np.dtype("<u2")
     values = torch.from_numpy(raw.astype(np.int16)).view(torch.bfloat16).float()
@@ -149,7 +165,7 @@ def test_bf16_is_stored_as_raw_bits_and_sample_policy_is_seeded_by_key(tmp_path,
 
 
 def test_rerun_returns_the_recorded_result(tmp_path, tiny):
-    from tasks.precache import precache_shard
+    from tasks.stages.precache import precache_shard
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar", n=5)
@@ -165,11 +181,16 @@ def test_rerun_returns_the_recorded_result(tmp_path, tiny):
 
 
 def test_vision_features_and_text_only(tmp_path, tiny):
-    from tasks.precache import precache_shard
+    from tasks.stages.precache import precache_shard
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar", n=4)
-    r = precache_shard(st, PrecacheConfig(vision={"model": str(tiny["clip-vision"])}, text={"model": str(tiny["t5"])}, batch_size=3), shard, "p")
+    r = precache_shard(
+        st,
+        PrecacheConfig(vision={"model": str(tiny["clip-vision"])}, text={"model": str(tiny["t5"])}, batch_size=3),
+        shard,
+        "p",
+    )
     got = read_latents(st, r.tar)
     # 64 px / patch 16 = 16 patches + the class token.
     assert got[0][1]["vision_emb.npy"].shape == (17, 32) and r.encodings["vision"]["resolution"] == 64
@@ -178,22 +199,29 @@ def test_vision_features_and_text_only(tmp_path, tiny):
 
 
 def test_missing_models_are_named_and_never_downloaded(tmp_path, tiny):
-    from tasks.precache import PrecacheError, check_models
+    from tasks.stages.precache_models import PrecacheError, check_models
 
-    with pytest.raises(PrecacheError, match=r"precache.image_latents.model: no model directory at '/nowhere/vae'.*never downloaded"):
+    with pytest.raises(
+        PrecacheError, match=r"precache.image_latents.model: no model directory at '/nowhere/vae'.*never downloaded"
+    ):
         check_models(PrecacheConfig(image_latents={"model": "/nowhere/vae"}))
     with pytest.raises(PrecacheError, match="precache.text.tokenizer"):
         check_models(PrecacheConfig(text={"model": str(tiny["t5"]), "tokenizer": str(tmp_path / "missing")}))
     with pytest.raises(PrecacheError, match="not a known text encoder"):
-        from tasks.precache import Encoders
+        from tasks.stages.precache_models import Encoders
 
         Encoders(PrecacheConfig(text={"model": str(tiny["vae"])}), "cpu")
 
 
 def test_recipe_resolves_model_paths_against_its_folder(tmp_path):
-    from tasks.recipe import parse_recipe
+    from tasks.formats.recipe import parse_recipe
 
-    data = {"dataset": "d", "storage": "out", "sources": [{"name": "s", "manifest": "m.csv"}], "precache": {"image_latents": {"model": "models/vae"}, "text": {"model": "models/t5"}}}
+    data = {
+        "dataset": "d",
+        "storage": "out",
+        "sources": [{"name": "s", "manifest": "m.csv"}],
+        "precache": {"image_latents": {"model": "models/vae"}, "text": {"model": "models/t5"}},
+    }
     r = parse_recipe(data, tmp_path / "r.yaml")
     assert r.precache.image_latents.model == str(tmp_path / "models" / "vae")
     assert r.precache.text.model == str(tmp_path / "models" / "t5") and r.precache.text.tokenizer is None
@@ -201,7 +229,7 @@ def test_recipe_resolves_model_paths_against_its_folder(tmp_path):
 
 
 def test_shard_on_s3(s3_bucket, tiny):
-    from tasks.precache import precache_shard
+    from tasks.stages.precache import precache_shard
 
     bucket, options = s3_bucket
     st = Storage(f"s3://{bucket}/ds", options)
@@ -225,15 +253,17 @@ def nan_vae(tiny, tmp_path_factory):
 
 
 def test_gate_passes_good_latents_and_blocks_nan_and_bad_scaling(tmp_path, tiny, nan_vae):
-    from tasks.gates import precache_gate
-    from tasks.precache import channel_table, precache_shard, read_ledgers, shard_table
+    from tasks.audit.gates import precache_gate
+    from tasks.stages.precache import channel_table, precache_shard, read_ledgers, shard_table
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar", n=10)
 
     def gate(c: PrecacheConfig, g: PrecacheGate = PrecacheGate(), expected: int = 10):
         r = precache_shard(st, c, shard, "p")
-        return r, precache_gate(read_ledgers(st, [r]), shard_table([r], {shard.tar: 10}), channel_table([r]), expected, g)
+        return r, precache_gate(
+            read_ledgers(st, [r]), shard_table([r], {shard.tar: 10}), channel_table([r]), expected, g
+        )
 
     r, good = gate(cfg(tiny))
     assert good.success, [o.describe() for o in good.outcomes if not o.success]

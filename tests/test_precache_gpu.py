@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.recipe import PrecacheConfig
-from tasks.storage import Storage
+from tasks.formats.recipe_outputs import PrecacheConfig
+from tasks.formats.storage import Storage
 from tests.test_precache import read_latents, write_shard
 
 pytestmark = pytest.mark.gpu
@@ -14,17 +14,24 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tasks.tiny_models import make_all
+    from tasks.demo.models import make_all
 
     return make_all(tmp_path_factory.mktemp("models"))
 
 
 def test_gpu_decode_and_encode_match_the_cpu_path(tmp_path, tiny):
-    from tasks.precache import decode_device, precache_shard, resolve_device
+    from tasks.stages.precache import precache_shard
+    from tasks.stages.precache_batches import decode_device
+    from tasks.stages.precache_models import resolve_device
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar")
-    base = dict(image_latents={"model": str(tiny["vae"]), "resolution": 64}, text={"model": str(tiny["clip-text"]), "max_length": 16}, batch_size=8, dtype="fp32")
+    base = dict(
+        image_latents={"model": str(tiny["vae"]), "resolution": 64},
+        text={"model": str(tiny["clip-text"]), "max_length": 16},
+        batch_size=8,
+        dtype="fp32",
+    )
     gpu_cfg = PrecacheConfig(**base, decode="gpu", device="cuda")
     assert decode_device(gpu_cfg) == "mixed" and resolve_device(gpu_cfg) == "cuda"
     gpu = precache_shard(st, gpu_cfg, shard, "gpu")
@@ -42,7 +49,7 @@ def test_cuda_cluster_runs_precache_tasks_on_gpu_workers(tmp_path, tiny):
     from distributed import Client
 
     from flows.runtime import dask_cluster
-    from tasks.precache import precache_shard
+    from tasks.stages.precache import precache_shard
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar", n=6)

@@ -1,8 +1,10 @@
 """Recipes: validation errors name the file, the key and what was expected."""
 
 import pytest
+from pydantic import ValidationError
 
-from tasks.recipe import RecipeError, load_recipe
+from tasks.formats.recipe import load_recipe
+from tasks.formats.recipe_base import RecipeError
 
 GOOD = """
 dataset: cats
@@ -34,7 +36,7 @@ def test_good_recipe_resolves_relative_paths_against_its_folder(tmp_path):
 
 def test_stage_configs_are_frozen(tmp_path):
     r = load_recipe(write(tmp_path, GOOD))
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         r.download.timeout_s = 1
 
 
@@ -93,7 +95,9 @@ def test_environment_variables_and_defaults(tmp_path, monkeypatch):
 
 
 def test_overrides_use_dotted_keys(tmp_path):
-    r = load_recipe(write(tmp_path, GOOD), {"download.retries": 5, "execution.cluster": "tcp://h:8786", "storage": "s3://b/p"})
+    r = load_recipe(
+        write(tmp_path, GOOD), {"download.retries": 5, "execution.cluster": "tcp://h:8786", "storage": "s3://b/p"}
+    )
     assert (r.download.retries, r.execution.cluster, r.storage) == (5, "tcp://h:8786", "s3://b/p")
     with pytest.raises(RecipeError, match="download.retries: Input should be less than or equal to 10"):
         load_recipe(write(tmp_path, GOOD), {"download.retries": 99})
@@ -109,5 +113,7 @@ def test_recipe_hash_changes_with_content(tmp_path):
 def test_recipe_hash_leaves_out_where_and_how_it_runs(tmp_path):
     """Same content, another store or cluster: the same release fingerprint, so no new release."""
     a = load_recipe(write(tmp_path, GOOD))
-    moved = load_recipe(write(tmp_path, GOOD), {"storage": "s3://b/p", "execution.workers": 7, "execution.cluster": "tcp://h:8786"})
+    moved = load_recipe(
+        write(tmp_path, GOOD), {"storage": "s3://b/p", "execution.workers": 7, "execution.cluster": "tcp://h:8786"}
+    )
     assert a.recipe_hash() == moved.recipe_hash()

@@ -11,7 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasks.records import RecordsError, byte_ranges, iter_records, json_array_records, jsonl_records, range_lines
+from tasks.finetune.records import (
+    RecordsError,
+    byte_ranges,
+    iter_records,
+    json_array_records,
+    jsonl_records,
+    range_lines,
+)
 
 CAP = 64
 GOOD = {"id": "r", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}
@@ -23,10 +30,15 @@ def whole(data: bytes, cap: int = CAP) -> list[tuple]:
 
 def by_ranges(data: bytes, range_bytes: int, cap: int = CAP, block: int = 5) -> list[tuple]:
     """Every range read on its own, the way the ingest tasks do, rows numbered by a count first."""
-    counts = [sum(1 for _ in range_lines(io.BytesIO(data), s, e, cap, block)) for s, e in byte_ranges(len(data), range_bytes)]
+    counts = [
+        sum(1 for _ in range_lines(io.BytesIO(data), s, e, cap, block)) for s, e in byte_ranges(len(data), range_bytes)
+    ]
     out, first = [], 0
     for (s, e), n in zip(byte_ranges(len(data), range_bytes), counts):
-        out += [(r.row, r.offset, r.record, r.reason) for r in jsonl_records(range_lines(io.BytesIO(data), s, e, cap, block), first, cap)]
+        out += [
+            (r.row, r.offset, r.record, r.reason)
+            for r in jsonl_records(range_lines(io.BytesIO(data), s, e, cap, block), first, cap)
+        ]
         first += n
     return out
 
@@ -48,14 +60,20 @@ def test_a_record_split_across_a_range_boundary_is_read_once_by_the_range_it_sta
 def test_crlf_blank_lines_no_trailing_newline_and_long_lines_agree_at_every_range_size():
     data = (
         b'{"a": 1}\r\n\r\n   \n{"b": 2}\r\n'
-        + b"x" * 200 + b"\n"  # over the cap: one unparsable row, never held
-        + b" " * 300 + b"\r\n"  # whitespace only: blank, whatever its length
+        + b"x" * 200
+        + b"\n"  # over the cap: one unparsable row, never held
+        + b" " * 300
+        + b"\r\n"  # whitespace only: blank, whatever its length
         + b'{"c": \xff}\n{not json\n{"d": 4}'  # no trailing newline
     )
     expected = whole(data)
     assert [(row, rec, reason) for row, _, rec, reason in expected] == [
-        (0, {"a": 1}, None), (1, {"b": 2}, None), (2, None, "unparsable_row"),
-        (3, None, "unparsable_row"), (4, None, "unparsable_row"), (5, {"d": 4}, None),
+        (0, {"a": 1}, None),
+        (1, {"b": 2}, None),
+        (2, None, "unparsable_row"),
+        (3, None, "unparsable_row"),
+        (4, None, "unparsable_row"),
+        (5, {"d": 4}, None),
     ]
     for range_bytes in range(1, len(data) + 2):
         assert by_ranges(data, range_bytes) == expected, range_bytes
@@ -86,7 +104,13 @@ _LINE = st.one_of(
 
 
 @settings(max_examples=200, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(_LINE, max_size=12), st.sampled_from([b"\n", b"\r\n"]), st.booleans(), st.integers(1, 60), st.integers(1, 9))
+@given(
+    st.lists(_LINE, max_size=12),
+    st.sampled_from([b"\n", b"\r\n"]),
+    st.booleans(),
+    st.integers(1, 60),
+    st.integers(1, 9),
+)
 def test_any_range_split_reads_what_one_pass_reads(lines, eol, trailing, range_bytes, block):
     data = eol.join(lines) + (eol if trailing and lines else b"")
     assert by_ranges(data, range_bytes, block=block) == whole(data)
@@ -111,7 +135,11 @@ def test_a_broken_element_with_balanced_brackets_is_one_row_and_reading_resumes(
     data = b'[{"n": 0}, {"n": tru, "x": [1, "]"]}, {"n": 2},\n {"n": 3} 4, {"n": 5}]'
     rows = array(data)
     assert [(row, rec, reason) for row, rec, reason, _ in rows] == [
-        (0, {"n": 0}, None), (1, None, "unparsable_row"), (2, {"n": 2}, None), (3, None, "unparsable_row"), (4, {"n": 5}, None),
+        (0, {"n": 0}, None),
+        (1, None, "unparsable_row"),
+        (2, {"n": 2}, None),
+        (3, None, "unparsable_row"),
+        (4, {"n": 5}, None),
     ]
     assert rows[1][3] == "byte 11: Expecting value at character 6 of the element"
     assert rows[3][3] == "byte 49: '4' after a value where ',' or ']' belongs"
@@ -120,8 +148,14 @@ def test_a_broken_element_with_balanced_brackets_is_one_row_and_reading_resumes(
 def test_an_element_that_cannot_be_framed_keeps_the_records_before_it_and_makes_the_rest_one_row():
     data = b'[{"n": 0}, {"n": 1}, {"n": "unclosed}, {"n": 3}, {"n": 4}]'
     rows = array(data)
-    assert [(row, rec, reason) for row, rec, reason, _ in rows] == [(0, {"n": 0}, None), (1, {"n": 1}, None), (2, None, "unparsable_row")]
-    assert rows[2][3].startswith("byte 21: ") and rows[2][3].endswith(f"the rest of the array ({len(data) - 21} bytes) is this one row")
+    assert [(row, rec, reason) for row, rec, reason, _ in rows] == [
+        (0, {"n": 0}, None),
+        (1, {"n": 1}, None),
+        (2, None, "unparsable_row"),
+    ]
+    assert rows[2][3].startswith("byte 21: ") and rows[2][3].endswith(
+        f"the rest of the array ({len(data) - 21} bytes) is this one row"
+    )
     truncated = array(b'[{"n": 0}, {"n": 1}, {"n"')  # a download cut short
     assert [r[2] for r in truncated] == [None, None, "unparsable_row"]
 
@@ -129,11 +163,19 @@ def test_an_element_that_cannot_be_framed_keeps_the_records_before_it_and_makes_
 def test_array_edge_cases():
     assert [r[1] for r in array(b"\xef\xbb\xbf [1 , 2\n,3]\n")] == [1, 2, 3]  # byte order mark, spacing
     assert [r[1] for r in array(b"[1,,2,]")] == [1, 2]  # empty elements hold no record
-    assert [r[2:] for r in array(b'["\xc3\xa9", "\xff", 5]')][1] == ("unparsable_row", "byte 7: not UTF-8: byte 0xff at character 1 of the element")
+    assert [r[2:] for r in array(b'["\xc3\xa9", "\xff", 5]')][1] == (
+        "unparsable_row",
+        "byte 7: not UTF-8: byte 0xff at character 1 of the element",
+    )
     assert array(b"[1, 2")[-1][3] == "byte 5: the file ends inside the array: no closing ']'"
-    assert array(b"[1] [2]")[-1][2:] == ("unparsable_row", "byte 4: content after the closing ']' of the array, not read")
+    assert array(b"[1] [2]")[-1][2:] == (
+        "unparsable_row",
+        "byte 4: content after the closing ']' of the array, not read",
+    )
     over = array(b'[1, "' + b"z" * 500 + b'", 3]')
-    assert [r[2] for r in over] == [None, "unparsable_row", None] and over[1][3] == f"byte 4: record of 502 bytes over max_record_bytes {CAP}"
+    assert [r[2] for r in over] == [None, "unparsable_row", None] and over[1][
+        3
+    ] == f"byte 4: record of 502 bytes over max_record_bytes {CAP}"
     for bad in (b'{"a": 1}', b"  ", b"nul"):
         with pytest.raises(RecordsError, match="expected a JSON array"):
             array(bad)
@@ -162,7 +204,7 @@ def test_an_oversized_record_is_never_held(fmt):
         read = lambda: [(r.row, r.reason) for r in json_array_records(blocks, 1 << 20, "big.json")]  # noqa: E731
     else:
         blocks = _repeat(b'{"n": 0}\n', piece, 64, b'\n{"n": 2}\n')
-        from tasks.records import iter_lines
+        from tasks.finetune.records import iter_lines
 
         read = lambda: [(r.row, r.reason) for r in jsonl_records(iter_lines(blocks, 0, None, 1 << 20), 0, 1 << 20)]  # noqa: E731
     tracemalloc.start()

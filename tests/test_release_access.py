@@ -12,10 +12,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from release_fixtures import finetuning_release, pretraining_release
-from tasks.release import place_file
-from tasks.storage import Storage, file_modes
+
+from tasks.formats.storage import Storage, file_modes
+from tasks.stages.release import place_file
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534  # uid and gid of nobody / nogroup on Debian
@@ -23,7 +23,7 @@ NOBODY = 65534  # uid and gid of nobody / nogroup on Debian
 # Run as root, with the project's interpreter (which may live where nobody cannot read, such as
 # a pyenv under /root): import what the reading needs and warm it up on a private copy, then drop
 # to nobody and read the release: every later open() is judged against nobody's rights.
-_AS_NOBODY = r'''
+_AS_NOBODY = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
 from loaders.release import open_release
@@ -53,7 +53,7 @@ try:
 except Exception as err:
     out["opened"] = f"{type(err).__name__}: {err}"
 print(json.dumps(out))
-'''
+"""
 
 
 def _need_root() -> None:
@@ -87,7 +87,9 @@ def _assert_modes(root: Path, file_mode: int, dir_mode: int) -> None:
     """Every file under ``root`` has ``file_mode`` and every folder (``root`` too) ``dir_mode``."""
     for path in [root, *root.rglob("*")]:
         want = dir_mode if path.is_dir() else file_mode
-        assert stat.S_IMODE(path.stat().st_mode) == want, f"{path}: {stat.S_IMODE(path.stat().st_mode):o}, want {want:o}"
+        assert stat.S_IMODE(path.stat().st_mode) == want, (
+            f"{path}: {stat.S_IMODE(path.stat().st_mode):o}, want {want:o}"
+        )
 
 
 def _read_as_nobody(dataset: Path, private_copy: Path) -> dict:
@@ -113,10 +115,22 @@ def test_a_release_made_under_umask_077_is_read_whole_by_nobody(shared_dir, stri
     assert got["uid"] == NOBODY
     assert got["denied"] == []
     release = "releases/v0001/"
-    expected = {"releases/LATEST", release + "index.json", release + ".nv-meta/dataset.yaml", release + ".nv-meta/split.yaml",
-                release + ".nv-meta/.info.json", release + "wids-index.json"}
+    expected = {
+        "releases/LATEST",
+        release + "index.json",
+        release + ".nv-meta/dataset.yaml",
+        release + ".nv-meta/split.yaml",
+        release + ".nv-meta/.info.json",
+        release + "wids-index.json",
+    }
     for j in range(2):
-        for name in (f"shard-{j:06d}.tar", f"shard-{j:06d}.idx", f"shard-{j:06d}.tar.idx", f"latents/shard-{j:06d}.tar", f"latents/shard-{j:06d}.idx"):
+        for name in (
+            f"shard-{j:06d}.tar",
+            f"shard-{j:06d}.idx",
+            f"shard-{j:06d}.tar.idx",
+            f"latents/shard-{j:06d}.tar",
+            f"latents/shard-{j:06d}.idx",
+        ):
             expected.add(release + name)
     assert set(got["read"]) == expected
     assert got["opened"] == {"version": "v0001", "samples": 5, "entries": 5}
@@ -165,7 +179,13 @@ def test_placing_an_old_private_work_file_gives_it_the_release_mode(tmp_path, st
 
 @pytest.mark.parametrize(
     ("value", "modes"),
-    [(None, (0o644, 0o755)), ("0640", (0o640, 0o750)), ("600", (0o600, 0o700)), (0o604, (0o604, 0o705)), ("0o644", (0o644, 0o755))],
+    [
+        (None, (0o644, 0o755)),
+        ("0640", (0o640, 0o750)),
+        ("600", (0o600, 0o700)),
+        (0o604, (0o604, 0o705)),
+        ("0o644", (0o644, 0o755)),
+    ],
 )
 def test_file_modes(value, modes):
     assert file_modes(value) == modes
@@ -178,7 +198,8 @@ def test_file_modes_refuse_looser_unwritable_or_unreadable_values(value):
 
 
 def test_a_recipe_refuses_a_bad_file_mode_at_load(tmp_path):
-    from tasks.recipe import RecipeError, parse_recipe
+    from tasks.formats.recipe import parse_recipe
+    from tasks.formats.recipe_base import RecipeError
 
     base = {"dataset": "x", "storage": str(tmp_path), "sources": [{"name": "a", "manifest": str(tmp_path / "m.csv")}]}
     assert parse_recipe({**base, "storage_options": {"file_mode": 0o640}}).storage_options == {"file_mode": 0o640}

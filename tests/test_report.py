@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.reasons import REASONS
-from tasks.report import load_run, render_html, summary_text, write_report
-from tasks.report_views import BLOCKED, IN_PROGRESS, PASSED, group_reasons, reason_group
-from tasks.storage import Storage
+from tasks.audit.report import load_run, render_html, summary_text, write_report
+from tasks.audit.report_views import BLOCKED, IN_PROGRESS, PASSED, group_reasons, reason_group
+from tasks.formats.reasons import REASONS
+from tasks.formats.storage import Storage
 
 HOSTILE = '<script>alert("x")</script>'
 
@@ -70,7 +70,12 @@ def make_run(blocked: str | None = None) -> dict:
                 "rejected": 18,
                 "error": 0,
                 # duplicate_of:<key> carries a payload; it must be counted as one group (5 + 6).
-                "by_reason": {"duplicate_of:photos-000001": 5, "duplicate_of:art-000007": 6, "made_up_reason": 6, HOSTILE: 1},
+                "by_reason": {
+                    "duplicate_of:photos-000001": 5,
+                    "duplicate_of:art-000007": 6,
+                    "made_up_reason": 6,
+                    HOSTILE: 1,
+                },
                 "by_license": {"CC-BY-4.0": 120, "CC0-1.0": 160},
                 "seconds": 3.0,
                 "samples_per_s": 93.3,
@@ -96,7 +101,11 @@ def make_run(blocked: str | None = None) -> dict:
                         },
                     ],
                 },
-                "links": {"data_docs": "gates/data_docs/index.html", "json": "gates/validate.json", "evil": "javascript:alert(1)"},
+                "links": {
+                    "data_docs": "gates/data_docs/index.html",
+                    "json": "gates/validate.json",
+                    "evil": "javascript:alert(1)",
+                },
             },
         ],
         "blocked": blocked,
@@ -112,30 +121,87 @@ def make_samples() -> pa.Table:
     for i, w in enumerate(OK_WIDTHS):
         h = 100 + 10 * i
         rows.append(
-            {"key": f"photos-{i:06d}", "source": "photos", "status": "ok", "reason": None, "license": "CC0-1.0",
-             "width": w, "height": h, "aspect": (w / h) if w else None, "caption_chars": 10 * i, "bytes": 1000 + i,
-             "caption": f"a photo {i}", "thumbnail": None}
+            {
+                "key": f"photos-{i:06d}",
+                "source": "photos",
+                "status": "ok",
+                "reason": None,
+                "license": "CC0-1.0",
+                "width": w,
+                "height": h,
+                "aspect": (w / h) if w else None,
+                "caption_chars": 10 * i,
+                "bytes": 1000 + i,
+                "caption": f"a photo {i}",
+                "thumbnail": None,
+            }
         )
     # 5 duplicates with thumbnails (two different payloads), 1 low_resolution with one, 1 hostile without.
     for i in range(5):
         rows.append(
-            {"key": f"art-{i:06d}", "source": "art", "status": "rejected", "reason": f"duplicate_of:photos-00000{i % 2}",
-             "license": "CC-BY-4.0", "width": 99, "height": 99, "aspect": 1.0, "caption_chars": 3, "bytes": 50,
-             "caption": HOSTILE if i == 0 else "dup", "thumbnail": jpeg((10 * i, 20, 30))}
+            {
+                "key": f"art-{i:06d}",
+                "source": "art",
+                "status": "rejected",
+                "reason": f"duplicate_of:photos-00000{i % 2}",
+                "license": "CC-BY-4.0",
+                "width": 99,
+                "height": 99,
+                "aspect": 1.0,
+                "caption_chars": 3,
+                "bytes": 50,
+                "caption": HOSTILE if i == 0 else "dup",
+                "thumbnail": jpeg((10 * i, 20, 30)),
+            }
         )
     rows.append(
-        {"key": "art-000100", "source": "art", "status": "rejected", "reason": "low_resolution", "license": "CC0-1.0",
-         "width": 8, "height": 8, "aspect": 1.0, "caption_chars": 4, "bytes": 20, "caption": "tiny", "thumbnail": jpeg()}
+        {
+            "key": "art-000100",
+            "source": "art",
+            "status": "rejected",
+            "reason": "low_resolution",
+            "license": "CC0-1.0",
+            "width": 8,
+            "height": 8,
+            "aspect": 1.0,
+            "caption_chars": 4,
+            "bytes": 20,
+            "caption": "tiny",
+            "thumbnail": jpeg(),
+        }
     )
     rows.append(
-        {"key": HOSTILE, "source": "art", "status": "rejected", "reason": HOSTILE, "license": None,
-         "width": None, "height": None, "aspect": None, "caption_chars": None, "bytes": None, "caption": None, "thumbnail": None}
+        {
+            "key": HOSTILE,
+            "source": "art",
+            "status": "rejected",
+            "reason": HOSTILE,
+            "license": None,
+            "width": None,
+            "height": None,
+            "aspect": None,
+            "caption_chars": None,
+            "bytes": None,
+            "caption": None,
+            "thumbnail": None,
+        }
     )
-    schema = pa.schema([
-        ("key", pa.string()), ("source", pa.string()), ("status", pa.string()), ("reason", pa.string()),
-        ("license", pa.string()), ("width", pa.int32()), ("height", pa.int32()), ("aspect", pa.float64()),
-        ("caption_chars", pa.int32()), ("bytes", pa.int64()), ("caption", pa.string()), ("thumbnail", pa.binary()),
-    ])
+    schema = pa.schema(
+        [
+            ("key", pa.string()),
+            ("source", pa.string()),
+            ("status", pa.string()),
+            ("reason", pa.string()),
+            ("license", pa.string()),
+            ("width", pa.int32()),
+            ("height", pa.int32()),
+            ("aspect", pa.float64()),
+            ("caption_chars", pa.int32()),
+            ("bytes", pa.int64()),
+            ("caption", pa.string()),
+            ("thumbnail", pa.binary()),
+        ]
+    )
     return pa.Table.from_pylist(rows, schema=schema)
 
 
@@ -222,7 +288,11 @@ def test_reasons_are_grouped_described_and_sorted(page, page_html):
     assert page.cell("reasons", "validate", "made_up_reason", "status")["text"] == ""
     order = [r["data-key"] for r in page.find("tr") if r.get("data-key") in ("too_large", "not_an_image", "http_404")]
     assert order == ["too_large", "not_an_image", "http_404"]
-    assert group_reasons({"b": 1, "a": 1, "duplicate_of:x": 1, "duplicate_of:y": 2}) == {"duplicate_of": 3, "a": 1, "b": 1}
+    assert group_reasons({"b": 1, "a": 1, "duplicate_of:x": 1, "duplicate_of:y": 2}) == {
+        "duplicate_of": 3,
+        "a": 1,
+        "b": 1,
+    }
     assert reason_group("duplicate_of:a:b") == "duplicate_of"
 
 
@@ -248,7 +318,12 @@ def test_gate_outcomes_show_thresholds_and_colour(page):
     assert page.find("span", data_gate="validate")[0]["class"] == "fail"
     assert page.find("span", data_gate="download")[0]["class"] == "pass"
     hrefs = [a["href"] for a in page.find("a") if "href" in a and not a["href"].startswith("#")]
-    assert hrefs == ["gates/data_docs/index.html", "gates/download.json", "gates/data_docs/index.html", "gates/validate.json"]
+    assert hrefs == [
+        "gates/data_docs/index.html",
+        "gates/download.json",
+        "gates/data_docs/index.html",
+        "gates/validate.json",
+    ]
 
 
 def test_banner_passed_blocked_and_in_progress(page, samples):
@@ -295,7 +370,12 @@ def test_nothing_external(page_html, page):
         assert url.startswith(("data:image/", "#")) or re.fullmatch(r"[\w./-]+", url), url
     run = make_run()
     run["phases"] = run["phases"][:1]
-    run["phases"][0]["links"] = {"a": "https://evil.example/x", "b": "//evil.example/x", "c": "/etc/passwd", "d": "\\\\evil\\x"}
+    run["phases"][0]["links"] = {
+        "a": "https://evil.example/x",
+        "b": "//evil.example/x",
+        "c": "/etc/passwd",
+        "d": "\\\\evil\\x",
+    }
     assert [u for u in Page(render_html(run, None)).urls if not u.startswith("#")] == []
 
 
@@ -325,12 +405,21 @@ def test_small_integer_ranges_get_a_bin_per_value():
     t = pa.table({"status": ["ok"] * 4, "reason": pa.array([None] * 4, pa.string()), "width": [3, 3, 5, 7]})
     p = Page(render_html({"dataset": "d", "run": "r", "phases": []}, t))
     bars = [a for t, a in p.tags if t == "rect" and a.get("class") == "bar"]
-    assert [(b["data-lo"], b["data-count"]) for b in bars] == [("3", "2"), ("4", "0"), ("5", "1"), ("6", "0"), ("7", "1")]
+    assert [(b["data-lo"], b["data-count"]) for b in bars] == [
+        ("3", "2"),
+        ("4", "0"),
+        ("5", "1"),
+        ("6", "0"),
+        ("7", "1"),
+    ]
 
 
 def test_deterministic(page_html, samples):
     assert render_html(make_run(), samples, max_thumbnails_per_reason=3) == page_html
-    assert render_html(make_run(), samples.take(list(range(samples.num_rows))[::-1]), max_thumbnails_per_reason=3) == page_html
+    assert (
+        render_html(make_run(), samples.take(list(range(samples.num_rows))[::-1]), max_thumbnails_per_reason=3)
+        == page_html
+    )
 
 
 def test_empty_and_missing_samples_render():
@@ -346,7 +435,7 @@ def test_summary_text():
     assert "download: 306 rows, 298 ok, 7 rejected, 1 error (12.3 s, 24.2 samples/s)" in text
     assert "validate: 298 rows, 280 ok, 18 rejected, 0 error" in text
     lines = text.splitlines()
-    reasons = [ln.split() for ln in lines[lines.index("  reasons:") + 1:][:3]]
+    reasons = [ln.split() for ln in lines[lines.index("  reasons:") + 1 :][:3]]
     assert reasons == [["4", "too_large"], ["3", "not_an_image"], ["1", "http_404"]]
     assert "    11  duplicate_of" in text
     assert "    PASS  success rate >= 0.5 (status, threshold >= 0.5, observed 0.97)" in lines
@@ -391,12 +480,19 @@ def test_write_and_load_round_trip(tmp_path, samples):
 def test_plots_for_the_ui_are_standalone_svg_files(samples):
     import xml.etree.ElementTree as ET
 
-    from tasks.report import plot_svgs
+    from tasks.audit.report import plot_svgs
 
     run = make_run()
     run["phases"][0]["phase"] = HOSTILE
     plots = plot_svgs(run, samples)
-    assert list(plots) == ["status-script-alert-x-script", "status-validate", "hist-width", "hist-height", "hist-aspect", "hist-caption_chars"]
+    assert list(plots) == [
+        "status-script-alert-x-script",
+        "status-validate",
+        "hist-width",
+        "hist-height",
+        "hist-aspect",
+        "hist-caption_chars",
+    ]
     for name, svg in plots.items():
         root = ET.fromstring(svg)  # well-formed on its own: an <img> data: URI shows it
         assert root.tag == "{http://www.w3.org/2000/svg}svg", name
@@ -408,17 +504,27 @@ def test_plots_for_the_ui_are_standalone_svg_files(samples):
 
 
 def test_run_summary_markdown_escapes_and_counts(samples):
-    from tasks.report_markdown import gate_rows, md, reason_rows, run_summary
+    from tasks.audit.report_markdown import gate_rows, md, reason_rows, run_summary
 
-    assert md("a|b <img src=x onerror=y> [l](javascript:x) `c`\n#") == "a\\|b \\<img src=x onerror=y\\> \\[l\\](javascript:x) \\`c\\` \\#"
+    assert (
+        md("a|b <img src=x onerror=y> [l](javascript:x) `c`\n#")
+        == "a\\|b \\<img src=x onerror=y\\> \\[l\\](javascript:x) \\`c\\` \\#"
+    )
     run = make_run(blocked="validate gate failed <b>")
     text = run_summary(run, samples, {"audit report": "[report.html](http://127.0.0.1:4280/r.html)"})
     assert "**BLOCKED**: validate gate failed \\<b\\>" in text
     assert "- audit report: [report.html](http://127.0.0.1:4280/r.html)" in text
-    assert "| download | 306 | 298 | 7 | 1 | 12.3 | PASS |" in text and "| validate | 298 | 280 | 18 | 0 | 3.0 | **FAIL** |" in text
+    assert (
+        "| download | 306 | 298 | 7 | 1 | 12.3 | PASS |" in text
+        and "| validate | 298 | 280 | 18 | 0 | 3.0 | **FAIL** |" in text
+    )
     assert "2 of 3 checks passed." in text and "| validate | accept rate \\>= 0.99 | \\>= 0.99 | 0.9396 |" in text
     assert text.count("](data:image/svg+xml;base64,") == 6
     assert "\\<script\\>" in text and not re.search(r"(?<!\\)<script", text)  # the hostile reason, escaped
     assert [(r["phase"], r["reason"], r["rows"]) for r in reason_rows(run)][:4] == [
-        ("download", "too_large", 4), ("download", "not_an_image", 3), ("download", "http_404", 1), ("validate", "duplicate_of", 11)]
+        ("download", "too_large", 4),
+        ("download", "not_an_image", 3),
+        ("download", "http_404", 1),
+        ("validate", "duplicate_of", 11),
+    ]
     assert [g["result"] for g in gate_rows(run)] == ["PASS", "FAIL", "PASS"]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.report_web import REPORT_URL_ENV, ReportServer, report_link, safe_rel
-from tasks.storage import Storage
+from tasks.audit.report_web import REPORT_URL_ENV, ReportServer, report_link, safe_rel
+from tasks.formats.storage import Storage
 
 PROJECT = Path(__file__).resolve().parent.parent
 PAGE = b"<!DOCTYPE html><title>report</title><p>ok</p>\n"
@@ -59,9 +59,16 @@ def test_safe_rel():
     assert safe_rel("/demo/reports/r/report.html") == "demo/reports/r/report.html"
     assert safe_rel("/demo/reports/r/report.html?x=1#y") == "demo/reports/r/report.html"
     assert safe_rel("/") == "" and safe_rel("/demo/") == "demo"
-    for bad in ("/demo/reports/../download/000000.tar", "/%2e%2e/secret.txt", "/demo/reports/r/%2E%2E/%2E%2E/x",
-                "/demo/download/000000.tar", "/demo/reports/r\\..\\..\\x", "/demo/reports/.git/config", "/demo/reports/a%00b",
-                "/demo/releases/v0001/index.json"):
+    for bad in (
+        "/demo/reports/../download/000000.tar",
+        "/%2e%2e/secret.txt",
+        "/demo/reports/r/%2E%2E/%2E%2E/x",
+        "/demo/download/000000.tar",
+        "/demo/reports/r\\..\\..\\x",
+        "/demo/reports/.git/config",
+        "/demo/reports/a%00b",
+        "/demo/releases/v0001/index.json",
+    ):
         assert safe_rel(bad) is None, bad
 
 
@@ -86,11 +93,21 @@ def test_server_serves_reports_read_only(served):
     assert (store / "demo" / "reports" / "20261201T000000Z-abc" / "report.html").read_bytes() == PAGE
 
 
-@pytest.mark.parametrize("path", [
-    "/../secret.txt", "/demo/reports/../../secret.txt", "/%2e%2e/secret.txt", "/demo/reports/%2e%2e%2f%2e%2e%2fsecret.txt",
-    "/demo/download/000000.tar", "/demo/reports/..%5c..%5csecret.txt", "/demo/reports/20261201T000000Z-abc/leak.txt",
-    "//etc/passwd", "/demo/reports/nope/report.html", "/demo/reports/20261201T000000Z-abc/report.html%00.txt",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/../secret.txt",
+        "/demo/reports/../../secret.txt",
+        "/%2e%2e/secret.txt",
+        "/demo/reports/%2e%2e%2f%2e%2e%2fsecret.txt",
+        "/demo/download/000000.tar",
+        "/demo/reports/..%5c..%5csecret.txt",
+        "/demo/reports/20261201T000000Z-abc/leak.txt",
+        "//etc/passwd",
+        "/demo/reports/nope/report.html",
+        "/demo/reports/20261201T000000Z-abc/report.html%00.txt",
+    ],
+)
 def test_server_refuses_what_is_not_a_report(served, path):
     url, _ = served
     status, _, body = request(url, path)
@@ -124,8 +141,14 @@ def test_links_base_url_presigned_or_path(tmp_path, s3_bucket, monkeypatch):
 
 def test_cli_report_serve(store):
     env = {**os.environ, "PYTHONPATH": str(PROJECT)}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "report", "--serve", "--storage", str(store), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=PROJECT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "report", "--serve", "--storage", str(store), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=PROJECT,
+    )
     try:
         first = proc.stdout.readline()
         url = re.search(r"at (http://127\.0\.0\.1:\d+)/", first).group(1)

@@ -10,12 +10,21 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from tasks.ledger import LedgerRow, read_ledger, write_ledger
-from tasks.reshard import INCOMPLETE, InputShard, OutputPlan, census_input, count_inputs, group_outputs, plan_reshard
-from tasks.reshard_build import build_output, build_outputs
-from tasks.reshard_check import Layout, check_file
-from tasks.shards import ShardError, ShardWriter, iter_samples
-from tasks.storage import Storage
+from tasks.formats.ledger import LedgerRow, read_ledger, write_ledger
+from tasks.formats.shards import ShardWriter, iter_samples
+from tasks.formats.storage import Storage
+from tasks.formats.tar_reader import ShardError
+from tasks.stages.reshard import (
+    INCOMPLETE,
+    InputShard,
+    OutputPlan,
+    census_input,
+    count_inputs,
+    group_outputs,
+    plan_reshard,
+)
+from tasks.stages.reshard_build import build_output, build_outputs
+from tasks.stages.reshard_check import Layout, check_file
 
 COUNTS = (7, 0, 13, 5)
 
@@ -57,8 +66,17 @@ def make_input(
             rec = writer.write_sample(key, members)
             digest = hashlib.sha256(members["jpg"]).hexdigest()
             rows.append(
-                LedgerRow(key=key, source=source, row=row, shard=tar, bytes=len(members["jpg"]), sha256=digest,
-                          offset=rec.offset, length=rec.length, members=rec.members_as_dicts())
+                LedgerRow(
+                    key=key,
+                    source=source,
+                    row=row,
+                    shard=tar,
+                    bytes=len(members["jpg"]),
+                    sha256=digest,
+                    offset=rec.offset,
+                    length=rec.length,
+                    members=rec.members_as_dicts(),
+                )
             )
     rows.sort(key=lambda r: r.row)
     write_ledger(storage, ledger, rows)
@@ -138,7 +156,9 @@ def test_rerun_converges_same_names_and_skipped(dataset):
     again = build_all(storage, plan)
     assert [r.tar for r in again] == [r.tar for r in first]
     assert all(r.skipped for r in again) and not any(r.skipped for r in first)
-    assert [(r.samples, r.bytes, r.sha256, r.records) for r in again] == [(r.samples, r.bytes, r.sha256, r.records) for r in first]
+    assert [(r.samples, r.bytes, r.sha256, r.records) for r in again] == [
+        (r.samples, r.bytes, r.sha256, r.records) for r in first
+    ]
     assert [os.stat(storage.path(r.tar)).st_mtime_ns for r in again] == mtimes
     # a different N, seed or set of inputs is a different plan under different names
     assert plan_reshard(inputs, 9, prefix="ds/reshard").digest != plan.digest
@@ -449,7 +469,9 @@ def test_outputs_follow_the_ledger_order_when_the_tar_order_differs(completion_o
                     assert sample.members == members[sample.key]
         # Reads sorted by offset inside each window (object stores) write the same bytes.
         for window in (1, 5_000, 1 << 26):
-            read = build_all(unmapped, plan_reshard(inputs, 10, prefix=f"co{seed}-w{window}", seed=seed), window_bytes=window)
+            read = build_all(
+                unmapped, plan_reshard(inputs, 10, prefix=f"co{seed}-w{window}", seed=seed), window_bytes=window
+            )
             assert [r.sha256 for r in read] == [r.sha256 for r in mapped]
             assert [r.records for r in read] == [r.records for r in mapped]
         # A rerun after the outputs are gone writes them byte for byte again.
@@ -485,7 +507,9 @@ def test_a_damaged_output_fails_its_check_on_the_rerun(dataset):
     storage, inputs, _ = dataset
     plan = plan_reshard(inputs, 10, prefix="ds/reshard")
     first = build_all(storage, plan)
-    assert all(r.check == {**r.check, "readable": True, "complete": True, "checksum_ok": True, "detail": None} for r in first)
+    assert all(
+        r.check == {**r.check, "readable": True, "complete": True, "checksum_ok": True, "detail": None} for r in first
+    )
     assert [r.check["samples"] for r in first] == [10, 10, 5]
 
     # A member name changed inside a header block: the header checksum no longer matches.
@@ -506,7 +530,7 @@ def test_a_damaged_output_fails_its_check_on_the_rerun(dataset):
     # longer the size its recorded sha256 covers.
     import pyarrow as pa
 
-    from tasks.gates import reshard_gate
+    from tasks.audit.gates import reshard_gate
 
     rows = [dict(r.check, is_last=(i == len(again) - 1)) for i, r in enumerate(again)]
     gate = reshard_gate(pa.Table.from_pylist(rows), 10, 25)
@@ -572,7 +596,9 @@ def test_counting_ok_rows_when_the_ledger_vouches_for_completeness(tmp_path):
         ledgers.append(ledger)
     counted = count_inputs(storage, tars, ledgers)
     assert [s.count for s in counted] == [8, 6]
-    assert counted[0].bytes == sum(r["length"] for r in read_ledger(storage, ledgers[0]).to_pylist() if r["status"] == "ok")
+    assert counted[0].bytes == sum(
+        r["length"] for r in read_ledger(storage, ledgers[0]).to_pylist() if r["status"] == "ok"
+    )
     plan = plan_reshard(counted, 5, prefix="p")
     assert build_output(storage, plan.outputs[0]).samples == 5  # input 0 only
     # Input 1 broke the promise: one ok row lacks its txt. The build refuses, saying why.
@@ -605,7 +631,7 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
     from flows.audit import new_run
     from flows.reshard import reshard_flow
     from flows.runtime import dask_cluster
-    from tasks.recipe import parse_recipe
+    from tasks.formats.recipe import parse_recipe
 
     @dataclass
     class Validated:
@@ -614,17 +640,28 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
 
     storage = Storage(str(tmp_path / "root"))
     # Tars in reverse ledger order; input 1 has two samples without a caption (txt).
-    made = [make_input(storage, i, n, drop=drop, tar_order=list(range(n))[::-1]) for i, (n, drop) in enumerate([(9, {}), (7, {1: "txt", 5: "txt"}), (11, {})])]
+    made = [
+        make_input(storage, i, n, drop=drop, tar_order=list(range(n))[::-1])
+        for i, (n, drop) in enumerate([(9, {}), (7, {1: "txt", 5: "txt"}), (11, {})])
+    ]
     validated = Validated([t for t, _, _ in made], [led for _, led, _ in made])
     written = {k: m for _, _, w in made for k, m in w.items()}
     complete = [k for k, m in written.items() if "txt" in m]
 
     def run(dataset, **config):
         recipe = parse_recipe(
-            {"dataset": dataset, "storage": storage.root, "sources": [{"name": "s", "manifest": "m.csv"}], "reshard": {"samples_per_shard": 4}, **config},
+            {
+                "dataset": dataset,
+                "storage": storage.root,
+                "sources": [{"name": "s", "manifest": "m.csv"}],
+                "reshard": {"samples_per_shard": 4},
+                **config,
+            },
             tmp_path / "recipe.yaml",
         )
-        return reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(recipe=recipe, validated=validated, run=new_run(recipe, dataset))
+        return reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(
+            recipe=recipe, validated=validated, run=new_run(recipe, dataset)
+        )
 
     with dask_cluster("local", 2) as address:
         # Captions not required: the validated ledgers vouch for jpg and json only, which is
@@ -639,17 +676,25 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
         built = build_tasks()
         assert built > 0
         again, again_record = run("counted", validate={"caption": {"required": False}})
-        assert all(o.skipped for o in again.outputs) and [o.sha256 for o in again.outputs] == [o.sha256 for o in summary.outputs]
+        assert all(o.skipped for o in again.outputs) and [o.sha256 for o in again.outputs] == [
+            o.sha256 for o in summary.outputs
+        ]
         # Nothing to build: no build task ran, and the first run's verdict on these very outputs stands.
         assert build_tasks() == built
         assert again_record["phases"][-1]["gate"]["statistics"]["reused_from"] == record["run"]
 
         # Requiring the txt the validate phase did not promise: a census, and the two ok rows
         # without one are accounted for with their reason instead of carried.
-        census, record = run("census", validate={"caption": {"required": False}}, reshard={"samples_per_shard": 4, "required_members": ["jpg", "json", "txt"]})
+        census, record = run(
+            "census",
+            validate={"caption": {"required": False}},
+            reshard={"samples_per_shard": 4, "required_members": ["jpg", "json", "txt"]},
+        )
         assert (census.samples, census.incomplete) == (25, 2)
         assert [k for o in census.outputs for k in read_keys(storage, o.tar)] == complete
-        assert sorted(r["key"] for t in census.incomplete_rows for r in t.to_pylist()) == sorted(set(written) - set(complete))
+        assert sorted(r["key"] for t in census.incomplete_rows for r in t.to_pylist()) == sorted(
+            set(written) - set(complete)
+        )
         phase = record["phases"][-1]
         assert phase["gate"]["success"] and phase["rows"] == 27 and phase["by_reason"] == {INCOMPLETE: 2}
 

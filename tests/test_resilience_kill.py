@@ -56,8 +56,8 @@ execution:
 def write_corpus(root: Path, n: int = 16) -> tuple[object, Path]:
     """A loopback server over ``n`` distinct generated images and a manifest recipe (plus a 404
     row and a license the recipe refuses, so every status occurs); returns (server, recipe)."""
-    from tasks.demo import render_image
-    from tasks.webserver import ImageWeb
+    from tasks.demo.images import render_image
+    from tasks.demo.webserver import ImageWeb
 
     images = root / "images"
     images.mkdir(parents=True)
@@ -75,7 +75,7 @@ def write_corpus(root: Path, n: int = 16) -> tuple[object, Path]:
             w.writerow([f"{server.base_url}/img/{name}", f"generated scene number {i} with shapes", LICENSES[i % 3]])
         w.writerow([f"{server.base_url}/status/404", "a missing picture", "CC0-1.0"])
     recipe = root / "recipe.yaml"
-    from tasks.tiny_models import make_all
+    from tasks.demo.models import make_all
 
     vae = make_all(root / "models", ("vae",))["vae"]
     recipe.write_text(RECIPE.format(store=root / "unused-store", manifest=manifest, vae=vae))
@@ -100,7 +100,12 @@ def run_cli(recipe: Path, store: Path, api_url: str, fault: str | None) -> subpr
         env["SHARDSMITH_FAULT"] = fault
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", str(recipe), "--storage", str(store)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        start_new_session=True,
     )
 
 
@@ -134,7 +139,7 @@ def test_killed_mid_phase_at_each_commit_point_then_rerun_is_byte_identical(corp
     # included.
     kills = [
         ("download", "killgroup:commit:kills/download/pics/000001-*.tar"),
-        # Validation runs in the download's pass (tasks/onepass.py): its commit point is the
+        # Validation runs in the download's pass (tasks/stages/onepass.py): its commit point is the
         # candidate shard, committed before its ledger and before the download ledger.
         ("validate", "killgroup:commit:kills/validate/candidates/pics/000001-*.tar"),
         ("reshard", "killgroup:commit:kills/reshard/*/shard-000001.tar"),
@@ -144,14 +149,20 @@ def test_killed_mid_phase_at_each_commit_point_then_rerun_is_byte_identical(corp
     before: dict[str, int] = {}
     for phase, fault in kills:
         done = run_cli(recipe, store, api_url, fault)
-        assert done.returncode == -signal.SIGKILL, f"{phase}: expected a SIGKILL, got {done.returncode}\n{done.stderr[-3000:]}"
+        assert done.returncode == -signal.SIGKILL, (
+            f"{phase}: expected a SIGKILL, got {done.returncode}\n{done.stderr[-3000:]}"
+        )
         if phase != "release":
             # The shard whose tar was committed has no ledger: it is not done.
             tars = {p.name[: -len(".tar")] for p in (store / "kills" / phase).rglob("*.tar") if ".tmp-" not in p.name}
             ledgers = {p.name[: -len(".ledger.parquet")] for p in (store / "kills" / phase).rglob("*.ledger.parquet")}
             assert tars - ledgers, f"{phase}: the kill did not land between a tar and its ledger"
         # What was committed before this kill is never redone by the runs after it.
-        now = {k: v for phase_dir in ("download", "validate", "reshard", "precache") for k, v in committed(store, phase_dir).items()}
+        now = {
+            k: v
+            for phase_dir in ("download", "validate", "reshard", "precache")
+            for k, v in committed(store, phase_dir).items()
+        }
         assert {k: now.get(k) for k in before} == before
         before = now
         lock = json.loads((store / "kills" / "run.lock").read_text())
@@ -170,10 +181,14 @@ def test_killed_mid_phase_at_each_commit_point_then_rerun_is_byte_identical(corp
     # Everything but what names the run (the recipe hash covers the storage root; the code
     # version changes with every commit made meanwhile).
     run_specific = {"version", "created", "run", "fingerprint", "recipe_hash", "data_docs", "parent", "code_version"}
-    assert {k: v for k, v in got_index.items() if k not in run_specific} == {k: v for k, v in want_index.items() if k not in run_specific}
+    assert {k: v for k, v in got_index.items() if k not in run_specific} == {
+        k: v for k, v in want_index.items() if k not in run_specific
+    }
     assert got_ledger == want_ledger and got_samples == want_samples
     for s in got_index["shards"]:
-        assert (releases / "v0002" / s["name"]).read_bytes() == (baseline / "kills" / "releases" / "v0001" / s["name"]).read_bytes()
+        assert (releases / "v0002" / s["name"]).read_bytes() == (
+            baseline / "kills" / "releases" / "v0001" / s["name"]
+        ).read_bytes()
     assert not (store / "kills" / "run.lock").exists()
     leftovers = [p for p in (store / "kills").rglob("*") if p.name.startswith(".tmp-")]
     assert leftovers == []

@@ -9,7 +9,7 @@ import threading
 import pyarrow as pa
 import pytest
 
-from tasks.gates import Reconciliation, release_gate
+from tasks.audit.reconcile import Reconciliation, release_gate
 
 
 def ledger(rows: list[tuple[str, int, str]]) -> pa.Table:
@@ -68,7 +68,11 @@ def test_a_duplicate_row_fails_and_is_named():
 def test_an_output_without_a_ledger_row_fails_and_is_named():
     orphan = pa.concat_tables([OUTPUTS, pa.table({"source": ["b"], "row": [7]})])
     result = gate(CLEAN, orphan)
-    assert failed(result)["no output without a ledger row"] == {"unexpected_count": 1, "element_count": 5, "examples": ["b-000000007"]}
+    assert failed(result)["no output without a ledger row"] == {
+        "unexpected_count": 1,
+        "element_count": 5,
+        "examples": ["b-000000007"],
+    }
     # Released although its ledger row says rejected: no ok row, so an orphan too.
     rejected = gate(CLEAN, pa.concat_tables([OUTPUTS, pa.table({"source": ["a"], "row": [1]})]))
     assert failed(rejected)["no output without a ledger row"]["examples"] == ["a-000000001"]
@@ -89,10 +93,12 @@ def test_an_unknown_status_fails():
 def test_a_failed_reconciliation_blocks_the_release_and_says_why(tmp_path, prefect_harness):
     from flows.audit import GateFailed, new_run
     from flows.release import Unreconciled, reconcile
-    from tasks.recipe import Recipe
-    from tasks.storage import Storage
+    from tasks.formats.recipe import Recipe
+    from tasks.formats.storage import Storage
 
-    recipe = Recipe.model_validate({"dataset": "ds", "storage": str(tmp_path), "sources": [{"name": "a", "manifest": str(tmp_path / "m.csv")}]})
+    recipe = Recipe.model_validate(
+        {"dataset": "ds", "storage": str(tmp_path), "sources": [{"name": "a", "manifest": str(tmp_path / "m.csv")}]}
+    )
     run = new_run(recipe, "r1")
     storage = Storage(str(tmp_path))
     planted = pa.concat_tables([*CLEAN, ledger([("a", 1, "rejected")])])
@@ -101,14 +107,26 @@ def test_a_failed_reconciliation_blocks_the_release_and_says_why(tmp_path, prefe
     assert isinstance(err.value, GateFailed)  # the CLI reports it like any failed gate
     saved = json.loads((tmp_path / "ds" / "reports" / "r1" / "gates" / "release.json").read_text())
     assert saved["success"] is False and "no duplicate ledger rows" in saved["message"]
-    assert "no duplicate ledger rows" in json.loads((tmp_path / "ds" / "reports" / "r1" / "run.json").read_text())["blocked"]
+    assert (
+        "no duplicate ledger rows"
+        in json.loads((tmp_path / "ds" / "reports" / "r1" / "run.json").read_text())["blocked"]
+    )
     assert reconcile(storage, recipe, new_run(recipe, "r2"), pa.concat_tables(CLEAN), OUTPUTS, 7)["success"] is True
 
 
 def test_reconciliation_memory_is_flags_not_keys():
     tally = Reconciliation(1_000_000)
     rows = pa.array(range(1_000_000), pa.int64())
-    tally.add_ledger(pa.table({"key": pa.nulls(1_000_000, pa.string()), "source": pa.array(["a"] * 1_000_000), "row": rows, "status": pa.array(["ok"] * 1_000_000)}))
+    tally.add_ledger(
+        pa.table(
+            {
+                "key": pa.nulls(1_000_000, pa.string()),
+                "source": pa.array(["a"] * 1_000_000),
+                "row": rows,
+                "status": pa.array(["ok"] * 1_000_000),
+            }
+        )
+    )
     assert sum(f.nbytes for f in tally._seen.values()) <= 2 * 1_000_000  # a byte a row at most
     assert tally.summary()["accounted"] == 1_000_000 and tally.duplicates == 0
 
@@ -127,10 +145,10 @@ class LatestFollower(threading.Thread):
         self.problems: list[str] = []
 
     def run(self) -> None:
-        from tasks.release import list_versions
-        from tasks.storage import Storage
-
         import pyarrow.parquet as pq
+
+        from tasks.formats.storage import Storage
+        from tasks.stages.release import list_versions
 
         releases = self.store / "kills" / "releases"
         storage = Storage(str(self.store))
@@ -150,7 +168,10 @@ class LatestFollower(threading.Thread):
                     if hashlib.sha256((base / s["name"]).read_bytes()).hexdigest() != s["sha256"]:
                         self.problems.append(f"{latest}/{s['name']}: sha256 differs from index.json")
                 n = pq.read_table(base / "samples.parquet").num_rows
-                if n != index["totals"]["samples"] or pq.read_table(base / "ledger.parquet").num_rows != index["ledger"]["rows"]:
+                if (
+                    n != index["totals"]["samples"]
+                    or pq.read_table(base / "ledger.parquet").num_rows != index["ledger"]["rows"]
+                ):
                     self.problems.append(f"{latest}: tables disagree with index.json")
                 if latest not in committed:
                     self.problems.append(f"LATEST names {latest}, which list_versions does not list")

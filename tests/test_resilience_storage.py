@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.download import download_shard, shard_paths
-from tasks.ledger import read_ledger
-from tasks.locks import LockConfig, LockHeld, RunLock, stale_reason
-from tasks.manifests import plan_source
-from tasks.recipe import DownloadConfig, NetworkConfig, SourceConfig
-from tasks.release import ReleaseError, commit_index
-from tasks.shards import iter_samples
-from tasks.storage import FAULT_ENV, Storage
+from tasks.formats.locks import LockConfig, LockHeld, RunLock, stale_reason
+from tasks.formats.manifests import plan_source
+from tasks.formats.recipe_download import DownloadConfig, NetworkConfig, SourceConfig
+from tasks.formats.shards import iter_samples
+from tasks.formats.storage import FAULT_ENV, Storage
+from tasks.stages.download import download_shard, shard_paths
+from tasks.stages.release import ReleaseError, commit_index
 
 CFG = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True))
 ROWS = 24
@@ -30,7 +29,10 @@ ROWS = 24
 def plan_chunk(storage: Storage, tmp_path: Path, web) -> tuple:
     """One chunk of ``ROWS`` distinct URLs of a ~100 KB photo: a shard of a few MB."""
     manifest = tmp_path / "m.csv"
-    manifest.write_text("url,caption,license\n" + "".join(f"{web.base_url}/img/photo.jpg?i={i},photo {i},CC0-1.0\n" for i in range(ROWS)))
+    manifest.write_text(
+        "url,caption,license\n"
+        + "".join(f"{web.base_url}/img/photo.jpg?i={i},photo {i},CC0-1.0\n" for i in range(ROWS))
+    )
     plan = plan_source(SourceConfig(name="web", manifest=str(manifest), rows_per_shard=ROWS), storage, "ds")
     (ref,) = plan.chunks
     return (ref, *shard_paths("ds", ref, "cfg"))
@@ -91,19 +93,27 @@ def test_an_injected_enospc_leaves_nothing_under_the_final_name(tmp_path, web, m
     assert download_shard(ref, storage, CFG, tar_rel, ledger_rel).counts.ok == ROWS
 
 
-def test_a_full_disk_fails_the_run_with_a_clear_message_and_the_rerun_completes(tmp_path, web, prefect_harness, monkeypatch):
+def test_a_full_disk_fails_the_run_with_a_clear_message_and_the_rerun_completes(
+    tmp_path, web, prefect_harness, monkeypatch
+):
     from flows.download import PhaseFailed
     from flows.pretraining import run_phases
-    from tasks.recipe import Recipe
+    from tasks.formats.recipe import Recipe
 
     manifest = tmp_path / "m.csv"
-    manifest.write_text("url,caption,license\n" + "".join(f"{web.base_url}/img/photo.jpg?i={i},photo {i},CC0-1.0\n" for i in range(12)))
+    manifest.write_text(
+        "url,caption,license\n" + "".join(f"{web.base_url}/img/photo.jpg?i={i},photo {i},CC0-1.0\n" for i in range(12))
+    )
     recipe = Recipe.model_validate(
         {
             "dataset": "ds",
             "storage": str(tmp_path / "store"),
             "sources": [{"name": "web", "manifest": str(manifest), "rows_per_shard": 6}],
-            "download": {"timeout_s": 5, "retries": 0, "network": {"allowed_networks": ["127.0.0.1/32"], "any_port": True}},
+            "download": {
+                "timeout_s": 5,
+                "retries": 0,
+                "network": {"allowed_networks": ["127.0.0.1/32"], "any_port": True},
+            },
             "execution": {"workers": 1, "task_retries": 0},
         }
     )
@@ -246,7 +256,10 @@ def test_a_second_run_refuses_naming_the_holder_then_gets_the_lock_after_release
         RunLock(storage, "ds", "run-2").acquire()
     time.sleep(0.5)  # heartbeats rewrite the lock; it stays ours
     first.check()
-    assert json.loads(storage.read_bytes("ds/run.lock"))["heartbeat"] > json.loads(storage.read_bytes("ds/run.lock"))["started"]
+    assert (
+        json.loads(storage.read_bytes("ds/run.lock"))["heartbeat"]
+        > json.loads(storage.read_bytes("ds/run.lock"))["started"]
+    )
     first.release()
     assert not storage.exists("ds/run.lock")
     with RunLock(storage, "ds", "run-2"):
@@ -261,7 +274,10 @@ def test_a_waiting_run_gets_the_lock_when_the_holder_finishes(lock_storage):
     with RunLock(storage, "ds", "run-2", LockConfig(wait_s=30, poll_s=0.1)):
         assert time.monotonic() - started < 30
     with pytest.raises(LockHeld):  # and a wait that runs out refuses
-        with RunLock(storage, "ds", "run-3", LockConfig(wait_s=0.3, poll_s=0.1)), RunLock(storage, "ds", "run-4", LockConfig(wait_s=0.3, poll_s=0.1)):
+        with (
+            RunLock(storage, "ds", "run-3", LockConfig(wait_s=0.3, poll_s=0.1)),
+            RunLock(storage, "ds", "run-4", LockConfig(wait_s=0.3, poll_s=0.1)),
+        ):
             pass
 
 
@@ -270,7 +286,14 @@ def test_stale_locks_are_broken_a_dead_pid_at_once_a_silent_holder_after_the_ttl
     dead = subprocess.Popen(["true"])
     dead.wait()  # a pid that was a process on this host and is no longer
     now = time.time()
-    lock = {"run": "crashed", "host": socket.gethostname(), "pid": dead.pid, "started": now, "heartbeat": now, "token": "t"}
+    lock = {
+        "run": "crashed",
+        "host": socket.gethostname(),
+        "pid": dead.pid,
+        "started": now,
+        "heartbeat": now,
+        "token": "t",
+    }
     storage.write_bytes("ds/run.lock", json.dumps(lock).encode())
     with RunLock(storage, "ds", "run-2"):
         assert json.loads(storage.read_bytes("ds/run.lock"))["run"] == "run-2"
@@ -305,7 +328,7 @@ def test_two_processes_racing_for_one_lock_never_both_hold_it(tmp_path):
     # Each process held the lock for 0.2 s and logged its interval: none overlap.
     intervals = sorted(r for r in results if r is not None)
     assert len(intervals) >= 2
-    for (a0, a1), (b0, b1) in zip(intervals, intervals[1:]):
+    for (_a0, a1), (b0, _b1) in zip(intervals, intervals[1:]):
         assert a1 <= b0
 
 
@@ -319,11 +342,13 @@ def _hold_briefly(args: tuple[str, int]) -> tuple[float, float] | None:
 
 def test_the_pretraining_run_refuses_while_another_holds_the_dataset(tmp_path, prefect_harness):
     from flows.pretraining import run_phases
-    from tasks.recipe import Recipe
+    from tasks.formats.recipe import Recipe
 
     manifest = tmp_path / "m.csv"
     manifest.write_text("url,caption,license\nhttp://127.0.0.1:9/x.jpg,x,CC0-1.0\n")
-    recipe = Recipe.model_validate({"dataset": "ds", "storage": str(tmp_path / "store"), "sources": [{"name": "web", "manifest": str(manifest)}]})
+    recipe = Recipe.model_validate(
+        {"dataset": "ds", "storage": str(tmp_path / "store"), "sources": [{"name": "web", "manifest": str(manifest)}]}
+    )
     with RunLock(Storage(recipe.storage), "ds", "the-nightly"):
         with pytest.raises(LockHeld, match="held by run the-nightly"):
             run_phases(recipe, ["download"])
@@ -340,7 +365,10 @@ def test_taking_the_lock_sweeps_killed_writers_temp_files_but_not_a_rival_lock_a
     storage = Storage(str(tmp_path / "store"))
     base = tmp_path / "store" / "ds"
     (base / "releases" / "v0001").mkdir(parents=True)
-    torn = [base / "releases" / "v0001" / ".tmp-abc-shard-000000.tar", base / "releases" / "v0001" / "index.json.0123abcd.tmp"]
+    torn = [
+        base / "releases" / "v0001" / ".tmp-abc-shard-000000.tar",
+        base / "releases" / "v0001" / "index.json.0123abcd.tmp",
+    ]
     for path in torn:
         path.write_bytes(b"torn")
     rival = base / "run.lock.4567cdef.tmp"  # another run's lock attempt, about to be linked

@@ -5,22 +5,29 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tasks.ledger import read_ledger
-from tasks.recipe import Recipe
-from tasks.storage import FAULT_ENV, Storage
+from tasks.formats.ledger import read_ledger
+from tasks.formats.recipe import Recipe
+from tasks.formats.storage import FAULT_ENV, Storage
 
 ROWS, PER_SHARD = 12, 4
 
 
 def recipe_for(tmp_path, web) -> Recipe:
     manifest = tmp_path / "m.csv"
-    manifest.write_text("url,caption,license\n" + "".join(f"{web.base_url}/img/photo.jpg?i={i},photo {i},CC0-1.0\n" for i in range(ROWS)))
+    manifest.write_text(
+        "url,caption,license\n"
+        + "".join(f"{web.base_url}/img/photo.jpg?i={i},photo {i},CC0-1.0\n" for i in range(ROWS))
+    )
     return Recipe.model_validate(
         {
             "dataset": "ds",
             "storage": str(tmp_path / "store"),
             "sources": [{"name": "web", "manifest": str(manifest), "rows_per_shard": PER_SHARD}],
-            "download": {"timeout_s": 5, "retries": 0, "network": {"allowed_networks": ["127.0.0.1/32"], "any_port": True}},
+            "download": {
+                "timeout_s": 5,
+                "retries": 0,
+                "network": {"allowed_networks": ["127.0.0.1/32"], "any_port": True},
+            },
             "execution": {"workers": 2, "task_retries": 0},
         }
     )
@@ -30,7 +37,7 @@ def recipe_for(tmp_path, web) -> Recipe:
 @pytest.mark.timeout(300)
 def test_workers_dying_mid_task_are_replaced_and_the_run_has_no_duplicates(tmp_path, web, prefect_harness, monkeypatch):
     from flows.pretraining import run_phases
-    from tasks.locks import RunLock
+    from tasks.formats.locks import RunLock
 
     recipe = recipe_for(tmp_path, web)
     # One worker exits mid-write (a crash in native code), another is SIGKILLed mid-write (as
@@ -84,8 +91,8 @@ def test_a_task_that_kills_every_worker_fails_its_shard_and_the_run_ends(tmp_pat
 _BOMB_PROBE = r"""
 import json, resource, struct, sys, zlib
 
-from tasks.images import process_image
-from tasks.recipe import ImageRules
+from tasks.policies.images import process_image
+from tasks.formats.recipe import ImageRules
 
 
 def png(width, height, rows):
@@ -122,7 +129,13 @@ def test_a_real_decompression_bomb_is_refused_without_taking_memory_and_the_cap_
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _BOMB_PROBE], capture_output=True, text=True, timeout=120, cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    done = subprocess.run(
+        [sys.executable, "-c", _BOMB_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(__import__("pathlib").Path(__file__).parent.parent),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     bomb, under = out["png_bomb"], out["png_under_cap"]

@@ -11,18 +11,44 @@ import pytest
 
 def phase(name: str, rows: int, ok: int, by_reason: dict[str, int], gate_ok: bool = True) -> dict:
     return {
-        "phase": name, "rows": rows, "ok": ok, "rejected": rows - ok, "error": 0, "by_reason": by_reason,
-        "seconds": 1.0, "samples_per_s": 10.0, "links": {"data_docs": "gates/data_docs/index.html"},
-        "gate": {"phase": name, "success": gate_ok, "outcomes": [
-            {"name": f"{name} <b>check</b> | x", "expectation": "e", "column": "status", "threshold": ">= 0.5", "observed": 0.9, "success": gate_ok}]},
+        "phase": name,
+        "rows": rows,
+        "ok": ok,
+        "rejected": rows - ok,
+        "error": 0,
+        "by_reason": by_reason,
+        "seconds": 1.0,
+        "samples_per_s": 10.0,
+        "links": {"data_docs": "gates/data_docs/index.html"},
+        "gate": {
+            "phase": name,
+            "success": gate_ok,
+            "outcomes": [
+                {
+                    "name": f"{name} <b>check</b> | x",
+                    "expectation": "e",
+                    "column": "status",
+                    "threshold": ">= 0.5",
+                    "observed": 0.9,
+                    "success": gate_ok,
+                }
+            ],
+        },
     }
 
 
 def samples():
     import pyarrow as pa
 
-    return pa.table({"key": ["a", "b", "c"], "status": ["ok", "ok", "rejected"], "reason": [None, None, "image_too_small"],
-                     "width": [64, 128, 8], "height": [64, 96, 8]})
+    return pa.table(
+        {
+            "key": ["a", "b", "c"],
+            "status": ["ok", "ok", "rejected"],
+            "reason": [None, None, "image_too_small"],
+            "width": [64, 128, 8],
+            "height": [64, 96, 8],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +58,13 @@ def run_ids(prefect_harness, tmp_path_factory):
     from prefect.context import FlowRunContext
 
     from flows.audit import new_run, publish
-    from tasks.recipe import load_recipe
-    from tasks.storage import Storage
+    from tasks.formats.recipe import load_recipe
+    from tasks.formats.storage import Storage
 
     root = tmp_path_factory.mktemp("art")
-    (root / "recipe.yaml").write_text(f"dataset: demo\nstorage: {root / 'store'}\nsources:\n  - name: a\n    manifest: {root / 'm.csv'}\n")
+    (root / "recipe.yaml").write_text(
+        f"dataset: demo\nstorage: {root / 'store'}\nsources:\n  - name: a\n    manifest: {root / 'm.csv'}\n"
+    )
     recipe = load_recipe(root / "recipe.yaml")
     storage = Storage(recipe.storage)
     ids: dict[str, str] = {}
@@ -71,7 +99,9 @@ def artifacts(flow_run_id: str) -> dict:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as c:
-        found = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+        found = c.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
     return {a.key: a for a in found}
 
 
@@ -94,8 +124,10 @@ def test_the_top_level_run_carries_one_current_set(run_ids, monkeypatch):
     svg = base64.b64decode(images[2][1]).decode()
     assert svg.startswith("<svg") and 'xmlns="http://www.w3.org/2000/svg"' in svg and 'data-count="1"' in svg
     reasons = json.loads(top["demo-reasons"].data)
-    assert reasons == [{"phase": "validate", "reason": "image_too_small", "status": "rejected", "rows": 1, "share": 0.3333},
-                       {"phase": "validate", "reason": "duplicate_of", "status": "rejected", "rows": 0, "share": 0.0}]
+    assert reasons == [
+        {"phase": "validate", "reason": "image_too_small", "status": "rejected", "rows": 1, "share": 0.3333},
+        {"phase": "validate", "reason": "duplicate_of", "status": "rejected", "rows": 0, "share": 0.0},
+    ]
     gates = json.loads(top["demo-gates"].data)
     assert [(g["phase"], g["result"]) for g in gates] == [("validate", "PASS"), ("reshard", "FAIL")]
 

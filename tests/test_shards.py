@@ -1,4 +1,4 @@
-"""Tests for tasks/shards.py: writer round trips, recorded offsets, and hostile tars."""
+"""Tests for tasks/formats/shards.py: writer round trips, recorded offsets, and hostile tars."""
 
 from __future__ import annotations
 
@@ -10,19 +10,13 @@ import tarfile
 
 import pytest
 
-from tasks.shards import (
-    FIXED_MTIME,
-    SHARD_ERROR_REASONS,
-    ShardError,
-    ShardWriter,
-    iter_samples,
-    iter_tar_members,
-    split_key,
-)
+from tasks.formats.shards import ShardWriter, iter_samples, split_key
+from tasks.formats.tar_format import FIXED_MTIME, SHARD_ERROR_REASONS
+from tasks.formats.tar_reader import ShardError, iter_tar_members
 
 SAMPLES = {
     "src0-000000": {"jpg": b"\xff\xd8jpeg-bytes\xff\xd9", "txt": b"a cat on a mat", "json": b'{"w": 3}'},
-    "src0-000001": {"jpg": bytes(range(256)) * 3, "txt": "un chat".encode(), "json": b"{}"},
+    "src0-000001": {"jpg": bytes(range(256)) * 3, "txt": b"un chat", "json": b"{}"},
     # exactly one block, and an empty member: padding edge cases
     "src1-000000": {"jpg": b"x" * 512, "txt": b"", "latent.npy": b"\x93NUMPY" + bytes(100)},
 }
@@ -146,7 +140,7 @@ def test_round_trip_webdataset(tmp_path):
     shard.write_bytes(data)
     got = list(wds.WebDataset(str(shard), shardshuffle=False))
     assert [s["__key__"] for s in got] == list(SAMPLES)
-    for sample, (key, members) in zip(got, SAMPLES.items()):
+    for sample, (_key, members) in zip(got, SAMPLES.items()):
         assert {k: v for k, v in sample.items() if not k.startswith("__")} == members
 
 
@@ -599,7 +593,12 @@ def test_ustar_prefix_names_and_ambiguous_headers():
     assert reason_of(raw_header(b"a.jpg/", 0, b"0") + bytes(1024)).reason == "tar_bad_name"
     # an old-style directory whose long name hides the slash still carries no data
     long_name = b"d" * 120 + b".jpg\x00"
-    data = raw_header(b"././@LongLink", len(long_name), b"L") + pad(long_name) + raw_header(b"d/", 3, b"\x00") + pad(b"abc")
+    data = (
+        raw_header(b"././@LongLink", len(long_name), b"L")
+        + pad(long_name)
+        + raw_header(b"d/", 3, b"\x00")
+        + pad(b"abc")
+    )
     assert reason_of(data + bytes(1024)).reason == "tar_bad_header"
 
 
@@ -611,7 +610,9 @@ def test_accepted_mutations_read_as_tarfile_reads_them():
         data = bytearray(rng.choice(bases))
         start = rng.randrange(min(len(data) // 512, 8)) * 512
         for _ in range(rng.randint(1, 3)):
-            pos = start + rng.choice([rng.randrange(512), 156, 124 + rng.randrange(12), rng.randrange(100), 345, 257 + rng.randrange(8)])
+            pos = start + rng.choice(
+                [rng.randrange(512), 156, 124 + rng.randrange(12), rng.randrange(100), 345, 257 + rng.randrange(8)]
+            )
             data[pos] = rng.choice([0, 0x20, 0x30, 0x31, 0x2E, 0x2F, 0x35, 0x80, rng.randrange(256)])
         # keep the header checksum valid so the mutation reaches the header parser
         block = data[start : start + 512]

@@ -52,7 +52,7 @@ def loopback_parameters(port: int) -> dict:
     (``download.network.allowed_ports``), the run lists this one, as a custom run from the UI
     would; the deployment and its recipe are used as shipped otherwise.
     """
-    from tasks.recipe import NetworkConfig
+    from tasks.formats.recipe_download import NetworkConfig
 
     if "allowed_ports" not in NetworkConfig.model_fields:
         return {}
@@ -101,7 +101,14 @@ def stack(tmp_path_factory, s3_endpoint):
 
     procs: list[Process] = []
 
-    def start(name: str, service: str, ports: dict[int, int], extra_args: tuple[str, ...] = (), extra_env: dict | None = None, cwd: Path | None = None) -> Process:
+    def start(
+        name: str,
+        service: str,
+        ports: dict[int, int],
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict | None = None,
+        cwd: Path | None = None,
+    ) -> Process:
         svc = services[service]
         folder = service_folder(root, name)
         env = {**base_env(folder), **local.env(svc.get("environment")), **(extra_env or {})}
@@ -110,7 +117,9 @@ def stack(tmp_path_factory, s3_endpoint):
         with open(log, "wb") as out:
             # Its own session, so stopping it stops its children (nannies, flow-run subprocesses).
             # The working folder is the container's own unless the service needs the project's files.
-            proc = subprocess.Popen(argv, cwd=cwd or folder["HOME"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                argv, cwd=cwd or folder["HOME"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         p = Process(name, proc, log)
         if "healthcheck" in svc:
             p.check, p.deadline_s = healthcheck_argv(svc, ports), healthcheck_deadline_s(svc)
@@ -123,7 +132,11 @@ def stack(tmp_path_factory, s3_endpoint):
 
     try:
         # PostgreSQL stays out: the server keeps SQLite under its own PREFECT_HOME.
-        server_env = {k: v for k, v in services["prefect-server"]["environment"].items() if k != "PREFECT_API_DATABASE_CONNECTION_URL"}
+        server_env = {
+            k: v
+            for k, v in services["prefect-server"]["environment"].items()
+            if k != "PREFECT_API_DATABASE_CONNECTION_URL"
+        }
         services["prefect-server"]["environment"] = server_env
         healthy(
             start("prefect-server", "prefect-server", {4200: api}),
@@ -135,12 +148,20 @@ def stack(tmp_path_factory, s3_endpoint):
             name = f"dask-worker-{i + 1}"
             # Each its own working folder and scratch space, as each container has.
             folder = service_folder(root, name)
-            workers.append(start(name, "dask-worker", {8789: free_port()}, ("--local-directory", str(Path(folder["HOME"]) / "dask"))))
+            workers.append(
+                start(
+                    name, "dask-worker", {8789: free_port()}, ("--local-directory", str(Path(folder["HOME"]) / "dask"))
+                )
+            )
         healthy(*workers)
 
         worker_env = local.env(services["prefect-worker"]["environment"])
         bucket = worker_env["SHARDSMITH_BUCKET"]
-        s3_options = {"client_kwargs": {"endpoint_url": s3_endpoint}, "key": worker_env["AWS_ACCESS_KEY_ID"], "secret": worker_env["AWS_SECRET_ACCESS_KEY"]}
+        s3_options = {
+            "client_kwargs": {"endpoint_url": s3_endpoint},
+            "key": worker_env["AWS_ACCESS_KEY_ID"],
+            "secret": worker_env["AWS_SECRET_ACCESS_KEY"],
+        }
         # What minio-init does (with mc, which is not here).
         import s3fs
 
@@ -152,7 +173,12 @@ def stack(tmp_path_factory, s3_endpoint):
 
         health = free_port()
         # Prefect's default webserver port is the one the compose healthcheck asks.
-        worker = start("prefect-worker", "prefect-worker", {8080: health}, extra_env={"PREFECT_WORKER_WEBSERVER_PORT": str(health), "PREFECT_WORKER_WEBSERVER_HOST": "127.0.0.1"})
+        worker = start(
+            "prefect-worker",
+            "prefect-worker",
+            {8080: health},
+            extra_env={"PREFECT_WORKER_WEBSERVER_PORT": str(health), "PREFECT_WORKER_WEBSERVER_HOST": "127.0.0.1"},
+        )
         healthy(worker)
 
         user, _, password = server_env["PREFECT_SERVER_API_AUTH_STRING"].partition(":")
@@ -181,7 +207,10 @@ def run(stack):
         assert dep.status_code == 200, dep.text
         schedules = dep.json()["schedules"]
         assert [s["active"] for s in schedules] == [True]  # the nightly that releases
-        created = http.post(f"/deployments/{dep.json()['id']}/create_flow_run", json={"parameters": loopback_parameters(stack.corpus_port)})
+        created = http.post(
+            f"/deployments/{dep.json()['id']}/create_flow_run",
+            json={"parameters": loopback_parameters(stack.corpus_port)},
+        )
         assert created.status_code == 201, created.text
         run_id = created.json()["id"]
         # A guard against a hang, not a timing assertion.
@@ -191,7 +220,9 @@ def run(stack):
             if flow_run["state"]["type"] in FINAL or time.monotonic() > deadline:
                 break
             time.sleep(2)
-        logs = http.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200}).json()
+        logs = http.post(
+            "/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200}
+        ).json()
     text = "\n".join(f"{rec['level']} {rec['message']}" for rec in logs)
     return flow_run, text
 

@@ -7,8 +7,7 @@ import io
 import pytest
 from PIL import Image
 
-from tasks.recipe import TilingConfig
-from tasks.tiling import (
+from tasks.finetune.tiling import (
     TilingError,
     all_tags,
     candidate_grids,
@@ -20,6 +19,7 @@ from tasks.tiling import (
     tile_image,
     tile_members,
 )
+from tasks.formats.recipe_finetune import TilingConfig
 
 CFG = TilingConfig()
 
@@ -53,7 +53,9 @@ def test_grid_honours_recipe_max_tiles():
 
 def test_tags_and_thumbnail_policy():
     assert tag_text((1, 1), CFG) == "<img><tile_1></img>"
-    assert tag_text((2, 3), CFG) == "<img>" + "".join(f"<tile_{i}>" for i in range(1, 7)) + "<tile_global_thumbnail></img>"
+    assert (
+        tag_text((2, 3), CFG) == "<img>" + "".join(f"<tile_{i}>" for i in range(1, 7)) + "<tile_global_thumbnail></img>"
+    )
     assert tile_count((2, 3), CFG) == 7
     assert tile_count((1, 1), CFG) == 1
     no_thumb = TilingConfig(thumbnail=False)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.recipe import TokensConfig
-from tasks.tokens import ApproximateTokenCounter, HFTokenCounter, TokenizerError, load_counter
+from tasks.finetune.tokens import ApproximateTokenCounter, HFTokenCounter, TokenizerError, load_counter
+from tasks.formats.recipe_finetune import TokensConfig
 
 
 @pytest.fixture(scope="module")

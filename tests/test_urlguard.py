@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from tasks.recipe import NetworkConfig
-from tasks.urlguard import AddressPolicy, BlockedAddress, GuardedResolver, InvalidHost, check_url
+from tasks.formats.recipe_download import NetworkConfig
+from tasks.policies.urlguard import AddressPolicy, BlockedAddress, GuardedResolver, InvalidHost, check_url
 
 LONG_LABEL = "a" * 64
 
@@ -16,10 +16,27 @@ def reason_of(url: str, net: NetworkConfig | None = None, policy: AddressPolicy 
         assert refusal.detail, f"{url}: {refusal.reason} without a detail"
     return None if refusal is None else refusal.reason
 
+
 REFUSED = [
-    "127.0.0.1", "127.1.2.3", "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254",
-    "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "::1", "::", "fe80::1", "fc00::1",
-    "fd00:ec2::254", "::ffff:127.0.0.1", "::ffff:10.1.2.3", "2002:7f00:1::1", "64:ff9b::a9fe:a9fe",
+    "127.0.0.1",
+    "127.1.2.3",
+    "10.0.0.1",
+    "172.16.5.4",
+    "192.168.1.1",
+    "169.254.169.254",
+    "100.64.0.1",
+    "0.0.0.0",
+    "224.0.0.1",
+    "255.255.255.255",
+    "::1",
+    "::",
+    "fe80::1",
+    "fc00::1",
+    "fd00:ec2::254",
+    "::ffff:127.0.0.1",
+    "::ffff:10.1.2.3",
+    "2002:7f00:1::1",
+    "64:ff9b::a9fe:a9fe",
     "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo wrapping 127.0.0.1 (obfuscated)
 ]
 ALLOWED = ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8"]

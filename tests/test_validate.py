@@ -7,16 +7,35 @@ import json
 
 import pytest
 
-from tasks.download import download_shard, shard_paths
-from tasks.ledger import read_ledger
-from tasks.manifests import plan_source
-from tasks.recipe import DedupConfig, DownloadConfig, ImageRules, LicensePolicy, NetworkConfig, SourceConfig, ValidateConfig
-from tasks.shards import iter_samples
-from tasks.storage import Storage
-from tasks.validate import DEDUP_COLUMNS, candidate_paths, final_paths, finalize_shard, find_duplicates, validate_shard
+from tasks.formats.ledger import read_ledger
+from tasks.formats.manifests import plan_source
+from tasks.formats.recipe_download import (
+    DedupConfig,
+    DownloadConfig,
+    ImageRules,
+    LicensePolicy,
+    NetworkConfig,
+    SourceConfig,
+    ValidateConfig,
+)
+from tasks.formats.shards import iter_samples
+from tasks.formats.storage import Storage
+from tasks.stages.download import download_shard, shard_paths
+from tasks.stages.validate import (
+    DEDUP_COLUMNS,
+    candidate_paths,
+    final_paths,
+    finalize_shard,
+    find_duplicates,
+    validate_shard,
+)
 
 DL = DownloadConfig(timeout_s=5, retries=0, network=NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True))
-CFG = ValidateConfig(license=LicensePolicy(allow=("CC0-1.0", "CC-BY-4.0")), image=ImageRules(min_side=32), dedup=DedupConfig(hamming_threshold=6))
+CFG = ValidateConfig(
+    license=LicensePolicy(allow=("CC0-1.0", "CC-BY-4.0")),
+    image=ImageRules(min_side=32),
+    dedup=DedupConfig(hamming_threshold=6),
+)
 
 ROWS = [  # (image, caption, license, expected reason after validation)
     ("photo.jpg", "a photo", "cc0", None),
@@ -53,7 +72,7 @@ def downloaded(tmp_path, web):
 def run_validation(storage, tar, ledger):
     cand_tar, cand_table = candidate_paths("ds", "web", 0, tar, "cfg")
     cand = validate_shard(storage, "web", 0, tar, ledger, CFG, cand_tar, cand_table)
-    from tasks.ledger import read_parquet
+    from tasks.formats.ledger import read_parquet
 
     dups = find_duplicates([read_parquet(storage, cand.table, DEDUP_COLUMNS)], CFG.dedup, {"web": 0})
     out_tar, out_ledger = final_paths("ds", "web", 0, cand, dups)
@@ -96,9 +115,8 @@ def test_rerun_is_skipped(downloaded):
 
 
 def test_rejected_samples_carry_a_few_thumbnails(downloaded):
-    from tasks.ledger import read_parquet
-
-    from tasks.validate import thumbs_path
+    from tasks.formats.ledger import read_parquet
+    from tasks.stages.validate import thumbs_path
 
     storage, tar, ledger = downloaded
     cand, _, _ = run_validation(storage, tar, ledger)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tasks.webserver import DEFAULT_ROBOTS_TXT, ImageWeb
+from tasks.demo.webserver import DEFAULT_ROBOTS_TXT, ImageWeb
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = b"the secret outside the root\n"
@@ -38,7 +38,12 @@ def root(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("webserver")
     root = base / "root"
     root.mkdir()
-    for name, body in {"a.jpg": _image("JPEG"), "b.png": _image("PNG"), "c.webp": _image("WEBP"), "d.gif": _image("GIF", "L")}.items():
+    for name, body in {
+        "a.jpg": _image("JPEG"),
+        "b.png": _image("PNG"),
+        "c.webp": _image("WEBP"),
+        "d.gif": _image("GIF", "L"),
+    }.items():
         (root / name).write_bytes(body)
     (root / ".hidden").write_bytes(SECRET)
     (root / "sub").mkdir()
@@ -65,7 +70,9 @@ def web(server):
     return server
 
 
-def get(web: ImageWeb, path: str, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+def get(
+    web: ImageWeb, path: str, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, http.client.HTTPMessage, bytes]:
     """One request, no redirect following, no exception on 4xx/5xx; path is sent as written."""
     conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
     try:
@@ -440,7 +447,7 @@ def test_stop_ends_open_streams(root):
 
 def test_base_url_before_start_is_an_error():
     with pytest.raises(RuntimeError, match="start"):
-        ImageWeb().base_url
+        _ = ImageWeb().base_url
 
 
 def test_context_manager_and_restart(root):
@@ -481,7 +488,7 @@ def test_busy_preferred_port_falls_back_to_an_ephemeral_one(root, files):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_serves_until_signalled(root, files, sig):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tasks.webserver", "--root", str(root), "--port", "0"],
+        [sys.executable, "-m", "tasks.demo.webserver", "--root", str(root), "--port", "0"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -489,7 +496,10 @@ def test_cli_serves_until_signalled(root, files, sig):
     )
     try:
         line = proc.stdout.readline().strip()  # the CLI prints this once it listens
-        assert line.startswith("serving http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert line.startswith("serving http://127.0.0.1:"), (
+            line,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
         base = line.split(" ", 1)[1]
         with urllib.request.urlopen(base + "/img/a.jpg", timeout=10) as resp:
             assert resp.read() == files["a.jpg"]
@@ -506,7 +516,7 @@ def test_cli_serves_until_signalled(root, files, sig):
 
 def test_cli_refuses_a_missing_root(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "tasks.webserver", "--root", str(tmp_path / "nope")],
+        [sys.executable, "-m", "tasks.demo.webserver", "--root", str(tmp_path / "nope")],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -10,21 +10,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.manifests.chunks import ChunkRef
-from tasks.recipe import DownloadConfig, SourceConfig
+from tasks.formats.manifests.chunks import ChunkRef
+from tasks.formats.recipe_download import DownloadConfig, SourceConfig
+from tasks.formats.storage import Storage
 from tasks.sources.planning import plan_ingest
-from tasks.storage import Storage
 
 INGEST_KINDS = ("webdataset", "parquet_images")
 
 
-def ingest_rows(source: SourceConfig, ref: ChunkRef, storage: Storage, cfg: DownloadConfig, s3_options: dict[str, Any] | None = None):
-    """(rows, iterator of (row, Fetched)) of an ingest chunk, as ``tasks.download.fetched_rows``
+def ingest_rows(
+    source: SourceConfig, ref: ChunkRef, storage: Storage, cfg: DownloadConfig, s3_options: dict[str, Any] | None = None
+):
+    """(rows, iterator of (row, Fetched)) of an ingest chunk, as ``tasks.stages.download.fetched_rows``
     gives for a manifest chunk; ``rows`` fills as the iterator runs."""
     from tasks.sources.parquet_images import ParquetIngest
     from tasks.sources.webdataset import ShardIngest
 
-    reader = ShardIngest(source, ref, cfg, s3_options) if source.kind == "webdataset" else ParquetIngest(source, ref, cfg, s3_options)
+    reader = (
+        ShardIngest(source, ref, cfg, s3_options)
+        if source.kind == "webdataset"
+        else ParquetIngest(source, ref, cfg, s3_options)
+    )
     return reader.rows, iter(reader)
 
 

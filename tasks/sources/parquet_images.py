@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import fsspec
 
-from tasks.fetch import Fetched, judge
-from tasks.manifests.chunks import MAX_FILE_ROWS, ChunkRef
-from tasks.manifests.sources import _open_options, display
-from tasks.recipe import DownloadConfig, SourceConfig
+from tasks.formats.manifests.chunks import MAX_FILE_ROWS, ChunkRef
+from tasks.formats.manifests.sources import display, open_options
+from tasks.formats.recipe_download import DownloadConfig, SourceConfig
 from tasks.sources.tarsamples import shown
+from tasks.stages.fetch import Fetched, judge
 
 Row = dict[str, Any]
 
@@ -23,12 +24,21 @@ def image_bytes(value: Any, column: str) -> tuple[bytes | None, str | None, str 
         path = value.get("path") if isinstance(value.get("path"), str) else None
         value = value.get("bytes")
         if value is None:
-            where = f"only the path {shown(path)!r}; images outside the file are not fetched" if path else "neither bytes nor a path"
+            where = (
+                f"only the path {shown(path)!r}; images outside the file are not fetched"
+                if path
+                else "neither bytes nor a path"
+            )
             return None, path, "incomplete_sample", f"column {column!r}: {where}"
     if value is None:
         return None, path, "incomplete_sample", f"column {column!r} is null"
     if not isinstance(value, (bytes, bytearray)):
-        return None, path, "wrong_type", f"column {column!r} holds {type(value).__name__}, not bytes or a {{bytes, path}} struct"
+        return (
+            None,
+            path,
+            "wrong_type",
+            f"column {column!r} holds {type(value).__name__}, not bytes or a {{bytes, path}} struct",
+        )
     return bytes(value), path, None, None
 
 
@@ -57,7 +67,9 @@ class ParquetIngest:
     Only the row groups that hold the chunk's rows are read, and one at a time.
     """
 
-    def __init__(self, source: SourceConfig, ref: ChunkRef, cfg: DownloadConfig, storage_options: dict[str, Any] | None):
+    def __init__(
+        self, source: SourceConfig, ref: ChunkRef, cfg: DownloadConfig, storage_options: dict[str, Any] | None
+    ):
         self.source, self.ref, self.cfg, self.options = source, ref, cfg, storage_options
         self.file = display(ref.path)
         self.rows: list[Row] = []
@@ -73,7 +85,7 @@ class ParquetIngest:
 
         start = self._start()
         end = start + self.ref.rows
-        with fsspec.open(self.ref.path, "rb", **_open_options(self.ref.path, self.options)) as fh:
+        with fsspec.open(self.ref.path, "rb", **open_options(self.ref.path, self.options)) as fh:
             pf = pq.ParquetFile(fh)
             columns = self._columns(pf.schema_arrow.names)
             first = 0
@@ -119,10 +131,16 @@ class ParquetIngest:
             if reason is not None:
                 yield row, Fetched(reason=reason, detail=detail)
             elif len(data) > self.cfg.max_bytes:
-                yield row, Fetched(reason="too_large", detail=f"image of {len(data)} bytes (download.max_bytes {self.cfg.max_bytes})")
+                yield (
+                    row,
+                    Fetched(
+                        reason="too_large",
+                        detail=f"image of {len(data)} bytes (download.max_bytes {self.cfg.max_bytes})",
+                    ),
+                )
             else:
                 yield row, judge(Fetched(data=data), self.cfg.allowed_formats)
 
     def _start(self) -> int:
-        """The chunk's first row within its file (the low bits of a row id; see tasks.manifests.chunks)."""
+        """The chunk's first row within its file (the low bits of a row id; see tasks.formats.manifests.chunks)."""
         return self.ref.first_row & (MAX_FILE_ROWS - 1)

@@ -9,10 +9,19 @@ from typing import Any
 
 import fsspec
 
-from tasks.manifests.chunks import MAX_FILE_ROWS, ChunkRef, row_base
-from tasks.manifests.planning import SourcePlan
-from tasks.manifests.sources import ManifestError, ManifestFile, _open_options, check_tags, display, file_tag, find_files, source_kind
-from tasks.recipe import SourceConfig
+from tasks.formats.manifests.chunks import MAX_FILE_ROWS, ChunkRef, row_base
+from tasks.formats.manifests.planning import SourcePlan
+from tasks.formats.manifests.sources import (
+    ManifestError,
+    ManifestFile,
+    check_tags,
+    display,
+    file_tag,
+    find_files,
+    open_options,
+    source_kind,
+)
+from tasks.formats.recipe_download import SourceConfig
 
 # Bump when ingesting the same input bytes would give other samples or ledgers: part of every
 # ingest chunk's content hash, so shards ingested by older code are not reused.
@@ -41,7 +50,7 @@ def list_inputs(source: SourceConfig, storage_options: dict[str, Any] | None = N
     kind = source_kind(manifest, storage_options)
     if kind == "file":
         try:
-            fs, path = fsspec.core.url_to_fs(manifest, **_open_options(manifest, storage_options))
+            fs, path = fsspec.core.url_to_fs(manifest, **open_options(manifest, storage_options))
             info = fs.info(path)
         except FileNotFoundError:
             raise ManifestError(where, "cannot open: No such file or directory") from None
@@ -53,7 +62,12 @@ def list_inputs(source: SourceConfig, storage_options: dict[str, Any] | None = N
         if not rel.lower().endswith(suffixes):
             continue
         url = f"{root.rstrip('/')}/{rel}" if root else rel
-        out.append((ManifestFile(url, display(url), rel, file_tag(rel), source.kind, False, int(info.get("size") or 0)), stamp(info)))
+        out.append(
+            (
+                ManifestFile(url, display(url), rel, file_tag(rel), source.kind, False, int(info.get("size") or 0)),
+                stamp(info),
+            )
+        )
     if not out:
         raise ManifestError(where, f"no input files; a {source.kind} source takes {', '.join(suffixes)} files")
     check_tags([f for f, _ in out], where)
@@ -62,7 +76,16 @@ def list_inputs(source: SourceConfig, storage_options: dict[str, Any] | None = N
 
 def settings_hash(source: SourceConfig) -> str:
     """The source settings that shape what an ingest chunk holds."""
-    keep = ("name", "kind", "image_column", "caption_column", "license_column", "url_column", "id_column", "extra_columns")
+    keep = (
+        "name",
+        "kind",
+        "image_column",
+        "caption_column",
+        "license_column",
+        "url_column",
+        "id_column",
+        "extra_columns",
+    )
     settings = {k: getattr(source, k) for k in keep} | {"ingest_version": INGEST_VERSION}
     if source.kind == "parquet_images":
         settings["rows_per_shard"] = source.rows_per_shard
@@ -79,7 +102,7 @@ def parquet_rows(file: ManifestFile, source: SourceConfig, storage_options: dict
     import pyarrow.parquet as pq
 
     try:
-        with fsspec.open(file.url, "rb", **_open_options(file.url, storage_options)) as fh:
+        with fsspec.open(file.url, "rb", **open_options(file.url, storage_options)) as fh:
             meta = pq.ParquetFile(fh).metadata
             names = set(meta.schema.to_arrow_schema().names)
     except (OSError, ValueError) as err:
@@ -89,7 +112,9 @@ def parquet_rows(file: ManifestFile, source: SourceConfig, storage_options: dict
             raise  # a transient read error: left to retries
         raise ManifestError(file.display, f"not a readable parquet file: {err}") from None
     if source.image_column not in names:
-        raise ManifestError(file.display, f"no image column {source.image_column!r} (columns: {', '.join(sorted(names)[:20])})")
+        raise ManifestError(
+            file.display, f"no image column {source.image_column!r} (columns: {', '.join(sorted(names)[:20])})"
+        )
     if meta.num_rows > MAX_FILE_ROWS:
         raise ManifestError(file.display, f"more than {MAX_FILE_ROWS} rows in one file; split the file")
     return meta.num_rows
@@ -126,9 +151,15 @@ def plan_ingest(source: SourceConfig, storage_options: dict[str, Any] | None = N
         per = source.rows_per_shard
         for part, start in enumerate(range(0, n, per)):
             count = min(per, n - start)
-            chunks.append(ChunkRef(source.name, base | part, base + start, count, chunk_hash(settings, file, version, part), file.url))
+            chunks.append(
+                ChunkRef(
+                    source.name, base | part, base + start, count, chunk_hash(settings, file, version, part), file.url
+                )
+            )
         rows += n
     known = source.kind == "parquet_images"
     note = "" if chunks else f"{display(source.manifest)}: no rows in any of its {len(files)} files"
     total = sum(f.size for f, _ in files)
-    return SourcePlan(source.name, source.manifest, digest.hexdigest(), total, rows, tuple(chunks), len(files), note, rows_known=known)
+    return SourcePlan(
+        source.name, source.manifest, digest.hexdigest(), total, rows, tuple(chunks), len(files), note, rows_known=known
+    )

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
-from tasks.shards import DEFAULT_MAX_MEMBERS, ShardError, iter_tar_members, split_key
+from tasks.formats.shards import split_key
+from tasks.formats.tar_format import DEFAULT_MAX_MEMBERS
+from tasks.formats.tar_reader import ShardError, iter_tar_members
 
 # Member types that are never loaded, whatever the sample: they execute code when read
 # (pickle and the formats built on it: torch checkpoints, joblib), or are code (Python
@@ -70,7 +73,7 @@ class TarSample:
 
 @dataclass(frozen=True)
 class ShardFault:
-    """A fault that ends the reading of a shard (see ``tasks.shards.SHARD_ERROR_REASONS``).
+    """A fault that ends the reading of a shard (see ``tasks.formats.tar_format.SHARD_ERROR_REASONS``).
 
     Args:
         reason: the shard reason (``tar_truncated``, ``not_a_tar``, ``tar_symlink``...).
@@ -140,7 +143,7 @@ def iter_tar_samples(
 ) -> Iterator[TarSample | ShardFault]:
     """Every sample of an untrusted tar with a verdict, then at most one ``ShardFault``.
 
-    Unlike ``tasks.shards.iter_samples``, which gives up the shard at the first odd sample,
+    Unlike ``tasks.formats.shards.iter_samples``, which gives up the shard at the first odd sample,
     this judges samples one by one: a key seen before (again later, or the same member twice
     in a row) is ``duplicate_key`` (the first is kept); a key that is not a safe name is
     ``unsafe_key``; a member of a type never loaded (``FORBIDDEN_EXTENSIONS``) makes the
@@ -165,7 +168,11 @@ def iter_tar_samples(
     current: TarSample | None = None
     ordinal = 0
     members = iter_tar_members(
-        fileobj, path=path, max_member_bytes=max_member_bytes, max_members=max_members, skip_larger_than=skip_larger_than
+        fileobj,
+        path=path,
+        max_member_bytes=max_member_bytes,
+        max_members=max_members,
+        skip_larger_than=skip_larger_than,
     )
     while True:
         try:
@@ -197,7 +204,10 @@ def iter_tar_samples(
             current = TarSample(key=key, ordinal=ordinal, offset=member.header_offset, flat_key=flat)
             if flat in seen:
                 rekeyed = f" (rekeyed '{shown(flat)}')" if flat != key else ""
-                current.reason, current.detail = "duplicate_key", f"key '{current.shown_key}'{rekeyed} appeared earlier in the shard; the first is kept"
+                current.reason, current.detail = (
+                    "duplicate_key",
+                    f"key '{current.shown_key}'{rekeyed} appeared earlier in the shard; the first is kept",
+                )
             seen.add(flat)
         current.members[ext] = member.data
         current.sizes[ext] = member.size
@@ -215,5 +225,8 @@ def finish(sample: TarSample) -> TarSample:
         return sample
     bad = sorted(ext for ext in sample.members if forbidden(ext))
     if bad:
-        sample.reason, sample.detail = "forbidden_member", f"member type(s) never loaded: {', '.join(shown(e, 40) for e in bad)}; sample refused"
+        sample.reason, sample.detail = (
+            "forbidden_member",
+            f"member type(s) never loaded: {', '.join(shown(e, 40) for e in bad)}; sample refused",
+        )
     return sample

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import fsspec
 
-from tasks.fetch import Fetched, judge
-from tasks.manifests.chunks import ChunkRef
-from tasks.manifests.sources import _open_options, display
-from tasks.recipe import DownloadConfig, SourceConfig
+from tasks.formats.manifests.chunks import ChunkRef
+from tasks.formats.manifests.sources import display, open_options
+from tasks.formats.recipe_download import DownloadConfig, SourceConfig
 from tasks.sources.tarsamples import ShardFault, TarSample, iter_tar_samples, shown
+from tasks.stages.fetch import Fetched, judge
 
 # Image members in the order one is picked when a sample has several (webdataset's names).
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "avif", "heic", "heif", "img", "image")
-# The reader's hard cap on one member: a larger one ends the shard (tasks.shards); members
+# The reader's hard cap on one member: a larger one ends the shard (tasks.formats.shards); members
 # between download.max_bytes and this are skipped unread and refused one sample at a time.
 MAX_MEMBER_BYTES = 1 << 30
 # A sample's json member and an img2dataset side parquet are read whole: capped.
@@ -40,7 +41,7 @@ def read_side_rows(url: str, storage_options: dict[str, Any] | None) -> tuple[li
     side = side_file(url)
     if side is None:
         return [], ""
-    fs, path = fsspec.core.url_to_fs(side, **_open_options(side, storage_options))
+    fs, path = fsspec.core.url_to_fs(side, **open_options(side, storage_options))
     try:
         size = fs.size(path)
     except FileNotFoundError:
@@ -92,7 +93,9 @@ class ShardIngest:
     others follow after the side file's rows; without one, samples are numbered in order.
     """
 
-    def __init__(self, source: SourceConfig, ref: ChunkRef, cfg: DownloadConfig, storage_options: dict[str, Any] | None):
+    def __init__(
+        self, source: SourceConfig, ref: ChunkRef, cfg: DownloadConfig, storage_options: dict[str, Any] | None
+    ):
         self.source, self.ref, self.cfg, self.options = source, ref, cfg, storage_options
         self.shard = display(ref.path)
         self.rows: list[Row] = []
@@ -104,8 +107,10 @@ class ShardIngest:
             listed.setdefault(str(r.get("key")), i)
         taken: set[int] = set()
         fault: ShardFault | None = None
-        with fsspec.open(self.ref.path, "rb", **_open_options(self.ref.path, self.options)) as fh:
-            samples = iter_tar_samples(fh, path=self.shard, max_member_bytes=MAX_MEMBER_BYTES, skip_larger_than=self.cfg.max_bytes)
+        with fsspec.open(self.ref.path, "rb", **open_options(self.ref.path, self.options)) as fh:
+            samples = iter_tar_samples(
+                fh, path=self.shard, max_member_bytes=MAX_MEMBER_BYTES, skip_larger_than=self.cfg.max_bytes
+            )
             for item in samples:
                 if isinstance(item, ShardFault):
                     fault = item
@@ -116,18 +121,33 @@ class ShardIngest:
                     upstream = side[index]
                 else:
                     index, upstream = len(side) + item.ordinal, None
-                yield self._out(self._sample_row(item, index, upstream, note), self._verdict(item, index, upstream, note))
+                yield self._out(
+                    self._sample_row(item, index, upstream, note), self._verdict(item, index, upstream, note)
+                )
         after = len(side) + (fault.samples_before if fault else 0)
         for i, r in enumerate(side):
             if i in taken:
                 continue
             if r.get("status") != SUCCESS:
-                yield self._out(self._side_row(i, r), Fetched(reason="upstream_failed", detail=self._upstream(i, r) + f": {shown(str(r.get('error_message')), 300)}"))
+                yield self._out(
+                    self._side_row(i, r),
+                    Fetched(
+                        reason="upstream_failed",
+                        detail=self._upstream(i, r) + f": {shown(str(r.get('error_message')), 300)}",
+                    ),
+                )
             elif fault is None:
                 detail = f"{self._upstream(i, r)}, but {self.shard} has no sample '{shown(str(r.get('key')))}'"
                 yield self._out(self._side_row(i, r), Fetched(reason="sample_missing", detail=detail))
         if fault is not None:
-            row = {"row": self.ref.first_row + after, "url": None, "caption": None, "license": None, "extra": None, "origin": f"{self.shard}:after sample {fault.samples_before}"}
+            row = {
+                "row": self.ref.first_row + after,
+                "url": None,
+                "caption": None,
+                "license": None,
+                "extra": None,
+                "origin": f"{self.shard}:after sample {fault.samples_before}",
+            }
             unread = "; rows of its side file not seen in the tar are part of it" if side else ""
             detail = f"{fault.detail}; {fault.samples_before} samples read before the fault; this row stands for the rest of the shard{unread}"
             yield self._out(row, Fetched(reason=fault.reason, detail=detail))
@@ -194,10 +214,17 @@ class ShardIngest:
         ext = next((e for e in sample.members if e.lower() in IMAGE_EXTENSIONS), None)
         if ext is None:
             has = ", ".join(shown(e, 40) or "(no extension)" for e in sample.members)
-            return Fetched(reason="incomplete_sample", detail=f"no image member ({', '.join(IMAGE_EXTENSIONS[:4])}, ...); has: {has}" + where)
+            return Fetched(
+                reason="incomplete_sample",
+                detail=f"no image member ({', '.join(IMAGE_EXTENSIONS[:4])}, ...); has: {has}" + where,
+            )
         data = sample.members[ext]
         if data is None or len(data) > self.cfg.max_bytes:
-            return Fetched(reason="too_large", detail=f"{shown(ext, 40)} member of {sample.sizes[ext]} bytes (download.max_bytes {self.cfg.max_bytes})" + where)
+            return Fetched(
+                reason="too_large",
+                detail=f"{shown(ext, 40)} member of {sample.sizes[ext]} bytes (download.max_bytes {self.cfg.max_bytes})"
+                + where,
+            )
         fetched = judge(Fetched(data=data, attempts=0), self.cfg.allowed_formats)
         if fetched.reason is None:
             rekeyed = f"folder key rekeyed '{shown(sample.flat_key)}'" if sample.flat_key != sample.key else ""

@@ -1,0 +1,1 @@
+"""Gates (Great Expectations suites), their reports and Data Docs, and the run's audit report."""

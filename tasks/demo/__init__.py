@@ -1,0 +1,1 @@
+"""The demo: a generated corpus, its loopback web server, tiny encoders, the compose service."""

@@ -1,0 +1,138 @@
+"""The fine-tuning demo corpus: generated conversations over the demo images, plus text-only records."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.demo.images import ImageInfo, atomic_write, ensure_images
+
+RECORDS_FILE = "finetune/records.jsonl"
+TEXT_FILE = "finetune/text-only.json"
+EXPECTED_FILE = "finetune/EXPECTED.json"
+
+_QUESTIONS = (
+    "Describe this image.",
+    "What do you see in the picture?",
+    "What is shown here?",
+    "Give a short caption for this image.",
+)
+_FOLLOW_UPS = (
+    ("Is it day or night?", "It looks like {when}."),
+    ("How many shapes are there?", "I count the shapes described: {caption}"),
+)
+_FACTS = (
+    ("What is {a} plus {b}?", "{a} plus {b} is {s}."),
+    ("Name a colour between red and yellow.", "Orange lies between red and yellow."),
+    ("Write one sentence about the sea.", "The sea covers most of the planet and moves with the tides."),
+    ("Spell the word 'shard' backwards.", "Backwards, 'shard' is 'drahs'."),
+)
+# Deliberately bad records (after every 10th good one), and the reason each must get.
+BAD = (
+    (
+        {"id": "bad-roles", "conversations": [{"from": "gpt", "value": "Hi"}, {"from": "human", "value": "Hello"}]},
+        "conversation_roles",
+    ),
+    (
+        {
+            "id": "bad-placeholder",
+            "image": "images/{img}",
+            "conversations": [{"from": "human", "value": "What is this?"}, {"from": "gpt", "value": "A picture."}],
+        },
+        "placeholder_mismatch",
+    ),
+    (
+        {"id": "bad-empty", "conversations": [{"from": "human", "value": "Tell me."}, {"from": "gpt", "value": "   "}]},
+        "conversation_empty_turn",
+    ),
+    (
+        {
+            "id": "bad-missing-file",
+            "image": "images/does-not-exist.jpg",
+            "conversations": [
+                {"from": "human", "value": "<image>\nWhat is this?"},
+                {"from": "gpt", "value": "Nothing."},
+            ],
+        },
+        "image_failed",
+    ),
+    ("{not json", "unparsable_row"),
+)
+
+
+def _when(caption: str) -> str:
+    for word in ("dawn", "morning", "noon", "dusk", "night", "overcast"):
+        if word in caption:
+            return "night" if word == "night" else "day"
+    return "day"
+
+
+def _image_record(i: int, info: ImageInfo, extra: ImageInfo | None, rng: np.random.Generator) -> dict[str, Any]:
+    q = _QUESTIONS[int(rng.integers(len(_QUESTIONS)))]
+    turns = [{"from": "human", "value": f"<image>\n{q}"}, {"from": "gpt", "value": info.caption}]
+    images = [f"images/{info.name}"]
+    if extra is not None:  # two images in one record, the second asked about in a later turn
+        turns += [{"from": "human", "value": "<image>\nAnd this one?"}, {"from": "gpt", "value": extra.caption}]
+        images.append(f"images/{extra.name}")
+    elif rng.random() < 0.4:
+        fq, fa = _FOLLOW_UPS[int(rng.integers(len(_FOLLOW_UPS)))]
+        turns += [
+            {"from": "human", "value": fq},
+            {"from": "gpt", "value": fa.format(when=_when(info.caption), caption=info.caption)},
+        ]
+    rec: dict[str, Any] = {
+        "id": f"img-{i:04d}",
+        "image": images if len(images) > 1 else images[0],
+        "conversations": turns,
+    }
+    if info.license:
+        rec["license"] = info.license
+    return rec
+
+
+def _text_record(i: int, rng: np.random.Generator) -> dict[str, Any]:
+    q, a = _FACTS[i % len(_FACTS)]
+    x, y = int(rng.integers(2, 99)), int(rng.integers(2, 99))
+    turns = [{"from": "human", "value": q.format(a=x, b=y)}, {"from": "gpt", "value": a.format(a=x, b=y, s=x + y)}]
+    return {"id": f"txt-{i:04d}", "conversations": turns}
+
+
+def write_finetune_corpus(out_dir: Path, n: int = 60, seed: int = 0, text_only: int = 30) -> dict[str, Any]:
+    """Write ``finetune/records.jsonl`` (image records + bad rows) and ``finetune/text-only.json``.
+
+    Images are the demo corpus's (``images/``, made if missing), referenced by relative path,
+    so the recipe reads them as ``file://`` URLs under ``download.network.file_root``. Returns
+    (and writes to ``finetune/EXPECTED.json``) the records per file and the conversation-level
+    reasons the run must report.
+    """
+    out_dir = Path(out_dir)
+    images = ensure_images(out_dir, n, seed)
+    (out_dir / "finetune").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed + 7)
+    lines: list[str] = []
+    expected: dict[str, Any] = {"records": {}, "by_reason": {}}
+    bad = iter(BAD)
+    for i, info in enumerate(images):
+        extra = images[(i + 1) % len(images)] if i % 7 == 3 else None
+        lines.append(json.dumps(_image_record(i, info, extra, rng)))
+        if i % 10 == 9:
+            item = next(bad, None)
+            if item is not None:
+                rec, reason = item
+                lines.append(rec if isinstance(rec, str) else json.dumps(rec).replace("{img}", info.name))
+                expected["by_reason"][reason] = expected["by_reason"].get(reason, 0) + 1
+    atomic_write(out_dir / RECORDS_FILE, ("\n".join(lines) + "\n").encode())
+    texts = [_text_record(i, rng) for i in range(text_only)]
+    atomic_write(out_dir / TEXT_FILE, json.dumps(texts, indent=1).encode())
+    expected["records"] = {"chat": len(lines), "text": len(texts)}
+    atomic_write(out_dir / EXPECTED_FILE, json.dumps(expected, indent=2, sort_keys=True).encode())
+    return expected
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "shardsmith-demo")
+    print(json.dumps(write_finetune_corpus(target), indent=2))

@@ -1,0 +1,177 @@
+"""Tiny random-weight encoders built from configs, so the demo and tests precache without downloads."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+# Words the tiny tokenizer knows; anything else becomes [UNK]. Enough for the demo captions.
+_WORDS = (
+    "a an the of on in at by with and above below beside near under over over a is are "
+    "red green blue yellow white black orange purple grey pink dark light small large big "
+    "circle square triangle star line lines stripes dots shape shapes pattern field sky sea "
+    "plain snowy desert forest city night dusk dawn morning evening photo painting scan drawing "
+    "old new bright pale calm storm cloud clouds sun moon tree trees house road river mountain"
+).split()
+
+
+def make_tokenizer(path: str | Path, max_length: int = 77) -> Path:
+    """A word-level tokenizer saved in transformers' layout (``tokenizer.json`` + config)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
+    vocab = {tok: i for i, tok in enumerate(specials + sorted(set(_WORDS)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[BOS] $A [EOS]", special_tokens=[("[BOS]", vocab["[BOS]"]), ("[EOS]", vocab["[EOS]"])]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        bos_token="[BOS]",
+        eos_token="[EOS]",
+        model_max_length=max_length,
+    )
+    path = Path(path)
+    fast.save_pretrained(path)
+    return path
+
+
+def make_vae(path: str | Path, seed: int = 0) -> Path:
+    """An ``AutoencoderKL`` with four down blocks (8x downsampling, as real SD VAEs) and few channels.
+
+    Fewer down blocks would make the mid-block attention span 16k tokens at 512 px: slower than
+    a real VAE despite the tiny widths.
+    """
+    import torch
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 16, 32, 32),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=8,
+        sample_size=256,
+    )
+    # As for Stable Diffusion's 0.18215: the factor that gives the latents unit variance, here
+    # measured on smooth random images (random weights give latents far from unit scale).
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
+        coarse = torch.rand(8, 3, 8, 8, generator=gen) * 2 - 1
+        images = torch.nn.functional.interpolate(coarse, size=(128, 128), mode="bilinear")
+        std = float(vae.encode(images).latent_dist.mean.std())
+    vae.register_to_config(scaling_factor=round(1.0 / std, 5))
+    vae.save_pretrained(Path(path))
+    return Path(path)
+
+
+def make_clip_text(path: str | Path, seed: int = 0, max_length: int = 77) -> Path:
+    """A two-layer CLIP text encoder (hidden 32) with the tiny tokenizer saved beside it."""
+    import torch
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    path = Path(path)
+    tokenizer = make_tokenizer(path, max_length)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    torch.manual_seed(seed)
+    cfg = CLIPTextConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=max_length,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    CLIPTextModel(cfg).save_pretrained(path)
+    return path
+
+
+def make_t5_encoder(path: str | Path, seed: int = 0, max_length: int = 77) -> Path:
+    """A two-layer T5 encoder (d_model 32) with the tiny tokenizer saved beside it."""
+    import torch
+    from transformers import AutoTokenizer, T5Config, T5EncoderModel
+
+    path = Path(path)
+    tok = AutoTokenizer.from_pretrained(make_tokenizer(path, max_length))
+    torch.manual_seed(seed)
+    cfg = T5Config(
+        vocab_size=len(tok),
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_heads=2,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        decoder_start_token_id=tok.pad_token_id,
+    )
+    T5EncoderModel(cfg).save_pretrained(path)
+    return path
+
+
+def make_clip_vision(path: str | Path, seed: int = 0, image_size: int = 64) -> Path:
+    """A two-layer CLIP vision encoder (hidden 32, patch 16) and its preprocessor config."""
+    import json
+
+    import torch
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    path = Path(path)
+    torch.manual_seed(seed)
+    cfg = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=image_size,
+        patch_size=16,
+    )
+    CLIPVisionModel(cfg).save_pretrained(path)
+    # The normalisation the encoder expects, where transformers' image processors keep it.
+    (path / "preprocessor_config.json").write_text(
+        json.dumps(
+            {"image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+        )
+    )
+    return path
+
+
+MAKERS = {"vae": make_vae, "clip-text": make_clip_text, "t5": make_t5_encoder, "clip-vision": make_clip_vision}
+
+
+def make_all(root: str | Path, names: tuple[str, ...] = tuple(MAKERS)) -> dict[str, Path]:
+    """The tiny models ``names`` (default all: ``vae``, ``clip-text``, ``t5``, ``clip-vision``)
+    under ``root``; a model already there is kept."""
+    root = Path(root)
+    out = {}
+    for name in names:
+        make = MAKERS[name]
+        target = root / name
+        if not (target / "config.json").exists():
+            tmp = root / f".{name}.tmp-{os.getpid()}"
+            make(tmp)
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                # A concurrent maker got there first (rename onto a non-empty folder fails); its
+                # model is the same one, built from the same config and seed.
+                if not (target / "config.json").exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        out[name] = target
+    return out

@@ -1,0 +1,604 @@
+"""A loopback web of images, polite and hostile, for the demo, the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import errno
+import mimetypes
+import os
+import random
+import signal
+import socket
+import stat
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+DEFAULT_ROBOTS_TXT = "User-agent: *\nDisallow: /private/\n"
+
+# Explicit so the answer does not depend on the host's mime.types file.
+CONTENT_TYPES = {
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".png": "image/png",
+    ".webp": "image/webp",
+    ".gif": "image/gif",
+    ".bmp": "image/bmp",
+    ".tif": "image/tiff",
+    ".tiff": "image/tiff",
+    ".avif": "image/avif",
+    ".heic": "image/heic",
+    ".txt": "text/plain",
+    ".html": "text/html",
+    ".json": "application/json",
+}
+
+JPEG_MAGIC = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
+_ZEROS = bytes(64 * 1024)
+_DRIP_INTERVAL_S = 0.5
+_TRICKLE_PIECES = 8
+_CORRUPT_KEEP = 16  # bytes of the real file kept: magic number and first header bytes
+_HTML_PAGE = (
+    b"<!DOCTYPE html>\n<html><head><title>Photo of the day</title></head>\n"
+    b"<body><h1>Photo of the day</h1><p>Sign in to see this image.</p></body></html>\n"
+)
+
+
+def content_type_for(name: str) -> str:
+    """Content-Type for a file name, from its extension."""
+    ext = os.path.splitext(name)[1].lower()
+    return CONTENT_TYPES.get(ext) or mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
+@dataclass(frozen=True)
+class _File:
+    mtime_ns: int
+    body: bytes
+    content_type: str
+
+
+class ImageWeb:
+    """An aiohttp server on loopback that serves files from ``root`` through good and bad routes.
+
+    Routes (GET; HEAD too):
+
+    - ``/img/{name}``: the file, Content-Type from the extension, Content-Length set.
+    - ``/status/{code}``: that status with a short body.
+    - ``/flaky/{n}/{name}``: 500 for the first ``n`` hits on this exact path, then the file.
+    - ``/ratelimit/{seconds}/{n}/{name}``: 429 with ``Retry-After: {seconds}`` for the first
+      ``n`` hits on this exact path, then the file.
+    - ``/slow/{name}``: headers, then the body one byte every 0.5 s until the client leaves.
+    - ``/trickle/{ms}/{name}``: headers, then the file in 8 pieces spread over ``ms``
+      milliseconds: a slow server whose answer completes.
+    - ``/delay/{ms}/{name}``: nothing for ``ms`` milliseconds, then the file.
+    - ``/hang``: never answers, not even headers, until the server stops.
+    - ``/endless``: a chunked image/jpeg of a JPEG prefix and then zeros, never ending.
+    - ``/html-as-jpeg``: an HTML page labelled image/jpeg.
+    - ``/truncated/{name}``: the first half of the file, as a complete response.
+    - ``/corrupt/{name}``: the file's first 16 bytes (its magic number), then garbage to its
+      full length (the same garbage for the same name), labelled as the file.
+    - ``/empty/{name}``: 200 with the file's Content-Type and a body of 0 bytes.
+    - ``/short/{name}``: Content-Length of the whole file, the first half of it, then the
+      connection closes (a body cut off in transit).
+    - ``/optout/{name}``: the file with ``X-Robots-Tag: noai, noimageai``.
+    - ``/optout-other-bot/{name}``: the file with ``X-Robots-Tag: otherbot: noai`` (scoped to
+      another user agent, so it is not an opt-out for us).
+    - ``/redirect?to=URL``: 302 to URL.
+    - ``/redirect-chain/{n}/{name}``: 302 to ``/redirect-chain/{n-1}/{name}``; the file at 0.
+    - ``/private/{name}``: the file (the default robots.txt disallows ``/private/``).
+    - ``/robots.txt``: ``robots_txt``; 404 when it is None; that status when it is an int.
+
+    ``{name}`` is one path segment naming a file directly in ``root``; names with a separator
+    or a leading dot are refused with 403, so an encoded ``..%2F`` cannot leave the root. The
+    query string is ignored by every route, so ``/img/a.jpg?i=17`` gives benchmarks any number
+    of distinct URLs over a small pool of files.
+
+    Files are read once into an LRU of ``cache_bytes`` (re-read when their mtime changes): on
+    a 2-core machine serving bytes from memory costs the server less than a sendfile response,
+    which stats and opens the file in an executor thread per request.
+
+    Args:
+        root: folder of the files; None serves no files (every file route answers 404).
+        host: address to listen on. Default ``127.0.0.1``.
+        port: preferred port; 0 (the default) takes an ephemeral one. A nonzero port that is
+            busy falls back to an ephemeral one, so check ``port`` / ``base_url`` after
+            ``start()``.
+        robots_txt: body of ``/robots.txt``; None answers 404, an int answers that HTTP
+            status (e.g. 503, which RFC 9309 crawlers take as "disallow all"). Default disallows
+            ``/private/`` for every user agent.
+        cache_bytes: memory for cached file bodies. Default 256 MiB.
+
+    Stats, read from any thread (take ``lock`` to iterate ``hits`` while the server runs, or
+    use ``stats()``): ``hits`` counts requests by path without the query and, for requests
+    with one, also by path with the query; ``user_agents`` holds every User-Agent seen and
+    ``authorizations`` every Authorization header (credentials must never arrive here);
+    ``requests`` counts all requests; ``in_flight`` is the number of handlers running now and
+    ``max_concurrent`` the highest it has been. ``reset_stats()`` starts them over (which also
+    restarts the flaky and rate-limit sequences).
+    """
+
+    def __init__(
+        self,
+        root: str | Path | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        robots_txt: str | int | None = DEFAULT_ROBOTS_TXT,
+        cache_bytes: int = 256 * 1024 * 1024,
+    ):
+        self.root = Path(root) if root is not None else None
+        self.host = host
+        self.preferred_port = port
+        self.robots_txt = robots_txt
+        self.cache_bytes = cache_bytes
+        self.port: int | None = None
+        self.lock = threading.Lock()
+        self.hits: collections.Counter[str] = collections.Counter()
+        self.user_agents: set[str] = set()
+        self.authorizations: set[str] = set()
+        self.requests = 0
+        self.in_flight = 0
+        self.max_concurrent = 0
+        self._cache: collections.OrderedDict[str, _File] = collections.OrderedDict()
+        self._cached_bytes = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._streams: set[asyncio.Transport] = set()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def base_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("ImageWeb is not listening; call start() first")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def url(self, path: str) -> str:
+        """Absolute URL of a path on this server (``/img/a.jpg`` -> ``http://127.0.0.1:P/img/a.jpg``)."""
+        return self.base_url + (path if path.startswith("/") else "/" + path)
+
+    def start(self) -> ImageWeb:
+        """Serve from a daemon thread with its own event loop; returns once listening."""
+        if self._thread is not None:
+            raise RuntimeError("ImageWeb already started")
+        self._ready.clear()
+        self._start_error = None
+        self._thread = threading.Thread(target=self._thread_main, name=f"ImageWeb-{id(self):x}", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            self._thread = None
+            raise self._start_error
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving: streaming handlers end, connections close, the thread exits."""
+        thread, loop = self._thread, self._loop
+        if thread is None:
+            return
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self.request_stop)
+            except RuntimeError:
+                pass  # the loop closed between the check and the call: already stopped
+        thread.join(timeout)
+        if thread.is_alive():
+            raise RuntimeError(f"ImageWeb on port {self.port} did not stop within {timeout} s")
+        self._thread = None
+
+    def __enter__(self) -> ImageWeb:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def serve_forever(self, on_ready: Callable[[ImageWeb], None] | None = None) -> None:
+        """Serve in this thread until SIGTERM or SIGINT (the CLI)."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+            await self._serve(lambda: on_ready(self) if on_ready else None)
+
+        asyncio.run(main())
+
+    def _thread_main(self) -> None:
+        def ready() -> None:
+            self._ready.set()
+
+        try:
+            asyncio.run(self._serve(ready))
+        except BaseException as err:  # noqa: BLE001 - handed to start() in the caller's thread
+            if not self._ready.is_set():
+                self._start_error = err
+                self._ready.set()
+            else:
+                raise
+
+    def request_stop(self) -> None:
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def _serve(self, ready: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        sock = self._bind()
+        # No access log: formatting a line per request is a large share of a cheap request.
+        runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            site = web.SockSite(runner, sock)
+            await site.start()
+            self.port = sock.getsockname()[1]
+            ready()
+            await self._stop_event.wait()
+        finally:
+            # A stream whose client stopped reading waits forever for the socket to drain;
+            # aborting its connection (close() would wait for that drain too) ends it now.
+            for transport in list(self._streams):
+                transport.abort()
+            await runner.cleanup()
+            sock.close()
+
+    def _bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        # SO_REUSEADDR lets a rerun take the port back from TIME_WAIT; Linux still refuses it
+        # while another socket listens there, which is when we fall back.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            try:
+                sock.bind((self.host, self.preferred_port))
+            except OSError as err:
+                if self.preferred_port == 0 or err.errno not in (errno.EADDRINUSE, errno.EACCES):
+                    raise
+                sock.bind((self.host, 0))
+            sock.listen(1024)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    # ----------------------------------------------------------------- stats
+
+    def reset_stats(self) -> None:
+        """Forget hits, user agents and counts; max_concurrent restarts from what is in flight."""
+        with self.lock:
+            self.hits.clear()
+            self.user_agents.clear()
+            self.authorizations.clear()
+            self.requests = 0
+            self.max_concurrent = self.in_flight
+
+    def stats(self) -> dict:
+        """A consistent copy of the stats."""
+        with self.lock:
+            return {
+                "hits": collections.Counter(self.hits),
+                "user_agents": set(self.user_agents),
+                "authorizations": set(self.authorizations),
+                "requests": self.requests,
+                "in_flight": self.in_flight,
+                "max_concurrent": self.max_concurrent,
+            }
+
+    @web.middleware
+    async def _track(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        path = request.path
+        with self.lock:
+            self.requests += 1
+            self.hits[path] += 1
+            if request.query_string:
+                self.hits[request.path_qs] += 1
+            agent = request.headers.get("User-Agent")
+            if agent is not None:
+                self.user_agents.add(agent)
+            auth = request.headers.get("Authorization")
+            if auth is not None:
+                self.authorizations.add(auth)
+            self.in_flight += 1
+            if self.in_flight > self.max_concurrent:
+                self.max_concurrent = self.in_flight
+        try:
+            return await handler(request)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _hit_count(self, request: web.Request) -> int:
+        with self.lock:
+            return self.hits[request.path]
+
+    # ----------------------------------------------------------------- files
+
+    def _file(self, name: str) -> _File:
+        if self.root is None:
+            raise web.HTTPNotFound(text="no root\n")
+        # One segment only: aiohttp has already decoded %2F into "/" here, so this is the
+        # traversal guard; leading dots also keep hidden files (stamps, temp files) private.
+        if not name or name.startswith(".") or "/" in name or "\\" in name or "\x00" in name:
+            raise web.HTTPForbidden(text="forbidden\n")
+        path = os.path.join(self.root, name)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise web.HTTPNotFound(text="not found\n") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise web.HTTPNotFound(text="not found\n")
+        cached = self._cache.get(path)
+        if cached is not None and cached.mtime_ns == st.st_mtime_ns and len(cached.body) == st.st_size:
+            self._cache.move_to_end(path)
+            return cached
+        # A blocking read on the loop: pool files are small and already in the page cache,
+        # and an executor hop would cost more than the read.
+        with open(path, "rb") as fh:
+            body = fh.read()
+        entry = _File(st.st_mtime_ns, body, content_type_for(name))
+        if cached is not None:
+            del self._cache[path]
+            self._cached_bytes -= len(cached.body)
+        if len(body) <= self.cache_bytes // 4:
+            self._cache[path] = entry
+            self._cached_bytes += len(body)
+            while self._cached_bytes > self.cache_bytes:
+                _, old = self._cache.popitem(last=False)
+                self._cached_bytes -= len(old.body)
+        return entry
+
+    def _file_response(self, name: str, headers: dict[str, str] | None = None) -> web.Response:
+        f = self._file(name)
+        return web.Response(body=f.body, content_type=f.content_type, headers=headers)
+
+    # ----------------------------------------------------------------- routes
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[self._track])
+        app.add_routes(
+            [
+                web.get("/img/{name}", self._img),
+                web.get("/private/{name}", self._img),
+                web.get("/status/{code}", self._status),
+                web.get("/flaky/{n}/{name}", self._flaky),
+                web.get("/ratelimit/{seconds}/{n}/{name}", self._ratelimit),
+                web.get("/slow/{name}", self._slow),
+                web.get("/trickle/{ms}/{name}", self._trickle),
+                web.get("/delay/{ms}/{name}", self._delay),
+                web.get("/endless", self._endless),
+                web.get("/hang", self._hang),
+                web.get("/html-as-jpeg", self._html_as_jpeg),
+                web.get("/truncated/{name}", self._truncated),
+                web.get("/corrupt/{name}", self._corrupt),
+                web.get("/empty/{name}", self._empty),
+                web.get("/short/{name}", self._short),
+                web.get("/optout/{name}", self._optout),
+                web.get("/optout-other-bot/{name}", self._optout_other_bot),
+                web.get("/redirect", self._redirect),
+                web.get("/redirect-chain/{n}/{name}", self._redirect_chain),
+                web.get("/robots.txt", self._robots),
+            ]
+        )
+        return app
+
+    @staticmethod
+    def _int(request: web.Request, key: str, low: int = 0, high: int = 1_000_000) -> int:
+        raw = request.match_info[key]
+        try:
+            value = int(raw)
+        except ValueError:
+            raise web.HTTPBadRequest(text=f"{key} must be an integer, got {raw!r}\n") from None
+        if not low <= value <= high:
+            raise web.HTTPBadRequest(text=f"{key} must be in {low}..{high}, got {value}\n")
+        return value
+
+    async def _img(self, request: web.Request) -> web.StreamResponse:
+        return self._file_response(request.match_info["name"])
+
+    async def _status(self, request: web.Request) -> web.StreamResponse:
+        code = self._int(request, "code", 100, 599)
+        if code < 200 or code in (204, 304):
+            return web.Response(status=code)
+        return web.Response(status=code, text=f"status {code}\n")
+
+    async def _flaky(self, request: web.Request) -> web.StreamResponse:
+        n = self._int(request, "n")
+        if self._hit_count(request) <= n:
+            return web.Response(status=500, text="flaky: try again\n")
+        return self._file_response(request.match_info["name"])
+
+    async def _ratelimit(self, request: web.Request) -> web.StreamResponse:
+        seconds = self._int(request, "seconds")
+        n = self._int(request, "n")
+        if self._hit_count(request) <= n:
+            return web.Response(status=429, text="slow down\n", headers={"Retry-After": str(seconds)})
+        return self._file_response(request.match_info["name"])
+
+    async def _stopping_within(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True as soon as the server is stopping."""
+        if self._stop_event is None:
+            return True
+        try:
+            await asyncio.wait_for(self._stop_event.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _delay(self, request: web.Request) -> web.StreamResponse:
+        """The file after ``ms`` milliseconds: requests that overlap, then finish cleanly."""
+        if await self._stopping_within(self._int(request, "ms", high=60_000) / 1000):
+            raise web.HTTPServiceUnavailable()
+        return self._file_response(request.match_info["name"])
+
+    async def _hang(self, request: web.Request) -> web.StreamResponse:
+        """No status line, no headers: a server that accepted the connection and went silent."""
+        await self._stopping_within(24 * 3600)
+        raise web.HTTPServiceUnavailable()
+
+    async def _declared(self, request: web.Request, f: _File) -> web.StreamResponse:
+        """A streamed response whose headers, sent now, declare the whole file."""
+        resp = web.StreamResponse()
+        resp.content_type = f.content_type
+        resp.content_length = len(f.body)
+        await resp.prepare(request)
+        return resp
+
+    async def _slow(self, request: web.Request) -> web.StreamResponse:
+        f = self._file(request.match_info["name"])
+        resp = await self._declared(request, f)
+        if request.method == "HEAD":
+            return resp
+        with self._stream(request):
+            for i in range(len(f.body)):
+                try:
+                    await resp.write(f.body[i : i + 1])
+                except ConnectionError:
+                    return resp  # the client left, which is the point of this route
+                if await self._stopping_within(_DRIP_INTERVAL_S):
+                    break
+        resp.force_close()
+        return resp
+
+    async def _trickle(self, request: web.Request) -> web.StreamResponse:
+        ms = self._int(request, "ms", high=600_000)
+        f = self._file(request.match_info["name"])
+        resp = await self._declared(request, f)
+        if request.method == "HEAD":
+            return resp
+        step = -(-len(f.body) // _TRICKLE_PIECES)
+        with self._stream(request):
+            for start in range(0, len(f.body), step):
+                if await self._stopping_within(ms / 1000 / _TRICKLE_PIECES):
+                    resp.force_close()
+                    return resp
+                try:
+                    await resp.write(f.body[start : start + step])
+                except ConnectionError:
+                    return resp
+        await resp.write_eof()
+        return resp
+
+    async def _endless(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "image/jpeg"
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        if request.method == "HEAD":
+            return resp
+        chunk = JPEG_MAGIC + _ZEROS[len(JPEG_MAGIC) :]
+        stop = self._stop_event
+        with self._stream(request):
+            try:
+                while stop is None or not stop.is_set():
+                    # write() waits for the socket to drain, so a slow reader paces this loop.
+                    await resp.write(chunk)
+                    chunk = _ZEROS
+            except ConnectionError:
+                return resp
+        resp.force_close()
+        return resp
+
+    @contextlib.contextmanager
+    def _stream(self, request: web.Request) -> Iterator[None]:
+        """Register a never-ending response's connection, for stop() to abort."""
+        transport = request.transport
+        if transport is not None:
+            self._streams.add(transport)
+        try:
+            yield
+        finally:
+            if transport is not None:
+                self._streams.discard(transport)
+
+    async def _html_as_jpeg(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=_HTML_PAGE, content_type="image/jpeg")
+
+    async def _truncated(self, request: web.Request) -> web.StreamResponse:
+        f = self._file(request.match_info["name"])
+        return web.Response(body=f.body[: len(f.body) // 2], content_type=f.content_type)
+
+    async def _corrupt(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        f = self._file(name)
+        head = f.body[:_CORRUPT_KEEP]
+        # Seeded by the name: a retry, or the other tool of a benchmark, gets the same bytes.
+        garbage = random.Random(name).randbytes(max(0, len(f.body) - len(head)))
+        return web.Response(body=head + garbage, content_type=f.content_type)
+
+    async def _empty(self, request: web.Request) -> web.StreamResponse:
+        f = self._file(request.match_info["name"])
+        return web.Response(body=b"", content_type=f.content_type)
+
+    async def _short(self, request: web.Request) -> web.StreamResponse:
+        f = self._file(request.match_info["name"])
+        resp = await self._declared(request, f)
+        if request.method == "HEAD":
+            return resp
+        await resp.write(f.body[: len(f.body) // 2])
+        if request.transport is not None:
+            request.transport.close()  # after the write is flushed: the client sees a cut body
+        return resp
+
+    async def _optout(self, request: web.Request) -> web.StreamResponse:
+        return self._file_response(request.match_info["name"], {"X-Robots-Tag": "noai, noimageai"})
+
+    async def _optout_other_bot(self, request: web.Request) -> web.StreamResponse:
+        return self._file_response(request.match_info["name"], {"X-Robots-Tag": "otherbot: noai"})
+
+    async def _redirect(self, request: web.Request) -> web.StreamResponse:
+        target = request.query.get("to")
+        if not target:
+            raise web.HTTPBadRequest(text="missing ?to=URL\n")
+        raise web.HTTPFound(target)
+
+    async def _redirect_chain(self, request: web.Request) -> web.StreamResponse:
+        n = self._int(request, "n", 0, 100)
+        name = request.match_info["name"]
+        if n == 0:
+            return self._file_response(name)
+        self._file(name)  # a chain to a missing file is a 404 at the first hop, not the last
+        # An absolute Location, so even clients that do not resolve relative ones follow it.
+        target = request.url.with_path(f"/redirect-chain/{n - 1}/{name}").with_query(request.query)
+        raise web.HTTPFound(str(target))
+
+    async def _robots(self, request: web.Request) -> web.StreamResponse:
+        if self.robots_txt is None:
+            raise web.HTTPNotFound(text="no robots.txt\n")
+        if isinstance(self.robots_txt, int):
+            return web.Response(status=self.robots_txt, text=f"status {self.robots_txt}\n")
+        return web.Response(text=self.robots_txt, content_type="text/plain")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tasks.demo.webserver", description=(ImageWeb.__doc__ or "").split("\n")[0]
+    )
+    parser.add_argument("--root", required=True, help="folder of the files to serve")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--port", type=int, default=0, help="preferred port; a busy one falls back to an ephemeral port"
+    )
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.root):
+        print(f"--root {args.root}: not a directory", file=sys.stderr)
+        return 2
+    server = ImageWeb(args.root, host=args.host, port=args.port)
+    server.serve_forever(on_ready=lambda s: print(f"serving {s.base_url}", flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

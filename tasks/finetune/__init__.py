@@ -1,0 +1,1 @@
+"""The fine-tuning stages: conversations, NVLM tiling, token counts, padding and packing."""

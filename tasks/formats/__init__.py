@@ -1,0 +1,1 @@
+"""What is stored and how: shards, ledgers, manifests, indexes, recipes, reasons, storage, locks."""

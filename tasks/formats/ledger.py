@@ -1,0 +1,204 @@
+"""Ledgers: one parquet per shard with a row for every input row; its presence commits the shard."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.formats.reasons import ERROR, OK, REJECTED, status_of
+from tasks.formats.storage import Storage
+
+MEMBER_TYPE = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64())])
+
+# Core columns (DESIGN.md) first; phase-specific columns after them are nullable.
+LEDGER_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("source", pa.string()),
+        ("row", pa.int64()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("shard", pa.string()),  # output shard, relative to the storage root; null unless ok
+        ("bytes", pa.int64()),  # payload bytes of the primary member (the image)
+        ("sha256", pa.string()),  # of the primary member
+        ("offset", pa.int64()),  # first header byte of the sample in the shard
+        ("length", pa.int64()),  # header + data + padding bytes of all the sample's members
+        ("members", pa.list_(MEMBER_TYPE)),  # data offset and size of every member
+        ("url", pa.string()),
+        ("format", pa.string()),
+        ("http_status", pa.int32()),
+        ("attempts", pa.int32()),
+        ("detail", pa.string()),  # free text for people; never grouped on
+        ("origin", pa.string()),  # where the row came from (manifest file and line), for people
+        # validation
+        ("license", pa.string()),  # normalised SPDX id
+        ("width", pa.int32()),  # of the stored image
+        ("height", pa.int32()),
+        ("caption_chars", pa.int32()),
+        ("pixel_sha256", pa.string()),  # exact-duplicate key: the normalised pixels
+        ("phash", pa.uint64()),  # near-duplicate key: 64-bit perceptual hash
+    ]
+)
+
+
+@dataclass
+class LedgerRow:
+    key: str
+    source: str
+    row: int
+    reason: str | None = None
+    shard: str | None = None
+    bytes: int | None = None
+    sha256: str | None = None
+    offset: int | None = None
+    length: int | None = None
+    members: list[dict[str, Any]] | None = None
+    url: str | None = None
+    format: str | None = None
+    http_status: int | None = None
+    attempts: int | None = None
+    detail: str | None = None
+    origin: str | None = None
+    license: str | None = None
+    width: int | None = None
+    height: int | None = None
+    caption_chars: int | None = None
+    pixel_sha256: str | None = None
+    phash: int | None = None
+    status: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.status = status_of(self.reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in LEDGER_SCHEMA.names}
+
+
+def ledger_table(rows: Iterable[LedgerRow]) -> pa.Table:
+    rows = list(rows)
+    return pa.Table.from_pylist([r.as_dict() for r in rows], schema=LEDGER_SCHEMA)
+
+
+def write_parquet(storage: Storage, rel: str, table: pa.Table) -> None:
+    """Write a table atomically as zstd parquet."""
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    storage.write_bytes(rel, buf.getvalue())
+
+
+def read_parquet(storage: Storage, rel: str, columns: list[str] | None = None) -> pa.Table:
+    with storage.open(rel, "rb") as fh:
+        # Threads and pre-buffering off: pyarrow reading a Python file object from its thread
+        # pools (pre_buffer reads ahead on the I/O pool) can abort the interpreter at exit
+        # ("terminate called without an active exception").
+        return pq.read_table(fh, columns=columns, use_threads=False, pre_buffer=False)
+
+
+def write_ledger(storage: Storage, rel: str, rows: Iterable[LedgerRow] | pa.Table) -> pa.Table:
+    """Write the ledger atomically; call it after the shard it describes is in place."""
+    table = rows if isinstance(rows, pa.Table) else ledger_table(rows)
+    write_parquet(storage, rel, table)
+    return table
+
+
+def read_ledger(storage: Storage, rel: str, columns: list[str] | None = None) -> pa.Table:
+    return read_parquet(storage, rel, columns)
+
+
+def read_ledgers(
+    storage: Storage, rels: list[str], columns: list[str] | None = None, missing_ok: bool = False, threads: int = 16
+) -> dict[str, pa.Table | None]:
+    """Many ledgers at once (threads: on object stores each is a request); ``None`` for a
+    missing one when ``missing_ok``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(rel: str) -> pa.Table | None:
+        try:
+            return read_parquet(storage, rel, columns)
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            raise
+
+    unique = list(dict.fromkeys(rels))
+    if len(unique) <= 1:
+        return {rel: one(rel) for rel in unique}
+    with ThreadPoolExecutor(max_workers=min(threads, len(unique))) as pool:
+        return dict(zip(unique, pool.map(one, unique)))
+
+
+def concat_ledgers(tables: list[pa.Table | None], columns: list[str]) -> pa.Table:
+    """The given columns of the tables, one after the other; an empty ledger when there are none."""
+    present = [t.select(columns) for t in tables if t is not None]
+    if not present:
+        return pa.table({c: pa.array([], LEDGER_SCHEMA.field(c).type) for c in columns})
+    return pa.concat_tables(present)
+
+
+def committed(storage: Storage, rels: list[str]) -> set[str]:
+    """Which of ``rels`` exist, from one listing per folder instead of one request per file."""
+    import posixpath
+
+    by_folder: dict[str, set[str]] = {}
+    for rel in rels:
+        by_folder.setdefault(posixpath.dirname(rel), set()).add(rel)
+    out: set[str] = set()
+    for folder, wanted in by_folder.items():
+        names = set(storage.listdir(folder))
+        out.update(rel for rel in wanted if posixpath.basename(rel) in names)
+    return out
+
+
+# The columns Counts.of reads: enough to count a ledger without loading it whole.
+COUNT_COLUMNS = ["status", "reason", "bytes"]
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Per-status counts and per-reason counts of one or more ledgers."""
+
+    rows: int
+    ok: int
+    rejected: int
+    error: int
+    by_reason: dict[str, int]
+    bytes: int
+
+    @classmethod
+    def of(cls, table: pa.Table) -> Counts:
+        status = table.column("status").to_pylist()
+        reasons: dict[str, int] = {}
+        for r in table.column("reason").to_pylist():
+            if r is not None:
+                reasons[r] = reasons.get(r, 0) + 1
+        nbytes = (pa.compute.sum(table.column("bytes")).as_py() or 0) if "bytes" in table.column_names else 0
+        return cls(
+            rows=table.num_rows,
+            ok=status.count(OK),
+            rejected=status.count(REJECTED),
+            error=status.count(ERROR),
+            by_reason=dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+            bytes=int(nbytes),
+        )
+
+    def __add__(self, other: Counts) -> Counts:
+        merged = dict(self.by_reason)
+        for k, v in other.by_reason.items():
+            merged[k] = merged.get(k, 0) + v
+        return Counts(
+            rows=self.rows + other.rows,
+            ok=self.ok + other.ok,
+            rejected=self.rejected + other.rejected,
+            error=self.error + other.error,
+            by_reason=dict(sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))),
+            bytes=self.bytes + other.bytes,
+        )
+
+    @classmethod
+    def zero(cls) -> Counts:
+        return cls(0, 0, 0, 0, {}, 0)

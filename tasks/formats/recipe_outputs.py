@@ -1,0 +1,153 @@
+"""Recipe models of the reshard and precache phases, and the gates of the pretraining phases."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tasks.formats.recipe_base import Frozen
+from tasks.formats.recipe_download import ValidateConfig
+
+
+class ReshardConfig(Frozen):
+    """Resharding into equal-size shards (reorganize_tar).
+
+    Args:
+        samples_per_shard: every output shard holds exactly this many samples, the last the
+            remainder (recorded as the release's ``tail``).
+        seed: shuffle samples across the whole dataset with this seed; ``null`` keeps the
+            (source, row) order.
+        required_members: extensions every carried sample must have; by default the image
+            (from ``validate.image.output_format``), ``json``, and ``txt`` when captions are
+            required.
+    """
+
+    samples_per_shard: int = Field(default=1000, ge=1, le=10_000_000)
+    seed: int | None = None
+    required_members: tuple[str, ...] | None = None
+
+    def required(self, validate: ValidateConfig) -> tuple[str, ...]:
+        if self.required_members is not None:
+            return self.required_members
+        image = {"jpeg": "jpg", "png": "png", "webp": "webp"}[validate.image.output_format]
+        return (image, "json", "txt") if validate.caption.required else (image, "json")
+
+
+class ImageLatentsConfig(Frozen):
+    """Image latents from a frozen diffusers ``AutoencoderKL``.
+
+    Args:
+        model: local directory of the VAE (``save_pretrained`` layout); never downloaded.
+        subfolder: folder inside ``model`` that holds the VAE (``vae`` for a whole pipeline).
+        resolution: images are resized (shorter side) and center-cropped to this square; a
+            multiple of 8.
+        store: ``mean_logvar`` keeps the latent distribution (mean and log-variance, so training
+            can sample fresh noise every epoch), ``mean`` only the mean, ``sample`` one draw
+            seeded by the key.
+    """
+
+    model: str = Field(min_length=1)
+    subfolder: str | None = None
+    resolution: int = Field(default=256, ge=8, le=4096, multiple_of=8)
+    store: Literal["mean_logvar", "mean", "sample"] = "mean_logvar"
+
+
+class TextEmbeddingsConfig(Frozen):
+    """Caption embeddings from a frozen transformers text encoder (CLIP text model or T5 encoder).
+
+    Args:
+        model: local directory of the encoder; never downloaded.
+        tokenizer: local directory of its tokenizer (default: ``model``).
+        max_length: captions are padded and truncated to this many tokens; the attention mask
+            is stored beside the embedding.
+    """
+
+    model: str = Field(min_length=1)
+    tokenizer: str | None = None
+    max_length: int = Field(default=77, ge=1, le=4096)
+
+
+class VisionFeaturesConfig(Frozen):
+    """Features of a frozen vision encoder (CLIP or SigLIP vision model) for VLM recipes.
+
+    Args:
+        model: local directory of the vision model; never downloaded.
+        resolution: input size (default: the model config's ``image_size``).
+    """
+
+    model: str = Field(min_length=1)
+    resolution: int | None = Field(default=None, ge=8, le=4096)
+
+
+class PrecacheConfig(Frozen):
+    """Outputs of frozen encoders computed once per resharded shard (phase ``precache``).
+
+    Nothing is precached unless at least one encoder is configured.
+
+    Args:
+        image_latents: VAE latents of the images.
+        text: caption embeddings with their attention mask.
+        vision: vision-encoder features.
+        dtype: storage dtype of the arrays (``bf16`` is stored as its raw 16 bits, ``<u2``).
+        batch_size: images per decode and encode batch.
+        prefetch: batches DALI prepares ahead.
+        decode: ``auto`` decodes on the GPU (DALI ``mixed``) when the worker has one.
+        device: ``auto`` runs the encoders on the GPU when the worker has one.
+    """
+
+    image_latents: ImageLatentsConfig | None = None
+    text: TextEmbeddingsConfig | None = None
+    vision: VisionFeaturesConfig | None = None
+    dtype: Literal["fp16", "bf16", "fp32"] = "fp16"
+    batch_size: int = Field(default=16, ge=1, le=4096)
+    prefetch: int = Field(default=2, ge=1, le=64)
+    decode: Literal["auto", "cpu", "gpu"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @property
+    def enabled(self) -> bool:
+        return any((self.image_latents, self.text, self.vision))
+
+
+class DownloadGate(Frozen):
+    """Thresholds of the download gate.
+
+    Args:
+        min_success_rate: ok / rows at least this.
+        max_reason_rate: largest allowed share of rows per reason, e.g. ``{timeout: 0.05}``.
+    """
+
+    min_success_rate: float = Field(default=0.5, ge=0, le=1)
+    max_reason_rate: dict[str, float] = Field(default_factory=dict)
+
+
+class ValidateGate(Frozen):
+    """Thresholds of the validation gate.
+
+    Args:
+        max_reject_rate: rejected / rows of the phase at most this.
+        min_samples: accepted samples at least this (and never below 1).
+        require_license_review: block when the recipe has no license review.
+    """
+
+    max_reject_rate: float = Field(default=0.5, ge=0, le=1)
+    min_samples: int = Field(default=1, ge=1)
+    require_license_review: bool = True
+
+
+class PrecacheGate(Frozen):
+    """Thresholds of the precache gate, per latent channel over the whole dataset.
+
+    The defaults fit a VAE whose scaling factor is applied (unit-variance latents): a wrong
+    scaling or a broken model moves the channel statistics far outside them.
+
+    Args:
+        max_abs_channel_mean: |mean| of every scaled latent channel at most this.
+        min_channel_std: std of every scaled latent channel at least this.
+        max_channel_std: std of every scaled latent channel at most this.
+    """
+
+    max_abs_channel_mean: float = Field(default=3.0, ge=0)
+    min_channel_std: float = Field(default=0.05, ge=0)
+    max_channel_std: float = Field(default=5.0, gt=0)

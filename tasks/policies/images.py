@@ -1,0 +1,404 @@
+"""Untrusted image bytes decoded under limits, normalised to RGB, re-encoded from pixels, and hashed for dedup.
+
+Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each one):
+
+- Order: file size bounds, format sniffed from the bytes, end-marker truncation check, header
+  (Pillow's ``Image.open`` is lazy, restricted to the sniffed format's plugin; a WebP's size,
+  animation flag and metadata chunks, and a PNG's IHDR and chunk list, are read from the
+  bytes), pixel cap, then the header-level rules (animated, ``min_side``,
+  ``max_aspect_ratio``), and only then the decode. Short side and aspect ratio do not change
+  under EXIF rotation, so checking them on the header gives the same verdict as checking the
+  decoded image, without paying for a decode; a broken file that is also too small is
+  reported as ``image_too_small``. With ``thumbnail=True`` an image rejected by those rules is
+  still decoded (drafted) for the thumbnail the audit report shows.
+- Pixel cap: ``width * height > rules.max_pixels`` from the header is ``decompression_bomb``,
+  never decoded; so is a resize target over the cap (only reachable by configuring upscaling
+  of extreme aspect ratios). Pillow's own guard (``Image.MAX_IMAGE_PIXELS``, a process-wide
+  setting that this module leaves alone) raises ``DecompressionBombError`` at twice its value
+  (about 179 Mpx by default); that is ``decompression_bomb`` too, so the effective cap is the
+  smaller of the two, also where libwebp or libpng decodes. A WebP's canvas is checked before
+  Pillow's WebP plugin runs at all (it builds the animation decoder, which allocates the
+  canvas, before it reports the size).
+- Truncation: ``ImageFile.LOAD_TRUNCATED_IMAGES`` stays False (never changed here), so a
+  decoder that runs out of data raises and the image is ``truncated_image``; the end-marker
+  check from tasks.policies.sniff runs first and also catches a PNG cut only before ``IEND``. A JPEG
+  whose scan data is cut but which still ends in an EOI marker is concealed by libjpeg (grey
+  rows) and accepted; neither Pillow nor OpenCV reports it. A WebP shorter than its RIFF
+  header declares is ``truncated_image``; one whose RIFF size was edited to fit the cut is
+  ``undecodable_image`` (libwebp does not say truncated, with either decoder).
+- Animated: GIF / APNG / WebP with more than one frame, and multi-page TIFF. MPO (the JPEG
+  extension phones use for depth maps and previews) is not animation: its first image is used.
+- Normalisation to 8-bit RGB: EXIF orientation applied; alpha (RGBA, LA, PA, premultiplied,
+  palette or grey/RGB with a ``tRNS`` colour) composited on white, as img2dataset does;
+  CMYK (including Adobe's inverted CMYK JPEGs), YCbCr, LAB, HSV and 1-bit through Pillow's
+  converters; 16-bit grey (``I;16*``, and ``I`` holding 0..65535) scaled by 1/257 and rounded,
+  never clipped. Float, signed and wider integer samples are ``unsupported_image_mode``.
+  ICC profiles are not applied: samples are taken as sRGB, as img2dataset does.
+- Resize, with img2dataset's semantics (``resize_only_if_bigger=False``, which it defaults to:
+  small images are scaled up too): ``keep_ratio`` scales the SHORT side to ``image_size``;
+  ``center_crop`` does the same then crops the centre square; ``border`` scales the LONG side
+  to ``image_size`` and pads to a square with white; ``no`` keeps the size. New sizes are
+  ``round(side * scale)``; downscaling averages areas (Pillow BOX, img2dataset's ``area``),
+  upscaling uses Lanczos (img2dataset's ``lanczos``).
+- Decoders (tasks/policies/decoders.py; each chosen by bench/bench_decode.py, figures in
+  bench/RESULTS.md): Pillow for every format but these two. A still WebP (no animation flag
+  in VP8X) goes to libwebp's simple decoder through imagecodecs, not Pillow's animation
+  decoder: the same pixels bit for bit, EXIF orientation read from its EXIF chunk (and XMP)
+  as Pillow reads it. An animated WebP stays with Pillow (first frame or reject). A plain PNG
+  (8-bit grey, RGB, grey + alpha or RGBA; no palette, ``tRNS``, ``eXIf``, ICC, compressed or
+  orientation-bearing text, or APNG chunks; every chunk but IDAT with a right CRC) goes to
+  libpng through imagecodecs; whatever libpng refuses is decoded by Pillow, so its verdict and
+  detail are Pillow's. Neither is decoded at a reduced scale: PNG has none, and no maintained
+  binding exposes libwebp's scaled decoding, so WebP pixels are hashed at full resolution.
+- JPEG draft: when a JPEG is to be scaled down by at least 2x, libjpeg decodes it at 1/2, 1/4
+  or 1/8 scale (Pillow's ``draft``), never below the resize target, so the full-resolution
+  pixels are never produced (benchmarked in bench/bench_decode.py). The limits still hold:
+  the pixel cap is checked on the header first, truncation still fails the decode, and the
+  orientation is applied after it.
+- ``pixel_sha256`` is the exact-duplicate key: sha256 over a small header (original width and
+  height after orientation, decoded width and height) and the normalised RGB pixels as
+  decoded. For everything but drafted JPEGs the decoded pixels are the original resolution,
+  so the same picture stored as PNG, BMP or lossless WebP has one key. A drafted JPEG is
+  hashed at its DCT-scaled resolution: the scale depends only on the header and the recipe's
+  resize settings, and the DCT-scaled pixels are a function of the JPEG's coefficients, so
+  byte-different copies of one JPEG (metadata stripped or changed, payload appended,
+  lossless ``jpegtran`` re-packing) still share a key within one recipe; keys from recipes
+  with different resize settings are not comparable (configs are hashed into output names
+  anyway). A JPEG and a PNG of the same decoded pixels then differ; the perceptual hash
+  catches those.
+- ``phash``: DCT pHash. The normalised picture is area-averaged to 32x32, converted to grey
+  (ITU-R 601 luma) and transformed with an orthonormal 2-D DCT-II; bit i (row-major over the
+  top-left 8x8 block, coefficient (0, 0) in the most significant bit of the 64) is set when
+  the coefficient is above the median of the 63 AC coefficients (the DC term is left out of
+  the median). When the image is resized, the scaled picture (before crop or pad, still the
+  whole picture) stands in for the decoded one as long as its short side is 64 px or more:
+  the same bits within a few, for a fraction of the work. It is unsigned: store it as uint64
+  or reinterpret it as int64.
+- Output: re-encoded from pixels in ``rules.output_format``, with no EXIF, ICC, text chunks
+  or anything after the image, so appended payloads (polyglots) are gone. JPEG and WebP use
+  ``rules.quality``; PNG ignores it (zlib level 6). ``rules.skip_reencode`` (img2dataset's
+  option of that name) keeps the input bytes instead when nothing would change them: no
+  resize, already in ``output_format``, one frame, decoded as 8-bit RGB, not EXIF-rotated;
+  the image is still decoded and hashed, and its metadata and appended bytes are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from tasks.formats.recipe_download import ImageRules
+from tasks.policies import decoders
+from tasks.policies.decoders import (
+    DECODE_ERRORS,
+    PIL_FORMATS,
+    TRANSPOSE,
+    WHITE,
+    PillowSource,
+    PlainPngSource,
+    StillWebPSource,
+    Unsupported,
+    box_after,
+    open_pillow,
+    plain_png,
+    to_rgb,
+    webp_info,
+)
+from tasks.policies.sniff import is_truncated, sniff_format
+
+__all__ = ["REASONS", "ImageOutcome", "hamming", "phash", "process_image"]
+
+# Every reason process_image can return; each is registered in tasks/formats/reasons.py.
+REASONS = (
+    "file_too_small",
+    "file_too_large",
+    "not_an_image",
+    "format_not_allowed",
+    "truncated_image",
+    "decompression_bomb",
+    "undecodable_image",
+    "animated_image",
+    "image_too_small",
+    "aspect_ratio",
+    "unsupported_image_mode",
+)
+
+OUTPUT_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp"}
+THUMBNAIL_SIDE = 96
+PHASH_MIN_SIDE = 64  # the scaled image stands in for the decoded one in the pHash from this size
+THUMBNAIL_QUALITY = 80
+DETAIL_CHARS = 160  # decoder messages are cut so details stay short
+
+
+def _dct_rows(n: int = 32, keep: int = 8) -> np.ndarray:
+    k = np.arange(keep)[:, None]
+    x = np.arange(n)[None, :]
+    rows = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * x + 1) * k / (2 * n))
+    rows[0] /= np.sqrt(2.0)
+    return rows
+
+
+_DCT8 = _dct_rows()
+
+
+@dataclass(frozen=True)
+class ImageOutcome:
+    """The verdict on one image, and what it became when accepted.
+
+    Args:
+        reason: ``None`` when accepted, else a stable reason from tasks/formats/reasons.py.
+        detail: a short human-readable explanation of a rejection.
+        data: the re-encoded image (accepted only).
+        ext: its extension: ``jpg``, ``png`` or ``webp``.
+        width, height: size of ``data``.
+        orig_width, orig_height: size after EXIF orientation, before resizing (set once the
+            header was read).
+        src_format: the sniffed input format (``jpeg``, ``png``, ...).
+        pixel_sha256: exact-duplicate key (see the module docstring).
+        phash: 64-bit DCT perceptual hash, compared with ``hamming``.
+        thumbnail: a JPEG with a long side of at most 96 px, only when asked for; also made for
+            decodable images rejected by a header rule, for the audit report.
+    """
+
+    reason: str | None
+    detail: str | None = None
+    data: bytes | None = None
+    ext: str | None = None
+    width: int | None = None
+    height: int | None = None
+    orig_width: int | None = None
+    orig_height: int | None = None
+    src_format: str | None = None
+    pixel_sha256: str | None = None
+    phash: int | None = None
+    thumbnail: bytes | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def hamming(a: int, b: int) -> int:
+    """Number of differing bits between two perceptual hashes."""
+    return (a ^ b).bit_count()
+
+
+def _short(err: BaseException) -> str:
+    if isinstance(err, Image.UnidentifiedImageError):
+        return "UnidentifiedImageError: the decoder does not recognise the data"  # its text holds an address
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 3] + "..."
+
+
+def _decode_failure(err: BaseException) -> tuple[str, str]:
+    # Pillow says "image file is truncated" / "Truncated File Read" when the data ends early.
+    reason = "truncated_image" if "truncated" in str(err).lower() else "undecodable_image"
+    return reason, _short(err)
+
+
+def _over_cap(width: int, height: int, rules: ImageRules) -> str | None:
+    """Why a header size is a decompression bomb (``max_pixels``, or Pillow's own guard), or None."""
+    pixels = width * height
+    if pixels > rules.max_pixels:
+        return f"{width}x{height} = {pixels} px > max_pixels {rules.max_pixels}"
+    guard = Image.MAX_IMAGE_PIXELS
+    if guard and pixels > 2 * guard:  # where Image.open raises DecompressionBombError
+        return f"{width}x{height} = {pixels} px > Pillow's limit {2 * guard} (2 x Image.MAX_IMAGE_PIXELS)"
+    return None
+
+
+def _resize_dims(width: int, height: int, rules: ImageRules) -> tuple[int, int] | None:
+    """(w, h) the oriented image is scaled to before any crop or pad; None when no resize."""
+    if rules.resize_mode == "no":
+        return None
+    side = max(width, height) if rules.resize_mode == "border" else min(width, height)
+    scale = rules.image_size / side
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _thumb_dims(width: int, height: int) -> tuple[int, int]:
+    scale = min(1.0, THUMBNAIL_SIDE / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _pixel_sha256(rgb: Image.Image, orig: tuple[int, int], raw: np.ndarray | None = None) -> str:
+    """``raw``: the decoder's own RGB array when it holds exactly ``rgb``'s bytes (hashed without a copy)."""
+    digest = hashlib.sha256(b"rgb8 %dx%d %dx%d\n" % (orig[0], orig[1], rgb.width, rgb.height))
+    digest.update(rgb.tobytes() if raw is None else np.ascontiguousarray(raw))
+    return digest.hexdigest()
+
+
+def phash(rgb: Image.Image) -> int:
+    """64-bit DCT perceptual hash of an RGB image (see the module docstring)."""
+    small = rgb.resize((32, 32), Image.Resampling.BOX).convert("L")
+    pixels = np.asarray(small, dtype=np.float64)
+    low = (_DCT8 @ pixels @ _DCT8.T).ravel()
+    bits = low > np.median(low[1:])
+    return int.from_bytes(np.packbits(bits).tobytes(), "big")  # bits[0] is the top bit
+
+
+def _encode(img: Image.Image, fmt: str, quality: int) -> bytes:
+    img.info = {}  # no ICC, EXIF, text or dpi carried over from the source
+    out = io.BytesIO()
+    if fmt == "jpeg":
+        img.save(out, "JPEG", quality=quality)
+    elif fmt == "webp":
+        img.save(out, "WEBP", quality=quality)
+    else:
+        img.save(out, "PNG", compress_level=6)
+    return out.getvalue()
+
+
+def _thumbnail(rgb: Image.Image) -> bytes:
+    small = rgb.resize(_thumb_dims(rgb.width, rgb.height), Image.Resampling.BICUBIC, reducing_gap=2.0)
+    return _encode(small, "jpeg", THUMBNAIL_QUALITY)
+
+
+def _scale(rgb: Image.Image, dims: tuple[int, int], box: tuple[float, float, float, float] | None) -> Image.Image:
+    """Scale to ``dims``, from ``box`` when the image was drafted: area average down, Lanczos up."""
+    if dims == rgb.size and box is None:
+        return rgb
+    src_w = box[2] - box[0] if box else rgb.width
+    resample = Image.Resampling.BOX if dims[0] <= src_w else Image.Resampling.LANCZOS
+    return rgb.resize(dims, resample, box=box)
+
+
+def _crop_or_pad(scaled: Image.Image, rules: ImageRules) -> Image.Image:
+    """The centre square (``center_crop``) or the picture on a white square (``border``)."""
+    size = rules.image_size
+    w, h = scaled.size
+    if (w, h) == (size, size) or rules.resize_mode not in ("center_crop", "border"):
+        return scaled
+    if rules.resize_mode == "center_crop":
+        left, top = (w - size) // 2, (h - size) // 2
+        return scaled.crop((left, top, left + size, top + size))
+    canvas = Image.new("RGB", (size, size), WHITE)
+    canvas.paste(scaled, ((size - w) // 2, (size - h) // 2))
+    return canvas
+
+
+def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) -> ImageOutcome:
+    """Decide on one image's bytes and, when accepted, re-encode and hash it (see the module docstring)."""
+    size = len(data)
+    if size < rules.min_bytes:
+        return ImageOutcome("file_too_small", f"{size} bytes < min_bytes {rules.min_bytes}")
+    if size > rules.max_bytes:
+        return ImageOutcome("file_too_large", f"{size} bytes > max_bytes {rules.max_bytes}")
+    fmt = sniff_format(data)
+    if fmt is None:
+        return ImageOutcome("not_an_image", "no known image signature")
+    if fmt not in rules.allowed_formats:
+        return ImageOutcome("format_not_allowed", f"{fmt} not in allowed_formats", src_format=fmt)
+    if fmt not in PIL_FORMATS:
+        return ImageOutcome("undecodable_image", f"no decoder for {fmt}", src_format=fmt)
+    if is_truncated(fmt, data):
+        return ImageOutcome("truncated_image", f"{fmt} ends before its end marker", src_format=fmt)
+
+    if fmt == "webp":
+        # Read from the bytes: Pillow's WebP plugin builds the animation decoder, which
+        # allocates the whole canvas, before it returns the size.
+        info = webp_info(data)
+        if info is None:
+            return ImageOutcome("undecodable_image", "webp without a VP8X, VP8 or VP8L header chunk", src_format=fmt)
+        bomb = _over_cap(info.width, info.height, rules)
+        if bomb is not None:
+            return ImageOutcome("decompression_bomb", bomb, src_format=fmt)
+        if not info.animated and decoders.STILL_WEBP:
+            return _decide(StillWebPSource(data, info), fmt, rules, thumbnail, data)
+    if fmt == "png" and decoders.PLAIN_PNG and (png_size := plain_png(data)) is not None:
+        return _decide(PlainPngSource(data, png_size), fmt, rules, thumbnail, data)
+    try:
+        img = open_pillow(data, fmt)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        return ImageOutcome("decompression_bomb", _short(err), src_format=fmt)
+    except DECODE_ERRORS as err:
+        reason, detail = _decode_failure(err)
+        return ImageOutcome(reason, detail, src_format=fmt)
+    with img:
+        return _decide(PillowSource(img), fmt, rules, thumbnail, data)
+
+
+def _decide(
+    src: PillowSource | StillWebPSource | PlainPngSource, fmt: str, rules: ImageRules, thumbnail: bool, data: bytes
+) -> ImageOutcome:
+    width, height = src.size
+    if width < 1 or height < 1:
+        return ImageOutcome("undecodable_image", f"header size {width}x{height}", src_format=fmt)
+    bomb = _over_cap(width, height, rules)
+    if bomb is not None:
+        return ImageOutcome("decompression_bomb", bomb, src_format=fmt)
+    try:
+        animated = src.animated()
+        orientation = src.orientation()
+    except DECODE_ERRORS as err:
+        reason, detail = _decode_failure(err)
+        return ImageOutcome(reason, detail, src_format=fmt)
+
+    def oriented(o: int | None) -> tuple[int, int]:
+        return (height, width) if o is not None and o >= 5 else (width, height)
+
+    # Short side, aspect ratio and pixel counts do not change under rotation: judged on the header.
+    short, long = min(width, height), max(width, height)
+    ow, oh = oriented(orientation)
+    target = _resize_dims(width, height, rules)
+    verdict: tuple[str, str] | None = None
+    if animated and rules.animated == "reject":
+        verdict = ("animated_image", "more than one frame")
+    elif short < rules.min_side:
+        verdict = ("image_too_small", f"short side {short} < min_side {rules.min_side}")
+    elif long / short > rules.max_aspect_ratio:
+        verdict = ("aspect_ratio", f"{ow}x{oh}: {long / short:.2f} > max_aspect_ratio {rules.max_aspect_ratio:g}")
+    elif target is not None and target[0] * target[1] > rules.max_pixels:
+        # Only reachable by configuration (upscaling an extreme aspect ratio); never allocated.
+        detail = f"resize to {target[0]}x{target[1]} > max_pixels {rules.max_pixels}"
+        return ImageOutcome("decompression_bomb", detail, orig_width=ow, orig_height=oh, src_format=fmt)
+    if verdict is not None and not thumbnail:
+        return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
+
+    # The draft request is in the file's stored orientation.
+    want = _thumb_dims(width, height) if verdict is not None else target
+    try:
+        stored, box, late = src.load(want)
+        orientation = late if orientation is None else orientation
+        stored_rgb = to_rgb(stored)
+    except Unsupported as err:
+        verdict = verdict or ("unsupported_image_mode", str(err))
+        return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
+    except DECODE_ERRORS as err:
+        verdict = verdict or _decode_failure(err)
+        return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
+
+    ow, oh = oriented(orientation)
+    method = TRANSPOSE.get(orientation)
+    rgb = stored_rgb.transpose(method) if method is not None else stored_rgb
+    if box is not None and method is not None:
+        box = box_after(box, stored_rgb.size, orientation)
+    common = {"orig_width": ow, "orig_height": oh, "src_format": fmt}
+    if verdict is not None:
+        return ImageOutcome(*verdict, thumbnail=_thumbnail(rgb), **common)
+
+    unchanged = stored_rgb is stored and method is None  # RGB as decoded, not rotated
+    pixel_key = _pixel_sha256(rgb, (ow, oh), src.pixels if unchanged else None)
+    target = _resize_dims(ow, oh, rules)
+    scaled = _scale(rgb, target, box) if target is not None else rgb
+    # The scaled picture is still the whole picture and far cheaper to average down to 32x32.
+    perceptual = phash(scaled if min(scaled.size) >= PHASH_MIN_SIDE else rgb)
+    out = _crop_or_pad(scaled, rules)
+    # The input bytes decode to exactly ``out`` only when nothing was resized, converted or rotated.
+    keep = rules.skip_reencode and out is rgb and unchanged and not animated and fmt == rules.output_format
+    encoded = data if keep else _encode(out, rules.output_format, rules.quality)
+    return ImageOutcome(
+        None,
+        data=encoded,
+        ext=OUTPUT_EXT[rules.output_format],
+        width=out.width,
+        height=out.height,
+        pixel_sha256=pixel_key,
+        phash=perceptual,
+        thumbnail=_thumbnail(rgb) if thumbnail else None,
+        **common,
+    )

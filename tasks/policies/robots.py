@@ -1,0 +1,72 @@
+"""Crawler opt-outs: robots.txt per RFC 9309 (parsed by protego) and X-Robots-Tag headers."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from protego import Protego
+
+_DIRECTIVES_WITH_ARGS = frozenset({"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"})
+
+
+class RobotsRules:
+    """One origin's robots.txt, as verdicts on URLs.
+
+    protego implements RFC 9309: the longest matching rule wins (``Allow`` on a tie), ``*``
+    matches any characters and a trailing ``$`` anchors the end of the path and query.
+    urllib.robotparser, which this replaces, took the first matching rule and knew neither.
+
+    Args:
+        parser: the parsed file; None when the whole origin is allowed or disallowed.
+        allow: with no parser, whether every path is allowed.
+        why: with no parser, the detail a refused row carries; with one, where the file came from.
+    """
+
+    def __init__(self, parser: Protego | None, allow: bool, why: str):
+        self.parser, self.allow, self.why = parser, allow, why
+
+    @classmethod
+    def allow_all(cls, why: str) -> RobotsRules:
+        return cls(None, True, why)
+
+    @classmethod
+    def disallow_all(cls, why: str) -> RobotsRules:
+        return cls(None, False, why)
+
+    @classmethod
+    def parse(cls, body: bytes, where: str) -> RobotsRules:
+        return cls(Protego.parse(body.decode("utf-8", "replace")), True, where)
+
+    def refusal(self, url: str, ua_token: str) -> str | None:
+        """Why robots.txt refuses ``url`` to the user agent ``ua_token``, or None when it allows it."""
+        if self.parser is None:
+            return None if self.allow else self.why
+        if self.parser.can_fetch(url, ua_token):
+            return None
+        parts = urlsplit(url)
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        return f"{self.why} disallows {path} for {ua_token}"
+
+
+def opted_out(values: list[str], directives: frozenset[str], ua_token: str) -> bool:
+    """Whether ``X-Robots-Tag`` header values carry an opt-out directive that applies to us.
+
+    A value may be scoped to a user agent (``otherbot: noai, noml``); the scope holds for the
+    directives after it in that value. Unscoped, ``*`` and our own token apply to us.
+    """
+    for value in values:
+        scope: str | None = None
+        for part in value.split(","):
+            part = part.strip().lower()
+            if not part:
+                continue
+            head, sep, rest = part.partition(":")
+            if sep and head.strip() not in _DIRECTIVES_WITH_ARGS:
+                scope, part = head.strip(), rest.strip()
+            if scope not in (None, "*", ua_token):
+                continue
+            if part in directives:
+                return True
+    return False

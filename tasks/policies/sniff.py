@@ -1,0 +1,115 @@
+"""Image formats sniffed from the bytes, cheap end-marker checks for truncation, and the verdict on fetched bytes."""
+
+from __future__ import annotations
+
+EXTENSIONS = {
+    "jpeg": "jpg",
+    "png": "png",
+    "webp": "webp",
+    "gif": "gif",
+    "bmp": "bmp",
+    "tiff": "tiff",
+    "avif": "avif",
+    "heif": "heic",
+}
+
+# Things servers send instead of an image, named in details so a person sees what came back.
+_NOT_IMAGES = (
+    (b"<!doctype html", "HTML"),
+    (b"<html", "HTML"),
+    (b"<?xml", "XML"),
+    (b"<svg", "SVG"),
+    (b"%pdf-", "PDF"),
+    (b"\x1f\x8b", "gzip"),
+    (b"pk\x03\x04", "zip"),
+    (b"{", "JSON"),
+)
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The image format the bytes start with, or None; headers and file names are not trusted."""
+    head = data[:32]
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if head[:2] == b"BM" and len(data) >= 26:
+        return "bmp"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        if brand in (b"avif", b"avis"):
+            return "avif"
+        if brand in (b"heic", b"heix", b"mif1", b"msf1", b"heim", b"heis"):
+            return "heif"
+    return None
+
+
+def describe_start(data: bytes) -> str:
+    """What bytes that are not an image start with, for a detail: ``HTML, starts with '<!DOCTYPE html>'``."""
+    head = data[:16]
+    stripped = data.lstrip()[:16].lower()
+    kind = next((name for magic, name in _NOT_IMAGES if stripped.startswith(magic)), None)
+    if head.isascii() and all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        shown = "starts with " + repr(head.decode("ascii"))
+    else:
+        shown = "starts with bytes " + head[:8].hex(" ")
+    return f"{kind}, {shown}" if kind else shown
+
+
+def truncation(fmt: str, data: bytes) -> str | None:
+    """How the bytes stop before the format's end (received versus declared), or None.
+
+    Data after the end marker (appended payloads) is not truncation; validation re-encodes
+    from pixels and drops it.
+    """
+    if fmt == "jpeg":
+        # EOI marker; some encoders pad after it, so look for it anywhere past the header.
+        if data.rfind(b"\xff\xd9") < 2:
+            return f"jpeg without its end marker (EOI) in {len(data)} bytes"
+    elif fmt == "png":
+        if data.rfind(b"IEND") < 8:
+            return f"png without its IEND chunk in {len(data)} bytes"
+    elif fmt == "gif":
+        if data.rstrip(b"\x00")[-1:] != b";" and data.rfind(b"\x00;") < 0:
+            return f"gif without its trailer in {len(data)} bytes"
+    elif fmt == "webp":
+        declared = int.from_bytes(data[4:8], "little") + 8
+        if len(data) < declared:
+            return f"webp: received {len(data)} of the {declared} bytes its RIFF header declares"
+    elif fmt == "bmp":
+        declared = int.from_bytes(data[2:6], "little")
+        if declared > len(data):
+            return f"bmp: received {len(data)} of the {declared} bytes its header declares"
+    return None
+
+
+def is_truncated(fmt: str, data: bytes) -> bool:
+    """True when the bytes stop before the format's end marker (see :func:`truncation`)."""
+    return truncation(fmt, data) is not None
+
+
+def bytes_verdict(
+    data: bytes, allowed_formats: tuple[str, ...], content_type: str | None = None
+) -> tuple[str | None, str | None, str | None]:
+    """(reason, format, detail) for fetched bytes: sniffed format, allowlist, truncation.
+
+    The detail says what the bytes are and what the server called them (``Content-Type``).
+    """
+    served = f"Content-Type {content_type}" if content_type else "no Content-Type"
+    if not data:
+        return "empty_body", None, f"0 bytes ({served})"
+    fmt = sniff_format(data)
+    if fmt is None:
+        return "not_an_image", None, f"{describe_start(data)} ({len(data)} bytes, {served})"
+    if fmt not in allowed_formats:
+        return "format_not_allowed", fmt, f"{fmt} is not in allowed_formats ({', '.join(allowed_formats)}; {served})"
+    cut = truncation(fmt, data)
+    if cut is not None:
+        return "truncated_image", fmt, f"{cut} ({served})"
+    return None, fmt, None

@@ -1,0 +1,1 @@
+"""The pretraining stages: fetch, download, validate, reshard, precache, release."""

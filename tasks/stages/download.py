@@ -1,0 +1,168 @@
+"""The download stage: one manifest chunk in, one WebDataset shard and its ledger out."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.formats.ledger import Counts, LedgerRow, read_ledger, write_ledger
+from tasks.formats.manifests import ChunkRef, read_chunk, sample_key
+from tasks.formats.names import short_digest
+from tasks.formats.reasons import OK
+from tasks.formats.recipe_download import DownloadConfig
+from tasks.formats.shards import ShardWriter
+from tasks.formats.storage import Storage
+from tasks.policies.sniff import EXTENSIONS
+from tasks.stages.fetch import Fetched
+from tasks.stages.fetchrows import iter_completed
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What one download task reports to the flow: references and counts, never samples."""
+
+    source: str
+    index: int
+    tar: str
+    ledger: str
+    counts: Counts
+    seconds: float
+    skipped: bool = False
+    samples: int = field(default=0)
+
+
+def download_config_hash(recipe: Any) -> str:
+    """Hash of the download settings that change what a shard holds.
+
+    Concurrency, timeouts and retries are left out: changing them must not re-download
+    shards that are already committed.
+    """
+    cfg = recipe.download
+    return (
+        recipe.config_hash(cfg.network)
+        + ":"
+        + json.dumps(
+            [
+                cfg.max_bytes,
+                cfg.allowed_formats,
+                cfg.opt_out_directives,
+                cfg.respect_robots_txt,
+                cfg.max_redirects,
+                cfg.user_agent,
+            ]
+        )
+    )
+
+
+def shard_paths(dataset: str, ref: ChunkRef, config_hash: str) -> tuple[str, str]:
+    """(tar, ledger) paths of a chunk's download shard; named by chunk content and config."""
+    digest = short_digest(f"{ref.content_hash}:{config_hash}")
+    stem = f"{dataset}/download/{ref.source}/{ref.name}-{digest}"
+    return stem + ".tar", stem + ".ledger.parquet"
+
+
+def download_shard(
+    ref: ChunkRef,
+    storage: Storage,
+    cfg: DownloadConfig,
+    tar_rel: str,
+    ledger_rel: str,
+    s3_options: dict[str, Any] | None = None,
+    rows_from: Callable[..., tuple[list[dict[str, Any]], Iterator[tuple[dict[str, Any], Fetched]]]] | None = None,
+) -> ShardResult:
+    """Download one chunk into one shard; a shard whose ledger exists is done and skipped.
+
+    ``rows_from`` gives the chunk's rows and their results (default ``fetched_rows``: read the
+    chunk, fetch its URLs); an ingest source passes ``tasks.sources.ingest_rows`` bound to it.
+    """
+    start = time.perf_counter()
+    if storage.exists(ledger_rel):
+        counts = Counts.of(read_ledger(storage, ledger_rel))
+        return ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
+    rows, results = (rows_from or fetched_rows)(ref, storage, cfg, s3_options)
+    ledger: list[LedgerRow] = []
+    with storage.atomic_writer(tar_rel) as fh:
+        writer = ShardWriter(fh)
+        # Samples go into the tar as their fetches complete, so a slow row holds back none
+        # after it; the ledger, sorted by row below, is what later phases read in order.
+        for row, fetched in results:
+            ledger.append(record_row(row, fetched, ref.source, tar_rel, writer)[0])
+        check_every_row_once(rows, ledger, tar_rel)
+        # A shard with no accepted sample is still committed (an empty tar), so every chunk
+        # has the same two outputs.
+        writer.close()
+    ledger.sort(key=lambda entry: entry.row)
+    counts = Counts.of(write_ledger(storage, ledger_rel, ledger))
+    return ShardResult(
+        ref.source, ref.index, tar_rel, ledger_rel, counts, time.perf_counter() - start, samples=counts.ok
+    )
+
+
+def fetched_rows(
+    ref: ChunkRef, storage: Storage, cfg: DownloadConfig, s3_options: dict[str, Any] | None = None
+) -> tuple[list[dict[str, Any]], Iterator[tuple[dict[str, Any], Fetched]]]:
+    """A manifest chunk's rows, and their fetches as they complete."""
+    rows = read_chunk(storage, ref).to_pylist()
+    return rows, iter_completed(rows, cfg, s3_options)
+
+
+def _sample_json(row: dict[str, Any], key: str, source: str, entry: LedgerRow) -> bytes:
+    meta: dict[str, Any] = {}
+    if row.get("extra"):
+        meta.update(json.loads(row["extra"]))
+    meta.update(
+        key=key,
+        source=source,
+        row=row["row"],
+        url=row["url"],
+        caption=row["caption"],
+        license=row["license"],
+        format=entry.format,
+        bytes=entry.bytes,
+        sha256=entry.sha256,
+    )
+    return json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")
+
+
+def record_row(
+    row: dict[str, Any], fetched: Fetched, source: str, tar_rel: str, writer: ShardWriter
+) -> tuple[LedgerRow, dict[str, bytes] | None]:
+    """One row's ledger entry, and its sample's members when accepted (written to the shard first)."""
+    key = sample_key(source, row["row"])
+    entry = LedgerRow(
+        key=key,
+        source=source,
+        row=row["row"],
+        reason=fetched.reason,
+        url=row["url"],
+        format=fetched.format,
+        http_status=fetched.http_status,
+        attempts=fetched.attempts,
+        detail=fetched.detail,
+        origin=row.get("origin"),  # get(): chunks written before it was a column lack it
+    )
+    if entry.status == OK:
+        data = fetched.data
+        entry.bytes = len(data)
+        entry.sha256 = hashlib.sha256(data).hexdigest()
+        members = {EXTENSIONS[fetched.format]: data, "json": _sample_json(row, key, source, entry)}
+        if row["caption"] is not None:
+            members["txt"] = row["caption"].encode("utf-8")
+        rec = writer.write_sample(key, members)
+        entry.shard, entry.offset, entry.length = tar_rel, rec.offset, rec.length
+        entry.members = rec.members_as_dicts()
+        return entry, members
+    return entry, None
+
+
+def check_every_row_once(rows: list[dict[str, Any]], ledger: list[LedgerRow], tar_rel: str) -> None:
+    """Nothing is lost: a shard whose results do not match its rows one to one is not committed."""
+    want = sorted(r["row"] for r in rows)
+    got = sorted(entry.row for entry in ledger)
+    if got != want:
+        missing = sorted(set(want) - set(got))[:5]
+        raise RuntimeError(f"{tar_rel}: {len(got)} results for {len(want)} rows (missing {missing}); not committed")

@@ -1,0 +1,425 @@
+"""Fetching one URL under the URL policy: bounded concurrency, retries, and every failure a reason with a detail."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import re
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+from yarl import URL
+
+from tasks.formats.recipe_download import DownloadConfig
+from tasks.policies.robots import RobotsRules, opted_out
+from tasks.policies.sniff import bytes_verdict
+from tasks.policies.urlguard import (
+    AddressPolicy,
+    BlockedAddress,
+    GuardedResolver,
+    InvalidHost,
+    Refusal,
+    check_url,
+    resolve_file_url,
+)
+
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
+_REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
+_ROBOTS_MAX_BYTES = 512 * 1024  # RFC 9309 asks parsers to read at least 500 KiB
+_CHUNK = 1 << 20  # body read size; images are 100 KB to MBs
+
+
+@dataclass
+class Fetched:
+    """What fetching one URL (and judging its bytes) ended in: bytes, or a reason with a detail."""
+
+    reason: str | None = None
+    data: bytes | None = None
+    http_status: int | None = None
+    attempts: int = 0
+    detail: str | None = None
+    content_type: str | None = None
+    format: str | None = None
+
+
+class _Retry(Exception):
+    def __init__(self, reason: str, status: int | None, delay: float | None, detail: str):
+        super().__init__(detail)
+        self.reason, self.status, self.delay, self.detail = reason, status, delay, detail
+
+
+def exception_detail(err: BaseException) -> str:
+    """``TypeName: message`` of an exception, for a ledger detail."""
+    name = type(err).__name__
+    text = str(err)
+    if isinstance(err, aiohttp.ClientConnectorError) and err.os_error is not None:
+        inner = err.os_error
+        if isinstance(inner, (BlockedAddress, InvalidHost)):
+            return str(inner)  # our own message names the host and the addresses
+        name += f" ({type(inner).__name__})"
+        if inner.strerror is None:  # aiohttp shows strerror, which a one-argument OSError lacks
+            text = text.removesuffix(" [None]") + f" [{inner}]"
+    return f"{name}: {text}" if text else name
+
+
+def classify(err: BaseException) -> tuple[str, bool]:
+    """(reason, worth a retry) for an exception raised while fetching one URL.
+
+    Known classes keep the reasons people look for (a host that cannot be encoded is an
+    ``invalid_url``, a failed lookup a ``dns_error`` ...); anything else is ``fetch_failed``.
+    """
+    if isinstance(err, aiohttp.ClientConnectorError):
+        inner = err.os_error
+        if isinstance(inner, BlockedAddress):
+            return "blocked_address", False
+        if isinstance(inner, InvalidHost):
+            return "invalid_url", False
+        if isinstance(err, aiohttp.ClientConnectorDNSError):
+            return "dns_error", False
+        if isinstance(err, aiohttp.ClientSSLError):
+            return "tls_error", False
+        return "connection_error", True
+    if isinstance(err, BlockedAddress):
+        return "blocked_address", False
+    if isinstance(err, InvalidHost):
+        return "invalid_url", False
+    if isinstance(err, ssl.SSLError):
+        return "tls_error", False
+    if isinstance(err, aiohttp.InvalidURL):
+        return "invalid_url", False
+    if isinstance(err, TimeoutError):
+        return "timeout", False
+    if isinstance(err, socket.gaierror):
+        return "dns_error", False
+    if isinstance(
+        err, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError)
+    ):
+        return "connection_error", True
+    if isinstance(err, (aiohttp.ClientError, OSError)):
+        return "connection_error", False
+    return "fetch_failed", False
+
+
+def failure(err: BaseException) -> Fetched:
+    """The record of an exception raised while fetching or judging one row.
+
+    Interpreter exits, and a cancellation of the running task (the shard deadline, a shutdown),
+    propagate; a CancelledError that some step raised on its own is a failure like any other.
+    """
+    if isinstance(err, (KeyboardInterrupt, SystemExit)):
+        raise err
+    if isinstance(err, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise err
+    return Fetched(reason=classify(err)[0], detail=exception_detail(err))
+
+
+def judge(fetched: Fetched, allowed_formats: tuple[str, ...]) -> Fetched:
+    """Judge fetched bytes in place (sniffed format, allowlist, truncation); a refused body is dropped."""
+    if fetched.reason is None:
+        fetched.reason, fetched.format, fetched.detail = bytes_verdict(
+            fetched.data or b"", allowed_formats, fetched.content_type
+        )
+        if fetched.reason is not None:
+            fetched.data = None
+    return fetched
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+
+
+def _shown(url: str, limit: int = 200) -> str:
+    """A URL for a detail: shortened, and without user info, so a secret is not copied into ledgers."""
+    url = _USERINFO.sub(r"\1***@", url)
+    return url if len(url) <= limit else url[: limit - 3] + "..."
+
+
+def _status_text(resp: aiohttp.ClientResponse) -> str:
+    return f"HTTP {resp.status} {resp.reason}" if resp.reason else f"HTTP {resp.status}"
+
+
+class Fetcher:
+    """Fetches URLs for one shard with bounded concurrency, under the URL policy and SSRF guard.
+
+    Args:
+        cfg: the recipe's download config (limits, retries, user agent, network policy).
+        s3_options: fsspec options for ``s3://`` sources in allowlisted buckets.
+
+    Use as ``async with Fetcher(cfg) as f: await f.fetch(url)``. ``fetch`` never raises but
+    for a cancellation: every outcome, an unexpected exception included, is a :class:`Fetched`.
+    """
+
+    def __init__(self, cfg: DownloadConfig, s3_options: dict[str, Any] | None = None):
+        self.cfg = cfg
+        self.policy = AddressPolicy.from_config(cfg.network)
+        self.s3_options = s3_options or {}
+        self.ua_token = cfg.user_agent.split("/", 1)[0].split()[0].lower() if cfg.user_agent.strip() else "*"
+        self._directives = frozenset(cfg.opt_out_directives)
+        self._global = asyncio.Semaphore(cfg.max_inflight)
+        self._hosts: dict[str, asyncio.Semaphore] = {}
+        self._robots: dict[str, asyncio.Future] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Fetcher:
+        connector = aiohttp.TCPConnector(
+            resolver=GuardedResolver(self.policy),
+            limit=self.cfg.max_inflight + 8,
+            limit_per_host=0,
+            ttl_dns_cache=300,
+            enable_cleanup_closed=True,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers={"User-Agent": self.cfg.user_agent, "Accept": "image/*,*/*;q=0.5"},
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.timeout_s),
+            auto_decompress=False,
+            trust_env=False,  # no proxies and no .netrc credentials from the environment
+            # Images are 100 KB to MBs: larger reads cost fewer wake-ups than the 64 KiB default.
+            read_bufsize=_CHUNK,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for fut in self._robots.values():
+            fut.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+    def _host_sem(self, host: str) -> asyncio.Semaphore:
+        sem = self._hosts.get(host)
+        if sem is None:
+            sem = self._hosts[host] = asyncio.Semaphore(self.cfg.per_host)
+        return sem
+
+    def _refusal(self, url: str) -> Refusal | None:
+        return check_url(url, self.cfg.network, self.policy)
+
+    async def fetch(self, url: str) -> Fetched:
+        """Fetch one URL: the policy first, then up to ``retries`` more attempts for transient failures."""
+        try:
+            return await self._fetch(url)
+        except BaseException as err:  # noqa: BLE001 - every exception is this URL's record
+            return failure(err)
+
+    async def _fetch(self, url: str) -> Fetched:
+        refusal = self._refusal(url)
+        if refusal is not None:
+            return Fetched(reason=refusal.reason, detail=refusal.detail)
+        if urlsplit(url).scheme.lower() in ("file", "s3"):
+            return await asyncio.to_thread(self._read_object, url)
+        last: _Retry | None = None
+        attempts = 0
+        for attempt in range(self.cfg.retries + 1):
+            if attempt:
+                delay = min(self.cfg.backoff_s * 2 ** (attempt - 1), self.cfg.max_backoff_s)
+                if last is not None and last.delay is not None:
+                    delay = max(delay, last.delay)
+                await asyncio.sleep(delay)
+            attempts += 1
+            try:
+                fetched = await self._attempt(url)
+            except _Retry as retry:
+                last = retry
+                if retry.reason == "rate_limited":
+                    break
+                continue
+            fetched.attempts = attempts
+            return fetched
+        return Fetched(reason=last.reason, http_status=last.status, attempts=attempts, detail=last.detail)
+
+    async def _attempt(self, url: str) -> Fetched:
+        host = URL(url).raw_host or ""
+        # The host's slot first: a request queued behind a busy host must not hold one of the
+        # shard's global slots, or one dominant host starves all the others.
+        async with self._host_sem(host), self._global:
+            deadline = asyncio.timeout(self.cfg.timeout_s)
+            try:
+                async with deadline:
+                    return await self._follow(url)
+            except _Retry:
+                raise
+            except TimeoutError as err:
+                if deadline.expired():
+                    return Fetched(
+                        reason="timeout",
+                        detail=f"no complete response within download.timeout_s ({self.cfg.timeout_s:g} s)",
+                    )
+                return Fetched(reason="timeout", detail=exception_detail(err))
+            except BaseException as err:  # noqa: BLE001 - classified; transient ones are retried
+                fetched = failure(err)
+                if classify(err)[1]:
+                    raise _Retry(fetched.reason, None, None, fetched.detail) from None
+                return fetched
+
+    async def _follow(self, url: str) -> Fetched:
+        for _hop in range(self.cfg.max_redirects + 1):
+            if self.cfg.respect_robots_txt:
+                why = await self._robots_refusal(url)
+                if why is not None:
+                    return Fetched(reason="robots_disallowed", detail=why)
+            async with self._session.get(URL(url), allow_redirects=False) as resp:
+                status = resp.status
+                if status in _REDIRECT_STATUS:
+                    location = resp.headers.get("Location")
+                    if not location:
+                        return Fetched(
+                            reason=f"http_{status}",
+                            http_status=status,
+                            detail=f"{_status_text(resp)}: redirect without Location",
+                        )
+                    url, refusal = self._redirect_target(url, location)
+                    if refusal is not None:
+                        return Fetched(
+                            reason=refusal.reason,
+                            http_status=status,
+                            detail=f"redirect to {_shown(url)}: {refusal.detail}",
+                        )
+                    continue
+                if status in _RETRY_STATUS:
+                    delay = parse_retry_after(resp.headers.get("Retry-After")) if status in (429, 503) else None
+                    if delay is not None and delay > self.cfg.max_retry_after_s:
+                        raise _Retry(
+                            "rate_limited",
+                            status,
+                            None,
+                            f"{_status_text(resp)}, Retry-After {delay:g} s over download.max_retry_after_s",
+                        )
+                    raise _Retry(f"http_{status}", status, delay, _status_text(resp))
+                if status != 200:
+                    return Fetched(reason=f"http_{status}", http_status=status, detail=_status_text(resp))
+                tags = resp.headers.getall("X-Robots-Tag", [])
+                if opted_out(tags, self._directives, self.ua_token):
+                    return Fetched(reason="opted_out", http_status=status, detail="X-Robots-Tag: " + "; ".join(tags))
+                data, problem = await self._read_capped(resp)
+                if data is None:
+                    return Fetched(reason="too_large", http_status=status, detail=problem)
+                return Fetched(data=data, http_status=status, content_type=resp.headers.get("Content-Type"))
+        return Fetched(
+            reason="too_many_redirects",
+            detail=f"more than download.max_redirects ({self.cfg.max_redirects}); the last to {_shown(url)}",
+        )
+
+    def _redirect_target(self, url: str, location: str) -> tuple[str, Refusal | None]:
+        """The absolute redirect target and why it is refused: the same checks as any URL."""
+        try:
+            target = urljoin(url, location)
+            scheme = urlsplit(target).scheme.lower()
+        except ValueError as err:
+            return location, Refusal("invalid_url", f"cannot parse the Location: {err}")
+        if scheme not in ("http", "https"):
+            return target, Refusal(
+                "blocked_scheme", f"a redirect to {scheme or 'no'} scheme; only http and https are followed"
+            )
+        return target, self._refusal(target)
+
+    async def _read_capped(self, resp: aiohttp.ClientResponse) -> tuple[bytes | None, str | None]:
+        """(body, None), or (None, why) past max_bytes; Content-Length is not trusted either way."""
+        cap = self.cfg.max_bytes
+        declared = resp.content_length
+        if declared is not None and declared > cap:
+            return None, f"Content-Length {declared} is over download.max_bytes ({cap})"
+        parts: list[bytes] = []
+        total = 0
+        try:
+            async for chunk in resp.content.iter_chunked(_CHUNK):
+                total += len(chunk)
+                if total > cap:
+                    return None, f"more than download.max_bytes ({cap}) received" + (
+                        f", Content-Length {declared}" if declared is not None else ""
+                    )
+                parts.append(chunk)
+        except aiohttp.ClientPayloadError as err:
+            expected = f"{declared} declared" if declared is not None else "an undeclared number of"
+            raise aiohttp.ClientPayloadError(f"received {total} of {expected} bytes ({err})") from err
+        return b"".join(parts), None
+
+    async def _robots_refusal(self, url: str) -> str | None:
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        fut = self._robots.get(origin)
+        if fut is None:
+            fut = self._robots[origin] = asyncio.ensure_future(self._load_robots(origin))
+        # Shielded: a row that times out or is cancelled must not cancel the origin's shared load.
+        rules = await asyncio.shield(fut)
+        return rules.refusal(url, self.ua_token)
+
+    async def _load_robots(self, origin: str) -> RobotsRules:
+        """robots.txt per RFC 9309: 4xx allows all; 5xx, unreachable or unreadable disallows all.
+
+        Redirects are followed by hand, each target checked like any URL.
+        """
+        url = origin + "/robots.txt"
+        try:
+            async with asyncio.timeout(self.cfg.timeout_s):
+                for _hop in range(self.cfg.max_redirects + 1):
+                    async with self._session.get(URL(url), allow_redirects=False) as resp:
+                        location = resp.headers.get("Location")
+                        if resp.status in _REDIRECT_STATUS and location:
+                            url, refusal = self._redirect_target(url, location)
+                            if refusal is not None:
+                                return RobotsRules.disallow_all(
+                                    f"robots.txt redirects to a refused URL ({refusal.reason}: {refusal.detail}): disallow all"
+                                )
+                            continue
+                        if 400 <= resp.status < 500:
+                            return RobotsRules.allow_all(f"{url} answered {_status_text(resp)}: allow all")
+                        if resp.status != 200:
+                            return RobotsRules.disallow_all(
+                                f"{url} answered {_status_text(resp)}: disallow all (RFC 9309)"
+                            )
+                        body = bytearray()
+                        async for chunk in resp.content.iter_chunked(64 * 1024):
+                            body += chunk
+                            if len(body) >= _ROBOTS_MAX_BYTES:
+                                break
+                        return RobotsRules.parse(bytes(body[:_ROBOTS_MAX_BYTES]), url)
+                return RobotsRules.disallow_all(
+                    f"{origin}/robots.txt: more than {self.cfg.max_redirects} redirects: disallow all"
+                )
+        except Exception as err:  # noqa: BLE001 - RFC 9309: an unreachable robots.txt disallows all
+            return RobotsRules.disallow_all(
+                f"{url} could not be read ({exception_detail(err)}): disallow all (RFC 9309)"
+            )
+
+    def _read_object(self, url: str) -> Fetched:
+        """file:// (under file_root) and s3:// (allowlisted buckets), with the same byte cap."""
+        import fsspec
+
+        cap = self.cfg.max_bytes
+        try:
+            if url.lower().startswith("file:"):
+                path = resolve_file_url(url, self.cfg.network.file_root)
+                if path is None:
+                    return Fetched(
+                        reason="blocked_scheme", attempts=1, detail="file:// URL outside download.network.file_root"
+                    )
+                fh = open(path, "rb")  # noqa: SIM115 - closed below
+            else:
+                fh = fsspec.open(url, "rb", **self.s3_options).open()
+            with fh:
+                data = fh.read(cap + 1)
+        except Exception as err:  # noqa: BLE001 - any storage client error is this row's read_error
+            return Fetched(reason="read_error", attempts=1, detail=exception_detail(err))
+        if len(data) > cap:
+            return Fetched(reason="too_large", attempts=1, detail=f"more than download.max_bytes ({cap})")
+        return Fetched(data=data, attempts=1)

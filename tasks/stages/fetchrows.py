@@ -1,0 +1,217 @@
+"""Fetch a shard's manifest rows concurrently and hand each result on as it completes, every row exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.formats.recipe_download import DownloadConfig
+from tasks.stages.fetch import Fetched, Fetcher, failure, judge
+
+Row = dict[str, Any]
+# How long cancelled fetches get to unwind once the shard deadline has passed.
+_UNWIND_S = 5.0
+
+
+async def fetch_row(fetcher: Fetcher, row: Row, allowed_formats: tuple[str, ...]) -> Fetched:
+    """One manifest row's fetched and judged bytes, or its reason; never raises but for a cancellation.
+
+    A row the manifest already rejected keeps that reason and the manifest's detail.
+    """
+    verdict = _manifest_verdict(row)
+    if verdict is not None:
+        return verdict
+    try:
+        fetched = await fetcher.fetch(row["url"])
+    except BaseException as err:  # noqa: BLE001 - every exception is this row's record
+        return failure(err)
+    try:
+        return judge(fetched, allowed_formats)
+    except BaseException as err:  # noqa: BLE001 - judging touches no network: always unexpected
+        failed = failure(err)
+        return Fetched(
+            reason="fetch_failed",
+            http_status=fetched.http_status,
+            attempts=fetched.attempts,
+            detail=f"judging the bytes: {failed.detail}",
+        )
+
+
+def _manifest_verdict(row: Row) -> Fetched | None:
+    # ``detail`` is read with get(): chunks written before it was a column lack it.
+    if row.get("reason"):
+        return Fetched(reason=row["reason"], detail=row.get("detail"))
+    if not row.get("url"):
+        return Fetched(reason="missing_url", detail=row.get("detail") or "the row has no URL")
+    return None
+
+
+async def fetch_completed(
+    rows: Iterable[Row], cfg: DownloadConfig, s3_options: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[Row, Fetched]]:
+    """Yield ``(row, Fetched)`` for every row, in the order the fetches complete.
+
+    One slow or hanging row never holds back the rows after it. Memory stays bounded: at most
+    ``2 x max_inflight`` rows are under way or done and not yet taken (so at most that many
+    bodies of at most ``max_bytes`` are held), and the Fetcher caps concurrent requests at
+    ``max_inflight``. When ``cfg.shard_timeout_s`` has passed since the start, the rows still
+    pending, and those not started, are yielded as ``timeout`` with a detail saying so.
+    """
+    loop = asyncio.get_running_loop()
+    end = loop.time() + cfg.shard_timeout_s
+    window = max(2 * cfg.max_inflight, 8)
+    todo = iter(rows)
+    pending: dict[asyncio.Future, Row] = {}
+    async with Fetcher(cfg, s3_options) as fetcher:
+
+        def fill() -> None:
+            while len(pending) < window:
+                row = next(todo, None)
+                if row is None:
+                    return
+                pending[asyncio.ensure_future(fetch_row(fetcher, row, cfg.allowed_formats))] = row
+
+        try:
+            fill()
+            while pending:
+                remaining = end - loop.time()
+                if remaining <= 0:
+                    break
+                done, _ = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    row = pending.pop(fut)
+                    yield row, _outcome(fut)
+                    fill()
+            if not pending:
+                return
+            # The shard deadline passed: stop what is under way, record it, and what never started.
+            for fut in pending:
+                fut.cancel()
+            await asyncio.wait(pending, timeout=_UNWIND_S)
+            why = f"the shard deadline (download.shard_timeout_s = {cfg.shard_timeout_s:g} s) passed before this row"
+            for fut, row in list(pending.items()):
+                del pending[fut]
+                finished = fut.done() and not fut.cancelled()
+                yield row, _outcome(fut) if finished else Fetched(reason="timeout", detail=f"{why} finished")
+            for row in todo:
+                verdict = _manifest_verdict(row)
+                yield row, verdict if verdict is not None else Fetched(reason="timeout", detail=f"{why} was started")
+        finally:
+            for fut in pending:
+                fut.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=_UNWIND_S)
+
+
+def _outcome(fut: asyncio.Future) -> Fetched:
+    """A finished row future's record; fetch_row returns one, so anything else is a failure too."""
+    if fut.cancelled():
+        return Fetched(reason="fetch_failed", detail="CancelledError: the fetch was cancelled")
+    err = fut.exception()
+    if err is not None:
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise err
+        return Fetched(reason="fetch_failed", detail=f"{type(err).__name__}: {err}")
+    return fut.result()
+
+
+@dataclass(frozen=True)
+class _End:
+    error: BaseException | None
+
+
+class _Pump:
+    """Runs :func:`fetch_completed` on an event loop of its own thread; results cross a queue.
+
+    At most ``max_inflight`` results wait for the caller (``room``), on top of the rows
+    ``fetch_completed`` holds. The thread always ends by queueing an ``_End``, carrying the
+    exception if the loop itself failed, so the caller never waits on a dead producer.
+    """
+
+    def __init__(self, rows: Iterable[Row], cfg: DownloadConfig, s3_options: dict[str, Any] | None):
+        self.items: queue.SimpleQueue = queue.SimpleQueue()
+        self.loop = asyncio.new_event_loop()
+        self.room: asyncio.Semaphore | None = None
+        self.task = self.loop.create_task(self._main(rows, cfg, s3_options))
+        # DNS lookups and file/S3 reads run in the loop's default executor: size it to the
+        # requests in flight rather than to the (small) number of cores.
+        self.loop.set_default_executor(
+            ThreadPoolExecutor(max_workers=min(32, cfg.max_inflight + 4), thread_name_prefix="shardsmith-fetch-io")
+        )
+        self.thread = threading.Thread(target=self._run, name="shardsmith-fetch", daemon=True)
+        self.thread.start()
+
+    async def _main(self, rows: Iterable[Row], cfg: DownloadConfig, s3_options: dict[str, Any] | None) -> None:
+        self.room = asyncio.Semaphore(cfg.max_inflight)
+        results = fetch_completed(rows, cfg, s3_options)
+        try:
+            async for item in results:
+                await self.room.acquire()
+                self.items.put(item)
+        finally:
+            await results.aclose()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        error: BaseException | None = None
+        try:
+            self.loop.run_until_complete(self.task)
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            error = err
+        finally:
+            self.items.put(_End(error))
+            try:
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                # close() shuts the executor down without waiting for a lookup that hangs.
+                self.loop.close()
+
+    def get(self) -> tuple[Row, Fetched] | _End:
+        while True:
+            try:
+                item = self.items.get(timeout=1.0)
+            except queue.Empty:
+                if not self.thread.is_alive() and self.items.empty():
+                    return _End(RuntimeError("the fetch thread ended without a result"))
+                continue
+            if not isinstance(item, _End):
+                self._call(self.room.release)
+            return item
+
+    def close(self) -> None:
+        if self.thread.is_alive():
+            self._call(self.task.cancel)
+            self.thread.join(timeout=2 * _UNWIND_S + 5)
+
+    def _call(self, fn: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            pass  # the loop has closed: it has nothing left to release or cancel
+
+
+def iter_completed(
+    rows: Iterable[Row], cfg: DownloadConfig, s3_options: dict[str, Any] | None = None
+) -> Iterator[tuple[Row, Fetched]]:
+    """:func:`fetch_completed` for synchronous callers, fetching on while the caller works.
+
+    The event loop runs in a thread of its own, so requests progress while the caller writes
+    (or decodes) what came back. Leaving the loop early stops the fetching; an exception of
+    the fetch machinery itself (not of a row) is raised here.
+    """
+    pump = _Pump(rows, cfg, s3_options)
+    try:
+        while True:
+            item = pump.get()
+            if isinstance(item, _End):
+                if item.error is not None and not isinstance(item.error, asyncio.CancelledError):
+                    raise item.error
+                return
+            yield item
+    finally:
+        pump.close()

@@ -1,0 +1,393 @@
+"""Precaching: outputs of frozen encoders (VAE latents, caption and vision embeddings) per shard.
+
+One resharded shard in, one latent shard out, with the same keys in the same order: DALI reads
+the shard through its ``.idx`` (decoding on the GPU with ``mixed`` where there is one), the
+encoders run on whole batches, and every array is written as a ``.npy`` member under the
+sample's key. Models load once per worker process and stay loaded for the next shard.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.formats.indexes import ShardIndexInput, dali_index_name, dali_indexes
+from tasks.formats.ledger import read_parquet, write_parquet
+from tasks.formats.names import digest_of
+from tasks.formats.recipe_outputs import PrecacheConfig
+from tasks.formats.shards import HashingWriter, MemberRecord, SampleRecord, ShardWriter
+from tasks.formats.storage import Storage
+from tasks.stages.precache_batches import iter_batches
+from tasks.stages.precache_models import PrecacheError, dtype_of, load_encoders
+
+# Per-sample precache rows: the phase's ledger. ``aligned``: the key DALI read is the key the
+# image shard holds at that position; ``finite``: every stored value of every encoding is finite.
+LEDGER_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("source", pa.string()),
+        ("shard", pa.string()),
+        ("position", pa.int64()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("aligned", pa.bool_()),
+        ("finite", pa.bool_()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class PrecacheInput:
+    """One resharded shard to precache.
+
+    Args:
+        tar: the shard's path under the storage root.
+        sha256: its checksum (part of the output name, so a changed shard is precached again).
+        records: the writer's sample records, in order (keys, and the DALI index built from them).
+    """
+
+    tar: str
+    sha256: str
+    records: tuple[SampleRecord, ...]
+
+
+@dataclass
+class ChannelStats:
+    """Running per-channel sums of one encoding, for the gate's mean and std checks."""
+
+    count: int = 0
+    sum: list[float] = field(default_factory=list)
+    sumsq: list[float] = field(default_factory=list)
+
+    def add(self, values: np.ndarray) -> None:
+        """``values``: (batch, channels, ...) in float; non-finite values are left out of the sums."""
+        x = np.moveaxis(values.astype(np.float64), 1, 0).reshape(values.shape[1], -1)
+        x = np.where(np.isfinite(x), x, 0.0)
+        if not self.sum:
+            self.sum = [0.0] * x.shape[0]
+            self.sumsq = [0.0] * x.shape[0]
+        self.sum = [a + b for a, b in zip(self.sum, x.sum(axis=1).tolist())]
+        self.sumsq = [a + b for a, b in zip(self.sumsq, (x * x).sum(axis=1).tolist())]
+        self.count += x.shape[1]
+
+    def merge(self, other: ChannelStats) -> ChannelStats:
+        if not self.sum:
+            return ChannelStats(other.count, list(other.sum), list(other.sumsq))
+        if not other.sum:
+            return ChannelStats(self.count, list(self.sum), list(self.sumsq))
+        return ChannelStats(
+            self.count + other.count,
+            [a + b for a, b in zip(self.sum, other.sum)],
+            [a + b for a, b in zip(self.sumsq, other.sumsq)],
+        )
+
+    def mean_std(self) -> list[tuple[float, float]]:
+        out = []
+        for s, q in zip(self.sum, self.sumsq):
+            mean = s / self.count if self.count else 0.0
+            var = max(q / self.count - mean * mean, 0.0) if self.count else 0.0
+            out.append((mean, math.sqrt(var)))
+        return out
+
+
+@dataclass
+class PrecacheResult:
+    """What one precache task reports: the latent shard, its records, and the gate's inputs.
+
+    Args:
+        image_shard: the input shard's path.
+        tar: the latent shard's path; ``ledger``: its per-sample ledger (written last, commits it).
+        encodings: per encoding, ``{"members", "shape", "dtype", ...}`` as index.json records it.
+        stats: channel sums of the scaled image latents (``{"image_latents": ...}``), for the gate.
+        timings: seconds spent loading models, decoding (waiting for DALI), encoding, writing.
+    """
+
+    image_shard: str
+    tar: str
+    ledger: str
+    samples: int
+    bytes: int
+    sha256: str
+    records: list[SampleRecord]
+    encodings: dict[str, dict[str, Any]]
+    stats: dict[str, ChannelStats]
+    timings: dict[str, float]
+    nonfinite: int = 0
+    misaligned: int = 0
+    skipped: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# One shard
+# ---------------------------------------------------------------------------------------------
+
+
+def output_names(cfg: PrecacheConfig, prefix: str, shard: PrecacheInput) -> tuple[str, str]:
+    """The latent shard and its ledger, named by the input's checksum and the config."""
+    digest = digest_of(shard.sha256, cfg.model_dump(mode="json"))
+    stem = Path(shard.tar).name.removesuffix(".tar")
+    return f"{prefix}/{digest}/{stem}.tar", f"{prefix}/{digest}/{stem}.ledger.parquet"
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _stored(t: Any, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(array to save, its float32 values as read back): bf16 is saved as its raw 16 bits."""
+    import torch
+
+    if t.dtype in (torch.uint8, torch.bool):
+        a = t.to(torch.uint8).cpu().numpy()
+        return a, a.astype(np.float32)
+    stored = t.to(dtype_of(dtype))
+    back = stored.float().cpu().numpy()
+    if dtype == "bf16":
+        return stored.view(torch.int16).cpu().numpy().view("<u2"), back
+    return stored.cpu().numpy(), back
+
+
+class _LocalShard:
+    """The shard as a local file with a DALI index beside it (DALI reads local paths only)."""
+
+    def __init__(self, storage: Storage, shard: PrecacheInput) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="shardsmith-precache-")
+        name = Path(shard.tar).name
+        if storage.is_local:
+            self.tar = storage.path(shard.tar)
+        else:
+            self.tar = os.path.join(self.tmp.name, name)
+            storage.fs.get(storage.path(shard.tar), self.tar)
+        size = os.path.getsize(self.tar)
+        self.idx = os.path.join(self.tmp.name, dali_index_name(name))
+        data = dali_indexes([ShardIndexInput(name=name, size=size, samples=shard.records)])[dali_index_name(name)]
+        Path(self.idx).write_bytes(data)
+
+    def close(self) -> None:
+        self.tmp.cleanup()
+
+
+def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, prefix: str) -> PrecacheResult:
+    """Encode one shard into its latent shard; a rerun whose ledger exists returns the record.
+
+    Per sample, a ledger row: ``ok``, or ``error`` with ``nonfinite_encoding`` when any stored
+    value is NaN or infinite (the gate then blocks the release). A key DALI read that is not
+    the key at that position of the image shard is recorded (``aligned`` false) for the gate.
+    """
+    tar, ledger = output_names(cfg, prefix, shard)
+    summary = summary_name(ledger)
+    if storage.exists(ledger) and storage.exists(summary):
+        return recorded(storage, summary)
+    timings = {"load_s": 0.0, "decode_s": 0.0, "encode_s": 0.0, "write_s": 0.0, "total_s": 0.0}
+    start = time.perf_counter()
+    enc, timings["load_s"] = load_encoders(cfg)
+    encodings = enc.describe()
+    stats = {"image_latents": ChannelStats()} if "image_latents" in encodings else {}
+    expected = [r.key for r in shard.records]
+    rows: list[dict[str, Any]] = []
+    local = _LocalShard(storage, shard)
+    try:
+        with storage.atomic_writer(tar) as raw:
+            out = HashingWriter(raw)
+            writer = ShardWriter(out)
+            batches = iter_batches(
+                local.tar,
+                local.idx,
+                len(expected),
+                cfg,
+                enc.vision_size,
+                (enc.vision_mean, enc.vision_std) if enc.vision is not None else None,
+            )
+            t = time.perf_counter()
+            for batch in batches:
+                timings["decode_s"] += time.perf_counter() - t
+                t = time.perf_counter()
+                arrays: dict[str, Any] = {}
+                if enc.vae is not None:
+                    arrays.update(enc.encode_images(batch.vae_pixels, batch.keys))
+                if enc.text is not None:
+                    arrays.update(enc.encode_text(batch.captions))
+                if enc.vision is not None:
+                    arrays.update(enc.encode_vision(batch.vision_pixels))
+                stored = {m: _stored(a, cfg.dtype) for m, a in arrays.items()}
+                timings["encode_s"] += time.perf_counter() - t
+                t = time.perf_counter()
+                _record_shapes(encodings, stored)
+                _add_stats(stats, encodings, stored)
+                finite = np.ones(len(batch.keys), dtype=bool)
+                for _, back in stored.values():
+                    finite &= np.isfinite(back.reshape(len(batch.keys), -1)).all(axis=1)
+                for i, key in enumerate(batch.keys):
+                    writer.write_sample(key, {m: _npy(a[i]) for m, (a, _) in stored.items()})
+                    pos = len(rows)
+                    ok = bool(finite[i])
+                    rows.append(
+                        {
+                            "key": key,
+                            "source": key.rsplit("-", 1)[0],
+                            "shard": tar,
+                            "position": pos,
+                            "status": "ok" if ok else "error",
+                            "reason": None if ok else "nonfinite_encoding",
+                            "aligned": pos < len(expected) and expected[pos] == key,
+                            "finite": ok,
+                        }
+                    )
+                timings["write_s"] += time.perf_counter() - t
+                t = time.perf_counter()
+            writer.close()
+    finally:
+        local.close()
+    if len(rows) != len(expected):
+        raise PrecacheError(f"{storage.url(shard.tar)}: DALI read {len(rows)} samples, the shard holds {len(expected)}")
+    timings["total_s"] = time.perf_counter() - start
+    result = PrecacheResult(
+        image_shard=shard.tar,
+        tar=tar,
+        ledger=ledger,
+        samples=len(rows),
+        bytes=writer.bytes_written,
+        sha256=out.sha.hexdigest(),
+        records=writer.records,
+        encodings=encodings,
+        stats=stats,
+        timings={k: round(v, 4) for k, v in timings.items()},
+        nonfinite=sum(not r["finite"] for r in rows),
+        misaligned=sum(not r["aligned"] for r in rows),
+    )
+    storage.write_bytes(summary, json.dumps(_summary_json(result), sort_keys=True).encode())
+    write_parquet(storage, ledger, pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA))
+    return result
+
+
+def _record_shapes(encodings: dict[str, dict[str, Any]], stored: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """Per encoding, the per-sample shape of its first member; a later batch that differs raises."""
+    first = {
+        "image_latents": ("latent_mean.npy", "latent.npy"),
+        "text": ("text_emb.npy",),
+        "vision": ("vision_emb.npy",),
+    }
+    for name, info in encodings.items():
+        member = next(m for m in first[name] if m in stored)
+        shape = list(stored[member][0].shape[1:])
+        if "shape" in info and info["shape"] != shape:
+            raise PrecacheError(f"{name}: per-sample shape changed within a shard ({info['shape']} -> {shape})")
+        info["shape"] = shape
+
+
+def _add_stats(
+    stats: dict[str, ChannelStats],
+    encodings: dict[str, dict[str, Any]],
+    stored: dict[str, tuple[np.ndarray, np.ndarray]],
+) -> None:
+    """Channel sums of what training sees: image latents shifted and scaled as diffusers does."""
+    if "image_latents" in stats:
+        info = encodings["image_latents"]
+        values = stored.get("latent_mean.npy", stored.get("latent.npy"))[1]
+        shift = info["shift_factor"] or 0.0
+        stats["image_latents"].add((values - shift) * info["scaling_factor"])
+
+
+def _summary_json(r: PrecacheResult) -> dict[str, Any]:
+    d = asdict(r)
+    d["records"] = [
+        {"key": s.key, "offset": s.offset, "length": s.length, "members": s.members_as_dicts()} for s in r.records
+    ]
+    return d
+
+
+def summary_name(ledger: str) -> str:
+    """The JSON record written beside a latent shard's ledger (what a rerun returns)."""
+    return ledger.removesuffix(".ledger.parquet") + ".json"
+
+
+def recorded(storage: Storage, summary: str) -> PrecacheResult:
+    """The result of a committed latent shard, from its JSON record."""
+    d = json.loads(storage.read_bytes(summary))
+    d["records"] = [
+        SampleRecord(
+            s["key"],
+            s["offset"],
+            s["length"],
+            tuple(MemberRecord(m["name"], m["offset"], m["size"]) for m in s["members"]),
+        )
+        for s in d["records"]
+    ]
+    d["stats"] = {k: ChannelStats(**v) for k, v in d["stats"].items()}
+    d["skipped"] = True
+    return PrecacheResult(**d)
+
+
+def channel_table(results: list[PrecacheResult]) -> pa.Table:
+    """One row per (encoding, channel) over all shards: mean and std, for the gate."""
+    merged: dict[str, ChannelStats] = {}
+    for r in results:
+        for name, s in r.stats.items():
+            merged[name] = merged.get(name, ChannelStats()).merge(s)
+    rows = []
+    for name, s in sorted(merged.items()):
+        for ch, (mean, std) in enumerate(s.mean_std()):
+            rows.append({"encoding": name, "channel": ch, "mean": mean, "std": std, "values": s.count})
+    return pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                ("encoding", pa.string()),
+                ("channel", pa.int64()),
+                ("mean", pa.float64()),
+                ("std", pa.float64()),
+                ("values", pa.int64()),
+            ]
+        ),
+    )
+
+
+def shard_table(results: list[PrecacheResult], image_samples: dict[str, int]) -> pa.Table:
+    """One row per latent shard: samples against its image shard's, and whether its shapes and
+    dtypes agree with the first shard's (what index.json will record)."""
+    reference = results[0].encodings if results else {}
+    rows = []
+    for r in results:
+        same = all(
+            r.encodings.get(k, {}).get("shape") == v.get("shape")
+            and r.encodings.get(k, {}).get("dtype") == v.get("dtype")
+            for k, v in reference.items()
+        )
+        rows.append(
+            {
+                "shard": r.tar,
+                "samples": r.samples,
+                "image_samples": image_samples.get(r.image_shard, -1),
+                "counts_match": r.samples == image_samples.get(r.image_shard, -1),
+                "layout_match": same,
+            }
+        )
+    return pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                ("shard", pa.string()),
+                ("samples", pa.int64()),
+                ("image_samples", pa.int64()),
+                ("counts_match", pa.bool_()),
+                ("layout_match", pa.bool_()),
+            ]
+        ),
+    )
+
+
+def read_ledgers(storage: Storage, results: list[PrecacheResult]) -> pa.Table:
+    tables = [read_parquet(storage, r.ledger) for r in results]
+    return pa.concat_tables(tables) if tables else LEDGER_SCHEMA.empty_table()
