@@ -481,7 +481,7 @@ _KERNEL_SHARDSMITH = f"""
 import json, sys, time
 from pathlib import Path
 from tasks.policies.images import process_image
-from tasks.formats.recipe import ImageRules
+from tasks.formats.recipe_download import ImageRules
 rules = ImageRules(resize_mode="{I2D_RESIZE_MODE}", image_size={I2D_IMAGE_SIZE}, output_format="jpeg", quality={I2D_ENCODE_QUALITY})
 files = [Path(p) for p in sys.argv[1:]]
 for f in files[:10]:

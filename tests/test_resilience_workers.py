@@ -92,7 +92,7 @@ _BOMB_PROBE = r"""
 import json, resource, struct, sys, zlib
 
 from tasks.policies.images import process_image
-from tasks.formats.recipe import ImageRules
+from tasks.formats.recipe_download import ImageRules
 
 
 def png(width, height, rows):
