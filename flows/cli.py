@@ -67,8 +67,8 @@ def _run(recipe_path: Path, phases: list[str], overrides: dict[str, object], for
 
     try:
         # Nothing changed since the last run covered these phases: say so, start nothing.
-        last = None if force else up_to_date(recipe, phases)
-        pending = work_ahead(recipe, phases) if last is None else 0
+        pending = work_ahead(recipe, phases)
+        last = None if force else up_to_date(recipe, phases, pending)
     except ManifestError as err:
         raise _fail(f"{type(err).__name__}: {err}", 1) from None
     if last is not None:

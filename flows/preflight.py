@@ -158,12 +158,15 @@ def work_ahead(recipe: Recipe, phases: list[str]) -> int | None:
     return 0 if covered and last["inputs"] == _inputs_digest(ledgers) else None
 
 
-def up_to_date(recipe: Recipe, phases: list[str]) -> dict[str, Any] | None:
+def up_to_date(recipe: Recipe, phases: list[str], pending: int | None = None) -> dict[str, Any] | None:
     """The last run's record when it covered ``phases`` over exactly today's inputs and its
-    release is still the latest: then there is nothing to do."""
+    release is still the latest: then there is nothing to do. ``pending``: what
+    ``work_ahead`` already said for this run (computed here when not given)."""
     from tasks.stages.release import latest
 
-    if recipe.kind != "pretraining" or work_ahead(recipe, phases) != 0:
+    if pending is None and recipe.kind == "pretraining":
+        pending = work_ahead(recipe, phases)
+    if recipe.kind != "pretraining" or pending != 0:
         return None
     storage = Storage(recipe.storage, recipe.storage_options)
     last = _last_run(storage, recipe)

@@ -27,6 +27,7 @@ from tasks.audit.report_views import (
     status_bar,
     verdict,
 )
+from tasks.formats.ledger import read_parquet
 from tasks.formats.reasons import ERROR, OK, REJECTED
 from tasks.formats.storage import Storage
 
@@ -193,8 +194,7 @@ def read_samples(storage: Storage, rel: str) -> pa.Table | None:
     """The samples table at ``rel``, or None where there is none."""
     if not storage.exists(rel):
         return None
-    with storage.open(rel, "rb") as fh:
-        return pq.read_table(fh, use_threads=False, pre_buffer=False)  # see tasks.formats.ledger.read_parquet
+    return read_parquet(storage, rel)
 
 
 def load_run(storage: Storage, rel_dir: str) -> tuple[dict, pa.Table | None]:

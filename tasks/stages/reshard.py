@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.formats.ledger import LEDGER_SCHEMA
+from tasks.formats.ledger import LEDGER_SCHEMA, read_parquet
 from tasks.formats.reasons import OK, REJECTED
 from tasks.formats.storage import Storage
 
@@ -329,10 +329,7 @@ def count_inputs(storage: Storage, tars: Sequence[str], ledgers: Sequence[str]) 
     """
     out = []
     for tar, ledger in zip(tars, ledgers, strict=True):
-        with storage.open(ledger, "rb") as fh:
-            table = pq.read_table(
-                fh, columns=["status", "length"], use_threads=False, pre_buffer=False
-            )  # see tasks.formats.ledger.read_parquet
+        table = read_parquet(storage, ledger, ["status", "length"])
         ok = pc.fill_null(pc.equal(table.column("status"), OK), False)
         total = pc.sum(pc.filter(table.column("length"), ok)).as_py() or 0
         out.append(InputShard(tar=tar, ledger=ledger, count=int(pc.sum(ok).as_py() or 0), bytes=int(total)))

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from tasks.formats.ledger import read_parquet
 from tasks.formats.manifests.reading import FileTally, read_file
 from tasks.formats.manifests.sources import ManifestError, ManifestFile
 from tasks.formats.recipe_download import SourceConfig
@@ -181,8 +181,7 @@ def content_hash(source: SourceConfig, table: pa.Table) -> str:
 
 def read_chunk(storage: Storage, ref: ChunkRef) -> pa.Table:
     """The rows of a chunk written by ``plan_file``; raises ManifestError if the file disagrees with ``ref``."""
-    with storage.open(ref.path, "rb") as fh:
-        table = pq.read_table(fh, use_threads=False, pre_buffer=False)  # see tasks.formats.ledger.read_parquet
+    table = read_parquet(storage, ref.path)
     if not table.schema.equals(CHUNK_SCHEMA, check_metadata=False):
         raise ManifestError(ref.path, f"not a manifest chunk (schema {table.schema.names})")
     if table.num_rows != ref.rows:
