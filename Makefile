@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: setup $(ENERGON)/.installed
-	$(VENV)/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder --durations=25
 
 # Debian packages the browser check (headless Chromium driven by chromedriver) and the
 # PostgreSQL check of tests/test_deployments.py need. .ci/run installs them (CI runs as root

@@ -31,6 +31,15 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture(scope="session")
+def prefect_api_url(prefect_harness) -> str:
+    """The session's Prefect server, for CLI runs in subprocesses: with ``PREFECT_API_URL`` set,
+    ``shardsmith run`` starts no server of its own (tests/test_cli.py covers the one it starts)."""
+    from prefect.settings import get_current_settings
+
+    return str(get_current_settings().api.url)
+
+
 def make_image(fmt: str, size=(64, 48), color=(200, 40, 40), mode="RGB") -> bytes:
     from PIL import Image
 

@@ -16,8 +16,8 @@ from byo_fixtures import distinct_image, images_parquet, img2dataset_shard
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args: str, example_dir: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+def cli(*args: str, example_dir: Path, api_url: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PREFECT_API_URL=api_url)  # the session's server: no server start per command
     env["SHARDSMITH_EXAMPLE_DIR"] = str(example_dir)
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
@@ -70,13 +70,13 @@ def i2d_rows(shard: int, n: int) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_example_webdataset_recipe_releases_img2dataset_output_and_ingests_new_shards(tmp_path):
+def test_example_webdataset_recipe_releases_img2dataset_output_and_ingests_new_shards(tmp_path, prefect_api_url):
     shards = tmp_path / "webdataset"
     shards.mkdir()
     for shard in range(2):
         img2dataset_shard(shards, shard, i2d_rows(shard, 10))
     recipe = ROOT / "recipes" / "example-webdataset.yaml"
-    first = cli("run", str(recipe), example_dir=tmp_path)
+    first = cli("run", str(recipe), example_dir=tmp_path, api_url=prefect_api_url)
     assert first.returncode == 0, first.stderr[-3000:]
     out = phases(tmp_path / "store", "example-webdataset")
     assert (out["download"]["rows"], out["download"]["ok"]) == (20, 18)
@@ -93,7 +93,7 @@ def test_example_webdataset_recipe_releases_img2dataset_output_and_ingests_new_s
 
     # A shard added later: ingested by the next run, the others skipped, a new release.
     img2dataset_shard(shards, 2, i2d_rows(2, 10))
-    second = cli("run", str(recipe), example_dir=tmp_path)
+    second = cli("run", str(recipe), example_dir=tmp_path, api_url=prefect_api_url)
     assert second.returncode == 0, second.stderr[-3000:]
     out = phases(tmp_path / "store", "example-webdataset")
     assert out["summary"]["shards"] == 3 and out["summary"]["shards_skipped"] == 2
@@ -107,7 +107,7 @@ def test_example_webdataset_recipe_releases_img2dataset_output_and_ingests_new_s
 
 
 @pytest.mark.slow
-def test_example_parquet_recipe_releases_embedded_images(tmp_path):
+def test_example_parquet_recipe_releases_embedded_images(tmp_path, prefect_api_url):
     folder = tmp_path / "parquet"
     folder.mkdir()
     bad = [
@@ -121,7 +121,7 @@ def test_example_parquet_recipe_releases_embedded_images(tmp_path):
     ]
     images_parquet(folder / "train-00000-of-00002.parquet", 10, struct=True, extra_rows=bad)
     images_parquet(folder / "train-00001-of-00002.parquet", 6, struct=True)
-    run = cli("run", str(ROOT / "recipes" / "example-parquet.yaml"), example_dir=tmp_path)
+    run = cli("run", str(ROOT / "recipes" / "example-parquet.yaml"), example_dir=tmp_path, api_url=prefect_api_url)
     assert run.returncode == 0, run.stderr[-3000:]
     out = phases(tmp_path / "store", "example-parquet")
     assert out["download"]["rows"] == 17 and out["download"]["by_reason"] == {"incomplete_sample": 1}

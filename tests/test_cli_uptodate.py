@@ -13,15 +13,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+def cli(*args: str, api_url: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDSMITH_")}
+    env["PREFECT_API_URL"] = api_url  # the session's server: no server start per command
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
 
 
 @pytest.mark.slow
-def test_nothing_to_do_then_a_new_row_then_force(tmp_path, web):
+def test_nothing_to_do_then_a_new_row_then_force(tmp_path, web, prefect_api_url):
     manifest = tmp_path / "m.csv"
     rows = ["url,caption,license"] + [
         f"{web.url('/img/' + name)},picture number {i},CC0-1.0"
@@ -43,28 +44,28 @@ validate:
 execution: {{cluster: local, workers: 1}}
 """
     )
-    first = cli("run", str(recipe), "--phase", "validate", "--json")
+    first = cli("run", str(recipe), "--phase", "validate", "--json", api_url=prefect_api_url)
     assert first.returncode == 0, first.stderr[-3000:]
     assert json.loads(first.stdout)["validate"]["counts"]["ok"] == 3
 
-    again = cli("run", str(recipe), "--phase", "validate")
+    again = cli("run", str(recipe), "--phase", "validate", api_url=prefect_api_url)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "up to date, nothing to do" in again.stdout and "--force" in again.stdout
     # Nothing was started: no run folder, no Prefect server log, no new report.
     assert len(list((tmp_path / "store" / "again" / "reports").iterdir())) == 1
 
     # download only is covered by the last run too; reshard is not.
-    assert "up to date" in cli("run", str(recipe), "--phase", "download").stdout
+    assert "up to date" in cli("run", str(recipe), "--phase", "download", api_url=prefect_api_url).stdout
 
     # A new manifest row is work.
     manifest.write_text("\n".join(rows + [f"{web.url('/img/c.webp')},a blue square,CC0-1.0"]) + "\n")
-    grown = cli("run", str(recipe), "--phase", "validate", "--json")
+    grown = cli("run", str(recipe), "--phase", "validate", "--json", api_url=prefect_api_url)
     assert grown.returncode == 0, grown.stderr[-3000:]
     assert json.loads(grown.stdout)["download"]["counts"]["rows"] == 4
 
     # --force runs the flows, which still redo nothing committed; --json prints every phase
     # (reshard's summary holds Arrow tables).
-    forced = cli("run", str(recipe), "--phase", "reshard", "--json", "--force")
+    forced = cli("run", str(recipe), "--phase", "reshard", "--json", "--force", api_url=prefect_api_url)
     assert forced.returncode == 0, forced.stderr[-3000:]
     out = json.loads(forced.stdout)
     assert out["download"]["shards_skipped"] == out["download"]["shards"]

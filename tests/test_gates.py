@@ -278,6 +278,8 @@ def test_save_gate_report_writes_json_and_data_docs(tmp_path):
 
     static = next(p for p in (tmp_path / "root").rglob("*.css"))
     static_mtime = static.stat().st_mtime_ns
+    first_pages = {p: p.stat().st_mtime_ns for p in (tmp_path / "root").rglob("validations/**/*.html")}
+    assert len(first_pages) == 1
 
     validate = run_validate(review=False)
     paths = save_gate_report(validate, storage, "ds/reports/run-1")
@@ -293,7 +295,20 @@ def test_save_gate_report_writes_json_and_data_docs(tmp_path):
     for name in names + ("reject rate <= 0.5", "ledger key unique"):
         assert name in html, name
     assert static.stat().st_mtime_ns == static_mtime  # static assets are not copied again
+    # Each gate renders its own pages: the download's page is the first gate's, untouched.
+    assert {p: p.stat().st_mtime_ns for p in first_pages} == first_pages
     assert storage.exists("ds/reports/run-1/validate.json")
+
+
+def test_a_reused_gate_gets_its_pages_from_the_next_gate_that_renders(tmp_path):
+    storage = Storage(str(tmp_path / "root"))
+    # A gate reused from an earlier run writes its JSON only; the run's site still links it.
+    save_gate_report(download_gate(ledger(8), 8, DownloadGate()), storage, "ds/r", docs=False)
+    paths = save_gate_report(run_validate(review=False), storage, "ds/r")
+    index = storage.read_bytes(paths["data_docs"]).decode()
+    pages = _linked_pages(index)
+    assert "download_ledger" in index and len([p for p in pages if p.startswith("validations/")]) == 3
+    assert all(storage.exists(f"ds/r/data_docs/{p}") for p in pages)
 
 
 def test_save_gate_report_to_s3(s3_bucket):
@@ -303,3 +318,9 @@ def test_save_gate_report_to_s3(s3_bucket):
     paths = save_gate_report(result, storage, "reports/run-2")
     assert json.loads(storage.read_bytes(paths["json"]))["success"] is True
     assert "download_ledger" in storage.read_bytes(paths["data_docs"]).decode()
+    # A second gate renders its own pages; the index still links the first gate's.
+    paths = save_gate_report(run_validate(review=False), storage, "reports/run-2")
+    index = storage.read_bytes(paths["data_docs"]).decode()
+    pages = _linked_pages(index)
+    assert "download_ledger" in index and len([p for p in pages if p.startswith("validations/")]) == 3
+    assert all(storage.exists(f"reports/run-2/data_docs/{p}") for p in pages)

@@ -21,6 +21,8 @@ from tasks.formats.storage import Storage
 # HTML, drop every script and remote asset, and add a small stylesheet of our own for the
 # Bootstrap classes GE uses. Our checks draw no charts, so nothing needs Vega.
 OFFLINE_CSS = Path(__file__).resolve().parent / "templates" / "data_docs_offline.css"
+# The phases whose pages a run's site already holds (beside its index.html).
+RENDERED = "rendered.json"
 # The pages run no script at all, and a browser that honours the policy fetches nothing remote.
 CSP = "default-src 'self' data:; script-src 'none'; object-src 'none'; style-src 'self' 'unsafe-inline'"
 
@@ -84,12 +86,14 @@ def offline_site(site_dir: str) -> None:
                     fh.write(offline_page(page, css))
 
 
-def build_data_docs(gx: Any, ge_results: list[dict[str, Any]], docs_dir: str) -> None:
+def build_data_docs(gx: Any, ge_results: list[dict[str, Any]], docs_dir: str, render: list[int] | None = None) -> None:
     """Render one GE Data Docs site for stored validation results (JSON) into ``docs_dir``.
 
     The results are loaded back into an in-memory context's validation results store, with
     their suites rebuilt from the configurations the results carry, so a report can be
-    rendered from the JSON alone (in another process, or after the run).
+    rendered from the JSON alone (in another process, or after the run). ``render``: the
+    positions in ``ge_results`` whose validation and suite pages are rendered (all when None);
+    the index always lists every result.
     """
     from great_expectations.core.expectation_validation_result import (
         ExpectationSuiteValidationResultSchema,
@@ -103,7 +107,8 @@ def build_data_docs(gx: Any, ge_results: list[dict[str, Any]], docs_dir: str) ->
 
     with GE_LOCK:
         context = ge_context(gx, docs_dir)
-        for ge_result in ge_results:
+        pages: list[Any] = []
+        for position, ge_result in enumerate(ge_results):
             for data in ge_result.get("validations", []):
                 result = ExpectationSuiteValidationResultSchema().load(data)
                 run_id = result.meta["run_id"]
@@ -125,7 +130,11 @@ def build_data_docs(gx: Any, ge_results: list[dict[str, Any]], docs_dir: str) ->
                     )
                     suite.add_expectation(config.to_domain_obj())
                 context.suites.add(suite)
-        context.build_data_docs()
+                if render is None or position in render:
+                    pages += [identifier, identifier.expectation_suite_identifier]
+        # GE renders a page for every stored result unless told which: a run's site grows by
+        # one phase at a time, so each gate renders its own pages and the index only.
+        context.build_data_docs(resource_identifiers=None if render is None else pages)
     offline_site(docs_dir)
 
 
@@ -164,19 +173,48 @@ def save_gate_report(result: GateResult, storage: Storage, rel_dir: str, docs: b
     docs_rel = f"{rel_dir}/data_docs"
     reports = {r["phase"]: r["ge_result"] for r in _saved_reports(storage, rel_dir)}
     reports[result.phase] = result.ge_result
+    phases = sorted(reports)
+    # The phases whose pages are already in the site (written after their pages were copied,
+    # so an interrupted copy is rendered again); this gate's own pages are always rendered.
+    rendered_rel = f"{docs_rel}/{RENDERED}"
+    rendered = set(json.loads(storage.read_bytes(rendered_rel))) if storage.exists(rendered_rel) else set()
+    fresh = [i for i, p in enumerate(phases) if p not in rendered or p == result.phase]
     gx = import_gx()
     with tempfile.TemporaryDirectory(prefix="shardsmith-docs-") as tmp:
-        build_data_docs(gx, [reports[p] for p in sorted(reports)], tmp)
+        # GE's index lists the pages its site folder holds: the pages already rendered stand in
+        # the temp site as empty files, so the index links them, and are not copied back.
+        seeded = _seed_pages(storage, docs_rel, tmp) if rendered else set()
+        build_data_docs(gx, [reports[p] for p in phases], tmp, render=fresh)
         for folder, _dirs, files in sorted(os.walk(tmp)):
             for name in sorted(files):
                 path = os.path.join(folder, name)
                 rel = os.path.relpath(path, tmp).replace(os.sep, "/")
                 target = f"{docs_rel}/{rel}"
+                if rel in seeded and os.path.getsize(path) == 0:
+                    continue
                 if rel.startswith("static/") and _same_size(storage, target, os.path.getsize(path)):
                     continue
                 with open(path, "rb") as fh:
                     storage.write_bytes(target, fh.read())
+    storage.write_bytes(rendered_rel, json.dumps(sorted(rendered | {phases[i] for i in fresh})).encode())
     return {"json": json_rel, "data_docs": f"{docs_rel}/index.html"}
+
+
+def _seed_pages(storage: Storage, docs_rel: str, tmp: str) -> set[str]:
+    """Empty stand-ins in ``tmp`` for the validation and suite pages under ``docs_rel``; their paths."""
+    seeded: set[str] = set()
+    for section in ("validations", "expectations"):
+        if not storage.exists(f"{docs_rel}/{section}"):
+            continue
+        base = storage.path(docs_rel).rstrip("/")
+        for found in storage.fs.find(storage.path(f"{docs_rel}/{section}")):
+            rel = found[len(base) + 1 :] if found.startswith(base) else None
+            if rel is None or not rel.endswith(".html"):
+                continue
+            os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+            open(os.path.join(tmp, rel), "wb").close()
+            seeded.add(rel)
+    return seeded
 
 
 def _same_size(storage: Storage, rel: str, size: int) -> bool:
