@@ -66,11 +66,11 @@ def download_shard(
     the ledger, in row order, is what later phases read in order. A shard with no accepted
     sample is still committed (an empty tar), so every chunk has the same two outputs.
     """
-    rows: list[dict[str, Any]] = []
+    rows: list[list[dict[str, Any]]] = []  # the chunk's rows (an ingest source fills them as it goes)
 
     def results() -> Iterator[tuple[dict[str, Any], Fetched]]:
         chunk_rows, fetched = (rows_from or fetched_rows)(ref, storage, cfg, s3_options)
-        rows.extend(chunk_rows)
+        rows.append(chunk_rows)
         return fetched
 
     return run_shard(
@@ -82,7 +82,7 @@ def download_shard(
         source=ref.source,
         index=ref.index,
         failed=lambda got, err: failed_row(got[0], ref.source, err),
-        check=lambda ledger: check_every_row_once(rows, ledger, tar_rel),
+        check=lambda ledger: check_every_row_once(rows[0], ledger, tar_rel),
     )
 
 
