@@ -26,26 +26,13 @@ from tasks.finetune.records import (
     records_format,
     splittable,
 )
-from tasks.finetune.samples import RECORD_CORE, STAGE_VERSION
-from tasks.formats.ledger import write_parquet
+from tasks.finetune.samples import STAGE_VERSION
+from tasks.formats.ledger import RECORD_SCHEMA, write_parquet
 from tasks.formats.names import digest_of
 from tasks.formats.reasons import status_of
 from tasks.formats.recipe_download import SourceConfig
 from tasks.formats.recipe_finetune import ConversationRules, FinetuneConfig
 from tasks.formats.storage import Storage
-
-# One row per input record, as ingest leaves it.
-RECORD_SCHEMA = pa.schema(
-    [
-        *RECORD_CORE,
-        ("turns", pa.string()),  # JSON [[role, text], ...] of a record that passed the checks
-        # Rows of the derived image manifest, counted from the chunk's first one
-        # (IngestResult.chunk_image_rows): ranges are read in parallel, so only the join knows
-        # where a chunk's images start.
-        ("image_rows", pa.list_(pa.int64())),
-        ("turn_images", pa.list_(pa.int32())),
-    ]
-)
 
 
 @dataclass

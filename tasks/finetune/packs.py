@@ -13,13 +13,17 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.finetune.packing import cu_seqlens, pack, pack_stats, pad_to_longest_ratio, padding_cutoff, truncate_at_turns
-from tasks.finetune.samples import SAMPLE_SCHEMA, STAGE_VERSION
-from tasks.formats.ledger import MEMBER_TYPE, read_parquet, write_parquet
+from tasks.finetune.samples import STAGE_VERSION
+from tasks.formats.ledger import PACK_SCHEMA, SAMPLE_SCHEMA, read_parquet
 from tasks.formats.names import digest_of
 from tasks.formats.reasons import OK, status_of
 from tasks.formats.recipe_finetune import FinetuneConfig
-from tasks.formats.shards import HashingWriter, SampleRecord, ShardWriter, iter_samples
+from tasks.formats.shards import iter_samples
 from tasks.formats.storage import Storage
+from tasks.stages.runner import ShardResult, ShardRun, Verdict, records_of_layout
+
+# The pack ledger's metadata key: the result of the shard it commits.
+META_KEY = b"shardsmith.finetune"
 
 # --- plan ------------------------------------------------------------------------------------
 
@@ -180,24 +184,11 @@ def plan_packs(tables: list[pa.Table], cfg: FinetuneConfig, per_shard: int, seed
 # --- write packs -----------------------------------------------------------------------------
 
 
-@dataclass
-class PackShardResult:
-    """One written output shard: enough for the release indexes without reading it again.
-
-    Args:
-        packs: one row per pack (or per sample when unpacked): key, tokens, images, tiles, samples.
-    """
-
-    index: int
-    tar: str
-    ledger: str
-    samples: int
-    bytes: int
-    sha256: str
-    records: list[SampleRecord]
-    packs: list[dict[str, Any]]
-    seconds: float
-    skipped: bool = False
+# One written output shard of packs: enough for the release indexes without reading it again;
+# ``packs`` has one row per pack (or per sample when unpacked): key, tokens, images, tiles, samples.
+PackShardResult = ShardResult
+# Fields of the result kept in the pack ledger's metadata (what a rerun returns), in this order.
+META_FIELDS = ("index", "tar", "ledger", "samples", "bytes", "sha256", "packs")
 
 
 def output_paths(dataset: str, spec: OutputSpec, cfg: FinetuneConfig) -> tuple[str, str]:
@@ -224,20 +215,18 @@ def _load_sample(fh, ref: SampleRef) -> dict[str, bytes]:
 
 def write_pack_shard(
     storage: Storage, spec: OutputSpec, cfg: FinetuneConfig, tar_rel: str, ledger_rel: str
-) -> PackShardResult:
+) -> ShardResult:
     """Write one output shard of packs (or of single samples when unpacked), then its ledger."""
     start = time.perf_counter()
     if storage.exists(ledger_rel):
         t = read_parquet(storage, ledger_rel)
-        data = json.loads(t.schema.metadata[b"shardsmith.finetune"])
-        return PackShardResult(**{**data, "records": _records_of(t), "seconds": 0.0, "skipped": True})
-    packed = cfg.packing.packed
+        data = json.loads(t.schema.metadata[META_KEY])
+        return ShardResult(**data, sample_records=records_of_layout(t), skipped=True)
     handles: dict[str, Any] = {}
     pack_rows = []
+    run = ShardRun(storage, tar_rel, ledger_rel, PACK_SCHEMA, order=None)
     try:
-        with storage.atomic_writer(tar_rel) as out:
-            hashing = HashingWriter(out)
-            writer = ShardWriter(hashing)
+        with run.writing():
             for p, members in enumerate(spec.packs):
                 loaded = []
                 for ref in members:
@@ -247,68 +236,66 @@ def write_pack_shard(
                     m = _load_sample(fh, ref)
                     sample, m = cut_sample(json.loads(m.pop("json")), m, ref.turns, cfg.tiling.image_start)
                     loaded.append((ref, sample, m))
-                if packed:
-                    key = f"pack-{spec.first_pack + p:09d}"
-                    out_members: dict[str, bytes] = {}
-                    samples = []
-                    for s, (_ref, sample, m) in enumerate(loaded):
-                        prefix = f"s{s:03d}."
-                        for img in sample["images"]:
-                            img["member"] = prefix + img["member"]
-                            if img["tile_members"]:
-                                img["tile_members"] = [prefix + t for t in img["tile_members"]]
-                        out_members.update({prefix + name: data for name, data in m.items()})
-                        samples.append(sample)
-                    lengths = [s["tokens"]["total"] for s in samples]
-                    doc = {
-                        "pack": key,
-                        "budget": cfg.packing.budget,
-                        "tokens": sum(lengths),
-                        "images": sum(len(s["images"]) for s in samples),
-                        "tiles": sum(i["tiles"] for s in samples for i in s["images"]),
-                        "cu_seqlens": cu_seqlens(lengths),
-                        "samples": samples,
-                    }
-                    out_members = {"json": json.dumps(doc, ensure_ascii=False, sort_keys=True).encode(), **out_members}
-                else:
-                    ((ref, sample, m),) = loaded
-                    key = ref.key
-                    doc = {
-                        "tokens": sample["tokens"]["total"],
-                        "images": len(sample["images"]),
-                        "tiles": sum(i["tiles"] for i in sample["images"]),
-                    }
-                    out_members = {"json": json.dumps(sample, ensure_ascii=False, sort_keys=True).encode(), **m}
-                writer.write_sample(key, out_members)
-                pack_rows.append(
-                    {
-                        "key": key,
-                        "tokens": doc["tokens"],
-                        "images": doc["images"],
-                        "tiles": doc["tiles"],
-                        "samples": len(loaded),
-                        "members": [r.key for r, _, _ in loaded],
-                    }
+                key, doc, out_members = _pack(spec.first_pack + p, loaded, cfg)
+                pack = {k: doc[k] for k in ("tokens", "images", "tiles")}
+                pack_rows.append({"key": key, **pack, "samples": len(loaded), "members": [r.key for r, _, _ in loaded]})
+                row = {"key": key, "source": "packs", "row": None, "status": OK, "reason": None, **pack}
+                run.add(
+                    Verdict({**row, "samples": len(loaded), "sample_keys": [r.key for r, _, _ in loaded]}, out_members)
                 )
-            writer.close()
     finally:
         for fh in handles.values():
             fh.close()
-    records = writer.records
-    result = PackShardResult(
-        spec.index,
-        tar_rel,
-        ledger_rel,
-        len(records),
-        writer.bytes_written,
-        hashing.sha.hexdigest(),
-        records,
-        pack_rows,
-        0.0,
+    result = ShardResult(
+        index=spec.index,
+        tar=tar_rel,
+        ledger=ledger_rel,
+        samples=len(run.records),
+        bytes=run.bytes_written,
+        sha256=run.sha256,
+        sample_records=run.records,
+        packs=pack_rows,
+        seconds=round(time.perf_counter() - start, 3),
     )
-    result.seconds = round(time.perf_counter() - start, 3)
-    _write_pack_ledger(storage, result)
+    meta = {name: getattr(result, name) for name in META_FIELDS}
+    run.commit({META_KEY: json.dumps(meta).encode()})
     return result
+
+
+def _pack(
+    number: int, loaded: list[tuple[SampleRef, dict[str, Any], dict[str, bytes]]], cfg: FinetuneConfig
+) -> tuple[str, dict[str, Any], dict[str, bytes]]:
+    """One pack's key, its json document's counts and its members (one sample's when unpacked)."""
+    if not cfg.packing.packed:
+        ((ref, sample, m),) = loaded
+        doc = {
+            "tokens": sample["tokens"]["total"],
+            "images": len(sample["images"]),
+            "tiles": sum(i["tiles"] for i in sample["images"]),
+        }
+        return ref.key, doc, {"json": json.dumps(sample, ensure_ascii=False, sort_keys=True).encode(), **m}
+    key = f"pack-{number:09d}"
+    out_members: dict[str, bytes] = {}
+    samples = []
+    for s, (_ref, sample, m) in enumerate(loaded):
+        prefix = f"s{s:03d}."
+        for img in sample["images"]:
+            img["member"] = prefix + img["member"]
+            if img["tile_members"]:
+                img["tile_members"] = [prefix + t for t in img["tile_members"]]
+        out_members.update({prefix + name: data for name, data in m.items()})
+        samples.append(sample)
+    lengths = [s["tokens"]["total"] for s in samples]
+    doc = {
+        "pack": key,
+        "budget": cfg.packing.budget,
+        "tokens": sum(lengths),
+        "images": sum(len(s["images"]) for s in samples),
+        "tiles": sum(i["tiles"] for s in samples for i in s["images"]),
+        "cu_seqlens": cu_seqlens(lengths),
+        "samples": samples,
+    }
+    return key, doc, {"json": json.dumps(doc, ensure_ascii=False, sort_keys=True).encode(), **out_members}
 
 
 def cut_sample(
@@ -330,65 +317,3 @@ def cut_sample(
     out["tokens"] = {"text": total - image, "image": image, "total": total}
     out["truncated_from_turns"] = len(sample["conversations"])
     return out, {k: v for k, v in members.items() if k not in gone}
-
-
-def _records_of(table: pa.Table) -> list[SampleRecord]:
-    from tasks.formats.shards import MemberRecord
-
-    out = []
-    for r in table.select(["key", "offset", "length", "members"]).to_pylist():
-        out.append(
-            SampleRecord(
-                r["key"],
-                r["offset"],
-                r["length"],
-                tuple(MemberRecord(m["name"], m["offset"], m["size"]) for m in r["members"]),
-            )
-        )
-    return out
-
-
-def _write_pack_ledger(storage: Storage, result: PackShardResult) -> None:
-    rows = []
-    for rec, p in zip(result.records, result.packs):
-        rows.append(
-            {
-                "key": rec.key,
-                "source": "packs",
-                "row": None,
-                "status": OK,
-                "reason": None,
-                "shard": result.tar,
-                "offset": rec.offset,
-                "length": rec.length,
-                "members": rec.members_as_dicts(),
-                "tokens": p["tokens"],
-                "images": p["images"],
-                "tiles": p["tiles"],
-                "samples": p["samples"],
-                "sample_keys": p["members"],
-            }
-        )
-    schema = pa.schema(
-        [
-            ("key", pa.string()),
-            ("source", pa.string()),
-            ("row", pa.int64()),
-            ("status", pa.string()),
-            ("reason", pa.string()),
-            ("shard", pa.string()),
-            ("offset", pa.int64()),
-            ("length", pa.int64()),
-            ("members", pa.list_(MEMBER_TYPE)),
-            ("tokens", pa.int64()),
-            ("images", pa.int32()),
-            ("tiles", pa.int32()),
-            ("samples", pa.int32()),
-            ("sample_keys", pa.list_(pa.string())),
-        ]
-    )
-    meta = {k: v for k, v in result.__dict__.items() if k not in ("records", "seconds", "skipped")}
-    table = pa.Table.from_pylist(rows, schema=schema).replace_schema_metadata(
-        {b"shardsmith.finetune": json.dumps(meta).encode()}
-    )
-    write_parquet(storage, result.ledger, table)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -24,46 +22,14 @@ from tasks.finetune.tiling import (
     tile_members,
 )
 from tasks.finetune.tokens import TokenCounter, load_counter
-from tasks.formats.ledger import MEMBER_TYPE, read_parquet, write_parquet
+from tasks.formats.ledger import SAMPLE_SCHEMA, read_parquet
 from tasks.formats.names import digest_of
 from tasks.formats.reasons import OK, status_of
 from tasks.formats.recipe_finetune import FinetuneConfig, TilingConfig, TokensConfig
-from tasks.formats.shards import ShardWriter
 from tasks.formats.storage import Storage
+from tasks.stages.runner import ShardResult, Verdict, run_shard
 
 STAGE_VERSION = 2  # bump when ingest or sample building changes, so outputs get new names
-
-# Every table of records, from ingest to the release ledger, starts with these columns.
-RECORD_CORE = [
-    ("key", pa.string()),
-    ("source", pa.string()),
-    ("row", pa.int64()),
-    ("status", pa.string()),
-    ("reason", pa.string()),
-    ("detail", pa.string()),
-    ("id", pa.string()),
-]
-# One row per input record after sample building.
-SAMPLE_SCHEMA = pa.schema(
-    [
-        *RECORD_CORE,
-        ("shard", pa.string()),  # the intermediate sample tar (build) or the released pack shard
-        ("offset", pa.int64()),
-        ("length", pa.int64()),
-        ("members", pa.list_(MEMBER_TYPE)),
-        ("text_only", pa.bool_()),
-        ("images", pa.int32()),
-        ("tiles", pa.int32()),
-        ("tokens_text", pa.int32()),
-        ("tokens_image", pa.int32()),
-        ("tokens_total", pa.int32()),
-        ("turn_tokens", pa.list_(pa.int32())),  # text + image tokens per turn, for truncation
-        ("turn_images", pa.list_(pa.int32())),
-        ("turn_tiles", pa.list_(pa.int32())),
-        ("tags_ok", pa.bool_()),  # tag groups in the text == images
-        ("tokenizer", pa.string()),
-    ]
-)
 
 
 def image_source_name(source: str) -> str:
@@ -78,18 +44,9 @@ def image_key(source: str, image_row: int) -> str:
 # --- build samples ---------------------------------------------------------------------------
 
 
-@dataclass
-class BuildResult:
-    """One record chunk turned into unpacked samples: an intermediate tar and its table."""
-
-    source: str
-    index: int
-    tar: str
-    table: str
-    rows: int
-    ok: int
-    seconds: float
-    skipped: bool = False
+# One record chunk turned into unpacked samples: an intermediate tar and its table (its
+# ``rows`` and ``ok`` come from the counts).
+BuildResult = ShardResult
 
 
 @lru_cache(maxsize=8)
@@ -136,47 +93,32 @@ def build_samples(
     ``first_image``: the image manifest row of the chunk's first image (its ``image_rows``
     count from there). ``image_ledgers``: the download then validate ledgers that hold them.
     """
-    start = time.perf_counter()
-    if storage.exists(table_rel):
-        t = read_parquet(storage, table_rel, ["status"])
-        return BuildResult(
-            source,
-            index,
-            tar_rel,
-            table_rel,
-            t.num_rows,
-            int(pc.sum(pc.equal(t.column("status"), OK)).as_py() or 0),
-            0.0,
-            True,
-        )
-    records = read_parquet(storage, chunk).to_pylist()
-    for rec in records:
-        rec["image_rows"] = [first_image + r for r in rec["image_rows"] or []]
-    want = {image_key(source, r) for rec in records for r in (rec["image_rows"] or [])}
-    fates = _image_fates(storage, image_ledgers, want) if want else {}
-    counter = _counter(cfg.tokens, cfg.tiling)
-    rows = []
     handles: dict[str, Any] = {}
+    fates: dict[str, dict[str, Any]] = {}
+
+    def records() -> list[dict[str, Any]]:
+        chunk_records = read_parquet(storage, chunk).to_pylist()
+        for rec in chunk_records:
+            rec["image_rows"] = [first_image + r for r in rec["image_rows"] or []]
+        want = {image_key(source, r) for rec in chunk_records for r in (rec["image_rows"] or [])}
+        fates.update(_image_fates(storage, image_ledgers, want) if want else {})
+        return chunk_records
+
+    def decide(rec: dict[str, Any]) -> Verdict:
+        row = {k: rec[k] for k in ("key", "source", "row", "status", "reason", "detail", "id")}
+        counter = _counter(cfg.tokens, cfg.tiling)  # loaded once per worker, and not for a committed shard
+        row["tokenizer"] = counter.name
+        members = _build_one(storage, rec, fates, cfg, counter, handles, row) if rec["status"] == OK else None
+        row["status"] = status_of(row["reason"])
+        return Verdict(row, members)
+
     try:
-        with storage.atomic_writer(tar_rel) as out:
-            writer = ShardWriter(out)
-            for rec in records:
-                row = {k: rec[k] for k in ("key", "source", "row", "status", "reason", "detail", "id")}
-                row["tokenizer"] = counter.name
-                if rec["status"] == OK:
-                    _build_one(storage, rec, fates, cfg, counter, writer, handles, row)
-                    if row.get("offset") is not None:
-                        row["shard"] = tar_rel
-                row["status"] = status_of(row["reason"])
-                rows.append(row)
-            writer.close()
+        return run_shard(
+            storage, tar_rel, table_rel, records, decide, source=source, index=index, schema=SAMPLE_SCHEMA, order=None
+        )
     finally:
         for fh in handles.values():
             fh.close()
-    table = pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA)
-    write_parquet(storage, table_rel, table)
-    ok = sum(r["status"] == OK for r in rows)
-    return BuildResult(source, index, tar_rel, table_rel, len(rows), ok, round(time.perf_counter() - start, 3))
 
 
 def _read_image(storage: Storage, fate: dict[str, Any], handles: dict[str, Any]) -> tuple[bytes, str]:
@@ -189,8 +131,9 @@ def _read_image(storage: Storage, fate: dict[str, Any], handles: dict[str, Any])
 
 
 def _build_one(
-    storage, rec, fates, cfg: FinetuneConfig, counter: TokenCounter, writer: ShardWriter, handles, row
-) -> None:
+    storage, rec, fates, cfg: FinetuneConfig, counter: TokenCounter, handles, row
+) -> dict[str, bytes] | None:
+    """One accepted record's sample members, its counts put in ``row``; ``None`` (and the reason in ``row``) when an image fails."""
     tiling = cfg.tiling
     key = rec["key"]
     members: dict[str, bytes] = {}
@@ -202,7 +145,7 @@ def _build_one(
             reason = "image_failed" if fate is None else fate["reason"]
             row["reason"] = "image_failed" if fate is None or status_of(reason) == "error" else "image_rejected"
             row["detail"] = f"image {n} ({ikey}): {reason or 'no ledger row'}"
-            return
+            return None
         data, ext = _read_image(storage, fate, handles)
         try:
             if tiling.store == "tiles":
@@ -216,7 +159,7 @@ def _build_one(
                 grid, tile_names = choose_grid(w, h, tiling), None
         except TilingError as err:
             row["reason"], row["detail"] = "image_rejected", f"image {n} ({ikey}): {err.reason}: {err.detail}"
-            return
+            return None
         members[f"i{n}.{ext}"] = data
         image_meta.append(
             {
@@ -256,11 +199,7 @@ def _build_one(
         "text_only": not image_meta,
     }
     members["json"] = json.dumps(sample, ensure_ascii=False, sort_keys=True).encode()
-    sr = writer.write_sample(key, members)
     row.update(
-        offset=sr.offset,
-        length=sr.length,
-        members=sr.members_as_dicts(),
         text_only=not image_meta,
         images=len(image_meta),
         tiles=sum(m["tiles"] for m in image_meta),
@@ -272,3 +211,4 @@ def _build_one(
         turn_tiles=turn_tiles,
         tags_ok=sum(t.count(tiling.image_start) for t in rendered) == len(image_meta),
     )
+    return members

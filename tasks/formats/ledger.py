@@ -15,34 +15,91 @@ from tasks.formats.storage import Storage
 
 MEMBER_TYPE = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64())])
 
-# Core columns (DESIGN.md) first; phase-specific columns after them are nullable.
-LEDGER_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("source", pa.string()),
-        ("row", pa.int64()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("shard", pa.string()),  # output shard, relative to the storage root; null unless ok
-        ("bytes", pa.int64()),  # payload bytes of the primary member (the image)
-        ("sha256", pa.string()),  # of the primary member
-        ("offset", pa.int64()),  # first header byte of the sample in the shard
-        ("length", pa.int64()),  # header + data + padding bytes of all the sample's members
-        ("members", pa.list_(MEMBER_TYPE)),  # data offset and size of every member
-        ("url", pa.string()),
-        ("format", pa.string()),
-        ("http_status", pa.int32()),
-        ("attempts", pa.int32()),
-        ("detail", pa.string()),  # free text for people; never grouped on
-        ("origin", pa.string()),  # where the row came from (manifest file and line), for people
-        # validation
-        ("license", pa.string()),  # normalised SPDX id
-        ("width", pa.int32()),  # of the stored image
-        ("height", pa.int32()),
-        ("caption_chars", pa.int32()),
-        ("pixel_sha256", pa.string()),  # exact-duplicate key: the normalised pixels
-        ("phash", pa.uint64()),  # near-duplicate key: 64-bit perceptual hash
-    ]
+# Every column any phase's ledger has, with its one type. A phase's ledger is the core
+# columns, then the columns it declares (``ledger_schema``); all but the core are nullable.
+COLUMNS: dict[str, pa.DataType] = {
+    "key": pa.string(),
+    "source": pa.string(),
+    "row": pa.int64(),  # the input row; null where an output row stands for several inputs (a pack)
+    "status": pa.string(),
+    "reason": pa.string(),
+    "shard": pa.string(),  # output shard, relative to the storage root; null unless ok
+    "bytes": pa.int64(),  # payload bytes of the primary member (the image; precache: the first array)
+    "sha256": pa.string(),  # of the primary member
+    "offset": pa.int64(),  # first header byte of the sample in the shard
+    "length": pa.int64(),  # header + data + padding bytes of all the sample's members
+    "members": pa.list_(MEMBER_TYPE),  # data offset and size of every member
+    "url": pa.string(),
+    "format": pa.string(),
+    "http_status": pa.int32(),
+    "attempts": pa.int32(),
+    "detail": pa.string(),  # free text for people; never grouped on
+    "origin": pa.string(),  # where the row came from (manifest file and line), for people
+    # validation
+    "license": pa.string(),  # normalised SPDX id
+    "width": pa.int32(),  # of the stored image
+    "height": pa.int32(),
+    "caption_chars": pa.int32(),
+    "pixel_sha256": pa.string(),  # exact-duplicate key: the normalised pixels
+    "phash": pa.uint64(),  # near-duplicate key: 64-bit perceptual hash
+    # reshard
+    "input_shard": pa.string(),  # the input shard a sample came from
+    # precache: ``aligned``, the key DALI read is the key the image shard holds at that
+    # position; ``finite``, every stored value of every encoding is finite
+    "position": pa.int64(),
+    "aligned": pa.bool_(),
+    "finite": pa.bool_(),
+    # fine-tuning records (ingest) and samples
+    "id": pa.string(),
+    "turns": pa.string(),  # JSON [[role, text], ...] of a record that passed the checks
+    # Rows of the derived image manifest, counted from the chunk's first one
+    # (IngestResult.chunk_image_rows): ranges are read in parallel, so only the join knows
+    # where a chunk's images start.
+    "image_rows": pa.list_(pa.int64()),
+    "text_only": pa.bool_(),
+    "images": pa.int32(),
+    "tiles": pa.int32(),
+    "tokens_text": pa.int32(),
+    "tokens_image": pa.int32(),
+    "tokens_total": pa.int32(),
+    "turn_tokens": pa.list_(pa.int32()),  # text + image tokens per turn, for truncation
+    "turn_images": pa.list_(pa.int32()),
+    "turn_tiles": pa.list_(pa.int32()),
+    "tags_ok": pa.bool_(),  # tag groups in the text == images
+    "tokenizer": pa.string(),
+    # fine-tuning packs
+    "tokens": pa.int64(),
+    "samples": pa.int32(),
+    "sample_keys": pa.list_(pa.string()),
+}
+# Every ledger starts with these (DESIGN.md, Ledger).
+CORE_COLUMNS = ("key", "source", "row", "status", "reason")
+
+
+def ledger_schema(*columns: str) -> pa.Schema:
+    """A phase's ledger schema: the core columns, then the phase's declared ``columns``."""
+    return pa.schema([(name, COLUMNS[name]) for name in (*CORE_COLUMNS, *columns)])
+
+
+# Download and validation (and the base of every pretraining ledger).
+LEDGER_SCHEMA = ledger_schema(
+    *("shard", "bytes", "sha256", "offset", "length", "members"),
+    *("url", "format", "http_status", "attempts", "detail", "origin"),
+    *("license", "width", "height", "caption_chars", "pixel_sha256", "phash"),
+)
+# Reshard outputs (and census tables): ledgers plus the input shard each sample came from.
+RESHARD_SCHEMA = ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :], "input_shard")
+# Precache: one row per latent sample.
+PRECACHE_SCHEMA = ledger_schema("shard", "bytes", "sha256", "position", "aligned", "finite")
+# Fine-tuning: records as ingest leaves them, samples after building, packs as released.
+RECORD_SCHEMA = ledger_schema("detail", "id", "turns", "image_rows", "turn_images")
+SAMPLE_SCHEMA = ledger_schema(
+    *("detail", "id", "shard", "offset", "length", "members", "text_only", "images", "tiles"),
+    *("tokens_text", "tokens_image", "tokens_total", "turn_tokens", "turn_images", "turn_tiles"),
+    *("tags_ok", "tokenizer"),
+)
+PACK_SCHEMA = ledger_schema(
+    "shard", "offset", "length", "members", "tokens", "images", "tiles", "samples", "sample_keys"
 )
 
 

@@ -4,35 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.formats.ledger import Counts, LedgerRow, read_ledger, write_ledger
+from tasks.formats.ledger import LedgerRow
 from tasks.formats.manifests import ChunkRef, read_chunk, sample_key
 from tasks.formats.names import short_digest
 from tasks.formats.reasons import OK
 from tasks.formats.recipe_download import DownloadConfig
-from tasks.formats.shards import ShardWriter
 from tasks.formats.storage import Storage
 from tasks.policies.sniff import EXTENSIONS
 from tasks.stages.fetch import Fetched
 from tasks.stages.fetchrows import iter_completed
-
-
-@dataclass(frozen=True)
-class ShardResult:
-    """What one download task reports to the flow: references and counts, never samples."""
-
-    source: str
-    index: int
-    tar: str
-    ledger: str
-    counts: Counts
-    seconds: float
-    skipped: bool = False
-    samples: int = field(default=0)
+from tasks.stages.runner import DECIDE_FAILED, ShardResult, Verdict, failure_detail, run_shard
 
 
 def download_config_hash(recipe: Any) -> str:
@@ -78,27 +62,27 @@ def download_shard(
 
     ``rows_from`` gives the chunk's rows and their results (default ``fetched_rows``: read the
     chunk, fetch its URLs); an ingest source passes ``tasks.sources.ingest_rows`` bound to it.
+    Samples go into the tar as their fetches complete, so a slow row holds back none after it;
+    the ledger, in row order, is what later phases read in order. A shard with no accepted
+    sample is still committed (an empty tar), so every chunk has the same two outputs.
     """
-    start = time.perf_counter()
-    if storage.exists(ledger_rel):
-        counts = Counts.of(read_ledger(storage, ledger_rel))
-        return ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
-    rows, results = (rows_from or fetched_rows)(ref, storage, cfg, s3_options)
-    ledger: list[LedgerRow] = []
-    with storage.atomic_writer(tar_rel) as fh:
-        writer = ShardWriter(fh)
-        # Samples go into the tar as their fetches complete, so a slow row holds back none
-        # after it; the ledger, sorted by row below, is what later phases read in order.
-        for row, fetched in results:
-            ledger.append(record_row(row, fetched, ref.source, tar_rel, writer)[0])
-        check_every_row_once(rows, ledger, tar_rel)
-        # A shard with no accepted sample is still committed (an empty tar), so every chunk
-        # has the same two outputs.
-        writer.close()
-    ledger.sort(key=lambda entry: entry.row)
-    counts = Counts.of(write_ledger(storage, ledger_rel, ledger))
-    return ShardResult(
-        ref.source, ref.index, tar_rel, ledger_rel, counts, time.perf_counter() - start, samples=counts.ok
+    rows: list[list[dict[str, Any]]] = []  # the chunk's rows (an ingest source fills them as it goes)
+
+    def results() -> Iterator[tuple[dict[str, Any], Fetched]]:
+        chunk_rows, fetched = (rows_from or fetched_rows)(ref, storage, cfg, s3_options)
+        rows.append(chunk_rows)
+        return fetched
+
+    return run_shard(
+        storage,
+        tar_rel,
+        ledger_rel,
+        results,
+        lambda got: download_verdict(got[0], got[1], ref.source),
+        source=ref.source,
+        index=ref.index,
+        failed=lambda got, err: failed_row(got[0], ref.source, err),
+        check=lambda ledger: check_every_row_once(rows[0], ledger, tar_rel),
     )
 
 
@@ -128,10 +112,8 @@ def _sample_json(row: dict[str, Any], key: str, source: str, entry: LedgerRow) -
     return json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")
 
 
-def record_row(
-    row: dict[str, Any], fetched: Fetched, source: str, tar_rel: str, writer: ShardWriter
-) -> tuple[LedgerRow, dict[str, bytes] | None]:
-    """One row's ledger entry, and its sample's members when accepted (written to the shard first)."""
+def download_verdict(row: dict[str, Any], fetched: Fetched, source: str) -> Verdict:
+    """One row's ledger entry, and its sample's members when accepted."""
     key = sample_key(source, row["row"])
     entry = LedgerRow(
         key=key,
@@ -145,24 +127,34 @@ def record_row(
         detail=fetched.detail,
         origin=row.get("origin"),  # get(): chunks written before it was a column lack it
     )
-    if entry.status == OK:
-        data = fetched.data
-        entry.bytes = len(data)
-        entry.sha256 = hashlib.sha256(data).hexdigest()
-        members = {EXTENSIONS[fetched.format]: data, "json": _sample_json(row, key, source, entry)}
-        if row["caption"] is not None:
-            members["txt"] = row["caption"].encode("utf-8")
-        rec = writer.write_sample(key, members)
-        entry.shard, entry.offset, entry.length = tar_rel, rec.offset, rec.length
-        entry.members = rec.members_as_dicts()
-        return entry, members
-    return entry, None
+    if entry.status != OK:
+        return Verdict(entry.as_dict())
+    data = fetched.data
+    entry.bytes = len(data)
+    entry.sha256 = hashlib.sha256(data).hexdigest()
+    members = {EXTENSIONS[fetched.format]: data, "json": _sample_json(row, key, source, entry)}
+    if row["caption"] is not None:
+        members["txt"] = row["caption"].encode("utf-8")
+    return Verdict(entry.as_dict(), members)
 
 
-def check_every_row_once(rows: list[dict[str, Any]], ledger: list[LedgerRow], tar_rel: str) -> None:
+def failed_row(row: dict[str, Any], source: str, err: Exception) -> dict[str, Any]:
+    """The ledger row of a manifest row whose recording raised."""
+    return LedgerRow(
+        key=sample_key(source, row["row"]),
+        source=source,
+        row=row["row"],
+        reason=DECIDE_FAILED,
+        url=row.get("url"),
+        detail=f"recording the row: {failure_detail(err)}",
+        origin=row.get("origin"),
+    ).as_dict()
+
+
+def check_every_row_once(rows: list[dict[str, Any]], ledger: list[dict[str, Any]], tar_rel: str) -> None:
     """Nothing is lost: a shard whose results do not match its rows one to one is not committed."""
     want = sorted(r["row"] for r in rows)
-    got = sorted(entry.row for entry in ledger)
+    got = sorted(entry["row"] for entry in ledger)
     if got != want:
         missing = sorted(set(want) - set(got))[:5]
         raise RuntimeError(f"{tar_rel}: {len(got)} results for {len(want)} rows (missing {missing}); not committed")

@@ -6,14 +6,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tasks.formats.ledger import COUNT_COLUMNS, Counts, LedgerRow, read_ledger, write_ledger
+from tasks.formats.ledger import Counts
 from tasks.formats.manifests import ChunkRef
 from tasks.formats.reasons import OK
 from tasks.formats.recipe_download import DownloadConfig, ValidateConfig
-from tasks.formats.shards import ShardWriter
 from tasks.formats.storage import Storage
-from tasks.stages.download import ShardResult, check_every_row_once, fetched_rows, record_row
-from tasks.stages.validate import CandidateResult, CandidateShard, Judge, JudgePool, validate_shard
+from tasks.stages.download import check_every_row_once, download_verdict, failed_row, fetched_rows
+from tasks.stages.runner import DecidePool, ShardResult, ShardRun, committed_shard, decided
+from tasks.stages.validate import DECODE_THREADS, Judge, validate_shard
+from tasks.stages.validate import failed_row as failed_judge
 
 
 def download_and_validate(
@@ -25,7 +26,7 @@ def download_and_validate(
     candidates: tuple[str, str],
     s3_options: dict[str, Any] | None = None,
     rows_from: Callable[..., Any] | None = None,
-) -> tuple[ShardResult, CandidateResult]:
+) -> tuple[ShardResult, ShardResult]:
     """Fetch a chunk's rows and judge each fetched sample as it arrives, on a few threads.
 
     Writes what the two phases would write one after the other, from the same bytes: the raw
@@ -39,39 +40,34 @@ def download_and_validate(
     """
     start = time.perf_counter()
     (tar_rel, ledger_rel), (cand_tar, cand_ledger) = download, candidates
-    if storage.exists(ledger_rel):
-        counts = Counts.of(read_ledger(storage, ledger_rel, COUNT_COLUMNS))
-        got = ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
+    got = committed_shard(storage, tar_rel, ledger_rel, ref.source, ref.index)
+    if got is not None:
         cand = validate_shard(storage, ref.source, ref.index, tar_rel, ledger_rel, vcfg, cand_tar, cand_ledger)
         return got, cand
     rows, results = (rows_from or fetched_rows)(ref, storage, dcfg, s3_options)
-    ledger: list[LedgerRow] = []
-    judge = Judge(vcfg)
-    with (
-        storage.atomic_writer(tar_rel) as raw_out,
-        storage.atomic_writer(cand_tar) as cand_out,
-        JudgePool(judge) as pool,
-    ):
-        raw = ShardWriter(raw_out)
-        shard = CandidateShard(storage, cand_tar, cand_ledger, cand_out)
+    raw, shard, judge = ShardRun(storage, tar_rel, ledger_rel), ShardRun(storage, cand_tar, cand_ledger), Judge(vcfg)
+    with raw.writing(), shard.writing(), DecidePool(judge, DECODE_THREADS, failed_judge) as pool:
         for row, fetched in results:
-            entry, members = record_row(row, fetched, ref.source, tar_rel, raw)
-            ledger.append(entry)
-            if entry.status != OK:
+            verdict = decided(lambda got: download_verdict(*got, ref.source), (row, fetched), _failed(ref.source))
+            raw.add(verdict)
+            entry = verdict.row
+            if entry["status"] != OK:
                 continue
-            down = {"source": ref.source, "row": entry.row, "url": entry.url, "origin": entry.origin}
-            for judged in pool.submit(entry.key, members, down):
+            down = {"source": ref.source, "row": entry["row"], "url": entry["url"], "origin": entry["origin"]}
+            for judged in pool.submit((entry["key"], verdict.members, down)):
                 shard.add(judged)
         for judged in pool.drain():
             shard.add(judged)
-        check_every_row_once(rows, ledger, tar_rel)
-        raw.close()
-        shard.close_tar()
-    cand_counts = shard.commit()
-    ledger.sort(key=lambda entry: entry.row)
-    counts = Counts.of(write_ledger(storage, ledger_rel, ledger))
+        check_every_row_once(rows, raw.rows, tar_rel)
+    judge.write_thumbs(storage, cand_ledger)
+    cand_counts = Counts.of(shard.commit())
+    counts = Counts.of(raw.commit())
     seconds = time.perf_counter() - start
     return (
         ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, seconds, samples=counts.ok),
-        CandidateResult(ref.source, ref.index, cand_tar, cand_ledger, cand_counts, seconds),
+        ShardResult(ref.source, ref.index, cand_tar, cand_ledger, cand_counts, seconds, samples=cand_counts.ok),
     )
+
+
+def _failed(source: str) -> Any:
+    return lambda got, err: failed_row(got[0], source, err)

@@ -8,6 +8,7 @@ sample's key. Models load once per worker process and stay loaded for the next s
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -22,28 +23,14 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.formats.indexes import ShardIndexInput, dali_index_name, dali_indexes
-from tasks.formats.ledger import read_parquet, write_parquet
+from tasks.formats.ledger import PRECACHE_SCHEMA, read_parquet
 from tasks.formats.names import digest_of
 from tasks.formats.recipe_outputs import PrecacheConfig
-from tasks.formats.shards import HashingWriter, MemberRecord, SampleRecord, ShardWriter
+from tasks.formats.shards import MemberRecord, SampleRecord
 from tasks.formats.storage import Storage
 from tasks.stages.precache_batches import iter_batches
 from tasks.stages.precache_models import PrecacheError, dtype_of, load_encoders
-
-# Per-sample precache rows: the phase's ledger. ``aligned``: the key DALI read is the key the
-# image shard holds at that position; ``finite``: every stored value of every encoding is finite.
-LEDGER_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("source", pa.string()),
-        ("shard", pa.string()),
-        ("position", pa.int64()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("aligned", pa.bool_()),
-        ("finite", pa.bool_()),
-    ]
-)
+from tasks.stages.runner import ShardResult, ShardRun, Verdict
 
 
 @dataclass(frozen=True)
@@ -100,31 +87,17 @@ class ChannelStats:
         return out
 
 
-@dataclass
-class PrecacheResult:
-    """What one precache task reports: the latent shard, its records, and the gate's inputs.
-
-    Args:
-        image_shard: the input shard's path.
-        tar: the latent shard's path; ``ledger``: its per-sample ledger (written last, commits it).
-        encodings: per encoding, ``{"members", "shape", "dtype", ...}`` as index.json records it.
-        stats: channel sums of the scaled image latents (``{"image_latents": ...}``), for the gate.
-        timings: seconds spent loading models, decoding (waiting for DALI), encoding, writing.
-    """
-
-    image_shard: str
-    tar: str
-    ledger: str
-    samples: int
-    bytes: int
-    sha256: str
-    records: list[SampleRecord]
-    encodings: dict[str, dict[str, Any]]
-    stats: dict[str, ChannelStats]
-    timings: dict[str, float]
-    nonfinite: int = 0
-    misaligned: int = 0
-    skipped: bool = False
+# What one precache task reports: the latent shard (``tar``), its ledger (written last, commits
+# it) and its records; ``image_shard``, the input; ``encodings``, per encoding ``{"members",
+# "shape", "dtype", ...}`` as index.json records it; ``stats``, channel sums of the scaled image
+# latents (``{"image_latents": ...}``) for the gate; ``timings``, seconds spent loading models,
+# decoding (waiting for DALI), encoding and writing.
+PrecacheResult = ShardResult
+# The result's fields in the JSON record beside the ledger (what a rerun returns).
+SUMMARY_FIELDS = (
+    *("image_shard", "tar", "ledger", "samples", "bytes", "sha256", "records"),
+    *("encodings", "stats", "timings", "nonfinite", "misaligned", "skipped"),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,12 +169,10 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     encodings = enc.describe()
     stats = {"image_latents": ChannelStats()} if "image_latents" in encodings else {}
     expected = [r.key for r in shard.records]
-    rows: list[dict[str, Any]] = []
+    run = ShardRun(storage, tar, ledger, PRECACHE_SCHEMA, order=None)
     local = _LocalShard(storage, shard)
     try:
-        with storage.atomic_writer(tar) as raw:
-            out = HashingWriter(raw)
-            writer = ShardWriter(out)
+        with run.writing():
             batches = iter_batches(
                 local.tar,
                 local.idx,
@@ -230,37 +201,25 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
                 for _, back in stored.values():
                     finite &= np.isfinite(back.reshape(len(batch.keys), -1)).all(axis=1)
                 for i, key in enumerate(batch.keys):
-                    writer.write_sample(key, {m: _npy(a[i]) for m, (a, _) in stored.items()})
-                    pos = len(rows)
-                    ok = bool(finite[i])
-                    rows.append(
-                        {
-                            "key": key,
-                            "source": key.rsplit("-", 1)[0],
-                            "shard": tar,
-                            "position": pos,
-                            "status": "ok" if ok else "error",
-                            "reason": None if ok else "nonfinite_encoding",
-                            "aligned": pos < len(expected) and expected[pos] == key,
-                            "finite": ok,
-                        }
-                    )
+                    pos = len(run.rows)
+                    members = {m: _npy(a[i]) for m, (a, _) in stored.items()}
+                    run.add(Verdict(_latent_row(key, members, bool(finite[i]), expected, pos), members))
                 timings["write_s"] += time.perf_counter() - t
                 t = time.perf_counter()
-            writer.close()
     finally:
         local.close()
+    rows = run.rows
     if len(rows) != len(expected):
         raise PrecacheError(f"{storage.url(shard.tar)}: DALI read {len(rows)} samples, the shard holds {len(expected)}")
     timings["total_s"] = time.perf_counter() - start
-    result = PrecacheResult(
+    result = ShardResult(
         image_shard=shard.tar,
         tar=tar,
         ledger=ledger,
         samples=len(rows),
-        bytes=writer.bytes_written,
-        sha256=out.sha.hexdigest(),
-        records=writer.records,
+        bytes=run.bytes_written,
+        sha256=run.sha256,
+        sample_records=run.records,
         encodings=encodings,
         stats=stats,
         timings={k: round(v, 4) for k, v in timings.items()},
@@ -268,8 +227,26 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
         misaligned=sum(not r["aligned"] for r in rows),
     )
     storage.write_bytes(summary, json.dumps(_summary_json(result), sort_keys=True).encode())
-    write_parquet(storage, ledger, pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA))
+    run.commit()
     return result
+
+
+def _latent_row(key: str, members: dict[str, bytes], finite: bool, expected: list[str], pos: int) -> dict[str, Any]:
+    """A latent sample's ledger row; ``bytes`` and ``sha256`` are of its first member (in tar order)."""
+    source, _, row = key.rpartition("-")
+    first = members[min(members)]
+    return {
+        "key": key,
+        "source": source,
+        "row": int(row) if row.isdigit() else None,  # keys are {source}-{row:09d}; a folder source's row in its file
+        "status": "ok" if finite else "error",
+        "reason": None if finite else "nonfinite_encoding",
+        "bytes": len(first),
+        "sha256": hashlib.sha256(first).hexdigest(),
+        "position": pos,
+        "aligned": pos < len(expected) and expected[pos] == key,
+        "finite": finite,
+    }
 
 
 def _record_shapes(encodings: dict[str, dict[str, Any]], stored: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -300,8 +277,9 @@ def _add_stats(
         stats["image_latents"].add((values - shift) * info["scaling_factor"])
 
 
-def _summary_json(r: PrecacheResult) -> dict[str, Any]:
-    d = asdict(r)
+def _summary_json(r: ShardResult) -> dict[str, Any]:
+    d = {name: getattr(r, name) for name in SUMMARY_FIELDS}
+    d["stats"] = {name: asdict(s) for name, s in r.stats.items()}
     d["records"] = [
         {"key": s.key, "offset": s.offset, "length": s.length, "members": s.members_as_dicts()} for s in r.records
     ]
@@ -316,18 +294,33 @@ def summary_name(ledger: str) -> str:
 def recorded(storage: Storage, summary: str) -> PrecacheResult:
     """The result of a committed latent shard, from its JSON record."""
     d = json.loads(storage.read_bytes(summary))
-    d["records"] = [
+    d["sample_records"] = [
         SampleRecord(
             s["key"],
             s["offset"],
             s["length"],
             tuple(MemberRecord(m["name"], m["offset"], m["size"]) for m in s["members"]),
         )
-        for s in d["records"]
+        for s in d.pop("records")
     ]
     d["stats"] = {k: ChannelStats(**v) for k, v in d["stats"].items()}
     d["skipped"] = True
-    return PrecacheResult(**d)
+    return ShardResult(**d)
+
+
+# The gate's tables: per (encoding, channel) over all shards, and per latent shard.
+CHANNEL_SCHEMA = pa.schema(
+    dict(encoding=pa.string(), channel=pa.int64(), mean=pa.float64(), std=pa.float64(), values=pa.int64())
+)
+SHARD_CHECK_SCHEMA = pa.schema(
+    dict(
+        shard=pa.string(),
+        samples=pa.int64(),
+        image_samples=pa.int64(),
+        counts_match=pa.bool_(),
+        layout_match=pa.bool_(),
+    )
+)
 
 
 def channel_table(results: list[PrecacheResult]) -> pa.Table:
@@ -340,18 +333,7 @@ def channel_table(results: list[PrecacheResult]) -> pa.Table:
     for name, s in sorted(merged.items()):
         for ch, (mean, std) in enumerate(s.mean_std()):
             rows.append({"encoding": name, "channel": ch, "mean": mean, "std": std, "values": s.count})
-    return pa.Table.from_pylist(
-        rows,
-        schema=pa.schema(
-            [
-                ("encoding", pa.string()),
-                ("channel", pa.int64()),
-                ("mean", pa.float64()),
-                ("std", pa.float64()),
-                ("values", pa.int64()),
-            ]
-        ),
-    )
+    return pa.Table.from_pylist(rows, schema=CHANNEL_SCHEMA)
 
 
 def shard_table(results: list[PrecacheResult], image_samples: dict[str, int]) -> pa.Table:
@@ -374,20 +356,9 @@ def shard_table(results: list[PrecacheResult], image_samples: dict[str, int]) ->
                 "layout_match": same,
             }
         )
-    return pa.Table.from_pylist(
-        rows,
-        schema=pa.schema(
-            [
-                ("shard", pa.string()),
-                ("samples", pa.int64()),
-                ("image_samples", pa.int64()),
-                ("counts_match", pa.bool_()),
-                ("layout_match", pa.bool_()),
-            ]
-        ),
-    )
+    return pa.Table.from_pylist(rows, schema=SHARD_CHECK_SCHEMA)
 
 
 def read_ledgers(storage: Storage, results: list[PrecacheResult]) -> pa.Table:
     tables = [read_parquet(storage, r.ledger) for r in results]
-    return pa.concat_tables(tables) if tables else LEDGER_SCHEMA.empty_table()
+    return pa.concat_tables(tables) if tables else PRECACHE_SCHEMA.empty_table()

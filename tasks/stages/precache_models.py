@@ -205,38 +205,40 @@ def _model_type(path: str, what: str) -> str | None:
         raise PrecacheError(f"{what} {path}: no readable config.json ({err})") from None
 
 
-def _text_model_class(kind: str, path: str) -> Any:
+# transformers classes of the encoders, by the ``model_type`` of their config.json.
+TEXT_MODELS = {
+    "clip_text_model": "CLIPTextModel",
+    "clip": "CLIPTextModel",
+    "t5": "T5EncoderModel",
+    "mt5": "MT5EncoderModel",
+    "umt5": "UMT5EncoderModel",
+    "siglip_text_model": "SiglipTextModel",
+}
+VISION_MODELS = {
+    "clip_vision_model": "CLIPVisionModel",
+    "clip": "CLIPVisionModel",
+    "siglip_vision_model": "SiglipVisionModel",
+    "siglip": "SiglipVisionModel",
+}
+
+
+def _model_class(classes: dict[str, str], kind: str, path: str, what: str) -> Any:
+    """The transformers class of a ``what`` ("text", "vision") encoder of model_type ``kind``."""
     import transformers
 
-    classes = {
-        "clip_text_model": "CLIPTextModel",
-        "clip": "CLIPTextModel",
-        "t5": "T5EncoderModel",
-        "mt5": "MT5EncoderModel",
-        "umt5": "UMT5EncoderModel",
-        "siglip_text_model": "SiglipTextModel",
-    }
     if kind not in classes:
         raise PrecacheError(
-            f"precache.text.model {path}: model_type {kind!r} is not a known text encoder ({', '.join(sorted(classes))})"
+            f"precache.{what}.model {path}: model_type {kind!r} is not a known {what} encoder ({', '.join(sorted(classes))})"
         )
     return getattr(transformers, classes[kind])
+
+
+def _text_model_class(kind: str, path: str) -> Any:
+    return _model_class(TEXT_MODELS, kind, path, "text")
 
 
 def _vision_model_class(kind: str, path: str) -> Any:
-    import transformers
-
-    classes = {
-        "clip_vision_model": "CLIPVisionModel",
-        "clip": "CLIPVisionModel",
-        "siglip_vision_model": "SiglipVisionModel",
-        "siglip": "SiglipVisionModel",
-    }
-    if kind not in classes:
-        raise PrecacheError(
-            f"precache.vision.model {path}: model_type {kind!r} is not a known vision encoder ({', '.join(sorted(classes))})"
-        )
-    return getattr(transformers, classes[kind])
+    return _model_class(VISION_MODELS, kind, path, "vision")
 
 
 def _normalisation(path: Path) -> tuple[list[float], list[float]]:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.formats.ledger import LEDGER_SCHEMA, read_parquet
+from tasks.formats.ledger import RESHARD_SCHEMA, read_parquet
 from tasks.formats.reasons import OK, REJECTED
 from tasks.formats.storage import Storage
 
@@ -27,8 +27,6 @@ DEFAULT_REQUIRED = ("jpg", "txt", "json")
 # Its status is rejected; tasks/formats/reasons.py lists it beside the other reasons.
 INCOMPLETE = "incomplete_sample"
 
-# Output ledgers (and census tables) are ledgers plus the input shard each sample came from.
-RESHARD_SCHEMA = LEDGER_SCHEMA.append(pa.field("input_shard", pa.string()))
 METADATA_KEY = b"shardsmith.reshard"
 
 _INPUT_COLUMNS = ["key", "source", "row", "status", "offset", "length", "members"]

@@ -6,8 +6,6 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -15,12 +13,12 @@ import pyarrow.compute as pc
 
 from tasks.formats.ledger import MEMBER_TYPE, read_parquet, write_parquet
 from tasks.formats.reasons import OK
-from tasks.formats.shards import MemberRecord, SampleRecord
 from tasks.formats.storage import Storage
 from tasks.formats.tar_format import BLOCK
 from tasks.stages.reshard import METADATA_KEY, RESHARD_SCHEMA, InputShard, OutputPlan, complete_mask, read_input_ledger
 from tasks.stages.reshard_check import Layout, check_file
 from tasks.stages.reshard_copy import DEFAULT_WINDOW_BYTES, Inputs, Sink, copy_samples
+from tasks.stages.runner import ShardResult
 
 # Input ledgers a build task keeps after use: consecutive outputs share their boundary inputs.
 LEDGERS_KEPT = 4
@@ -28,50 +26,10 @@ LEDGERS_KEPT = 4
 LAYOUT_COLUMNS = ["key", "source", "bytes", "offset", "length", "members"]
 
 
-@dataclass(frozen=True)
-class OutputResult:
-    """What one output reports: references, counts, where its samples lie, and its gate row.
-
-    Args:
-        index: the output's number.
-        tar, ledger: the output and the ledger that commits it.
-        samples, bytes, sha256: its sample count, size and digest (the release index's).
-        layout: the output ledger's ``key``, ``source``, ``bytes``, ``offset``, ``length`` and
-            ``members`` columns: what the release indexes (DALI .idx, wids, Energon) and the
-            phase's counts need, so that neither reads the tars again. An Arrow table crosses
-            from a worker to the flow far cheaper than a record object per sample.
-        seconds: spent on this output; ``ledger_seconds`` of it on the output ledger.
-        skipped: committed by an earlier run; nothing was written.
-        check: the reshard gate's row for this output (``tasks.stages.reshard_check.check_row``).
-    """
-
-    index: int
-    tar: str
-    ledger: str
-    samples: int
-    bytes: int
-    sha256: str
-    layout: pa.Table
-    seconds: float
-    skipped: bool = False
-    ledger_seconds: float = 0.0
-    check: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def records(self) -> list[SampleRecord]:
-        """The samples as the shard writer records them, in tar order (built on each access)."""
-        lay = Layout.of(self.layout)
-        names, data, sizes = lay.names.to_pylist(), lay.data.tolist(), lay.sizes.tolist()
-        bounds = np.concatenate([[0], np.cumsum(lay.counts)]).tolist()
-        return [
-            SampleRecord(
-                key,
-                offset,
-                length,
-                tuple(MemberRecord(names[k], data[k], sizes[k]) for k in range(bounds[i], bounds[i + 1])),
-            )
-            for i, (key, offset, length) in enumerate(zip(lay.keys, lay.offsets.tolist(), lay.lengths.tolist()))
-        ]
+# What one output reports: references, counts, where its samples lie (``layout``: the output
+# ledger's LAYOUT_COLUMNS, what the release indexes and the phase's counts need, so that neither
+# reads the tars again), and its gate row (``check``).
+OutputResult = ShardResult
 
 
 def build_outputs(
@@ -164,7 +122,7 @@ def build_output(
     )
     write_parquet(storage, output.ledger, table)
     done = time.perf_counter()
-    return OutputResult(
+    return ShardResult(
         index=output.index,
         tar=output.name,
         ledger=output.ledger,
@@ -310,7 +268,7 @@ def _recorded(storage: Storage, output: OutputPlan, start: float) -> OutputResul
         from tasks.stages.release import verify_shard
 
         check = verify_shard(storage, output.name, meta["sha256"], output.required)
-    return OutputResult(
+    return ShardResult(
         index=output.index,
         tar=output.name,
         ledger=output.ledger,

@@ -6,37 +6,28 @@ import hashlib
 import json
 import os
 import threading
-import time
 from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from tasks.formats.ledger import (
-    COUNT_COLUMNS,
-    LEDGER_SCHEMA,
-    Counts,
-    LedgerRow,
-    read_ledger,
-    read_parquet,
-    write_ledger,
-    write_parquet,
-)
+from tasks.formats.ledger import LedgerRow, read_ledger, write_parquet
 from tasks.formats.manifests import chunk_name
 from tasks.formats.names import digest_of
-from tasks.formats.reasons import OK, status_of
-from tasks.formats.recipe_download import DedupConfig, ValidateConfig
-from tasks.formats.shards import ShardWriter, iter_samples
+from tasks.formats.reasons import OK
+from tasks.formats.recipe_download import ValidateConfig
+from tasks.formats.shards import iter_samples
 from tasks.formats.storage import Storage
 from tasks.formats.tar_reader import ShardError
 from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
 from tasks.policies.licenses import license_verdict
 from tasks.policies.sniff import EXTENSIONS
-from tasks.stages.download import ShardResult
+from tasks.stages.dedup import DEDUP_COLUMNS, duplicates_by_table, final_paths, finalize_shard, find_duplicates
+from tasks.stages.runner import DECIDE_FAILED, ShardResult, Verdict, failure_detail, run_shard
+
+# Dedup lives in tasks/stages/dedup.py; named here too, where the flows and tests import it.
+__all__ = ["DEDUP_COLUMNS", "duplicates_by_table", "final_paths", "finalize_shard", "find_duplicates"]
 
 IMAGE_EXTS = frozenset(EXTENSIONS.values()) | {"jpeg", "tif"}
 # Thumbnails of a few rejected samples per reason, for the audit report, beside the ledger.
@@ -47,25 +38,11 @@ THUMBNAILS_PER_REASON = 3
 DECODE_THREADS = max(
     1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 )
-# Columns the dedup pass needs from every candidate table (a few dozen bytes per sample).
-DEDUP_COLUMNS = ["key", "source", "row", "status", "pixel_sha256", "phash"]
 
-
-@dataclass(frozen=True)
-class CandidateResult:
-    """Pass 1 of one shard: accepted candidates (before dedup) and every input's verdict.
-
-    ``table`` is a ledger (LEDGER_SCHEMA): a shard whose candidates dedup leaves alone is
-    final as it is, with no second copy.
-    """
-
-    source: str
-    index: int
-    tar: str
-    table: str
-    counts: Counts
-    seconds: float
-    skipped: bool = False
+# Pass 1 of one shard: accepted candidates (before dedup) and every input's verdict. Its
+# ledger (``table``) is a LEDGER_SCHEMA ledger: a shard whose candidates dedup leaves alone is
+# final as it is, with no second copy.
+CandidateResult = ShardResult
 
 
 def stage_hash(*parts: Any) -> str:
@@ -90,8 +67,14 @@ def thumbs_path(ledger_rel: str) -> str:
     return ledger_rel[: -len(".ledger.parquet")] + ".thumbs.parquet"
 
 
+# A sample to judge: its key, members, and its download ledger row (source, row, url, origin).
+Item = tuple[str, dict[str, bytes], dict[str, Any]]
+
+
 class Judge:
     """One sample's verdict (license, caption, image), safe to call from several threads.
+
+    Keeps the thumbnails of a few rejected samples per reason, for the audit report.
 
     Args:
         cfg: the recipe's validation config.
@@ -101,112 +84,67 @@ class Judge:
     def __init__(self, cfg: ValidateConfig, thumbnails_per_reason: int = THUMBNAILS_PER_REASON):
         self.cfg = cfg
         self.limit = thumbnails_per_reason
-        self._thumbs: Counter[str] = Counter()
+        self.thumbs: list[tuple[str, bytes]] = []
+        self._taken: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def want_thumbnail(self, reason: str) -> bool:
         with self._lock:
-            return self._thumbs[reason] < self.limit
+            return self._taken[reason] < self.limit
 
     def took_thumbnail(self, reason: str) -> bool:
         """Count one thumbnail for ``reason``; False when the cap was reached meanwhile."""
         with self._lock:
-            if self._thumbs[reason] >= self.limit:
+            if self._taken[reason] >= self.limit:
                 return False
-            self._thumbs[reason] += 1
+            self._taken[reason] += 1
             return True
 
-    def __call__(self, key: str, members: dict[str, bytes], down: dict[str, Any]) -> Judged:
+    def __call__(self, item: Item) -> Verdict:
+        key, members, down = item
         row, out, thumbnail = _judge(key, members, down, self)
-        return Judged(key, row, out, thumbnail)
+        if thumbnail is not None:
+            with self._lock:
+                self.thumbs.append((key, thumbnail))
+        return Verdict(row, out)
 
-
-@dataclass
-class Judged:
-    """A judged sample: its ledger row, and its re-encoded members when accepted."""
-
-    key: str
-    row: dict[str, Any]
-    members: dict[str, bytes] | None
-    thumbnail: bytes | None
-
-
-class CandidateShard:
-    """Writes one shard's candidates: accepted samples as they come, then thumbnails, then the ledger.
-
-    Args:
-        storage: the storage root.
-        tar_rel, ledger_rel: the candidate shard and its ledger (the ledger commits it).
-        out: the open atomic writer of ``tar_rel``.
-    """
-
-    def __init__(self, storage: Storage, tar_rel: str, ledger_rel: str, out: Any):
-        self.storage, self.tar_rel, self.ledger_rel = storage, tar_rel, ledger_rel
-        self.writer = ShardWriter(out)
-        self.rows: list[dict[str, Any]] = []
-        self.thumbs: list[tuple[str, bytes]] = []
-
-    def add(self, judged: Judged) -> None:
-        if judged.members is not None:
-            rec = self.writer.write_sample(judged.key, judged.members)
-            judged.row.update(shard=self.tar_rel, offset=rec.offset, length=rec.length, members=rec.members_as_dicts())
-        if judged.thumbnail is not None:
-            self.thumbs.append((judged.key, judged.thumbnail))
-        self.rows.append(judged.row)
-
-    def close_tar(self) -> None:
-        self.writer.close()
-
-    def commit(self) -> Counts:
-        """Thumbnails, then the ledger in row order (the tar holds samples in the order they
-        were judged; rows in row order keep every later phase independent of that order)."""
-        if self.thumbs:
-            self.thumbs.sort()
-            keys, blobs = zip(*self.thumbs)
-            write_parquet(
-                self.storage, thumbs_path(self.ledger_rel), pa.table([list(keys), list(blobs)], schema=THUMBS_SCHEMA)
-            )
-        self.rows.sort(key=lambda r: r["row"])
-        return Counts.of(
-            write_ledger(self.storage, self.ledger_rel, pa.Table.from_pylist(self.rows, schema=LEDGER_SCHEMA))
+    def run(
+        self, storage: Storage, tar_rel: str, ledger_rel: str, items: Any, source: str, index: int, **kw: Any
+    ) -> ShardResult:
+        """Judge ``items()`` into the candidate shard ``tar_rel``; its thumbnails, then its ledger, commit it."""
+        return run_shard(
+            storage,
+            tar_rel,
+            ledger_rel,
+            items,
+            self,
+            source=source,
+            index=index,
+            failed=failed_row,
+            threads=DECODE_THREADS,
+            before_commit=lambda: self.write_thumbs(storage, ledger_rel),
+            **kw,
         )
 
+    def write_thumbs(self, storage: Storage, ledger_rel: str) -> None:
+        if self.thumbs:
+            keys, blobs = zip(*sorted(self.thumbs))
+            table = pa.table([list(keys), list(blobs)], schema=THUMBS_SCHEMA)
+            write_parquet(storage, thumbs_path(ledger_rel), table)
 
-class JudgePool:
-    """Judges samples on ``threads`` threads, at most two per thread in flight (bounded memory).
 
-    ``submit`` returns the samples judged so far, in the order they finished; ``drain`` the rest.
-    """
-
-    def __init__(self, judge: Judge, threads: int = DECODE_THREADS):
-        self.judge = judge
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="judge")
-        self.limit = 2 * threads
-        self.pending: set[Future] = set()
-
-    def submit(self, key: str, members: dict[str, bytes], down: dict[str, Any]) -> Iterator[Judged]:
-        while len(self.pending) >= self.limit:
-            yield from self._finished(FIRST_COMPLETED)
-        self.pending.add(self.pool.submit(self.judge, key, members, down))
-        yield from self._finished(None, block=False)
-
-    def drain(self) -> Iterator[Judged]:
-        while self.pending:
-            yield from self._finished(FIRST_COMPLETED)
-
-    def _finished(self, when: str | None, block: bool = True) -> Iterator[Judged]:
-        done = {f for f in self.pending if f.done()} if not block else wait(self.pending, return_when=when).done
-        for fut in done:
-            self.pending.discard(fut)
-            yield fut.result()
-
-    def __enter__(self) -> JudgePool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for fut in self.pending:
-            fut.cancel()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+def failed_row(item: Item, err: Exception) -> dict[str, Any]:
+    """The ledger row of a sample whose judging raised: an error, the exception in its detail."""
+    key, _, down = item
+    return LedgerRow(
+        key=key,
+        source=down["source"],
+        row=down["row"],
+        reason=DECIDE_FAILED,
+        url=down["url"],
+        detail=f"judging the sample: {failure_detail(err)}",
+        origin=down.get("origin"),
+    ).as_dict()
 
 
 def validate_shard(
@@ -219,7 +157,7 @@ def validate_shard(
     tar_rel: str,
     table_rel: str,
     thumbnails_per_reason: int = THUMBNAILS_PER_REASON,
-) -> CandidateResult:
+) -> ShardResult:
     """Judge every sample of one download shard; write the accepted ones, re-encoded.
 
     The candidate ledger has a row for every sample the download accepted (the inputs of this
@@ -227,48 +165,34 @@ def validate_shard(
     written last and commits the shard. Samples are judged on a few threads while the tar is
     read.
     """
-    start = time.perf_counter()
-    if storage.exists(table_rel):
-        return CandidateResult(
-            source,
-            index,
-            tar_rel,
-            table_rel,
-            Counts.of(read_ledger(storage, table_rel, COUNT_COLUMNS)),
-            0.0,
-            skipped=True,
-        )
-    expected = {r["key"]: r for r in read_ledger(storage, download_ledger).to_pylist() if r["status"] == OK}
-    with (
-        storage.open(download_tar, "rb") as src,
-        storage.atomic_writer(tar_rel) as out,
-        JudgePool(Judge(cfg, thumbnails_per_reason)) as pool,
-    ):
-        shard = CandidateShard(storage, tar_rel, table_rel, out)
-        for sample in iter_samples(src, path=storage.url(download_tar)):
-            down = expected.pop(sample.key, None)
-            if down is None:
-                raise ShardError(
-                    "tar_unexpected_sample",
-                    storage.url(download_tar),
-                    sample.key,
-                    "sample has no ok row in the download ledger",
-                )
-            for judged in pool.submit(sample.key, sample.members, down):
-                shard.add(judged)
-        for judged in pool.drain():
-            shard.add(judged)
-        shard.close_tar()
-    if expected:
-        missing = ", ".join(sorted(expected)[:5])
-        raise ShardError(
-            "tar_missing_sample",
-            storage.url(download_tar),
-            None,
-            f"{len(expected)} ok ledger rows have no sample in the tar: {missing}",
-        )
-    counts = shard.commit()
-    return CandidateResult(source, index, tar_rel, table_rel, counts, time.perf_counter() - start)
+    expected: dict[str, dict[str, Any]] = {}
+
+    def samples() -> Any:
+        expected.update((r["key"], r) for r in read_ledger(storage, download_ledger).to_pylist() if r["status"] == OK)
+        with storage.open(download_tar, "rb") as src:
+            for sample in iter_samples(src, path=storage.url(download_tar)):
+                down = expected.pop(sample.key, None)
+                if down is None:
+                    raise ShardError(
+                        "tar_unexpected_sample",
+                        storage.url(download_tar),
+                        sample.key,
+                        "sample has no ok row in the download ledger",
+                    )
+                yield sample.key, sample.members, down
+
+    def all_there(_: Any) -> None:
+        if expected:
+            missing = ", ".join(sorted(expected)[:5])
+            raise ShardError(
+                "tar_missing_sample",
+                storage.url(download_tar),
+                None,
+                f"{len(expected)} ok ledger rows have no sample in the tar: {missing}",
+            )
+
+    judge = Judge(cfg, thumbnails_per_reason)
+    return judge.run(storage, tar_rel, table_rel, samples, source, index, check=all_there)
 
 
 def _judge(
@@ -362,129 +286,3 @@ def _caption_detail(reason: str, caption: str | None, cfg: ValidateConfig) -> st
     if reason == "caption_missing":
         return "no caption after cleanup"
     return f"{n} characters"
-
-
-def duplicates_by_table(
-    storage: Storage, tables: list[str], cfg: DedupConfig, source_order: dict[str, int]
-) -> dict[str, dict[str, str]]:
-    """``find_duplicates`` over candidate ledgers, grouped by the ledger each duplicate is in."""
-    loaded = [read_parquet(storage, t, DEDUP_COLUMNS) for t in tables]
-    dups = find_duplicates(loaded, cfg, source_order)
-    grouped: dict[str, dict[str, str]] = {}
-    for name, table in zip(tables, loaded):
-        mine = {k: dups[k] for k in table.column("key").to_pylist() if k in dups}
-        if mine:
-            grouped[name] = mine
-    return grouped
-
-
-def find_duplicates(tables: list[pa.Table], cfg: DedupConfig, source_order: dict[str, int]) -> dict[str, str]:
-    """Map each duplicate's key to the key of the sample it duplicates, across the dataset.
-
-    The first sample in (source order of the recipe, row) wins. Exact duplicates share the
-    sha256 of their normalised pixels; near duplicates have perceptual hashes within
-    ``hamming_threshold`` bits, found through band indexes: with t allowed differing bits,
-    two hashes that close agree exactly on at least one of t+1 disjoint bands (pigeonhole), so
-    only samples sharing a band are compared.
-    """
-    if not tables:
-        return {}
-    table = pa.concat_tables([t.select(DEDUP_COLUMNS) for t in tables])
-    items = [r for r in table.to_pylist() if r["status"] == OK]
-    items.sort(key=lambda r: (source_order.get(r["source"], len(source_order)), r["source"], r["row"]))
-    dups: dict[str, str] = {}
-    exact: dict[str, str] = {}
-    t = cfg.hamming_threshold
-    bands = _bands(t + 1)
-    index: list[dict[int, list[tuple[int, int, str]]]] = [{} for _ in bands]
-    for pos, r in enumerate(items):
-        key = r["key"]
-        if cfg.exact and r["pixel_sha256"] is not None:
-            first = exact.get(r["pixel_sha256"])
-            if first is not None:
-                dups[key] = first
-                continue
-            exact[r["pixel_sha256"]] = key
-        if cfg.near and r["phash"] is not None:
-            h = r["phash"]
-            # The earliest kept sample within the threshold, whichever band finds it.
-            best: tuple[int, str] | None = None
-            for b, (shift, mask) in enumerate(bands):
-                for other_pos, other_hash, other_key in index[b].get((h >> shift) & mask, ()):
-                    if (best is None or other_pos < best[0]) and (h ^ other_hash).bit_count() <= t:
-                        best = (other_pos, other_key)
-            if best is not None:
-                dups[key] = best[1]
-                continue
-            for b, (shift, mask) in enumerate(bands):
-                index[b].setdefault((h >> shift) & mask, []).append((pos, h, key))
-    return dups
-
-
-def _bands(n: int) -> list[tuple[int, int]]:
-    """Split 64 bits into n disjoint bands, as (shift, mask)."""
-    out = []
-    start = 0
-    for i in range(n):
-        width = 64 // n + (1 if i < 64 % n else 0)
-        out.append((start, (1 << width) - 1))
-        start += width
-    return out
-
-
-def final_paths(dataset: str, source: str, index: int, cand: CandidateResult, dups: dict[str, str]) -> tuple[str, str]:
-    """(tar, ledger) of a validated shard, named by its candidates and its dedup decisions.
-
-    A shard that dedup leaves alone is its candidates, as written: no second copy.
-    """
-    if not dups:
-        return cand.tar, cand.table
-    digest = stage_hash(cand.table, sorted(dups.items()))
-    stem = f"{dataset}/validate/{source}/{chunk_name(index)}-{digest}"
-    return stem + ".tar", stem + ".ledger.parquet"
-
-
-def finalize_shard(
-    storage: Storage,
-    cand: CandidateResult,
-    dups: dict[str, str],
-    tar_rel: str,
-    ledger_rel: str,
-) -> ShardResult:
-    """Copy the accepted, non-duplicate candidates' byte ranges into the validated shard."""
-    start = time.perf_counter()
-    if not dups:
-        return ShardResult(
-            cand.source, cand.index, cand.tar, cand.table, cand.counts, 0.0, skipped=True, samples=cand.counts.ok
-        )
-    if storage.exists(ledger_rel):
-        counts = Counts.of(read_ledger(storage, ledger_rel, COUNT_COLUMNS))
-        return ShardResult(cand.source, cand.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
-    rows = read_ledger(storage, cand.table).to_pylist()
-    with storage.open(cand.tar, "rb") as src, storage.atomic_writer(tar_rel) as out:
-        writer = ShardWriter(out)
-        # Copied in tar order (sequential reads); the ledger keeps row order.
-        for row in sorted((r for r in rows if r["status"] == OK), key=lambda r: r["offset"]):
-            original = dups.get(row["key"])
-            if original is not None:
-                reason = f"duplicate_of:{original}"
-                row.update(
-                    status=status_of(reason),
-                    reason=reason,
-                    detail=f"duplicate of {original}",
-                    shard=None,
-                    offset=None,
-                    length=None,
-                    members=None,
-                )
-                continue
-            src.seek(row["offset"])
-            raw = src.read(row["length"])
-            members = [(m["name"], m["offset"] - row["offset"], m["size"]) for m in row["members"]]
-            rec = writer.copy_sample(row["key"], raw, members)
-            row.update(shard=tar_rel, offset=rec.offset, members=rec.members_as_dicts())
-        writer.close()
-    counts = Counts.of(write_ledger(storage, ledger_rel, pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA)))
-    return ShardResult(
-        cand.source, cand.index, tar_rel, ledger_rel, counts, time.perf_counter() - start, samples=counts.ok
-    )
