@@ -20,7 +20,7 @@ def cli(*args: str, example_dir: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env["SHARDSMITH_EXAMPLE_DIR"] = str(example_dir)
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
 
 
