@@ -138,6 +138,7 @@ def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.T
 
     Returns the report's link (a URL a browser opens, or its path when nothing serves it).
     """
+    from tasks.audit.phase_markdown import phase_markdown
     from tasks.audit.report import read_samples, write_report
     from tasks.audit.report_web import report_link
 
@@ -150,7 +151,7 @@ def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.T
     if phase is not None:
         name = phase["phase"]
         create_markdown_artifact(
-            _markdown(run, phase, report), key=f"{key}-{name}-summary", description=f"{key}: {name} summary"
+            phase_markdown(run, phase, report), key=f"{key}-{name}-summary", description=f"{key}: {name} summary"
         )
         table = [
             {"reason": r, "rows": n, "share": round(n / max(phase["rows"], 1), 4)}
@@ -263,30 +264,3 @@ def check_gate(
     if not gate.success:
         raise GateFailed(f"{run['blocked']}\nreport: {url}")
     return url
-
-
-def _markdown(run: dict[str, Any], phase: dict[str, Any], report: Link) -> str:
-    from tasks.audit.gate_results import observed_text
-    from tasks.audit.report_markdown import md as _md
-    from tasks.audit.report_web import link_markdown
-
-    lines = [
-        f"# {run['dataset']}: {phase['phase']} ({run['run']})",
-        "",
-        "| rows | ok | rejected | error | samples/s |",
-        "|---:|---:|---:|---:|---:|",
-        f"| {phase['rows']} | {phase['ok']} | {phase['rejected']} | {phase['error']} | {phase['samples_per_s']} |",
-        "",
-    ]
-    gate = phase.get("gate")
-    if gate:
-        lines += ["| gate | threshold | observed | result |", "|---|---|---|---|"]
-        for o in gate["outcomes"]:
-            lines.append(
-                f"| {_md(o['name'])} | {_md(o['threshold'])} | {_md(observed_text(o['observed']))} | {'PASS' if o['success'] else 'FAIL'} |"
-            )
-        lines.append("")
-    if run.get("blocked"):
-        lines += [f"**BLOCKED**: {_md(run['blocked'])}", ""]
-    lines.append("Report: " + link_markdown(report, "audit report"))
-    return "\n".join(lines) + "\n"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 from prefect import flow, task
 
-from flows.download import DownloadSummary
 from flows.finetune_release import release_finetune
 from flows.phase import Phase
 from flows.validate import ValidateSummary
+from tasks.audit.download_summary import DownloadSummary
 from tasks.finetune.ingest import IngestResult
 from tasks.finetune.outcome import (
     FinetuneSummary,
@@ -16,10 +16,11 @@ from tasks.finetune.outcome import (
     final_tables,
     pack_ledger,
     packs_table,
+    plan_with_rows,
 )
-from tasks.finetune.packs import PackPlan, PackShardResult, output_paths, plan_packs, write_pack_shard
+from tasks.finetune.packs import PackShardResult, output_paths, write_pack_shard
 from tasks.finetune.samples import BuildResult, build_paths, build_samples, image_source_name
-from tasks.formats.ledger import Counts, read_parquet
+from tasks.formats.ledger import Counts
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
 from tasks.stages.release import ReleaseResult, verify_shard
@@ -40,14 +41,8 @@ def build_task(
     return build_samples(storage, source, index, chunk, first_image, ledgers, cfg, tar_rel, table_rel)
 
 
-@task(name="plan-packs")
-def plan_task(storage: Storage, tables: list[str], cfg, per_shard: int, seed: int | None) -> tuple[PackPlan, pa.Table]:
-    """The pack plan, and the sample rows (report and gate columns) of every record."""
-    from tasks.finetune.packs import PLAN_COLUMNS
-
-    loaded = [read_parquet(storage, t) for t in tables]
-    plan = plan_packs([t.select(PLAN_COLUMNS) for t in loaded], cfg, per_shard, seed)
-    return plan, pa.concat_tables(loaded)
+# The pack plan and every record's sample row, planned on a worker.
+plan_task = task(name="plan-packs")(plan_with_rows)
 
 
 @task(name="write-packs", task_run_name="packs-{spec.index:06d}")
@@ -100,8 +95,6 @@ def finetune_flow(
     plan, rows = plan_task.submit(
         storage, [b.table for b in built], cfg, recipe.reshard.samples_per_shard, recipe.reshard.seed
     ).result()
-    names = [n for n in rows.column("tokenizer").to_pylist() if n]
-    plan.stats["tokenizer"] = names[0] if names else None
 
     futures = {}
     for spec in plan.outputs:

@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from flows.release import announce, commit_new_release, reconcile, unchanged
 from tasks.finetune.ingest import IngestResult
-from tasks.finetune.outcome import FinetuneSummary, release_packs, shard_name
+from tasks.finetune.outcome import FinetuneSummary, records_in, release_packs, shard_name
 from tasks.finetune.tiling import all_tags
 from tasks.formats.indexes import ENERGON_CRUDE_TYPE, ShardIndexInput, all_indexes
 from tasks.formats.recipe import Recipe
@@ -35,7 +35,7 @@ def release_finetune(
     outputs = summary.outputs
     names = [shard_name(o) for o in outputs]
     shards = [{"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, outputs)]
-    n_samples = sum(p["samples"] for o in outputs for p in o.packs)
+    n_samples = records_in(outputs)
     fp = fingerprint(shards, recipe.recipe_hash())
     head, same = unchanged(storage, recipe, run, fp, n_samples, len(shards), report)
     if same is not None:

@@ -9,10 +9,10 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.audit import GateFailed, publish, report_dir, run_gate
-from flows.download import DownloadSummary
 from flows.precache import PrecacheSummary
 from flows.reshard import ReshardSummary
 from flows.validate import ValidateSummary
+from tasks.audit.download_summary import DownloadSummary
 from tasks.formats.indexes import ShardIndexInput, all_indexes, dali_indexes
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
@@ -35,15 +35,8 @@ class Unreconciled(GateFailed):
     """The ledgers do not account for every manifest row exactly once; nothing is released."""
 
 
-@task(name="release-tables")
-def release_tables_task(
-    storage: Storage,
-    download_ledgers: list[str],
-    validate_ledgers: list[str],
-    outputs: list[tuple[str, str]],
-    incomplete: list[pa.Table],
-) -> tuple[pa.Table, pa.Table]:
-    return release_tables(storage, download_ledgers, validate_ledgers, outputs, incomplete)
+# Where each released sample is and every row's fate: the ledgers read on a worker.
+release_tables_task = task(name="release-tables")(release_tables)
 
 
 def reconcile(

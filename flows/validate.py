@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from prefect import flow, task
 
-from flows.download import DownloadSummary
 from flows.phase import Phase
+from tasks.audit.download_summary import DownloadSummary
 from tasks.audit.validate_samples import gate_samples, report_samples
 from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers
 from tasks.formats.recipe import Recipe

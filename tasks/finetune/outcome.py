@@ -7,8 +7,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.finetune.packs import PackPlan, PackShardResult
-from tasks.formats.ledger import Counts
+from tasks.finetune.packs import PLAN_COLUMNS, PackPlan, PackShardResult, plan_packs
+from tasks.formats.ledger import Counts, read_parquet
+from tasks.formats.recipe_finetune import FinetuneConfig
+from tasks.formats.storage import Storage
 
 REPORT_COLUMNS = [
     "key",
@@ -34,6 +36,24 @@ class FinetuneSummary:
     stats: dict[str, Any]
     outputs: list[PackShardResult] = field(default_factory=list)
     seconds: float = 0.0
+
+
+def plan_with_rows(
+    storage: Storage, tables: list[str], cfg: FinetuneConfig, per_shard: int, seed: int | None
+) -> tuple[PackPlan, pa.Table]:
+    """The pack plan (its stats name the tokenizer the samples were counted with), and the
+    sample rows (report and gate columns) of every record, from the sample tables."""
+    loaded = [read_parquet(storage, t) for t in tables]
+    plan = plan_packs([t.select(PLAN_COLUMNS) for t in loaded], cfg, per_shard, seed)
+    rows = pa.concat_tables(loaded)
+    names = [n for n in rows.column("tokenizer").to_pylist() if n]
+    plan.stats["tokenizer"] = names[0] if names else None
+    return plan, rows
+
+
+def records_in(outputs: list[PackShardResult]) -> int:
+    """The records (conversation samples) the packs of ``outputs`` hold."""
+    return sum(p["samples"] for o in outputs for p in o.packs)
 
 
 def shard_name(output: PackShardResult) -> str:
