@@ -20,11 +20,12 @@ WORKDIR /opt/shardsmith
 
 # Dependencies first, so code changes do not reinstall them.
 COPY pyproject.toml README.md ./
-RUN mkdir -p flows tasks loaders deployments \
-    && touch flows/__init__.py tasks/__init__.py loaders/__init__.py deployments/__init__.py \
+RUN mkdir -p cli flows tasks loaders deployments \
+    && touch cli/__init__.py flows/__init__.py tasks/__init__.py loaders/__init__.py deployments/__init__.py \
     && pip install --extra-index-url "${TORCH_INDEX}" . \
     && pip uninstall -y shardsmith
 
+COPY cli ./cli
 COPY flows ./flows
 COPY tasks ./tasks
 COPY loaders ./loaders

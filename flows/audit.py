@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -12,8 +11,8 @@ from uuid import UUID
 import pyarrow as pa
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from tasks.audit.tallies import by_family, by_license, by_source
 from tasks.formats.ledger import Counts
-from tasks.formats.reasons import family
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
 
@@ -49,26 +48,6 @@ def _current_flow_run_id() -> str | None:
 
     ctx = FlowRunContext.get()
     return str(ctx.flow_run.id) if ctx is not None and ctx.flow_run is not None else None
-
-
-def by_source(ledger: pa.Table) -> dict[str, dict[str, int]]:
-    out: dict[str, Counter[str]] = {}
-    for source, status in zip(ledger.column("source").to_pylist(), ledger.column("status").to_pylist()):
-        c = out.setdefault(source, Counter())
-        c["rows"] += 1
-        c[status] += 1
-    return {s: {k: c.get(k, 0) for k in ("rows", "ok", "rejected", "error")} for s, c in sorted(out.items())}
-
-
-def by_license(ledger: pa.Table) -> dict[str, int]:
-    if "license" not in ledger.column_names:
-        return {}
-    c = Counter(
-        lic or "(none)"
-        for lic, st in zip(ledger.column("license").to_pylist(), ledger.column("status").to_pylist())
-        if st == "ok"
-    )
-    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def phase_record(
@@ -159,6 +138,7 @@ def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.T
 
     Returns the report's link (a URL a browser opens, or its path when nothing serves it).
     """
+    from tasks.audit.phase_markdown import phase_markdown
     from tasks.audit.report import read_samples, write_report
     from tasks.audit.report_web import report_link
 
@@ -171,10 +151,11 @@ def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.T
     if phase is not None:
         name = phase["phase"]
         create_markdown_artifact(
-            _markdown(run, phase, report), key=f"{key}-{name}-summary", description=f"{key}: {name} summary"
+            phase_markdown(run, phase, report), key=f"{key}-{name}-summary", description=f"{key}: {name} summary"
         )
         table = [
-            {"reason": r, "rows": n, "share": round(n / max(phase["rows"], 1), 4)} for r, n in _families(phase).items()
+            {"reason": r, "rows": n, "share": round(n / max(phase["rows"], 1), 4)}
+            for r, n in by_family(phase.get("by_reason")).items()
         ]
         create_table_artifact(
             table or [{"reason": "(none)", "rows": 0, "share": 0.0}],
@@ -283,38 +264,3 @@ def check_gate(
     if not gate.success:
         raise GateFailed(f"{run['blocked']}\nreport: {url}")
     return url
-
-
-def _families(phase: dict[str, Any]) -> dict[str, int]:
-    """Rows by reason family (``duplicate_of:<key>`` counts once as ``duplicate_of``), largest first."""
-    c: Counter[str] = Counter()
-    for reason, n in (phase.get("by_reason") or {}).items():
-        c[family(reason)] += n
-    return dict(c.most_common())
-
-
-def _markdown(run: dict[str, Any], phase: dict[str, Any], report: Link) -> str:
-    from tasks.audit.gate_results import observed_text
-    from tasks.audit.report_markdown import md as _md
-    from tasks.audit.report_web import link_markdown
-
-    lines = [
-        f"# {run['dataset']}: {phase['phase']} ({run['run']})",
-        "",
-        "| rows | ok | rejected | error | samples/s |",
-        "|---:|---:|---:|---:|---:|",
-        f"| {phase['rows']} | {phase['ok']} | {phase['rejected']} | {phase['error']} | {phase['samples_per_s']} |",
-        "",
-    ]
-    gate = phase.get("gate")
-    if gate:
-        lines += ["| gate | threshold | observed | result |", "|---|---|---|---|"]
-        for o in gate["outcomes"]:
-            lines.append(
-                f"| {_md(o['name'])} | {_md(o['threshold'])} | {_md(observed_text(o['observed']))} | {'PASS' if o['success'] else 'FAIL'} |"
-            )
-        lines.append("")
-    if run.get("blocked"):
-        lines += [f"**BLOCKED**: {_md(run['blocked'])}", ""]
-    lines.append("Report: " + link_markdown(report, "audit report"))
-    return "\n".join(lines) + "\n"

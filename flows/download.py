@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
-from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows.audit import check_gate, judge_phase, phase_record
+from flows.phase import Phase, gather_all
 from flows.preflight import combine_groups, list_groups, plan_here, small, take_primed
-from flows.runtime import gather_all
+from tasks.audit.download_summary import DownloadSummary, summary_markdown, write_summary
 from tasks.formats.ledger import Counts, committed, concat_ledgers, read_ledgers
 from tasks.formats.manifests import SourcePlan, plan_files
 from tasks.formats.recipe import Recipe
@@ -25,28 +22,6 @@ from tasks.stages.validate import CandidateResult, candidate_config_hash, candid
 
 class PhaseFailed(RuntimeError):
     """Some shards failed after their retries; the summary and report were still written."""
-
-
-@dataclass
-class DownloadSummary:
-    """What the download phase did: counts over every shard, and where things are."""
-
-    dataset: str
-    run: str
-    storage: str
-    shards: int
-    shards_skipped: int
-    shards_failed: list[str]
-    counts: Counts
-    seconds: float
-    samples_per_s: float
-    mb_per_s: float
-    manifests: dict[str, str] = field(default_factory=dict)  # source -> sha256
-    report: str = ""
-    ledgers: list[str] = field(default_factory=list)
-    tars: list[str] = field(default_factory=list)
-    chunks: list[tuple[str, int]] = field(default_factory=list)  # (source, chunk index) of each tar
-    candidates: list[CandidateResult] = field(default_factory=list)  # validated in the same pass
 
 
 @task(name="plan-manifest-files", retries=2, retry_delay_seconds=2)
@@ -101,18 +76,12 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
     """
     from tasks.audit.gates import download_gate
 
-    logger = get_run_logger()
-    started = time.perf_counter()
-    storage = Storage(recipe.storage, recipe.storage_options)
+    ph = Phase(recipe, run, "download", "download shards done")
+    storage = ph.storage
     plans = plan_sources(recipe, storage)
     refs = [c for p in plans for c in p.chunks]
     chash = download_config_hash(recipe)
     vhash = candidate_config_hash(recipe)
-    retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
-    key = f"{recipe.dataset}-download"
-    progress = create_progress_artifact(
-        0.0, key=f"{key}-progress", description=f"{recipe.dataset}: download shards done"
-    )
     paths = {ref: shard_paths(recipe.dataset, ref, chash) for ref in refs}
     cand_paths = (
         {ref: candidate_paths(recipe.dataset, ref.source, ref.index, paths[ref][0], vhash) for ref in refs}
@@ -126,7 +95,8 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         if ledger_rel in done and (not fuse_validation or cand_paths[ref][1] in done):
             continue  # committed by an earlier run: nothing to submit
         if fuse_validation:
-            fut = download_validate_task.with_options(**retries).submit(
+            fut = ph.submit(
+                download_validate_task,
                 ref,
                 storage,
                 recipe.download,
@@ -137,7 +107,8 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
                 rows_from(recipe, ref.source),
             )
         else:
-            fut = download_shard_task.with_options(**retries).submit(
+            fut = ph.submit(
+                download_shard_task,
                 ref,
                 storage,
                 recipe.download,
@@ -148,7 +119,7 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
             )
         futures[fut] = tar_rel
     todo = {paths[ref][0] for ref in refs} & set(futures.values())
-    fresh, failed = gather_all(futures, progress, "download", rows=sum(r.rows for r in refs if paths[r][0] in todo))
+    fresh, failed = gather_all(futures, ph.progress, "download", rows=sum(r.rows for r in refs if paths[r][0] in todo))
     candidates = [f[1] for f in fresh] if fuse_validation else []
     fresh_results = [f[0] for f in fresh] if fuse_validation else fresh
     by_ledger = {r.ledger: r for r in fresh_results}
@@ -164,7 +135,7 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
             results.append(
                 ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
             )
-    seconds = time.perf_counter() - started
+    seconds = ph.seconds
     counts = sum((r.counts for r in results), Counts.zero())
     fresh_ok = sum(r.counts.ok for r in fresh_results)
     fresh_bytes = sum(r.counts.bytes for r in fresh_results)
@@ -177,7 +148,7 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         shards_failed=failed,
         counts=counts,
         seconds=round(seconds, 3),
-        samples_per_s=round(fresh_ok / seconds, 1) if seconds else 0.0,
+        samples_per_s=ph.rate(fresh_ok, seconds),
         mb_per_s=round(fresh_bytes / 1e6 / seconds, 2) if seconds else 0.0,
         manifests={p.source: p.manifest_sha256 for p in plans},
         ledgers=[r.ledger for r in results],
@@ -186,7 +157,7 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         candidates=candidates,
     )
     summary.report = write_summary(storage, summary)
-    logger.info(
+    ph.logger.info(
         "download: %d rows, %d ok, %d rejected, %d error; %d/%d shards skipped; %.1f samples/s",
         counts.rows,
         counts.ok,
@@ -199,7 +170,9 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
     if failed:
         # The gate and its report (which post this artifact on success) will not run.
         create_markdown_artifact(
-            summary_markdown(summary), key=f"{key}-summary", description=f"{recipe.dataset}: download summary"
+            summary_markdown(summary),
+            key=f"{recipe.dataset}-download-summary",
+            description=f"{recipe.dataset}: download summary",
         )
         raise PhaseFailed(
             f"{len(failed)} of {len(refs)} download shards failed; see {summary.report}:\n" + "\n".join(failed[:20])
@@ -208,12 +181,13 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
     # Rows in: the manifests' rows; a source counted only when read (WebDataset shards) by its ledgers.
     counted = {p.source for p in plans if not p.rows_known}
     manifest_rows = sum(p.rows for p in plans) + sum(r.counts.rows for r in results if r.source in counted)
-    gate, links = judge_phase(
-        storage, recipe, run, "download", [r.ledger for r in results], (manifest_rows, recipe.gates.download),
+    gate, links = ph.judge(
+        [r.ledger for r in results], (manifest_rows, recipe.gates.download),
         lambda: download_gate(ledger, manifest_rows, recipe.gates.download),
     )  # fmt: skip
-    run["phases"].append(phase_record("download", counts, ledger, seconds, summary.samples_per_s, gate, links))
-    check_gate(storage, recipe, run, gate, why="; ".join(p.note for p in plans if p.note))
+    ph.record(counts, ledger, summary.samples_per_s, gate, links, seconds=seconds)
+    # gather_all has set the progress to 100 %.
+    ph.close(gate, why="; ".join(p.note for p in plans if p.note), done=False)
     return summary, run
 
 
@@ -232,34 +206,3 @@ def plan_sources(recipe: Recipe, storage: Storage) -> list[SourcePlan]:
         futures = [task.submit(source, group, storage, recipe.dataset, options) for source, group in groups]
         planned = [f.result() for f in futures]
     return combine_groups(recipe, groups, planned)
-
-
-def summary_markdown(s: DownloadSummary) -> str:
-    c = s.counts
-    lines = [
-        f"# {s.dataset}: download ({s.run})",
-        "",
-        "| rows | ok | rejected | error | shards | skipped | failed | samples/s | MB/s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {c.rows} | {c.ok} | {c.rejected} | {c.error} | {s.shards} | {s.shards_skipped} | {len(s.shards_failed)} | {s.samples_per_s} | {s.mb_per_s} |",
-        "",
-        "| reason | rows |",
-        "|---|---:|",
-        *[f"| `{r}` | {n} |" for r, n in c.by_reason.items()],
-        "",
-        f"Storage: `{s.storage}`  ",
-        f"Report: `{s.report}`",
-    ]
-    if s.shards_failed:
-        lines += ["", "## Failed shards", "", *[f"- {f}" for f in s.shards_failed]]
-    return "\n".join(lines) + "\n"
-
-
-def write_summary(storage: Storage, s: DownloadSummary) -> str:
-    """Write the phase summary (JSON and markdown) under ``{dataset}/reports/{run}/``."""
-    base = f"{s.dataset}/reports/{s.run}"
-    s.report = storage.url(f"{base}/download.md")
-    data = asdict(s)
-    storage.write_bytes(f"{base}/download.json", json.dumps(data, indent=2, sort_keys=True).encode())
-    storage.write_bytes(f"{base}/download.md", summary_markdown(s).encode())
-    return s.report

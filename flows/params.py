@@ -143,7 +143,15 @@ def recipe_overrides(
     cluster = cluster or os.environ.get("SHARDSMITH_CLUSTER") or None
     if isinstance(overrides, dict):
         overrides = RecipeOverrides.model_validate(overrides)
-    out = overrides.dotted() if overrides is not None else {}
+    return explicit_overrides(overrides.dotted() if overrides is not None else {}, cluster, storage, workers)
+
+
+def explicit_overrides(
+    dotted: dict[str, Any] | None, cluster: str | None = None, storage: str | None = None, workers: int | None = None
+) -> dict[str, Any]:
+    """Dotted recipe overrides (``--set``, a flow's ``overrides``) with the explicit cluster,
+    storage root and worker count on top, where given."""
+    out = dict(dotted or {})
     for key, value in (("execution.cluster", cluster), ("storage", storage), ("execution.workers", workers)):
         if value:
             out[key] = value

@@ -15,7 +15,8 @@ from flows.precache import precache_flow
 from flows.preflight import remember_run
 from flows.release import release_flow
 from flows.reshard import reshard_flow
-from flows.runtime import Session, cleanup_on_stop, dask_cluster
+from flows.runtime import dask_cluster
+from flows.session import Session, cleanup_on_stop
 from flows.validate import validate_flow
 from tasks.formats.locks import run_lock
 from tasks.formats.recipe import Recipe, load_recipe

@@ -9,8 +9,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.audit import GateFailed, publish, report_dir, run_gate
+from flows.precache import PrecacheSummary
+from flows.reshard import ReshardSummary
+from flows.validate import ValidateSummary
+from tasks.audit.download_summary import DownloadSummary
 from tasks.formats.indexes import ShardIndexInput, all_indexes, dali_indexes
-from tasks.formats.ledger import read_parquet
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
 from tasks.stages.release import (
@@ -25,42 +28,15 @@ from tasks.stages.release import (
     set_latest,
     write_tables,
 )
-
-LEDGER_COLUMNS = ["key", "source", "row", "status", "reason"]
+from tasks.stages.release_tables import release_tables
 
 
 class Unreconciled(GateFailed):
     """The ledgers do not account for every manifest row exactly once; nothing is released."""
 
 
-@task(name="release-tables")
-def release_tables(
-    storage: Storage,
-    download_ledgers: list[str],
-    validate_ledgers: list[str],
-    outputs: list[tuple[str, str]],
-    incomplete: list[Any],
-) -> tuple[pa.Table, pa.Table]:
-    """(samples, ledger): where each released sample is, and every manifest row's final fate."""
-    samples = []
-    for name, ledger in outputs:
-        t = read_parquet(storage, ledger, ["key", "source", "row", "offset", "length"])
-        samples.append(t.append_column("shard", pa.array([name] * t.num_rows, pa.string())))
-    samples_t = pa.concat_tables(samples) if samples else pa.table({"key": pa.array([], pa.string())})
-    parts = []
-    for phase, ledgers in (("download", download_ledgers), ("validate", validate_ledgers)):
-        for rel in ledgers:
-            t = read_parquet(storage, rel, LEDGER_COLUMNS)
-            t = t.filter(pa.compute.not_equal(t.column("status"), "ok"))
-            parts.append(t.append_column("phase", pa.array([phase] * t.num_rows, pa.string())))
-    for t in incomplete:
-        t = t.select(LEDGER_COLUMNS)
-        parts.append(t.append_column("phase", pa.array(["reshard"] * t.num_rows, pa.string())))
-    ok = samples_t.select(["key", "source", "row"])
-    ok = ok.append_column("status", pa.array(["ok"] * ok.num_rows, pa.string()))
-    ok = ok.append_column("reason", pa.array([None] * ok.num_rows, pa.string()))
-    parts.append(ok.append_column("phase", pa.array(["release"] * ok.num_rows, pa.string())))
-    return samples_t, pa.concat_tables(parts)
+# Where each released sample is and every row's fate: the ledgers read on a worker.
+release_tables_task = task(name="release-tables")(release_tables)
 
 
 def reconcile(
@@ -104,9 +80,71 @@ def copy_audit(storage: Storage, recipe: Recipe, run: dict, base: str, reconcile
     return gates
 
 
-@flow(name="release")
+def unchanged(
+    storage: Storage, recipe: Recipe, run: dict, fp: str, samples: int, shards: int, report: pa.Table | None = None
+) -> tuple[str | None, ReleaseResult | None]:
+    """(the latest release, and a result when that release has this very content ``fp``: then
+    the run records it and publishes its report, and nothing new is released)."""
+    head = latest(storage, recipe.dataset)
+    if head is None or read_index(storage, recipe.dataset, head).get("fingerprint") != fp:
+        return head, None
+    get_run_logger().info("release: unchanged since %s; no new release", head)
+    run["release"] = {"version": head, "created": False}
+    publish(storage, recipe, run, report)
+    return head, ReleaseResult(head, storage.url(f"{releases_dir(recipe.dataset)}/{head}"), False, samples, shards)
+
+
+def commit_new_release(
+    storage: Storage,
+    recipe: Recipe,
+    run: dict,
+    version: str,
+    base: str,
+    reconciled: dict,
+    report: pa.Table | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """Record the new release in the run, publish the report, copy the audit into the release
+    folder ``base``, then commit its index.json (``fields``: the kind's entries, as
+    ``tasks.stages.release.commit_release_index`` takes them); returns the index."""
+    run["release"] = {"version": version, "created": True, "path": storage.url(base)}
+    publish(storage, recipe, run, report)
+    return commit_release_index(
+        storage,
+        base,
+        version=version,
+        dataset=recipe.dataset,
+        kind=recipe.kind,
+        run=run["run"],
+        recipe_hash=recipe.recipe_hash(),
+        gates=copy_audit(storage, recipe, run, base, reconciled),
+        reports=report_dir(recipe, run["run"]),
+        **fields,
+    )
+
+
+def announce(
+    storage: Storage, recipe: Recipe, version: str, base: str, samples: int, shards: int, text: str
+) -> ReleaseResult:
+    """Move LATEST to the committed release and say so: an artifact (``text`` as its body) and a log line."""
+    set_latest(storage, recipe.dataset, version)
+    create_markdown_artifact(
+        f"# {recipe.dataset} {version}\n\n{text}\n\n`{storage.url(base)}`\n",
+        key=f"{recipe.dataset}-release",
+        description=f"{recipe.dataset}: latest release",
+    )
+    get_run_logger().info("released %s: %d samples in %d shards at %s", version, samples, shards, storage.url(base))
+    return ReleaseResult(version, storage.url(base), True, samples, shards)
+
+
+@flow(name="release", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
 def release_flow(
-    recipe: Recipe, download: Any, validated: Any, reshard: Any, run: dict, precache: Any = None
+    recipe: Recipe,
+    download: DownloadSummary,
+    validated: ValidateSummary,
+    reshard: ReshardSummary,
+    run: dict,
+    precache: PrecacheSummary | None = None,
 ) -> tuple[ReleaseResult, dict]:
     """Make ``releases/vNNNN/`` unless the latest release already has the same content.
 
@@ -114,26 +152,23 @@ def release_flow(
     beside the image shards they mirror, each with its DALI index, and index.json records
     them and their encodings under ``precache``.
     """
-    logger = get_run_logger()
     storage = Storage(recipe.storage, recipe.storage_options)
     base_dir = releases_dir(recipe.dataset)
     names = [f"shard-{o.index:06d}.tar" for o in reshard.outputs]
     shards = [
         {"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, reshard.outputs)
     ]
-    latent_shards = [
+    latents, encodings = (precache.results, precache.encodings) if precache is not None else ([], {})
+    latent_shards: list[dict[str, Any]] = [
         {"name": f"latents/{n}", "image_shard": n, "sha256": r.sha256, "bytes": r.bytes, "samples": r.samples}
-        for n, r in zip(names, precache.results if precache else [])
+        for n, r in zip(names, latents)
     ]
     fp = fingerprint(shards + latent_shards, recipe.recipe_hash())
-    head = latest(storage, recipe.dataset)
-    if head is not None and read_index(storage, recipe.dataset, head).get("fingerprint") == fp:
-        logger.info("release: unchanged since %s; no new release", head)
-        run["release"] = {"version": head, "created": False}
-        publish(storage, recipe, run)
-        return ReleaseResult(head, storage.url(f"{base_dir}/{head}"), False, reshard.samples, len(shards)), run
+    head, same = unchanged(storage, recipe, run, fp, reshard.samples, len(shards))
+    if same is not None:
+        return same, run
 
-    samples, ledger = release_tables.submit(
+    samples, ledger = release_tables_task.submit(
         storage,
         download.ledgers,
         validated.ledgers,
@@ -153,29 +188,24 @@ def release_flow(
     for rel, data in all_indexes(index_inputs, name=recipe.dataset).items():
         storage.write_bytes(f"{base}/{rel}", data, fsync=False)
     if latent_shards:
-        for entry, r in zip(latent_shards, precache.results):
+        for entry, r in zip(latent_shards, latents):
             place_file(storage, r.tar, f"{base}/{entry['name']}")
         latent_inputs = [
-            ShardIndexInput(name=e["name"], size=r.bytes, samples=r.records)
-            for e, r in zip(latent_shards, precache.results)
+            ShardIndexInput(name=e["name"], size=r.bytes, samples=r.records) for e, r in zip(latent_shards, latents)
         ]
         for rel, data in dali_indexes(latent_inputs).items():
             storage.write_bytes(f"{base}/{rel}", data, fsync=False)
     write_tables(storage, base, samples, ledger)
 
-    run["release"] = {"version": version, "created": True, "path": storage.url(base)}
-    publish(storage, recipe, run)
-    reports = report_dir(recipe, run["run"])
-    gates = copy_audit(storage, recipe, run, base, reconciled)
-    commit_release_index(
+    commit_new_release(
         storage,
+        recipe,
+        run,
+        version,
         base,
-        version=version,
-        dataset=recipe.dataset,
-        kind=recipe.kind,
+        reconciled,
         fp=fp,
         parent=head,
-        run=run["run"],
         shards=shards,
         totals={
             "samples": reshard.samples,
@@ -189,20 +219,13 @@ def release_flow(
             "image_format": recipe.validate_.image.output_format,
         },
         shuffle_seed=reshard.seed,
-        recipe_hash=recipe.recipe_hash(),
         sources={name: {"sha256": sha} for name, sha in download.manifests.items()},
-        gates=gates,
         ledger_rows=ledger.num_rows,
         released=reshard.samples,
-        reports=reports,
-        extra={"precache": {"shards": latent_shards, "encodings": precache.encodings}} if latent_shards else None,
+        extra={"precache": {"shards": latent_shards, "encodings": encodings}} if latent_shards else None,
     )
-    set_latest(storage, recipe.dataset, version)
-    create_markdown_artifact(
-        f"# {recipe.dataset} {version}\n\n{reshard.samples} samples in {len(shards)} shards "
-        f"({reshard.samples_per_shard} per shard, tail {reshard.tail}); parent {head or '-'}.\n\n`{storage.url(base)}`\n",
-        key=f"{recipe.dataset}-release",
-        description=f"{recipe.dataset}: latest release",
+    text = (
+        f"{reshard.samples} samples in {len(shards)} shards "
+        f"({reshard.samples_per_shard} per shard, tail {reshard.tail}); parent {head or '-'}."
     )
-    logger.info("released %s: %d samples in %d shards at %s", version, reshard.samples, len(shards), storage.url(base))
-    return ReleaseResult(version, storage.url(base), True, reshard.samples, len(shards)), run
+    return announce(storage, recipe, version, base, reshard.samples, len(shards), text), run

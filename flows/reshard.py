@@ -5,14 +5,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
-from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect import flow, task
 
-from flows.audit import check_gate, judge_phase, phase_record
-from flows.runtime import default_workers, gather
+from flows.phase import Phase
+from flows.runtime import default_workers
+from flows.validate import ValidateSummary
 from tasks.formats.ledger import Counts, committed
 from tasks.formats.recipe import Recipe
 from tasks.formats.recipe_outputs import ReshardConfig
@@ -56,8 +55,8 @@ def build_task(storage: Storage, outputs: tuple, first: int, last: int) -> list[
     return build_outputs(storage, outputs)
 
 
-@flow(name="reshard")
-def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSummary, dict]:
+@flow(name="reshard", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
+def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: dict) -> tuple[ReshardSummary, dict]:
     """Reshard the validated shards into shards of exactly N samples, check them, and gate.
 
     Tasks are few and large (``group_outputs``): one run of consecutive outputs per worker
@@ -67,16 +66,10 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     """
     from tasks.audit.gates import reshard_gate
 
-    logger = get_run_logger()
-    started = time.perf_counter()
-    storage = Storage(recipe.storage, recipe.storage_options)
-    cfg = recipe.reshard
+    ph = Phase(recipe, run, "reshard", "reshard")
+    storage, cfg = ph.storage, recipe.reshard
     required = cfg.required(recipe.validate_)
-    retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
-    progress = create_progress_artifact(
-        0.0, key=f"{recipe.dataset}-reshard-progress", description=f"{recipe.dataset}: reshard"
-    )
-    timings = {"start": time.perf_counter() - started}
+    timings = {"start": ph.seconds}
     mark = time.perf_counter()
 
     # The validate phase writes the image and json of every ok sample, and its txt when
@@ -87,7 +80,7 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
         censuses: list[InputCensus] = []
         accepted_in = sum(s.count for s in inputs)
     else:
-        censuses = _census(storage, validated, required, _task_slots(recipe), retries, progress, logger)
+        censuses = _census(ph, validated, required, _task_slots(recipe))
         inputs = [c.shard for c in censuses]
         accepted_in = sum(c.ok for c in censuses)
     incomplete = sum(c.incomplete.num_rows for c in censuses)
@@ -105,12 +98,10 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     if todo:
         todo_plan = dataclasses.replace(plan, outputs=tuple(todo))
         futures = {
-            build_task.with_options(**retries).submit(
-                storage, g, g[0].index, g[-1].index
-            ): f"outputs {g[0].index}..{g[-1].index}"
+            ph.submit(build_task, storage, g, g[0].index, g[-1].index): f"outputs {g[0].index}..{g[-1].index}"
             for g in group_outputs(todo_plan, _task_slots(recipe))
         }
-        outputs += [o for part in gather(futures, progress, 10.0, 80.0, logger, "reshard") for o in part]
+        outputs += [o for part in ph.gather(futures, 10.0, 80.0, "reshard") for o in part]
     outputs.sort(key=lambda r: r.index)
     timings["build"] = time.perf_counter() - mark
 
@@ -124,7 +115,7 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
 
     # A rerun over outputs committed before reuses the verdict on exactly these outputs.
     settings = (cfg.samples_per_shard, accepted_in - incomplete, tuple(required), [o.check for o in outputs])
-    gate, links = judge_phase(storage, recipe, run, "reshard", [o.ledger for o in outputs], settings, evaluate)
+    gate, links = ph.judge([o.ledger for o in outputs], settings, evaluate)
     timings["gate"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
@@ -142,16 +133,14 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     )
     ledger = _phase_ledger(outputs, summary.incomplete_rows)
     counts = Counts.of(ledger) if ledger.num_rows else Counts.zero()
-    seconds = time.perf_counter() - started
-    fresh = sum(o.samples for o in outputs if not o.skipped)
-    run["phases"].append(
-        phase_record("reshard", counts, ledger, seconds, round(fresh / seconds, 1) if seconds else 0.0, gate, links)
+    seconds = ph.seconds
+    ph.record(
+        counts, ledger, ph.rate(sum(o.samples for o in outputs if not o.skipped), seconds), gate, links, seconds=seconds
     )
-    update_progress_artifact(progress, 100.0)
-    check_gate(storage, recipe, run, gate)
+    ph.close(gate)
     timings["report"] = time.perf_counter() - mark
-    summary.seconds = round(time.perf_counter() - started, 3)
-    logger.info(
+    summary.seconds = round(ph.seconds, 3)
+    ph.logger.info(
         "reshard: %d samples into %d shards of %d (tail %d) in %.2f s: %s",
         plan.total,
         len(outputs),
@@ -163,21 +152,17 @@ def reshard_flow(recipe: Recipe, validated: Any, run: dict) -> tuple[ReshardSumm
     return summary, run
 
 
-def _census(
-    storage: Storage, validated: Any, required: tuple[str, ...], slots: int, retries: dict, progress, logger
-) -> list[InputCensus]:
+def _census(ph: Phase, validated: ValidateSummary, required: tuple[str, ...], slots: int) -> list[InputCensus]:
     """Census of every input, in as many tasks as the cluster has slots (a ledger read each is milliseconds)."""
     pairs = list(zip(validated.tars, validated.ledgers))
     parts = max(1, min(slots, len(pairs)))
     groups = [pairs[k * len(pairs) // parts : (k + 1) * len(pairs) // parts] for k in range(parts)]
     futures = {
-        census_task.with_options(**retries).submit(
-            storage, [t for t, _ in g], [led for _, led in g], required, g[0][0]
-        ): g[0][0]
+        ph.submit(census_task, ph.storage, [t for t, _ in g], [led for _, led in g], required, g[0][0]): g[0][0]
         for g in groups
         if g
     }
-    censuses = [c for part in gather(futures, progress, 0.0, 10.0, logger, "census") for c in part]
+    censuses = [c for part in ph.gather(futures, 0.0, 10.0, "census") for c in part]
     order = {t: i for i, t in enumerate(validated.tars)}
     return sorted(censuses, key=lambda c: order[c.shard.tar])
 

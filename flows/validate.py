@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
-from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect import flow, task
 
-from flows.audit import check_gate, judge_phase, phase_record
-from flows.runtime import gather
+from flows.phase import Phase
+from tasks.audit.download_summary import DownloadSummary
+from tasks.audit.validate_samples import gate_samples, report_samples
 from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
@@ -23,11 +21,8 @@ from tasks.stages.validate import (
     duplicates_by_table,
     final_paths,
     finalize_shard,
-    thumbs_path,
     validate_shard,
 )
-
-REPORT_COLUMNS = ["key", "source", "status", "reason", "license", "width", "height", "caption_chars", "bytes"]
 
 
 @dataclass
@@ -90,24 +85,18 @@ def finalize_shard_task(
     return finalize_shard(storage, cand, dups, tar_rel, ledger_rel)
 
 
-@flow(name="validate")
-def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSummary, dict]:
+@flow(name="validate", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
+def validate_flow(recipe: Recipe, download: DownloadSummary, run: dict) -> tuple[ValidateSummary, dict]:
     """Validate every downloaded shard (unless the download phase already did, in one pass),
     dedup across the dataset, gate, and report."""
     from tasks.audit.gates import validate_gate
     from tasks.policies.licenses import review_problem
 
-    logger = get_run_logger()
-    started = time.perf_counter()
-    storage = Storage(recipe.storage, recipe.storage_options)
-    cfg = recipe.validate_
-    retries = dict(retries=recipe.execution.task_retries, retry_delay_seconds=recipe.execution.task_retry_delay_s)
+    ph = Phase(recipe, run, "validate", "validation shards done")
+    storage, cfg = ph.storage, recipe.validate_
     chash = candidate_config_hash(recipe)
-    progress = create_progress_artifact(
-        0.0, key=f"{recipe.dataset}-validate-progress", description=f"{recipe.dataset}: validation shards done"
-    )
 
-    fused = {c.table: c for c in getattr(download, "candidates", [])}
+    fused = {c.table: c for c in download.candidates}
     wanted = []
     for tar, ledger, (source, index) in zip(download.tars, download.ledgers, download.chunks):
         wanted.append((source, index, tar, ledger, *candidate_paths(recipe.dataset, source, index, tar, chash)))
@@ -123,12 +112,8 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
                 CandidateResult(source, index, tar_rel, table_rel, Counts.of(counted[table_rel]), 0.0, skipped=True)
             )
         else:
-            futures[
-                validate_shard_task.with_options(**retries).submit(
-                    storage, source, index, tar, ledger, cfg, tar_rel, table_rel
-                )
-            ] = tar
-    cands += gather(futures, progress, 0.0, 80.0, logger, "validate")
+            futures[ph.submit(validate_shard_task, storage, source, index, tar, ledger, cfg, tar_rel, table_rel)] = tar
+    cands += ph.gather(futures, 0.0, 80.0, "validate")
     cands.sort(key=lambda c: (c.source, c.index))
 
     order = {s.name: i for i, s in enumerate(recipe.sources)}
@@ -144,21 +129,21 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
             results.append(finalize_shard(storage, c, mine, c.tar, c.table))
             continue
         tar_rel, ledger_rel = final_paths(recipe.dataset, c.source, c.index, c, mine)
-        futures[finalize_shard_task.with_options(**retries).submit(storage, c, mine, tar_rel, ledger_rel)] = c.tar
-    results += gather(futures, progress, 80.0, 20.0, logger, "finalize")
+        futures[ph.submit(finalize_shard_task, storage, c, mine, tar_rel, ledger_rel)] = c.tar
+    results += ph.gather(futures, 80.0, 20.0, "finalize")
     results.sort(key=lambda r: (r.source, r.index))
 
     tables = read_ledgers(storage, [r.ledger for r in results])
     ledger = pa.concat_tables([tables[r.ledger] for r in results]) if results else None
     counts = Counts.of(ledger) if ledger is not None else Counts.zero()
-    seconds = time.perf_counter() - started
-    samples = _report_samples(storage, ledger, cands)
+    seconds = ph.seconds
+    samples = report_samples(storage, ledger, cands)
     accepted = ledger.filter(pa.compute.equal(ledger.column("status"), "ok")) if ledger is not None else None
     reviewed = review_problem(cfg.license) is None
-    gate, links = judge_phase(
-        storage, recipe, run, "validate", [r.ledger for r in results], (recipe.gates.validate_, cfg.license.allow, cfg.image, reviewed),
+    gate, links = ph.judge(
+        [r.ledger for r in results], (recipe.gates.validate_, cfg.license.allow, cfg.image, reviewed),
         lambda: validate_gate(
-            ledger if ledger is not None else pa.table({}), _gate_samples(accepted), recipe.gates.validate_, list(cfg.license.allow), cfg.image, reviewed
+            ledger if ledger is not None else pa.table({}), gate_samples(accepted), recipe.gates.validate_, list(cfg.license.allow), cfg.image, reviewed
         ),
     )  # fmt: skip
     fresh = sum(r.counts.ok for r in results if not r.skipped) + sum(c.counts.ok for c in cands if not c.skipped)
@@ -170,24 +155,20 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
         shards_skipped=sum(c.skipped for c in cands),
         duplicates=n_dups,
         seconds=round(seconds, 3),
-        samples_per_s=round(fresh / seconds, 1) if seconds else 0.0,
+        samples_per_s=ph.rate(fresh, seconds),
         ledgers=[r.ledger for r in results],
         tars=[r.tar for r in results],
     )
-    run["phases"].append(
-        phase_record(
-            "validate",
-            counts,
-            ledger if ledger is not None else pa.table({"source": [], "status": []}),
-            seconds,
-            summary.samples_per_s,
-            gate,
-            links,
-        )
+    ph.record(
+        counts,
+        ledger if ledger is not None else pa.table({"source": [], "status": []}),
+        summary.samples_per_s,
+        gate,
+        links,
+        seconds=seconds,
     )
-    update_progress_artifact(progress, 100.0)
-    summary.report = check_gate(storage, recipe, run, gate, samples)
-    logger.info(
+    summary.report = ph.close(gate, samples)
+    ph.logger.info(
         "validate: %d in, %d ok, %d rejected (%d duplicates); gate passed",
         counts.rows,
         counts.ok,
@@ -195,33 +176,3 @@ def validate_flow(recipe: Recipe, download: Any, run: dict) -> tuple[ValidateSum
         n_dups,
     )
     return summary, run
-
-
-def _gate_samples(accepted: pa.Table | None) -> pa.Table:
-    if accepted is None or accepted.num_rows == 0:
-        return pa.table({"key": pa.array([], pa.string())})
-    return _with_aspect(
-        accepted.select(["key", "license", "width", "height", "caption_chars", "pixel_sha256", "phash", "bytes"])
-    )
-
-
-def _with_aspect(table: pa.Table) -> pa.Table:
-    """Append ``aspect`` = long side / short side (null where a side is unknown)."""
-    w = table.column("width").to_pylist()
-    h = table.column("height").to_pylist()
-    aspect = [max(a, b) / min(a, b) if a and b else None for a, b in zip(w, h)]
-    return table.append_column("aspect", pa.array(aspect, pa.float64()))
-
-
-def _report_samples(storage: Storage, ledger: pa.Table | None, cands: list[CandidateResult]) -> pa.Table | None:
-    """Per-sample rows for the report: final verdicts, plus the few thumbnails pass 1 kept."""
-    if ledger is None:
-        return None
-    thumbs: dict[str, bytes] = {}
-    files = [thumbs_path(c.table) for c in cands]
-    for table in read_ledgers(storage, sorted(committed(storage, files))).values():
-        thumbs.update(zip(table.column("key").to_pylist(), table.column("thumbnail").to_pylist()))
-    base = _with_aspect(ledger.select(REPORT_COLUMNS))
-    return base.append_column(
-        "thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary())
-    )

@@ -46,7 +46,7 @@ def test_config_is_validated():
 
 
 def test_cli_refuses_without_a_server(monkeypatch):
-    from flows.cli import app
+    from cli.main import app
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     result = CliRunner().invoke(app, ["alerts", "--webhook-url", "http://127.0.0.1:9/x"])
@@ -58,8 +58,8 @@ def test_failed_gate_alerts_the_webhook_once(prefect_harness, receiver, tmp_path
     from prefect.client.orchestration import get_client
     from prefect.settings import get_current_settings
 
+    from cli.main import app
     from flows.audit import GateFailed
-    from flows.cli import app
     from flows.pretraining import pretraining_flow
     from tasks.demo.corpus import prepare_demo
 

@@ -20,7 +20,7 @@ def cli(*args: str, example_dir: Path, api_url: str) -> subprocess.CompletedProc
     env = dict(os.environ, PREFECT_API_URL=api_url)  # the session's server: no server start per command
     env["SHARDSMITH_EXAMPLE_DIR"] = str(example_dir)
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-SHARDSMITH = [sys.executable, "-m", "flows.cli"]
+SHARDSMITH = [sys.executable, "-m", "cli"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -58,7 +58,7 @@ def test_a_signal_stops_the_run_within_the_grace_period(tmp_path, web, signum):
     recipe = _recipe(tmp_path, web)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", str(recipe), "--phase", "download"],
+        [sys.executable, "-m", "cli", "run", str(recipe), "--phase", "download"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

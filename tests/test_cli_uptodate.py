@@ -17,7 +17,7 @@ def cli(*args: str, api_url: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDSMITH_")}
     env["PREFECT_API_URL"] = api_url  # the session's server: no server start per command
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
 
 

@@ -116,13 +116,13 @@ def test_cli_lists_and_diffs_releases(released):
 
     store, *_ = released
     out = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "releases", "demo", "--storage", str(store.parent)],
+        [sys.executable, "-m", "cli", "releases", "demo", "--storage", str(store.parent)],
         capture_output=True,
         text=True,
     )
     assert out.returncode == 0 and "v0001" in out.stdout and "LATEST" in out.stdout
     same = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "diff", "demo", "v0001", "v0001", "--storage", str(store.parent)],
+        [sys.executable, "-m", "cli", "diff", "demo", "v0001", "v0001", "--storage", str(store.parent)],
         capture_output=True,
         text=True,
     )
@@ -141,7 +141,7 @@ def test_a_changed_policy_makes_a_child_release_and_diff_says_why(released):
     removed = first["validate"].counts.ok - third["validate"].counts.ok
     assert removed > 0
     out = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "diff", "demo", "v0001", "v0002", "--storage", str(store.parent)],
+        [sys.executable, "-m", "cli", "diff", "demo", "v0001", "v0002", "--storage", str(store.parent)],
         capture_output=True,
         text=True,
     )

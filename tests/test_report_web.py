@@ -142,7 +142,7 @@ def test_links_base_url_presigned_or_path(tmp_path, s3_bucket, monkeypatch):
 def test_cli_report_serve(store):
     env = {**os.environ, "PYTHONPATH": str(PROJECT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "report", "--serve", "--storage", str(store), "--port", "0"],
+        [sys.executable, "-m", "cli", "report", "--serve", "--storage", str(store), "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

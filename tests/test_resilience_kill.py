@@ -99,7 +99,7 @@ def run_cli(recipe: Path, store: Path, api_url: str, fault: str | None) -> subpr
     if fault:
         env["SHARDSMITH_FAULT"] = fault
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", str(recipe), "--storage", str(store)],
+        [sys.executable, "-m", "cli", "run", str(recipe), "--storage", str(store)],
         cwd=ROOT,
         env=env,
         capture_output=True,

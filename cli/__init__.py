@@ -1,0 +1,18 @@
+"""The `shardsmith` command line: the top layer, above the flows, the deployments and the demo."""
+
+from __future__ import annotations
+
+import os
+
+# Before Prefect is imported: no network here for analytics, and a cold ephemeral server can
+# take longer than Prefect's default to start on a small machine.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def fail(message: str, code: int):
+    """Say ``message`` in red on stderr; returns the ``typer.Exit`` to raise with ``code``."""
+    import typer
+
+    typer.secho(message, fg="red", err=True)
+    return typer.Exit(code)

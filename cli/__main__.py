@@ -1,0 +1,5 @@
+"""`python -m cli`: the `shardsmith` command."""
+
+from cli.main import main
+
+main()

@@ -1,0 +1,202 @@
+"""`shardsmith run` and `shardsmith demo`: a recipe's phases on a session's Prefect API and Dask cluster."""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli import fail
+from cli.summary import print_json, print_summary
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+class PhaseName(str, Enum):
+    download = "download"
+    validate = "validate"
+    reshard = "reshard"
+    precache = "precache"
+    release = "release"
+
+
+def parse_sets(values: list[str]) -> dict[str, object]:
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--set expects KEY=VALUE, got {item!r}")
+        out[key] = yaml.safe_load(raw)
+    return out
+
+
+def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], force: bool = True) -> dict:
+    # Prefect, Dask and the flows are imported only once there is something to run.
+    from flows.preflight import up_to_date, work_ahead
+    from tasks.formats.manifests import ManifestError
+    from tasks.formats.recipe import load_recipe
+    from tasks.formats.recipe_base import RecipeError
+
+    try:
+        recipe = load_recipe(recipe_path, overrides)
+        if recipe.execution.cluster == "cuda":
+            from flows.runtime import require_gpu
+
+            require_gpu()
+    except RecipeError as err:
+        raise fail(str(err), 2) from None
+    except RuntimeError as err:  # flows.runtime.NoGPU
+        raise fail(str(err), 2) from None
+
+    try:
+        # Nothing changed since the last run covered these phases: say so, start nothing.
+        pending = work_ahead(recipe, phases)
+        last = None if force else up_to_date(recipe, phases, pending)
+    except ManifestError as err:
+        raise fail(f"{type(err).__name__}: {err}", 1) from None
+    if last is not None:
+        return {"up_to_date": last, "storage": recipe.storage, "dataset": recipe.dataset}
+    from flows.audit import GateFailed
+    from flows.download import PhaseFailed
+    from flows.runtime import NoGPU
+    from flows.session import Session, stop_on_signals
+    from tasks.formats.locks import LockHeld, LockLost
+    from tasks.stages.precache_models import PrecacheError
+
+    ex = recipe.execution
+    # The Prefect server and, when there is work, the Dask cluster start side by side, while
+    # this process imports the flows; otherwise the flows start the cluster at their first task.
+    with Session(ex.cluster, ex.workers, ex.threads_per_worker) as session, stop_on_signals(session):
+        if pending != 0:
+            # Work is coming: the cluster (no more workers than chunks to fetch) starts now,
+            # beside the Prefect server, before this process imports the flows. Great
+            # Expectations is imported once shard work runs (flows.phase.gather_all), not
+            # here, where every core is busy starting.
+            session.start_cluster(workers=pending)
+        from prefect import flow
+
+        from flows.pretraining import run_phases
+
+        @flow(name=f"shardsmith-{recipe.dataset}")
+        def cli_run() -> dict:
+            if recipe.kind == "finetuning":
+                from flows.finetuning import run_finetuning
+
+                return run_finetuning(recipe, session)  # its phases always run together
+            return run_phases(recipe, phases, session)
+
+        with session.api():
+            try:
+                return cli_run()
+            except RecipeError as err:
+                raise fail(f"{recipe_path}: {err}", 2) from None
+            except (ManifestError, PhaseFailed, NoGPU, GateFailed, LockHeld, LockLost, PrecacheError) as err:
+                raise fail(f"{type(err).__name__}: {err}", 1) from None
+
+
+def quiet_logs(verbose: bool) -> None:
+    """Before Prefect and Dask are imported: their INFO logs off the terminal unless asked for.
+
+    The Prefect UI still gets every log of the run (only the console handler is raised).
+    """
+    if verbose:
+        return
+    # A failed gate or shard is printed by the CLI itself, once, without a traceback.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    import logging
+    import warnings
+
+    # Our own warnings (a stale lock broken, a slow cluster close) still reach the terminal.
+    ours = logging.getLogger("shardsmith")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    ours.addHandler(handler)
+    ours.propagate = False
+    # Dask says so when its default HTTP port is taken (another cluster runs); it picks another.
+    warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
+
+
+def live_progress(enabled: bool):
+    """The live per-phase progress display on stderr (off for --json, which prints only JSON)."""
+    import contextlib
+
+    if not enabled:
+        return contextlib.nullcontext()
+    from flows.progress import Terminal
+
+    return Terminal()
+
+
+def run(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML.", exists=True, dir_okay=False)],
+    phase: Annotated[
+        list[PhaseName] | None, typer.Option("--phase", "-p", help="Phase to run (repeatable); default: all.")
+    ] = None,
+    cluster: Annotated[str | None, typer.Option(help="local | cuda | tcp://scheduler:8786")] = None,
+    storage: Annotated[str | None, typer.Option(help="Storage root: a local path or s3://bucket/prefix.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Worker processes of a local cluster.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key: download.timeout_s=5")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect's and Dask's INFO logs.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run every phase even when the last run covered the same inputs.")
+    ] = False,
+) -> None:
+    """Run a recipe's phases (nothing, when the last run covered them over the same inputs)."""
+    quiet_logs(verbose)
+    from flows.params import explicit_overrides
+    from flows.preflight import PHASES
+
+    overrides = explicit_overrides(parse_sets(set_ or []), cluster, storage, workers)
+
+    phases = [p.value for p in phase] if phase else list(PHASES)
+    with live_progress(not json_out):
+        result = run_recipe(recipe, phases, overrides, force=force)
+    if json_out:
+        print_json(result)
+    else:
+        print_summary(result)
+
+
+def demo(
+    directory: Annotated[Path, typer.Option("--dir", help="Where the demo corpus and its outputs go.")] = Path(
+        "shardsmith-demo"
+    ),
+    images: Annotated[int, typer.Option(help="Images in the generated corpus.")] = 300,
+    workers: Annotated[int | None, typer.Option(help="Worker processes of the local cluster.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect's and Dask's INFO logs.")] = False,
+) -> None:
+    """Generate a demo corpus, serve it on loopback, and run the demo recipe on it."""
+    quiet_logs(verbose)
+    from tasks.demo.corpus import prepare_demo
+
+    directory = directory.resolve()
+    typer.echo(f"demo corpus: {directory}")
+    server, expected = prepare_demo(directory, n=images)
+    try:
+        typer.echo(f"serving it at {server.base_url}")
+        os.environ["SHARDSMITH_DEMO_DIR"] = str(directory)
+        from flows.params import explicit_overrides
+        from flows.preflight import PHASES
+
+        with live_progress(True):
+            result = run_recipe(RECIPES / "demo.yaml", list(PHASES), explicit_overrides({}, workers=workers))
+    finally:
+        server.stop()
+    print_summary(result)
+    got = result["download"].counts
+    same = (got.rows, got.ok, got.by_reason) == (expected["rows"], expected["ok"], expected["by_reason"])
+    verdict = "matches" if same else "DIFFERS from"
+    typer.echo(
+        f"\nThe outcome {verdict} what the corpus generator expected ({expected['rows']} rows, {expected['ok']} ok): {directory / 'manifests' / 'EXPECTED.json'}"
+    )
+    if not same:
+        raise typer.Exit(1)

@@ -1,0 +1,135 @@
+"""The fine-tuning samples and packs: images joined back, tiles, tokens, padding, packing, gates."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from prefect import flow, task
+
+from flows.finetune_release import release_finetune
+from flows.phase import Phase
+from flows.validate import ValidateSummary
+from tasks.audit.download_summary import DownloadSummary
+from tasks.finetune.ingest import IngestResult
+from tasks.finetune.outcome import (
+    FinetuneSummary,
+    chunk_ledgers,
+    final_tables,
+    pack_ledger,
+    packs_table,
+    plan_with_rows,
+)
+from tasks.finetune.packs import PackShardResult, output_paths, write_pack_shard
+from tasks.finetune.samples import BuildResult, build_paths, build_samples, image_source_name
+from tasks.formats.ledger import Counts
+from tasks.formats.recipe import Recipe
+from tasks.formats.storage import Storage
+from tasks.stages.release import ReleaseResult, verify_shard
+
+
+@task(name="build-samples", task_run_name="samples-{source}-{index:06d}")
+def build_task(
+    storage: Storage,
+    source: str,
+    index: int,
+    chunk: str,
+    first_image: int,
+    ledgers: list[str],
+    cfg,
+    tar_rel: str,
+    table_rel: str,
+) -> BuildResult:
+    return build_samples(storage, source, index, chunk, first_image, ledgers, cfg, tar_rel, table_rel)
+
+
+# The pack plan and every record's sample row, planned on a worker.
+plan_task = task(name="plan-packs")(plan_with_rows)
+
+
+@task(name="write-packs", task_run_name="packs-{spec.index:06d}")
+def write_task(storage: Storage, spec, cfg, tar_rel: str, ledger_rel: str) -> PackShardResult:
+    return write_pack_shard(storage, spec, cfg, tar_rel, ledger_rel)
+
+
+@task(name="verify-shard", task_run_name="verify-{tar}")
+def verify_task(storage: Storage, tar: str, sha256: str) -> dict:
+    return verify_shard(storage, tar, sha256, ("json",))
+
+
+def _build_samples(ph: Phase, ingests: list[IngestResult], image_ledgers: list[list[str]]) -> list[BuildResult]:
+    """One sample-building task per records chunk, with the image ledgers (``image_ledgers``: the
+    download phase's, then the validation phase's) that hold its rows."""
+    recipe = ph.recipe
+    rps = {s.name: s.rows_per_shard for s in recipe.sources}
+    futures = {}
+    for ing in ingests:
+        src = image_source_name(ing.source)
+        for index, (chunk, (first, end)) in enumerate(zip(ing.chunks, ing.chunk_image_rows)):
+            ledgers = [
+                rel
+                for phase_ledgers in image_ledgers
+                for rel in chunk_ledgers(phase_ledgers, src, first, end, rps[ing.source])
+            ]
+            tar_rel, table_rel = build_paths(recipe.dataset, ing.source, index, chunk, recipe.finetune, ledgers)
+            args = (ph.storage, ing.source, index, chunk, first, ledgers, recipe.finetune, tar_rel, table_rel)
+            futures[ph.submit(build_task, *args)] = tar_rel
+    built: list[BuildResult] = ph.gather(futures, 0.0, 50.0, "samples")
+    return sorted(built, key=lambda b: (b.source, b.index))
+
+
+@flow(name="finetune", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
+def finetune_flow(
+    recipe: Recipe,
+    ingests: list[IngestResult],
+    download: DownloadSummary | None,
+    validated: ValidateSummary | None,
+    run: dict,
+) -> tuple[dict, dict]:
+    """Samples (images joined back, tiles, tags, tokens) -> padding and packing -> gates -> release."""
+    from tasks.audit.finetune_gate import finetune_gate
+    from tasks.audit.gates import reshard_gate
+
+    ph = Phase(recipe, run, "finetune", "fine-tuning samples and packs")
+    storage, cfg = ph.storage, recipe.finetune
+    image_ledgers = [list(p.ledgers) for p in (download, validated) if p is not None]
+    built = _build_samples(ph, ingests, image_ledgers)
+    plan, rows = plan_task.submit(
+        storage, [b.table for b in built], cfg, recipe.reshard.samples_per_shard, recipe.reshard.seed
+    ).result()
+
+    futures = {}
+    for spec in plan.outputs:
+        tar_rel, ledger_rel = output_paths(recipe.dataset, spec, cfg)
+        futures[ph.submit(write_task, storage, spec, cfg, tar_rel, ledger_rel)] = tar_rel
+    outputs: list[PackShardResult] = sorted(ph.gather(futures, 50.0, 40.0, "packs"), key=lambda o: o.index)
+    verified = ph.gather({verify_task.submit(storage, o.tar, o.sha256): o.tar for o in outputs}, 90.0, 10.0, "verify")
+    checks = {c["shard"]: c for c in verified}
+
+    shard_rows = [dict(checks[o.tar], is_last=(i == len(outputs) - 1)) for i, o in enumerate(outputs)]
+    n_packs = sum(len(s.packs) for s in plan.outputs)
+    gate = reshard_gate(
+        pa.Table.from_pylist(shard_rows) if shard_rows else pa.table({}), recipe.reshard.samples_per_shard, n_packs
+    )
+    packs = pack_ledger(outputs)
+    ph.record(Counts.of(packs), packs, 0.0, gate, ph.links(gate), name="reshard")
+    ph.close(gate, done=False)
+
+    ledger, samples, report = final_tables(rows, plan, outputs)
+    gate = finetune_gate(ledger, samples, packs_table(outputs), recipe.gates.finetune, cfg.packing)
+    links = ph.links(gate)
+    counts = Counts.of(ledger)
+    seconds = ph.seconds
+    ph.record(counts, ledger, ph.rate(counts.ok, seconds), gate, links, seconds=seconds, packing=plan.stats)
+    ph.close(gate, report)
+    ph.logger.info(
+        "finetune: %d records, %d accepted, %d packs, fill %.4f (pad-to-longest %.4f), cut-off %d",
+        counts.rows,
+        counts.ok,
+        n_packs,
+        plan.stats["fill_ratio"] or 0,
+        plan.stats["pad_to_longest_ratio"],
+        plan.cutoff,
+    )
+    summary = FinetuneSummary(recipe.dataset, run["run"], counts, plan.stats, outputs, round(seconds, 3))
+    release: ReleaseResult
+    release, run = release_finetune(recipe, storage, ingests, summary, ledger, report, run)
+    return {"finetune": summary, "release": release}, run

@@ -1,0 +1,177 @@
+"""The skeleton every phase flow shares: tasks with retries, a progress artifact, gather, gate, record."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+from prefect import get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from flows.audit import check_gate, judge_phase, phase_record, run_gate
+from tasks.formats.ledger import Counts
+from tasks.formats.recipe import Recipe
+from tasks.formats.storage import Storage
+
+_warming = threading.Lock()
+_warmed = False
+
+
+def warm_gates() -> None:
+    """Import Great Expectations (about 5 s) in the background once this process has shard work
+    running, so the gate after it does not wait for it; a rerun with nothing to do (every
+    verdict reused, tasks/audit/gate_cache.py) never imports it."""
+    global _warmed
+    with _warming:
+        if _warmed:
+            return
+        _warmed = True
+    from tasks.audit.ge_runner import preload
+
+    threading.Thread(target=preload, name="preload-great-expectations", daemon=True).start()
+
+
+def gather_all(
+    futures: dict, progress, what: str, rows: int | None = None, offset: float = 0.0, share: float = 100.0, logger=None
+) -> tuple[list, list[str]]:
+    """(results, failures) in completion order; a failure is ``"{label}: {Type}: {message}"``.
+
+    ``futures`` maps each future to a label for people (its shard). ``progress`` is the phase's
+    Prefect progress artifact (``offset`` + ``share`` percent of it is this step), updated at
+    most once a second; the terminal of a CLI run shows ``what`` with shards and rows done.
+    """
+    from prefect.futures import as_completed
+
+    from flows import progress as terminal
+
+    if logger is None:
+        logger = get_run_logger()
+    out, failed = [], []
+    if futures:
+        warm_gates()
+        terminal.start(what, len(futures), rows)
+    last = 0.0
+    for done, fut in enumerate(as_completed(list(futures)), start=1):
+        try:
+            result = fut.result()
+            out.append(result)
+            terminal.advance(what, result[0] if isinstance(result, tuple) else result)
+        except Exception as err:
+            failed.append(f"{futures[fut]}: {type(err).__name__}: {err}")
+            logger.error("shard %s failed: %s", futures[fut], err)
+            terminal.advance(what)
+        now = time.monotonic()
+        if progress is not None and (now - last > 1.0 or done == len(futures)):
+            update_progress_artifact(progress, offset + share * done / max(len(futures), 1))
+            last = now
+    if not futures and progress is not None:
+        update_progress_artifact(progress, offset + share)
+    if futures:
+        terminal.finish(what)
+    return out, failed
+
+
+def gather(
+    futures: dict, progress, offset: float, share: float, logger, what: str = "shard", rows: int | None = None
+) -> list:
+    """Results in completion order; a shard that failed after its retries raises after all finish.
+
+    ``progress`` is the phase's Prefect progress artifact (``offset`` + ``share`` percent of it
+    is this step); the terminal of a CLI run shows ``what`` with shards and rows done.
+    """
+    out, failed = gather_all(futures, progress, what, rows, offset, share, logger)
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(futures)} {what} shards failed:\n" + "\n".join(failed[:20]))
+    return out
+
+
+def task_options(recipe: Recipe) -> dict[str, Any]:
+    """Prefect options of every shard task: the recipe's retries and their delay."""
+    ex = recipe.execution
+    return {"retries": ex.task_retries, "retry_delay_seconds": ex.task_retry_delay_s}
+
+
+# Phase flows whose inputs are earlier phases' results (dataclasses, typed in their signatures)
+# are declared with ``validate_parameters=False``: Prefect would only pass the same objects on,
+# after walking every field of every shard result.
+
+
+class Phase:
+    """One run of a phase flow: what every phase does around its own tasks, written once.
+
+    Args:
+        recipe: the run's recipe (storage, retries, gates).
+        run: the run record; ``record`` adds the phase's entry to it.
+        name: the phase (``download``, ``validate`` ...); names its progress artifact and gate.
+        description: the progress artifact's description, after the dataset's name.
+
+    Starts the phase's clock and its Prefect progress artifact; ``submit`` sends a task with
+    the recipe's retries, ``gather`` collects a step's results into a share of the progress,
+    ``judge`` gives the gate's verdict (reused when the inputs are unchanged), ``record`` adds
+    the phase to the run record and ``close`` publishes the report and stops on a failed gate.
+    """
+
+    def __init__(self, recipe: Recipe, run: dict[str, Any], name: str, description: str):
+        self.started = time.perf_counter()
+        self.recipe, self.run, self.name = recipe, run, name
+        self.logger = get_run_logger()
+        self.storage = Storage(recipe.storage, recipe.storage_options)
+        self.options = task_options(recipe)
+        self.progress = create_progress_artifact(
+            0.0, key=f"{recipe.dataset}-{name}-progress", description=f"{recipe.dataset}: {description}"
+        )
+
+    @property
+    def seconds(self) -> float:
+        """Wall seconds since the phase started."""
+        return time.perf_counter() - self.started
+
+    def rate(self, fresh: int, seconds: float | None = None) -> float:
+        """Samples per second of the work done now (``fresh``: skipped shards not counted)."""
+        seconds = self.seconds if seconds is None else seconds
+        return round(fresh / seconds, 1) if seconds else 0.0
+
+    def submit(self, task: Any, *args: Any) -> Any:
+        """Submit ``task`` with the recipe's retries."""
+        return task.with_options(**self.options).submit(*args)
+
+    def gather(self, futures: dict, offset: float, share: float, what: str) -> list:
+        """Results of a step (``offset`` + ``share`` percent of the progress); raises after all
+        finish when a shard failed after its retries."""
+        return gather(futures, self.progress, offset, share, self.logger, what)
+
+    def judge(self, files: list[str], settings: tuple[Any, ...], evaluate: Callable[[], Any]) -> tuple[Any, dict]:
+        """The gate's verdict and its report links (flows.audit.judge_phase)."""
+        return judge_phase(self.storage, self.recipe, self.run, self.name, files, settings, evaluate)
+
+    def links(self, gate: Any) -> dict[str, str]:
+        """Save a gate judged here (never reused) under the run's report folder; its links."""
+        return run_gate(self.storage, self.recipe, self.run, gate)
+
+    def record(
+        self,
+        counts: Counts,
+        ledger: pa.Table,
+        samples_per_s: float,
+        gate: Any,
+        links: dict[str, str],
+        name: str | None = None,
+        seconds: float | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Add the phase's entry (``name``: another than the phase's own) to the run record."""
+        seconds = self.seconds if seconds is None else seconds
+        entry = phase_record(name or self.name, counts, ledger, seconds, samples_per_s, gate, links)
+        entry.update(extra)
+        self.run["phases"].append(entry)
+        return entry
+
+    def close(self, gate: Any, samples: pa.Table | None = None, why: str = "", done: bool = True) -> str:
+        """Publish the report (progress at 100 % when ``done``); raise ``GateFailed`` after it
+        when the gate failed. Returns the report's link."""
+        if done:
+            update_progress_artifact(self.progress, 100.0)
+        return check_gate(self.storage, self.recipe, self.run, gate, samples, why)

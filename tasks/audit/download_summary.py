@@ -1,0 +1,63 @@
+"""The download phase's summary: counts over every shard and where things are, as JSON and markdown."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from tasks.formats.ledger import Counts
+from tasks.formats.storage import Storage
+from tasks.stages.validate import CandidateResult
+
+
+@dataclass
+class DownloadSummary:
+    """What the download phase did: counts over every shard, and where things are."""
+
+    dataset: str
+    run: str
+    storage: str
+    shards: int
+    shards_skipped: int
+    shards_failed: list[str]
+    counts: Counts
+    seconds: float
+    samples_per_s: float
+    mb_per_s: float
+    manifests: dict[str, str] = field(default_factory=dict)  # source -> sha256
+    report: str = ""
+    ledgers: list[str] = field(default_factory=list)
+    tars: list[str] = field(default_factory=list)
+    chunks: list[tuple[str, int]] = field(default_factory=list)  # (source, chunk index) of each tar
+    candidates: list[CandidateResult] = field(default_factory=list)  # validated in the same pass
+
+
+def summary_markdown(s: DownloadSummary) -> str:
+    c = s.counts
+    lines = [
+        f"# {s.dataset}: download ({s.run})",
+        "",
+        "| rows | ok | rejected | error | shards | skipped | failed | samples/s | MB/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {c.rows} | {c.ok} | {c.rejected} | {c.error} | {s.shards} | {s.shards_skipped} | {len(s.shards_failed)} | {s.samples_per_s} | {s.mb_per_s} |",
+        "",
+        "| reason | rows |",
+        "|---|---:|",
+        *[f"| `{r}` | {n} |" for r, n in c.by_reason.items()],
+        "",
+        f"Storage: `{s.storage}`  ",
+        f"Report: `{s.report}`",
+    ]
+    if s.shards_failed:
+        lines += ["", "## Failed shards", "", *[f"- {f}" for f in s.shards_failed]]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(storage: Storage, s: DownloadSummary) -> str:
+    """Write the phase summary (JSON and markdown) under ``{dataset}/reports/{run}/``."""
+    base = f"{s.dataset}/reports/{s.run}"
+    s.report = storage.url(f"{base}/download.md")
+    data = asdict(s)
+    storage.write_bytes(f"{base}/download.json", json.dumps(data, indent=2, sort_keys=True).encode())
+    storage.write_bytes(f"{base}/download.md", summary_markdown(s).encode())
+    return s.report

@@ -1,0 +1,43 @@
+"""Per-sample tables of the validation phase: what its gate judges and what its report shows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from tasks.formats.ledger import committed, read_ledgers
+from tasks.formats.storage import Storage
+from tasks.stages.validate import CandidateResult, thumbs_path
+
+REPORT_COLUMNS = ["key", "source", "status", "reason", "license", "width", "height", "caption_chars", "bytes"]
+
+
+def gate_samples(accepted: pa.Table | None) -> pa.Table:
+    """The accepted samples' columns the validation gate judges, with their aspect ratio."""
+    if accepted is None or accepted.num_rows == 0:
+        return pa.table({"key": pa.array([], pa.string())})
+    return _with_aspect(
+        accepted.select(["key", "license", "width", "height", "caption_chars", "pixel_sha256", "phash", "bytes"])
+    )
+
+
+def _with_aspect(table: pa.Table) -> pa.Table:
+    """Append ``aspect`` = long side / short side (null where a side is unknown)."""
+    w = table.column("width").to_pylist()
+    h = table.column("height").to_pylist()
+    aspect = [max(a, b) / min(a, b) if a and b else None for a, b in zip(w, h)]
+    return table.append_column("aspect", pa.array(aspect, pa.float64()))
+
+
+def report_samples(storage: Storage, ledger: pa.Table | None, cands: list[CandidateResult]) -> pa.Table | None:
+    """Per-sample rows for the report: final verdicts, plus the few thumbnails pass 1 kept."""
+    if ledger is None:
+        return None
+    thumbs: dict[str, bytes] = {}
+    files = [thumbs_path(c.table) for c in cands]
+    for table in read_ledgers(storage, sorted(committed(storage, files))).values():
+        if table is not None:  # committed: always there
+            thumbs.update(zip(table.column("key").to_pylist(), table.column("thumbnail").to_pylist()))
+    base = _with_aspect(ledger.select(REPORT_COLUMNS))
+    return base.append_column(
+        "thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary())
+    )

@@ -1,0 +1,154 @@
+"""Every fine-tuning record's fate after packing: the ledger, the gate's samples, the report's and the release's rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.finetune.packs import PLAN_COLUMNS, PackPlan, PackShardResult, plan_packs
+from tasks.formats.ledger import Counts, read_parquet
+from tasks.formats.recipe_finetune import FinetuneConfig
+from tasks.formats.storage import Storage
+
+REPORT_COLUMNS = [
+    "key",
+    "source",
+    "status",
+    "reason",
+    "text_only",
+    "images",
+    "tiles",
+    "tokens_text",
+    "tokens_image",
+    "tokens_total",
+]
+
+
+@dataclass
+class FinetuneSummary:
+    """What the fine-tuning phases made: counts, the padding cut-off, packs and their fill."""
+
+    dataset: str
+    run: str
+    counts: Counts
+    stats: dict[str, Any]
+    outputs: list[PackShardResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def plan_with_rows(
+    storage: Storage, tables: list[str], cfg: FinetuneConfig, per_shard: int, seed: int | None
+) -> tuple[PackPlan, pa.Table]:
+    """The pack plan (its stats name the tokenizer the samples were counted with), and the
+    sample rows (report and gate columns) of every record, from the sample tables."""
+    loaded = [read_parquet(storage, t) for t in tables]
+    plan = plan_packs([t.select(PLAN_COLUMNS) for t in loaded], cfg, per_shard, seed)
+    rows = pa.concat_tables(loaded)
+    names = [n for n in rows.column("tokenizer").to_pylist() if n]
+    plan.stats["tokenizer"] = names[0] if names else None
+    return plan, rows
+
+
+def records_in(outputs: list[PackShardResult]) -> int:
+    """The records (conversation samples) the packs of ``outputs`` hold."""
+    return sum(p["samples"] for o in outputs for p in o.packs)
+
+
+def shard_name(output: PackShardResult) -> str:
+    """The name of a packed output shard in its release."""
+    return f"shard-{output.index:06d}.tar"
+
+
+def chunk_ledgers(ledgers: list[str], source: str, first: int, end: int, rows_per_shard: int) -> list[str]:
+    """The image-phase ledgers (``{dataset}/{phase}/{source}/{index:06d}-{hash}...``) that hold rows first..end."""
+    if end <= first:
+        return []
+    wanted = set(range(first // rows_per_shard, (end - 1) // rows_per_shard + 1))
+    out = []
+    for rel in ledgers:
+        parts = rel.split("/")
+        if parts[-2] == source and int(parts[-1].split("-", 1)[0]) in wanted:
+            out.append(rel)
+    return out
+
+
+def final_tables(rows: pa.Table, plan: PackPlan, outputs: list[PackShardResult]) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(ledger: every record's fate; samples: one row per accepted sample, for the gate; report rows)."""
+    verdict = {v["key"]: v for v in plan.verdicts.to_pylist()}
+    where = {}
+    for o in outputs:
+        for p in o.packs:
+            for k in p["members"]:
+                where[k] = (p["key"], shard_name(o))
+    led, smp = [], []
+    for r in rows.select(["key", "source", "row", "id", "tags_ok", "text_only", "images", "tokens_total"]).to_pylist():
+        v = verdict[r["key"]]
+        pack, shard = where.get(r["key"], (None, None))
+        status = v["status"] if v["status"] != "ok" or pack is not None else "error"
+        reason = v["reason"] if status == v["status"] else "image_failed"
+        led.append(
+            {
+                "key": r["key"],
+                "source": r["source"],
+                "row": r["row"],
+                "id": r["id"],
+                "status": status,
+                "reason": reason,
+                "detail": v["detail"],
+                "pack": pack,
+                "shard": shard,
+                "truncated": v["truncated"],
+            }
+        )
+        if status == "ok":
+            smp.append(
+                {
+                    "key": r["key"],
+                    "pack": pack,
+                    "shard": shard,
+                    "tags_ok": r["tags_ok"],
+                    "schema_ok": r["images"] is not None and r["tokens_total"] is not None,
+                    "text_only": r["text_only"],
+                    "tokens": r["tokens_total"],
+                }
+            )
+    ledger = pa.Table.from_pylist(led)
+    samples = pa.Table.from_pylist(smp) if smp else pa.table({"key": pa.array([], pa.string())})
+    report = rows.select(REPORT_COLUMNS).drop_columns(["status", "reason"])
+    report = report.append_column("status", ledger.column("status")).append_column("reason", ledger.column("reason"))
+    return ledger, samples, report
+
+
+def pack_ledger(outputs: list[PackShardResult]) -> pa.Table:
+    """One ok row per written pack: the packing step's rows for its phase record."""
+    keys = [p["key"] for o in outputs for p in o.packs]
+    n = len(keys)
+    return pa.table({"key": keys, "source": ["packs"] * n, "status": ["ok"] * n, "reason": pa.nulls(n, pa.string())})
+
+
+def packs_table(outputs: list[PackShardResult]) -> pa.Table:
+    """The packs the fine-tuning gate judges: key, tokens, images, tiles, samples."""
+    rows = [{k: p[k] for k in ("key", "tokens", "images", "tiles", "samples")} for o in outputs for p in o.packs]
+    return pa.Table.from_pylist(rows) if rows else pa.table({})
+
+
+def release_packs(outputs: list[PackShardResult]) -> pa.Table:
+    """The release's ``samples`` table of a fine-tuning release: where each pack is, what it holds."""
+    rows = [
+        {
+            "key": p["key"],
+            "shard": shard_name(o),
+            "offset": r.offset,
+            "length": r.length,
+            "tokens": p["tokens"],
+            "images": p["images"],
+            "tiles": p["tiles"],
+            "samples": p["samples"],
+            "sample_keys": p["members"],
+        }
+        for o in outputs
+        for p, r in zip(o.packs, o.records)
+    ]
+    return pa.Table.from_pylist(rows) if rows else pa.table({"key": pa.array([], pa.string())})
