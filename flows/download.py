@@ -136,9 +136,9 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
                 ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
             )
     seconds = ph.seconds
-    counts = sum((r.counts for r in results), Counts.zero())
-    fresh_ok = sum(r.counts.ok for r in fresh_results)
-    fresh_bytes = sum(r.counts.bytes for r in fresh_results)
+    counts = sum((r.counts or Counts.zero() for r in results), Counts.zero())
+    fresh_ok = sum(r.ok for r in fresh_results)
+    fresh_bytes = sum(r.counts.bytes for r in fresh_results if r.counts is not None)
     summary = DownloadSummary(
         dataset=recipe.dataset,
         run=run["run"],
@@ -180,7 +180,7 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
     ledger = concat_ledgers([tables.get(r.ledger) for r in results], ["key", "source", "status", "reason"])
     # Rows in: the manifests' rows; a source counted only when read (WebDataset shards) by its ledgers.
     counted = {p.source for p in plans if not p.rows_known}
-    manifest_rows = sum(p.rows for p in plans) + sum(r.counts.rows for r in results if r.source in counted)
+    manifest_rows = sum(p.rows for p in plans) + sum(r.rows for r in results if r.source in counted)
     gate, links = ph.judge(
         [r.ledger for r in results], (manifest_rows, recipe.gates.download),
         lambda: download_gate(ledger, manifest_rows, recipe.gates.download),

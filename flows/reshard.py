@@ -171,15 +171,18 @@ def _phase_ledger(outputs: list[OutputResult], incomplete: list[pa.Table]) -> pa
     """The phase's rows for its record: one per carried sample (from the outputs' layouts) and per incomplete one."""
     parts = []
     for o in outputs:
-        n = o.layout.num_rows
+        layout = o.layout
+        if layout is None:  # every reshard output reports its layout
+            raise ValueError(f"reshard output {o.tar} reported no layout")
+        n = layout.num_rows
         parts.append(
             pa.table(
                 {
-                    "key": o.layout.column("key"),
-                    "source": o.layout.column("source"),
+                    "key": layout.column("key"),
+                    "source": layout.column("source"),
                     "status": pa.array(["ok"] * n, pa.string()),
                     "reason": pa.nulls(n, pa.string()),
-                    "bytes": o.layout.column("bytes"),
+                    "bytes": layout.column("bytes"),
                 }
             )
         )
