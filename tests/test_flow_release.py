@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+from release_digests import release_digests
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+# Digests of the demo's first release; SHARDSMITH_WRITE_DIGESTS=1 rewrites it (on purpose only).
+GOLDEN_DIGESTS = Path(__file__).resolve().parent / "data" / "demo_release_digests.json"
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +66,39 @@ def test_equal_shards_and_an_immutable_release(released):
         (base / "report.html").is_file()
         and (base / "wids-index.json").is_file()
         and (base / ".nv-meta" / "split.yaml").is_file()
+    )
+
+
+def test_the_demo_release_is_byte_identical_to_its_golden_digests(released):
+    """Every file of the demo's release, by sha256, against tests/data/demo_release_digests.json.
+
+    A change that means to keep the demo's outputs (a refactor, a split module) keeps them byte
+    for byte; one that changes them on purpose rewrites the golden file and shows it in review.
+    This reuses the module's demo run, so it costs CI only the hashing (a few MB).
+
+    Normalised first (tests/release_digests.py), because a rerun of the same inputs changes
+    them: wall-clock times, durations and run ids (index.json, run.json, gates/*.json,
+    report.html); Great Expectations' validation ids, load times and frame fingerprints; the
+    loopback server's ephemeral port, which the manifests' URLs carry into every sample's
+    .json, into the manifests' digests (``sources``, ``fingerprint``) and into the
+    content-addressed work folders; the temporary folder in ``recipe_hash`` and paths; and the
+    report's thumbnails of rejects, which validation picks in thread-completion order. The
+    digests that index.json and samples.parquet record of port-bearing files are replaced by
+    the files' names, which are compared themselves. Shards, indexes, latents and ledgers
+    are compared as written.
+    """
+    store, *_ = released
+    digests = release_digests(store / "releases" / "v0001", store.parent.parent)
+    if os.environ.get("SHARDSMITH_WRITE_DIGESTS") == "1":
+        GOLDEN_DIGESTS.parent.mkdir(exist_ok=True)
+        GOLDEN_DIGESTS.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+    golden = json.loads(GOLDEN_DIGESTS.read_text())
+    changed = sorted(n for n in golden.keys() & digests.keys() if golden[n] != digests[n])
+    gone, new = sorted(golden.keys() - digests.keys()), sorted(digests.keys() - golden.keys())
+    assert not (changed or gone or new), (
+        f"the demo release differs from {GOLDEN_DIGESTS.name}: changed {changed}, missing {gone}, new {new}. "
+        "If the change is meant, rewrite it: SHARDSMITH_WRITE_DIGESTS=1 pytest "
+        "tests/test_flow_release.py -k golden_digests -p no:xdist, and say why in the commit."
     )
 
 

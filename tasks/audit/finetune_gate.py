@@ -149,10 +149,4 @@ def finetune_gate(
         "fill_ratio": round(float(packs_frame["fill"].mean()), 6) if len(packs_frame) else None,
         "expectations": expectation_stats(outcomes),
     }
-    return GateResult(
-        phase="finetune",
-        success=all(o.success for o in outcomes),
-        outcomes=outcomes,
-        statistics=stats,
-        ge_result={"validations": validations},
-    )
+    return GateResult.of_suites("finetune", outcomes, validations, stats)

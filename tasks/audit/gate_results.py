@@ -78,6 +78,23 @@ class GateResult:
     statistics: dict[str, Any]
     ge_result: dict[str, Any] = field(repr=False)
 
+    @classmethod
+    def of_suites(
+        cls,
+        phase: str,
+        outcomes: list[ExpectationOutcome],
+        validations: list[dict[str, Any]],
+        statistics: dict[str, Any],
+    ) -> GateResult:
+        """The result of a gate whose checks ran as GE suites: it passes when every outcome did."""
+        return cls(
+            phase=phase,
+            success=all(o.success for o in outcomes),
+            outcomes=outcomes,
+            statistics=statistics,
+            ge_result={"validations": validations},
+        )
+
     @property
     def failed(self) -> list[ExpectationOutcome]:
         return [o for o in self.outcomes if not o.success]

@@ -149,13 +149,7 @@ def download_gate(ledger: pa.Table, manifest_rows: int, cfg: DownloadGate) -> Ga
     checks = _download_checks(manifest_rows, cfg)
     outcomes, validations = run_suites(gx, "download", [("ledger", frame, checks)])
     stats = {"manifest_rows": int(manifest_rows), **ledger_stats(frame), "expectations": expectation_stats(outcomes)}
-    return GateResult(
-        phase="download",
-        success=all(o.success for o in outcomes),
-        outcomes=outcomes,
-        statistics=stats,
-        ge_result={"validations": validations},
-    )
+    return GateResult.of_suites("download", outcomes, validations, stats)
 
 
 SAMPLE_COLUMNS = ["key", "license", "width", "height", "aspect", "pixel_sha256"]
@@ -207,13 +201,7 @@ def validate_gate(
         "samples": int(len(samples_frame)),
         "expectations": expectation_stats(outcomes),
     }
-    return GateResult(
-        phase="validate",
-        success=all(o.success for o in outcomes),
-        outcomes=outcomes,
-        statistics=stats,
-        ge_result={"validations": validations},
-    )
+    return GateResult.of_suites("validate", outcomes, validations, stats)
 
 
 SHARD_COLUMNS = ["shard", "samples", "readable", "complete", "checksum_ok", "is_last"]
@@ -294,13 +282,7 @@ def reshard_gate(shards: pa.Table, samples_per_shard: int, expected_samples: int
         "samples": int(frame["samples"].sum()) if len(frame) else 0,
         "expected_samples": int(expected_samples),
     }
-    return GateResult(
-        phase="reshard",
-        success=all(o.success for o in outcomes),
-        outcomes=outcomes,
-        statistics=stats,
-        ge_result={"validations": validations},
-    )
+    return GateResult.of_suites("reshard", outcomes, validations, stats)
 
 
 def _precache_checks(expected_samples: int, cfg: PrecacheGate, latents: bool) -> dict[str, list[Check]]:
@@ -398,10 +380,4 @@ def precache_gate(
     outcomes, validations = run_suites(gx, "precache", tables)
     stats = ledger_stats(to_frame(ledger, ["key", "status", "reason"], "precache ledger"))
     stats["channels"] = channels.to_pylist()
-    return GateResult(
-        phase="precache",
-        success=all(o.success for o in outcomes),
-        outcomes=outcomes,
-        statistics=stats,
-        ge_result={"validations": validations},
-    )
+    return GateResult.of_suites("precache", outcomes, validations, stats)

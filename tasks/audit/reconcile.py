@@ -179,6 +179,17 @@ def _tally(summary: dict[str, Any], name: str, of: str = "ledger_rows") -> Calla
     }
 
 
+def _none_of(name: str, threshold: str, summary: dict[str, Any], column: str, of: str = "ledger_rows") -> Check:
+    """A reconciliation check that tally ``column`` is zero."""
+    return Check(
+        name,
+        threshold,
+        "ExpectColumnValuesToBeBetween",
+        {"column": column, "min_value": 0, "max_value": 0},
+        _tally(summary, column, of),
+    )
+
+
 def release_gate(rec: Reconciliation, check_outputs: bool = True) -> GateResult:
     """Reconcile before a release: rows in = ok + rejected + error, no duplicate rows, no
     output without an ok ledger row (and, with ``check_outputs``, no ok row without its output).
@@ -191,7 +202,6 @@ def release_gate(rec: Reconciliation, check_outputs: bool = True) -> GateResult:
     import pandas as pd
 
     frame = pd.DataFrame([{k: v for k, v in s.items() if k != "examples"}])
-    zero = {"min_value": 0, "max_value": 0}
     checks = [
         Check(
             "rows in = ok + rejected + error",
@@ -200,55 +210,17 @@ def release_gate(rec: Reconciliation, check_outputs: bool = True) -> GateResult:
             {"column": "accounted", "min_value": s["rows_in"], "max_value": s["rows_in"]},
             lambda _r: s["accounted"],
         ),
-        Check(
-            "no duplicate ledger rows",
-            "0",
-            "ExpectColumnValuesToBeBetween",
-            {"column": "duplicates", **zero},
-            _tally(s, "duplicates"),
-        ),
-        Check(
-            "every status ok, rejected or error",
-            "0 others",
-            "ExpectColumnValuesToBeBetween",
-            {"column": "unknown_status", **zero},
-            _tally(s, "unknown_status"),
-        ),
-        Check(
-            "no output without a ledger row",
-            "0",
-            "ExpectColumnValuesToBeBetween",
-            {"column": "orphan_outputs", **zero},
-            _tally(s, "orphan_outputs", "outputs"),
-        ),
-        Check(
-            "no output twice",
-            "0",
-            "ExpectColumnValuesToBeBetween",
-            {"column": "duplicate_outputs", **zero},
-            _tally(s, "duplicate_outputs", "outputs"),
-        ),
+        _none_of("no duplicate ledger rows", "0", s, "duplicates"),
+        _none_of("every status ok, rejected or error", "0 others", s, "unknown_status"),
+        _none_of("no output without a ledger row", "0", s, "orphan_outputs", "outputs"),
+        _none_of("no output twice", "0", s, "duplicate_outputs", "outputs"),
     ]
     if check_outputs:
-        checks.append(
-            Check(
-                "every ok row released",
-                "0 missing",
-                "ExpectColumnValuesToBeBetween",
-                {"column": "unreleased_ok", **zero},
-                _tally(s, "unreleased_ok", "ok"),
-            )
-        )
+        checks.append(_none_of("every ok row released", "0 missing", s, "unreleased_ok", "ok"))
     outcomes, validations = run_suites(gx, "release", [("reconciliation", frame, checks)])
     stats = {
         **{k: v for k, v in s.items() if k != "examples"},
         "examples": s["examples"],
         "expectations": expectation_stats(outcomes),
     }
-    return GateResult(
-        phase="release",
-        success=all(o.success for o in outcomes),
-        outcomes=outcomes,
-        statistics=stats,
-        ge_result={"validations": validations},
-    )
+    return GateResult.of_suites("release", outcomes, validations, stats)

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from tasks.formats import reasons
 from tasks.formats.reasons import ERROR, OK, REASONS, REJECTED
+from tasks.policies.sniff import sniff_format
 
 # Histograms of accepted samples: (column, title, integer-valued).
 HISTOGRAMS = (
@@ -247,14 +248,12 @@ def _column(samples: pa.Table, name: str) -> pa.ChunkedArray | None:
     return samples.column(name) if name in samples.column_names else None
 
 
+# Thumbnails the report puts in a data: URI; anything else is left out.
+_THUMB_MIMES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
+
+
 def _image_mime(data: bytes) -> str | None:
-    if data.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return None  # anything else is not put in a data: URI
+    return _THUMB_MIMES.get(sniff_format(data) or "")
 
 
 def _thumb_groups(samples: pa.Table, cap: int) -> list[dict] | None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # Words the tiny tokenizer knows; anything else becomes [UNK]. Enough for the demo captions.
 _WORDS = (
@@ -75,53 +77,60 @@ def make_vae(path: str | Path, seed: int = 0) -> Path:
     return Path(path)
 
 
-def make_clip_text(path: str | Path, seed: int = 0, max_length: int = 77) -> Path:
-    """A two-layer CLIP text encoder (hidden 32) with the tiny tokenizer saved beside it."""
+def _text_encoder(path: str | Path, seed: int, max_length: int, build: Callable[[Any], Any]) -> Path:
+    """The tiny tokenizer saved at ``path``, then the model ``build(tokenizer)`` makes after seeding, beside it."""
     import torch
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    path = Path(path)
-    tokenizer = make_tokenizer(path, max_length)
     from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tokenizer)
-    torch.manual_seed(seed)
-    cfg = CLIPTextConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=max_length,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    CLIPTextModel(cfg).save_pretrained(path)
-    return path
-
-
-def make_t5_encoder(path: str | Path, seed: int = 0, max_length: int = 77) -> Path:
-    """A two-layer T5 encoder (d_model 32) with the tiny tokenizer saved beside it."""
-    import torch
-    from transformers import AutoTokenizer, T5Config, T5EncoderModel
 
     path = Path(path)
     tok = AutoTokenizer.from_pretrained(make_tokenizer(path, max_length))
     torch.manual_seed(seed)
-    cfg = T5Config(
-        vocab_size=len(tok),
-        d_model=32,
-        d_kv=16,
-        d_ff=64,
-        num_layers=2,
-        num_heads=2,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        decoder_start_token_id=tok.pad_token_id,
-    )
-    T5EncoderModel(cfg).save_pretrained(path)
+    build(tok).save_pretrained(path)
     return path
+
+
+def make_clip_text(path: str | Path, seed: int = 0, max_length: int = 77) -> Path:
+    """A two-layer CLIP text encoder (hidden 32) with the tiny tokenizer saved beside it."""
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    def build(tok: Any) -> Any:
+        return CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=len(tok),
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                max_position_embeddings=max_length,
+                pad_token_id=tok.pad_token_id,
+                bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+        )
+
+    return _text_encoder(path, seed, max_length, build)
+
+
+def make_t5_encoder(path: str | Path, seed: int = 0, max_length: int = 77) -> Path:
+    """A two-layer T5 encoder (d_model 32) with the tiny tokenizer saved beside it."""
+    from transformers import T5Config, T5EncoderModel
+
+    def build(tok: Any) -> Any:
+        return T5EncoderModel(
+            T5Config(
+                vocab_size=len(tok),
+                d_model=32,
+                d_kv=16,
+                d_ff=64,
+                num_layers=2,
+                num_heads=2,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                decoder_start_token_id=tok.pad_token_id,
+            )
+        )
+
+    return _text_encoder(path, seed, max_length, build)
 
 
 def make_clip_vision(path: str | Path, seed: int = 0, image_size: int = 64) -> Path:

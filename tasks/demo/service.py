@@ -45,8 +45,8 @@ class CorpusWeb(ImageWeb):
         self.manifests = Path(out_dir) / "manifests"
         self.ready = False
 
-    def _app(self) -> web.Application:
-        app = super()._app()
+    def application(self) -> web.Application:
+        app = super().application()
         app.add_routes([web.get("/manifests/{name}", self._manifest), web.get("/health", self._health)])
         return app
 

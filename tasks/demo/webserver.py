@@ -3,42 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
-import contextlib
-import errno
-import mimetypes
 import os
 import random
-import signal
-import socket
-import stat
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
 
-DEFAULT_ROBOTS_TXT = "User-agent: *\nDisallow: /private/\n"
+from tasks.demo.filecache import FileCache, ServedFile
+from tasks.demo.loopback import LoopbackServer
 
-# Explicit so the answer does not depend on the host's mime.types file.
-CONTENT_TYPES = {
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".png": "image/png",
-    ".webp": "image/webp",
-    ".gif": "image/gif",
-    ".bmp": "image/bmp",
-    ".tif": "image/tiff",
-    ".tiff": "image/tiff",
-    ".avif": "image/avif",
-    ".heic": "image/heic",
-    ".txt": "text/plain",
-    ".html": "text/html",
-    ".json": "application/json",
-}
+DEFAULT_ROBOTS_TXT = "User-agent: *\nDisallow: /private/\n"
 
 JPEG_MAGIC = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
 _ZEROS = bytes(64 * 1024)
@@ -51,20 +29,7 @@ _HTML_PAGE = (
 )
 
 
-def content_type_for(name: str) -> str:
-    """Content-Type for a file name, from its extension."""
-    ext = os.path.splitext(name)[1].lower()
-    return CONTENT_TYPES.get(ext) or mimetypes.guess_type(name)[0] or "application/octet-stream"
-
-
-@dataclass(frozen=True)
-class _File:
-    mtime_ns: int
-    body: bytes
-    content_type: str
-
-
-class ImageWeb:
+class ImageWeb(LoopbackServer):
     """An aiohttp server on loopback that serves files from ``root`` through good and bad routes.
 
     Routes (GET; HEAD too):
@@ -132,12 +97,10 @@ class ImageWeb:
         robots_txt: str | int | None = DEFAULT_ROBOTS_TXT,
         cache_bytes: int = 256 * 1024 * 1024,
     ):
+        super().__init__(host, port)
         self.root = Path(root) if root is not None else None
-        self.host = host
-        self.preferred_port = port
         self.robots_txt = robots_txt
         self.cache_bytes = cache_bytes
-        self.port: int | None = None
         self.lock = threading.Lock()
         self.hits: collections.Counter[str] = collections.Counter()
         self.user_agents: set[str] = set()
@@ -145,132 +108,7 @@ class ImageWeb:
         self.requests = 0
         self.in_flight = 0
         self.max_concurrent = 0
-        self._cache: collections.OrderedDict[str, _File] = collections.OrderedDict()
-        self._cached_bytes = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._start_error: BaseException | None = None
-        self._streams: set[asyncio.Transport] = set()
-
-    # ----------------------------------------------------------------- lifecycle
-
-    @property
-    def base_url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("ImageWeb is not listening; call start() first")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    def url(self, path: str) -> str:
-        """Absolute URL of a path on this server (``/img/a.jpg`` -> ``http://127.0.0.1:P/img/a.jpg``)."""
-        return self.base_url + (path if path.startswith("/") else "/" + path)
-
-    def start(self) -> ImageWeb:
-        """Serve from a daemon thread with its own event loop; returns once listening."""
-        if self._thread is not None:
-            raise RuntimeError("ImageWeb already started")
-        self._ready.clear()
-        self._start_error = None
-        self._thread = threading.Thread(target=self._thread_main, name=f"ImageWeb-{id(self):x}", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._start_error is not None:
-            self._thread.join()
-            self._thread = None
-            raise self._start_error
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving: streaming handlers end, connections close, the thread exits."""
-        thread, loop = self._thread, self._loop
-        if thread is None:
-            return
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(self.request_stop)
-            except RuntimeError:
-                pass  # the loop closed between the check and the call: already stopped
-        thread.join(timeout)
-        if thread.is_alive():
-            raise RuntimeError(f"ImageWeb on port {self.port} did not stop within {timeout} s")
-        self._thread = None
-
-    def __enter__(self) -> ImageWeb:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def serve_forever(self, on_ready: Callable[[ImageWeb], None] | None = None) -> None:
-        """Serve in this thread until SIGTERM or SIGINT (the CLI)."""
-
-        async def main() -> None:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
-            await self._serve(lambda: on_ready(self) if on_ready else None)
-
-        asyncio.run(main())
-
-    def _thread_main(self) -> None:
-        def ready() -> None:
-            self._ready.set()
-
-        try:
-            asyncio.run(self._serve(ready))
-        except BaseException as err:  # noqa: BLE001 - handed to start() in the caller's thread
-            if not self._ready.is_set():
-                self._start_error = err
-                self._ready.set()
-            else:
-                raise
-
-    def request_stop(self) -> None:
-        if self._stop_event is not None:
-            self._stop_event.set()
-
-    async def _serve(self, ready: Callable[[], None]) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop_event = asyncio.Event()
-        sock = self._bind()
-        # No access log: formatting a line per request is a large share of a cheap request.
-        runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
-        await runner.setup()
-        try:
-            site = web.SockSite(runner, sock)
-            await site.start()
-            self.port = sock.getsockname()[1]
-            ready()
-            await self._stop_event.wait()
-        finally:
-            # A stream whose client stopped reading waits forever for the socket to drain;
-            # aborting its connection (close() would wait for that drain too) ends it now.
-            for transport in list(self._streams):
-                transport.abort()
-            await runner.cleanup()
-            sock.close()
-
-    def _bind(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        # SO_REUSEADDR lets a rerun take the port back from TIME_WAIT; Linux still refuses it
-        # while another socket listens there, which is when we fall back.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            try:
-                sock.bind((self.host, self.preferred_port))
-            except OSError as err:
-                if self.preferred_port == 0 or err.errno not in (errno.EADDRINUSE, errno.EACCES):
-                    raise
-                sock.bind((self.host, 0))
-            sock.listen(1024)
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        self._files = FileCache(self.root, cache_bytes)
 
     # ----------------------------------------------------------------- stats
 
@@ -326,39 +164,8 @@ class ImageWeb:
 
     # ----------------------------------------------------------------- files
 
-    def _file(self, name: str) -> _File:
-        if self.root is None:
-            raise web.HTTPNotFound(text="no root\n")
-        # One segment only: aiohttp has already decoded %2F into "/" here, so this is the
-        # traversal guard; leading dots also keep hidden files (stamps, temp files) private.
-        if not name or name.startswith(".") or "/" in name or "\\" in name or "\x00" in name:
-            raise web.HTTPForbidden(text="forbidden\n")
-        path = os.path.join(self.root, name)
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            raise web.HTTPNotFound(text="not found\n") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise web.HTTPNotFound(text="not found\n")
-        cached = self._cache.get(path)
-        if cached is not None and cached.mtime_ns == st.st_mtime_ns and len(cached.body) == st.st_size:
-            self._cache.move_to_end(path)
-            return cached
-        # A blocking read on the loop: pool files are small and already in the page cache,
-        # and an executor hop would cost more than the read.
-        with open(path, "rb") as fh:
-            body = fh.read()
-        entry = _File(st.st_mtime_ns, body, content_type_for(name))
-        if cached is not None:
-            del self._cache[path]
-            self._cached_bytes -= len(cached.body)
-        if len(body) <= self.cache_bytes // 4:
-            self._cache[path] = entry
-            self._cached_bytes += len(body)
-            while self._cached_bytes > self.cache_bytes:
-                _, old = self._cache.popitem(last=False)
-                self._cached_bytes -= len(old.body)
-        return entry
+    def _file(self, name: str) -> ServedFile:
+        return self._files.get(name)
 
     def _file_response(self, name: str, headers: dict[str, str] | None = None) -> web.Response:
         f = self._file(name)
@@ -366,7 +173,7 @@ class ImageWeb:
 
     # ----------------------------------------------------------------- routes
 
-    def _app(self) -> web.Application:
+    def application(self) -> web.Application:
         app = web.Application(middlewares=[self._track])
         app.add_routes(
             [
@@ -427,28 +234,18 @@ class ImageWeb:
             return web.Response(status=429, text="slow down\n", headers={"Retry-After": str(seconds)})
         return self._file_response(request.match_info["name"])
 
-    async def _stopping_within(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; True as soon as the server is stopping."""
-        if self._stop_event is None:
-            return True
-        try:
-            await asyncio.wait_for(self._stop_event.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
-
     async def _delay(self, request: web.Request) -> web.StreamResponse:
         """The file after ``ms`` milliseconds: requests that overlap, then finish cleanly."""
-        if await self._stopping_within(self._int(request, "ms", high=60_000) / 1000):
+        if await self.stopping_within(self._int(request, "ms", high=60_000) / 1000):
             raise web.HTTPServiceUnavailable()
         return self._file_response(request.match_info["name"])
 
     async def _hang(self, request: web.Request) -> web.StreamResponse:
         """No status line, no headers: a server that accepted the connection and went silent."""
-        await self._stopping_within(24 * 3600)
+        await self.stopping_within(24 * 3600)
         raise web.HTTPServiceUnavailable()
 
-    async def _declared(self, request: web.Request, f: _File) -> web.StreamResponse:
+    async def _declared(self, request: web.Request, f: ServedFile) -> web.StreamResponse:
         """A streamed response whose headers, sent now, declare the whole file."""
         resp = web.StreamResponse()
         resp.content_type = f.content_type
@@ -461,13 +258,13 @@ class ImageWeb:
         resp = await self._declared(request, f)
         if request.method == "HEAD":
             return resp
-        with self._stream(request):
+        with self.streaming(request):
             for i in range(len(f.body)):
                 try:
                     await resp.write(f.body[i : i + 1])
                 except ConnectionError:
                     return resp  # the client left, which is the point of this route
-                if await self._stopping_within(_DRIP_INTERVAL_S):
+                if await self.stopping_within(_DRIP_INTERVAL_S):
                     break
         resp.force_close()
         return resp
@@ -479,9 +276,9 @@ class ImageWeb:
         if request.method == "HEAD":
             return resp
         step = -(-len(f.body) // _TRICKLE_PIECES)
-        with self._stream(request):
+        with self.streaming(request):
             for start in range(0, len(f.body), step):
-                if await self._stopping_within(ms / 1000 / _TRICKLE_PIECES):
+                if await self.stopping_within(ms / 1000 / _TRICKLE_PIECES):
                     resp.force_close()
                     return resp
                 try:
@@ -499,10 +296,9 @@ class ImageWeb:
         if request.method == "HEAD":
             return resp
         chunk = JPEG_MAGIC + _ZEROS[len(JPEG_MAGIC) :]
-        stop = self._stop_event
-        with self._stream(request):
+        with self.streaming(request):
             try:
-                while stop is None or not stop.is_set():
+                while not self.stopping():
                     # write() waits for the socket to drain, so a slow reader paces this loop.
                     await resp.write(chunk)
                     chunk = _ZEROS
@@ -510,18 +306,6 @@ class ImageWeb:
                 return resp
         resp.force_close()
         return resp
-
-    @contextlib.contextmanager
-    def _stream(self, request: web.Request) -> Iterator[None]:
-        """Register a never-ending response's connection, for stop() to abort."""
-        transport = request.transport
-        if transport is not None:
-            self._streams.add(transport)
-        try:
-            yield
-        finally:
-            if transport is not None:
-                self._streams.discard(transport)
 
     async def _html_as_jpeg(self, request: web.Request) -> web.StreamResponse:
         return web.Response(body=_HTML_PAGE, content_type="image/jpeg")

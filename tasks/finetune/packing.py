@@ -58,6 +58,23 @@ def _check_items(tok: list[int], img: list[int], til: list[int], budget: int, ma
             )
 
 
+def _items(
+    tokens: Sequence[int],
+    budget: int,
+    images: Sequence[int] | None,
+    max_images: int | None,
+    tiles: Sequence[int] | None,
+    max_tiles: int | None,
+) -> tuple[list[int], list[int], list[int], int, int]:
+    """(tokens, images, tiles) per item and the (image, tile) caps, once every item is known to fit a pack."""
+    tok = [int(x) for x in tokens]
+    img, til = _caps(len(tok), images, tiles)
+    cap_img = _NO_CAP if max_images is None else max_images
+    cap_til = _NO_CAP if max_tiles is None else max_tiles
+    _check_items(tok, img, til, budget, cap_img, cap_til)
+    return tok, img, til, cap_img, cap_til
+
+
 def _order(tok: list[int]) -> list[int]:
     # Longest first; ties by index so the plan is deterministic.
     return sorted(range(len(tok)), key=lambda i: (-tok[i], i))
@@ -77,11 +94,7 @@ def pack_balanced_greedy(
     an item that fits none of the least-loaded packs it tries opens a new one. Returns packs
     as lists of item indices, each pack in insertion (longest first) order.
     """
-    tok = [int(x) for x in tokens]
-    img, til = _caps(len(tok), images, tiles)
-    cap_img = _NO_CAP if max_images is None else max_images
-    cap_til = _NO_CAP if max_tiles is None else max_tiles
-    _check_items(tok, img, til, budget, cap_img, cap_til)
+    tok, img, til, cap_img, cap_til = _items(tokens, budget, images, max_images, tiles, max_tiles)
     if not tok:
         return []
     n_start = max(1, math.ceil(sum(tok) / budget))
@@ -133,11 +146,7 @@ def pack_first_fit_decreasing(
     A segment tree over the packs' remaining room (tokens, images, tiles; max per subtree)
     finds the first fit in O(log packs) per item instead of scanning every pack.
     """
-    tok = [int(x) for x in tokens]
-    img, til = _caps(len(tok), images, tiles)
-    cap_img = _NO_CAP if max_images is None else max_images
-    cap_til = _NO_CAP if max_tiles is None else max_tiles
-    _check_items(tok, img, til, budget, cap_img, cap_til)
+    tok, img, til, cap_img, cap_til = _items(tokens, budget, images, max_images, tiles, max_tiles)
     n = len(tok)
     if not n:
         return []

@@ -122,14 +122,20 @@ def tile_image(img: Image.Image, cfg: TilingConfig) -> TiledImage:
     return TiledImage(grid=grid, width=rgb.width, height=rgb.height, tiles=tiles, thumbnail=thumb)
 
 
-def open_capped(data: bytes, max_pixels: int) -> Image.Image:
-    """Open image bytes, refusing (before decoding) a header over ``max_pixels``."""
+def _open_header(data: bytes, max_pixels: int) -> Image.Image:
+    """Image bytes opened (header read, pixels not decoded), refused when over ``max_pixels``."""
     try:
         img = Image.open(io.BytesIO(data))
     except (OSError, ValueError, SyntaxError) as err:
         raise TilingError("undecodable_image", str(err)[:160]) from None
     if img.width * img.height > max_pixels:
         raise TilingError("decompression_bomb", f"{img.width}x{img.height} over {max_pixels} pixels")
+    return img
+
+
+def open_capped(data: bytes, max_pixels: int) -> Image.Image:
+    """Open image bytes, refusing (before decoding) a header over ``max_pixels``."""
+    img = _open_header(data, max_pixels)
     try:
         img.load()
     except (OSError, ValueError, SyntaxError, EOFError) as err:
@@ -139,12 +145,7 @@ def open_capped(data: bytes, max_pixels: int) -> Image.Image:
 
 def image_size(data: bytes, max_pixels: int) -> tuple[int, int]:
     """(width, height) from the header only."""
-    try:
-        img = Image.open(io.BytesIO(data))
-    except (OSError, ValueError, SyntaxError) as err:
-        raise TilingError("undecodable_image", str(err)[:160]) from None
-    if img.width * img.height > max_pixels:
-        raise TilingError("decompression_bomb", f"{img.width}x{img.height} over {max_pixels} pixels")
+    img = _open_header(data, max_pixels)
     return img.width, img.height
 
 

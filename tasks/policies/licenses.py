@@ -33,21 +33,23 @@ from tasks.policies.spdx import (
 _BY_LOWER = {i.lower(): i for i in SPDX_KNOWN}
 
 
+def _rewrites(*pairs: tuple[str, str]) -> tuple[tuple[re.Pattern[str], str], ...]:
+    """(compiled pattern, replacement) pairs, applied in order."""
+    return tuple((re.compile(p), r) for p, r in pairs)
+
+
 # Rewrites applied before compaction, in order: long names to the short forms the alias
 # table uses, "or later" to "+", and words that never change which license is meant.
-_PHRASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), r)
-    for p, r in (
-        (r"\bgnu\s+free\s+documentation\b|\bfree\s+documentation\b|\bgnu\s+fdl\b", " gfdl "),
-        (r"\bgnu\s+lesser\s+general\s+public\b|\blesser\s+general\s+public\b", " lgpl "),
-        (r"\bgnu\s+affero\s+general\s+public\b|\baffero\s+general\s+public\b", " agpl "),
-        (r"\bgnu\s+general\s+public\b|\bgeneral\s+public\b", " gpl "),
-        (r"\bgnu\s+(?=[al]?gpl)", " "),
-        (r"\bcreative\s+commons\b", " cc "),
-        (r"\bor\s+(?:any\s+)?(?:later|newer)(?:\s+version)?\b|\bor-later\b", "+"),
-        (r"\b(?:the|licen[cs]e[ds]?|version|only|software|universal|international|generic|unported)\b", " "),
-        (r"(\d)\.0(?![\d.])", r"\1"),
-    )
+_PHRASES = _rewrites(
+    (r"\bgnu\s+free\s+documentation\b|\bfree\s+documentation\b|\bgnu\s+fdl\b", " gfdl "),
+    (r"\bgnu\s+lesser\s+general\s+public\b|\blesser\s+general\s+public\b", " lgpl "),
+    (r"\bgnu\s+affero\s+general\s+public\b|\baffero\s+general\s+public\b", " agpl "),
+    (r"\bgnu\s+general\s+public\b|\bgeneral\s+public\b", " gpl "),
+    (r"\bgnu\s+(?=[al]?gpl)", " "),
+    (r"\bcreative\s+commons\b", " cc "),
+    (r"\bor\s+(?:any\s+)?(?:later|newer)(?:\s+version)?\b|\bor-later\b", "+"),
+    (r"\b(?:the|licen[cs]e[ds]?|version|only|software|universal|international|generic|unported)\b", " "),
+    (r"(\d)\.0(?![\d.])", r"\1"),
 )
 
 
@@ -76,15 +78,12 @@ _GRANT_WORDS = re.compile(
 )
 
 # Creative Commons element words, long forms first so "non commercial" is not read as two words.
-_CC_WORDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), r)
-    for p, r in (
-        (r"creative\s*commons", " cc "),
-        (r"share[\s_-]*alike", " sa "),
-        (r"\bnon[\s_-]*commercial", " nc "),
-        (r"\bno[\s_-]*deriv(?:ative)?s?(?:[\s_-]*works)?", " nd "),
-        (r"attribution", " by "),
-    )
+_CC_WORDS = _rewrites(
+    (r"creative\s*commons", " cc "),
+    (r"share[\s_-]*alike", " sa "),
+    (r"\bnon[\s_-]*commercial", " nc "),
+    (r"\bno[\s_-]*deriv(?:ative)?s?(?:[\s_-]*works)?", " nd "),
+    (r"attribution", " by "),
 )
 _CC_FILLER = frozenset(
     {
