@@ -32,6 +32,9 @@ VOLATILE_KEYS = frozenset(
         "pandas_data_fingerprint",
         "recipe_hash",
         "fingerprint",
+        # The package version, with the git commit when run from a clone (not from a worktree,
+        # whose .git is a file): every commit changes it.
+        "code_version",
     }
 )
 # The loopback image server takes an ephemeral port, and the manifests' URLs (carried into

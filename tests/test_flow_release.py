@@ -81,7 +81,8 @@ def test_the_demo_release_is_byte_identical_to_its_golden_digests(released):
     report.html); Great Expectations' validation ids, load times and frame fingerprints; the
     loopback server's ephemeral port, which the manifests' URLs carry into every sample's
     .json, into the manifests' digests (``sources``, ``fingerprint``) and into the
-    content-addressed work folders; the temporary folder in ``recipe_hash`` and paths; and the
+    content-addressed work folders; the temporary folder in ``recipe_hash`` and paths; the
+    package version with its git commit (``code_version``: every commit changes it); and the
     report's thumbnails of rejects, which validation picks in thread-completion order. The
     digests that index.json and samples.parquet record of port-bearing files are replaced by
     the files' names, which are compared themselves. Shards, indexes, latents and ledgers
