@@ -17,6 +17,7 @@ from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
 from tasks.stages.download import ShardResult, download_config_hash, download_shard, shard_paths
 from tasks.stages.onepass import download_and_validate
+from tasks.stages.runner import counted_shard
 from tasks.stages.validate import CandidateResult, candidate_config_hash, candidate_paths
 
 
@@ -131,10 +132,7 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         if ledger_rel in by_ledger:
             results.append(by_ledger[ledger_rel])
         elif tables.get(ledger_rel) is not None:
-            counts = Counts.of(tables[ledger_rel])
-            results.append(
-                ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, 0.0, skipped=True, samples=counts.ok)
-            )
+            results.append(counted_shard(ref.source, ref.index, tar_rel, ledger_rel, tables[ledger_rel]))
     seconds = ph.seconds
     counts = sum((r.counts or Counts.zero() for r in results), Counts.zero())
     fresh_ok = sum(r.ok for r in fresh_results)

@@ -205,7 +205,12 @@ def committed_shard(
     """The result of a shard an earlier run committed (its ledger exists), counted from its ledger; else ``None``."""
     if not storage.exists(ledger):
         return None
-    counts = Counts.of(read_ledger(storage, ledger, columns))
+    return counted_shard(source, index, tar, ledger, read_ledger(storage, ledger, columns))
+
+
+def counted_shard(source: str, index: int, tar: str, ledger: str, table: pa.Table) -> ShardResult:
+    """The result of a committed shard, counted from its ledger's table (read by the caller)."""
+    counts = Counts.of(table)
     return ShardResult(source, index, tar, ledger, counts, 0.0, skipped=True, samples=counts.ok)
 
 
