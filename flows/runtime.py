@@ -220,11 +220,13 @@ def start_cluster(choice: str, workers: int | None, threads_per_worker: int, env
     """A new ``local`` or ``cuda`` Dask cluster whose workers get ``env`` and our worker settings."""
     import dask
 
+    # distributed loads its config defaults on import: imported inside ``config.set`` they would
+    # count as keys the block added, and leaving it would delete every ``distributed.*`` setting.
+    from distributed import LocalCluster
+
     with dask.config.set(WORKER_CONFIG):
         if choice == "cuda":
             return _cuda_cluster(threads_per_worker, env)
-        from distributed import LocalCluster
-
         return LocalCluster(
             n_workers=workers or default_workers(),
             threads_per_worker=threads_per_worker,
