@@ -10,7 +10,7 @@ from typing import Any
 import fsspec
 
 from tasks.formats.manifests.chunks import ChunkRef
-from tasks.formats.manifests.sources import display, open_options
+from tasks.formats.manifests.files import display, open_options
 from tasks.formats.recipe_download import DownloadConfig, SourceConfig
 from tasks.sources.tarsamples import ShardFault, TarSample, iter_tar_samples, shown
 from tasks.stages.fetched import Fetched, judge

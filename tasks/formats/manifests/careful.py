@@ -9,7 +9,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.formats.manifests.sources import GZIP_ERRORS, ManifestError
+from tasks.formats.manifests.files import GZIP_ERRORS, ManifestError
 from tasks.formats.manifests.values import Mapping, RawBatch, dumps
 
 # Largest manifest row we hold: one jsonl line, or all the physical lines of one csv/tsv
