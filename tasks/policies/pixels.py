@@ -78,7 +78,8 @@ def thumb_dims(width: int, height: int) -> tuple[int, int]:
 def pixel_sha256(rgb: Image.Image, orig: tuple[int, int], raw: np.ndarray | None = None) -> str:
     """``raw``: the decoder's own RGB array when it holds exactly ``rgb``'s bytes (hashed without a copy)."""
     digest = hashlib.sha256(b"rgb8 %dx%d %dx%d\n" % (orig[0], orig[1], rgb.width, rgb.height))
-    digest.update(rgb.tobytes() if raw is None else np.ascontiguousarray(raw))
+    # numpy's stubs do not declare the buffer protocol that hashlib reads the array through.
+    digest.update(rgb.tobytes() if raw is None else np.ascontiguousarray(raw))  # type: ignore[arg-type]
     return digest.hexdigest()
 
 
