@@ -251,7 +251,7 @@ def step_costs(fmt: str, images: list[bytes]) -> dict[str, float]:
 
     from tasks.formats.recipe_download import ImageRules
     from tasks.policies import decoders
-    from tasks.policies import images as im
+    from tasks.policies import pixels as im
 
     rules = ImageRules(resize_mode="border", image_size=SIDE)
     clock = time.thread_time
@@ -264,17 +264,17 @@ def step_costs(fmt: str, images: list[bytes]) -> dict[str, float]:
             src = decoders.PlainPngSource(data, size)
         else:
             src = decoders.PillowSource(decoders.open_pillow(data, fmt))
-        target = im._resize_dims(*src.size, rules)
+        target = im.resize_dims(*src.size, rules)
         stored, box, _ = src.load(target)
         rgb = decoders.to_rgb(stored)
         t1 = clock()
-        im._pixel_sha256(rgb, src.size, src.pixels if rgb is stored else None)  # as process_image hashes it
+        im.pixel_sha256(rgb, src.size, src.pixels if rgb is stored else None)  # as process_image hashes it
         t2 = clock()
-        scaled = im._scale(rgb, target, box)
+        scaled = im.scale(rgb, target, box)
         t3 = clock()
         im.phash(scaled)
         t4 = clock()
-        im._encode(im._crop_or_pad(scaled, rules), "jpeg", 95)
+        im.encode(im.crop_or_pad(scaled, rules), "jpeg", 95)
         t5 = clock()
         gap2 = rgb.resize(target, Image.Resampling.BOX, box=box, reducing_gap=2.0)
         t6 = clock()
@@ -293,11 +293,11 @@ def jpeg_sampling() -> str:
     import numpy as np
     from PIL import Image, JpegImagePlugin
 
-    from tasks.policies.images import _encode
+    from tasks.policies.pixels import encode
 
     arr = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
     names = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}
-    with Image.open(io.BytesIO(_encode(Image.fromarray(arr), "jpeg", 95))) as img:
+    with Image.open(io.BytesIO(encode(Image.fromarray(arr), "jpeg", 95))) as img:
         found = f"Pillow q95 {names.get(JpegImagePlugin.get_sampling(img), '?')}"
     if available("opencv") is None:
         import cv2

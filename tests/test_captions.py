@@ -4,6 +4,7 @@ import pytest
 
 from tasks.formats.recipe_download import CaptionRules
 from tasks.policies.captions import caption_verdict, clean_caption, count_words, non_text_ratio
+from tasks.policies.verdict import Verdict
 
 CLEANUP = [
     # HTML references
@@ -64,35 +65,38 @@ def rules(**kw):
 
 
 def test_missing_when_required_only():
-    assert caption_verdict(None, rules()) == (None, "caption_missing")
-    assert caption_verdict(" <br> ", rules()) == (None, "caption_missing")
-    assert caption_verdict(None, rules(required=False)) == (None, None)
+    assert caption_verdict(None, rules()) == Verdict(None, "caption_missing", "no caption after cleanup")
+    assert caption_verdict(" <br> ", rules()) == Verdict(None, "caption_missing", "no caption after cleanup")
+    assert caption_verdict(None, rules(required=False)) == Verdict(None)
 
 
 def test_min_chars_boundary():
     r = rules(min_chars=5, min_words=0)
-    assert caption_verdict("abcde", r) == ("abcde", None)
-    assert caption_verdict("abcd", r) == ("abcd", "caption_too_short")
+    assert caption_verdict("abcde", r) == Verdict("abcde")
+    short = caption_verdict("abcd", r)
+    assert (short.value, short.reason) == ("abcd", "caption_too_short")
+    assert short.detail == "4 characters, 1 words (min_chars 5, min_words 0)"
     # counted after cleanup: entities and padding do not make a caption long enough
-    assert caption_verdict("  a&amp;b  ", rules(min_chars=4, min_words=0)) == ("a&b", "caption_too_short")
+    cleaned = caption_verdict("  a&amp;b  ", rules(min_chars=4, min_words=0))
+    assert (cleaned.value, cleaned.reason) == ("a&b", "caption_too_short")
 
 
 def test_min_words_boundary():
     r = rules(min_chars=0, min_words=3)
-    assert caption_verdict("a red car", r)[1] is None
-    assert caption_verdict("red car", r)[1] == "caption_too_short"
-    assert caption_verdict("red car !!! ---", r)[1] == "caption_too_short"  # punctuation is no word
+    assert caption_verdict("a red car", r).reason is None
+    assert caption_verdict("red car", r).reason == "caption_too_short"
+    assert caption_verdict("red car !!! ---", r).reason == "caption_too_short"  # punctuation is no word
 
 
 def test_max_chars_boundary():
     r = rules(max_chars=10)
-    assert caption_verdict("x" * 10, r)[1] is None
-    assert caption_verdict("x" * 11, r) == ("x" * 11, "caption_too_long")
-    assert caption_verdict("x" * 10 + "   \n", r)[1] is None  # trailing whitespace is not counted
+    assert caption_verdict("x" * 10, r).reason is None
+    assert caption_verdict("x" * 11, r) == Verdict("x" * 11, "caption_too_long", "11 characters > max_chars 10")
+    assert caption_verdict("x" * 10 + "   \n", r).reason is None  # trailing whitespace is not counted
 
 
 def test_too_short_applies_without_required():
-    assert caption_verdict("ab", rules(required=False))[1] == "caption_too_short"
+    assert caption_verdict("ab", rules(required=False)).reason == "caption_too_short"
 
 
 MULTILINGUAL = [
@@ -115,7 +119,7 @@ MULTILINGUAL = [
 
 @pytest.mark.parametrize("caption", MULTILINGUAL)
 def test_any_script_passes_even_with_zero_tolerance(caption):
-    assert caption_verdict(caption, rules(max_non_text_ratio=0.0)) == (caption, None)
+    assert caption_verdict(caption, rules(max_non_text_ratio=0.0)) == Verdict(caption)
     assert non_text_ratio(caption) == 0.0
 
 
@@ -131,15 +135,15 @@ def test_any_script_passes_even_with_zero_tolerance(caption):
     ],
 )
 def test_mojibake_and_junk_fail_charset(caption):
-    assert caption_verdict(caption, rules(min_chars=0, min_words=0))[1] == "caption_charset"
+    assert caption_verdict(caption, rules(min_chars=0, min_words=0)).reason == "caption_charset"
 
 
 def test_charset_ratio_boundary():
     # 3 junk characters in 10: passes at 0.3, fails just below
     caption = "abcdefg\ufffd\ufffd\ufffd"
     assert non_text_ratio(caption) == pytest.approx(0.3)
-    assert caption_verdict(caption, rules(max_non_text_ratio=0.3))[1] is None
-    assert caption_verdict(caption, rules(max_non_text_ratio=0.29))[1] == "caption_charset"
+    assert caption_verdict(caption, rules(max_non_text_ratio=0.3)).reason is None
+    assert caption_verdict(caption, rules(max_non_text_ratio=0.29)).reason == "caption_charset"
 
 
 def test_mojibake_counts_both_characters():
@@ -147,7 +151,7 @@ def test_mojibake_counts_both_characters():
 
 
 def test_charset_is_reported_before_length():
-    assert caption_verdict("\ufffd\ufffd", rules())[1] == "caption_charset"
+    assert caption_verdict("\ufffd\ufffd", rules()).reason == "caption_charset"
 
 
 def test_word_count_by_script():

@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from tasks.formats.recipe_download import DownloadConfig, NetworkConfig
-from tasks.policies.robots import opted_out
-from tasks.stages.fetch import Fetcher, judge, parse_retry_after
+from tasks.policies.robots import x_robots_verdict
+from tasks.stages.fetch import Fetcher, parse_retry_after
+from tasks.stages.fetched import judge
 
 # The session's image server listens on loopback at a random port.
 LOOPBACK = NetworkConfig(allowed_networks=("127.0.0.1/32",), any_port=True)
@@ -220,7 +221,9 @@ def test_per_host_limit(own_web):
     ],
 )
 def test_x_robots_tag_parsing(values, expected):
-    assert opted_out(values, frozenset({"noai", "noimageai", "noml"}), "shardsmith") is expected
+    verdict = x_robots_verdict(values, frozenset({"noai", "noimageai", "noml"}), "shardsmith")
+    assert verdict.reason == ("opted_out" if expected else None)
+    assert verdict.detail == ("X-Robots-Tag: " + "; ".join(values) if expected else None)
 
 
 def test_retry_after_forms():

@@ -135,14 +135,14 @@ def inject(monkeypatch, step: str, fault: BaseException, web: ImageWeb, other_we
         monkeypatch.setattr(aiohappyeyeballs, "start_connection", start_connection)
         return f"{other_web.base_url}/img/c.webp?victim"
     if step == "headers":
-        real_opted_out = tasks.stages.fetch.opted_out
+        real_x_robots = tasks.stages.fetch.x_robots_verdict
 
-        def opted_out(values, directives, ua_token):
+        def x_robots_verdict(values, directives, ua_token):
             if "otherbot: noai" in values:
                 boom()
-            return real_opted_out(values, directives, ua_token)
+            return real_x_robots(values, directives, ua_token)
 
-        monkeypatch.setattr(tasks.stages.fetch, "opted_out", opted_out)
+        monkeypatch.setattr(tasks.stages.fetch, "x_robots_verdict", x_robots_verdict)
         return f"{web.base_url}/optout-other-bot/c.webp?victim"
     if step == "body":
         real_read = Fetcher._read_capped
@@ -155,14 +155,14 @@ def inject(monkeypatch, step: str, fault: BaseException, web: ImageWeb, other_we
         monkeypatch.setattr(Fetcher, "_read_capped", read_capped)
         return f"{web.base_url}/img/c.webp?victim"
     if step == "robots":
-        real_robots = Fetcher._robots_refusal
+        real_robots = Fetcher._robots_verdict
 
-        async def robots_refusal(self, url):
+        async def robots_verdict(self, url):
             if "victim" in url:
                 boom()
             return await real_robots(self, url)
 
-        monkeypatch.setattr(Fetcher, "_robots_refusal", robots_refusal)
+        monkeypatch.setattr(Fetcher, "_robots_verdict", robots_verdict)
         return f"{web.base_url}/img/c.webp?victim"
     if step == "judge":
         real_judge = tasks.stages.fetchrows.judge

@@ -11,7 +11,9 @@ import pytest
 from tasks.demo.webserver import ImageWeb
 from tasks.formats.recipe_download import DownloadConfig, NetworkConfig
 from tasks.policies.robots import RobotsRules
-from tasks.stages.fetch import Fetcher, judge
+from tasks.policies.verdict import Verdict
+from tasks.stages.fetch import Fetcher
+from tasks.stages.fetched import judge
 
 LOOPBACK = dict(allowed_networks=("127.0.0.1/32",), any_port=True)
 
@@ -226,27 +228,28 @@ def test_an_unresolvable_name_is_dns_error():
 
 def test_robots_longest_match_wins():
     rules = RobotsRules.parse(b"User-agent: *\nDisallow: /img/\nAllow: /img/public/\n", "http://h/robots.txt")
-    assert rules.refusal("http://h/img/public/a.jpg", "shardsmith") is None
-    assert (
-        rules.refusal("http://h/img/private/a.jpg", "shardsmith")
-        == "http://h/robots.txt disallows /img/private/a.jpg for shardsmith"
+    assert rules.verdict("http://h/img/public/a.jpg", "shardsmith").ok
+    assert rules.verdict("http://h/img/private/a.jpg", "shardsmith") == Verdict(
+        "http://h/img/private/a.jpg",
+        "robots_disallowed",
+        "http://h/robots.txt disallows /img/private/a.jpg for shardsmith",
     )
 
 
 def test_robots_wildcards_and_end_anchor():
     # protego: "*" matches any characters; a trailing "$" anchors the end of path and query.
     rules = RobotsRules.parse(b"User-agent: *\nDisallow: /*.jpg$\n", "http://h/robots.txt")
-    assert rules.refusal("http://h/x.jpg", "shardsmith") is not None
-    assert rules.refusal("http://h/deep/er/x.jpg", "shardsmith") is not None
-    assert rules.refusal("http://h/x.jpg?y", "shardsmith") is None
-    assert rules.refusal("http://h/x.jpgz", "shardsmith") is None
+    assert rules.verdict("http://h/x.jpg", "shardsmith").reason == "robots_disallowed"
+    assert rules.verdict("http://h/deep/er/x.jpg", "shardsmith").reason == "robots_disallowed"
+    assert rules.verdict("http://h/x.jpg?y", "shardsmith").ok
+    assert rules.verdict("http://h/x.jpgz", "shardsmith").ok
 
 
 def test_robots_group_for_our_agent_beats_the_star_group():
     body = b"User-agent: *\nDisallow: /\n\nUser-agent: shardsmith\nAllow: /\n"
     rules = RobotsRules.parse(body, "http://h/robots.txt")
-    assert rules.refusal("http://h/a.jpg", "shardsmith") is None
-    assert rules.refusal("http://h/a.jpg", "otherbot") is not None
+    assert rules.verdict("http://h/a.jpg", "shardsmith").ok
+    assert rules.verdict("http://h/a.jpg", "otherbot").reason == "robots_disallowed"
 
 
 def test_robots_rules_through_the_real_fetch(image_dir):

@@ -68,8 +68,8 @@ _URL_PIECES = [
 @FAST
 @given(st.one_of(st.text(max_size=80), st.lists(st.sampled_from(_URL_PIECES), max_size=12).map("".join)))
 def test_any_url_is_allowed_or_refused_with_a_known_reason(url):
-    refusal = check_url(url, GUARD, POLICY)
-    assert refusal is None or (refusal.reason in REASONS and refusal.detail)
+    verdict = check_url(url, GUARD, POLICY)
+    assert verdict.ok or (verdict.reason in REASONS and verdict.detail)
 
 
 _LABELS = st.one_of(
@@ -86,20 +86,20 @@ def test_a_host_the_guard_accepts_never_breaks_name_resolution(host):
     from yarl import URL
 
     url = f"http://{host}/a.jpg"
-    refusal = check_url(url, GUARD, POLICY)
-    if refusal is None:
+    verdict = check_url(url, GUARD, POLICY)
+    if verdict.ok:
         URL(url).raw_host.encode("idna")  # what aiohttp hands to getaddrinfo
     else:
-        assert refusal.reason in REASONS and refusal.detail
+        assert verdict.reason in REASONS and verdict.detail
 
 
 @FAST
 @given(st.from_regex(r"[a-z0-9.:@-]{0,40}", fullmatch=True), st.integers(0, 3000))
 def test_over_the_length_cap_is_always_url_too_long(host, pad):
     url = f"http://{host}/" + "a" * pad
-    refusal = check_url(url, GUARD, POLICY)
+    verdict = check_url(url, GUARD, POLICY)
     if len(url) > GUARD.max_url_chars:
-        assert refusal.reason == "url_too_long"
+        assert verdict.reason == "url_too_long"
 
 
 @FAST
@@ -108,31 +108,31 @@ def test_over_the_length_cap_is_always_url_too_long(host, pad):
     st.text(max_size=10).filter(lambda t: not set(t) & set("/?#@[]\\")),
 )
 def test_user_info_is_always_refused(user, secret):
-    refusal = check_url(f"http://{user}:{secret}@example.com/a.jpg", GUARD, POLICY)
-    assert refusal is not None and refusal.reason in ("credentials_in_url", "invalid_url")
+    verdict = check_url(f"http://{user}:{secret}@example.com/a.jpg", GUARD, POLICY)
+    assert verdict.reason in ("credentials_in_url", "invalid_url")
 
 
 @FAST
 @given(st.integers(1, 65535), st.sampled_from(["http", "https"]))
 def test_only_allowlisted_ports_pass(port, scheme):
-    refusal = check_url(f"{scheme}://example.com:{port}/a.jpg", GUARD, POLICY)
+    verdict = check_url(f"{scheme}://example.com:{port}/a.jpg", GUARD, POLICY)
     if port in (80, 443):
-        assert refusal is None
+        assert verdict.ok
     else:
-        assert refusal.reason == "port_not_allowed"
+        assert verdict.reason == "port_not_allowed"
 
 
 @FAST
 @given(st.ip_addresses())
 def test_literal_addresses_pass_only_when_global(ip):
     host = f"[{ip}]" if ip.version == 6 else str(ip)
-    refusal = check_url(f"http://{host}/a.jpg", GUARD, POLICY)
+    verdict = check_url(f"http://{host}/a.jpg", GUARD, POLICY)
     inner = None
     if ip.version == 6:
         inner = ip.ipv4_mapped or (ip.sixtofour if ip.sixtofour is not None else None)
     if not ip.is_global or ip.is_multicast or (inner is not None and (not inner.is_global or inner.is_multicast)):
-        assert refusal is not None and refusal.reason == "blocked_address"
-        assert str(ip) in refusal.detail
+        assert verdict.reason == "blocked_address"
+        assert str(ip) in verdict.detail
     # A global address may still be refused when it wraps a non-global one (Teredo, NAT64):
     # never the other way round.
 

@@ -13,7 +13,8 @@ from PIL import Image, ImageDraw, ImageFile
 
 from tasks.formats.recipe_download import ImageRules
 from tasks.policies import decoders, images
-from tasks.policies.images import ImageOutcome, hamming, process_image
+from tasks.policies.images import ImageOutcome, process_image
+from tasks.policies.pixels import hamming
 
 LOOSE = ImageRules(min_side=1, max_aspect_ratio=1000.0)
 EXACT = ImageRules(min_side=1, max_aspect_ratio=1000.0, output_format="png")  # lossless output to read pixels

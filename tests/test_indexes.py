@@ -1,4 +1,4 @@
-"""Tests for tasks/formats/indexes.py: a tiny release read back through DALI, webdataset, energon and wids."""
+"""Tests for tasks/formats/indexes/: a tiny release read back through DALI, webdataset, energon and wids."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ from release_fixtures import finetuning_release, pretraining_release
 
 from tasks.formats.indexes import (
     ShardIndexInput,
-    _collapse_ranges,
     all_indexes,
     dali_indexes,
     energon_indexes,
     wids_index,
 )
+from tasks.formats.indexes.energon import collapse_ranges
 from tasks.formats.shards import MemberRecord, ShardWriter
 from tasks.formats.storage import Storage
 
@@ -284,7 +284,7 @@ def test_energon_split_parts(release):
         energon_indexes(shards, split_parts={"train": ".*", "val": "shard-000002"})
 
 
-def test_collapse_ranges_round_trips_through_braceexpand():
+def testcollapse_ranges_round_trips_through_braceexpand():
     import braceexpand
 
     cases = [
@@ -293,11 +293,11 @@ def test_collapse_ranges_round_trips_through_braceexpand():
         ["p00/s000.tar", "p00/s001.tar", "p01/s000.tar", "p01/s001.tar"],
         ["x9.tar", "x10.tar", "plain.tar", "y5.tar", "y4.tar"],
     ]
-    assert _collapse_ranges(cases[0]) == ["shard-{000000..000001}.tar", "shard-000003.tar"]
-    assert _collapse_ranges(cases[2]) == ["p00/s{000..001}.tar", "p01/s{000..001}.tar"]
-    assert _collapse_ranges(cases[3]) == cases[3]  # width change, no number, descending
+    assert collapse_ranges(cases[0]) == ["shard-{000000..000001}.tar", "shard-000003.tar"]
+    assert collapse_ranges(cases[2]) == ["p00/s{000..001}.tar", "p01/s{000..001}.tar"]
+    assert collapse_ranges(cases[3]) == cases[3]  # width change, no number, descending
     for names in cases:
-        expanded = [n for pattern in _collapse_ranges(names) for n in braceexpand.braceexpand(pattern)]
+        expanded = [n for pattern in collapse_ranges(names) for n in braceexpand.braceexpand(pattern)]
         assert expanded == names
 
 

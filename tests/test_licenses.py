@@ -17,6 +17,7 @@ from tasks.policies.licenses import (
     policy_problems,
     review_problem,
 )
+from tasks.policies.verdict import Verdict
 
 SPELLINGS = [
     # exact ids, any case
@@ -159,89 +160,92 @@ def policy(**kw):
     return LicensePolicy(**kw)
 
 
+def _value_reason(verdict: Verdict) -> tuple:
+    return verdict.value, verdict.reason
+
+
 def test_allowed_license_passes_with_its_id():
-    assert license_verdict("CC BY 4.0", "web", policy()) == ("CC-BY-4.0", None, None)
+    assert license_verdict("CC BY 4.0", "web", policy()) == Verdict("CC-BY-4.0")
 
 
 def test_license_outside_allowlist_is_not_allowed_and_named():
-    spdx, reason, detail = license_verdict("CC BY-NC 4.0", "web", policy())
-    assert (spdx, reason) == ("CC-BY-NC-4.0", "license_not_allowed")
-    assert "CC-BY-NC-4.0" in detail
+    verdict = license_verdict("CC BY-NC 4.0", "web", policy())
+    assert (verdict.value, verdict.reason) == ("CC-BY-NC-4.0", "license_not_allowed")
+    assert "CC-BY-NC-4.0" in verdict.detail
 
 
 def test_all_rights_reserved_is_not_allowed():
-    assert license_verdict("© 2020 Jane", "web", policy())[:2] == (ALL_RIGHTS_RESERVED, "license_not_allowed")
+    assert _value_reason(license_verdict("© 2020 Jane", "web", policy())) == (
+        ALL_RIGHTS_RESERVED,
+        "license_not_allowed",
+    )
 
 
 def test_missing_without_default_is_license_missing():
-    spdx, reason, detail = license_verdict(None, "web", policy())
-    assert (spdx, reason) == (None, "license_missing")
-    assert "web" in detail
-    assert license_verdict("  ", "web", policy())[:2] == (None, "license_missing")
+    verdict = license_verdict(None, "web", policy())
+    assert (verdict.value, verdict.reason) == (None, "license_missing")
+    assert "web" in verdict.detail
+    assert _value_reason(license_verdict("  ", "web", policy())) == (None, "license_missing")
 
 
 def test_missing_takes_the_source_default_normalised():
     p = policy(source_defaults={"wiki": "CC BY-SA 4.0"})
-    assert license_verdict(None, "wiki", p) == ("CC-BY-SA-4.0", None, None)
-    assert license_verdict("n/a", "wiki", p) == ("CC-BY-SA-4.0", None, None)
+    assert license_verdict(None, "wiki", p) == Verdict("CC-BY-SA-4.0")
+    assert license_verdict("n/a", "wiki", p) == Verdict("CC-BY-SA-4.0")
     # only for the source it names
-    assert license_verdict(None, "other", p)[1] == "license_missing"
+    assert license_verdict(None, "other", p).reason == "license_missing"
     # a present license wins over the default
-    assert license_verdict("CC BY-NC 4.0", "wiki", p)[1] == "license_not_allowed"
+    assert license_verdict("CC BY-NC 4.0", "wiki", p).reason == "license_not_allowed"
 
 
 def test_source_default_is_judged_like_any_license():
     p = policy(source_defaults={"flickr": "CC BY-NC 2.0", "odd": "whatever terms"})
-    spdx, reason, detail = license_verdict(None, "flickr", p)
-    assert (spdx, reason) == ("CC-BY-NC-2.0", "license_not_allowed")
-    assert "source default" in detail
-    spdx, reason, detail = license_verdict(None, "odd", p)
-    assert (spdx, reason) == (None, "license_not_allowed")
-    assert "unrecognised license: 'whatever terms'" in detail
+    verdict = license_verdict(None, "flickr", p)
+    assert (verdict.value, verdict.reason) == ("CC-BY-NC-2.0", "license_not_allowed")
+    assert "source default" in verdict.detail
+    verdict = license_verdict(None, "odd", p)
+    assert (verdict.value, verdict.reason) == (None, "license_not_allowed")
+    assert "unrecognised license: 'whatever terms'" in verdict.detail
 
 
 def test_allowlist_entries_may_be_aliases():
     p = policy(allow=("CC BY 4.0", "https://creativecommons.org/publicdomain/zero/1.0/", "apache 2", "Public domain"))
-    assert license_verdict("cc-by-4.0", "s", p)[1] is None
-    assert license_verdict("CC0", "s", p) == ("CC0-1.0", None, None)
-    assert license_verdict("Apache-2.0", "s", p)[1] is None
-    assert license_verdict("PD-US", "s", p) == (PUBLIC_DOMAIN, None, None)
-    assert license_verdict("MIT", "s", p)[1] == "license_not_allowed"
+    assert license_verdict("cc-by-4.0", "s", p).reason is None
+    assert license_verdict("CC0", "s", p) == Verdict("CC0-1.0")
+    assert license_verdict("Apache-2.0", "s", p).reason is None
+    assert license_verdict("PD-US", "s", p) == Verdict(PUBLIC_DOMAIN)
+    assert license_verdict("MIT", "s", p).reason == "license_not_allowed"
 
 
 def test_default_allowlist_accepts_the_public_domain_mark():
     # the default lists "PDM-1.0"; SPDX's id is CC-PDM-1.0, and the alias bridges them
-    assert license_verdict("https://creativecommons.org/publicdomain/mark/1.0/", "s", policy()) == (
-        "CC-PDM-1.0",
-        None,
-        None,
-    )
+    assert license_verdict("https://creativecommons.org/publicdomain/mark/1.0/", "s", policy()) == Verdict("CC-PDM-1.0")
 
 
 def test_unknown_rejected_by_default_with_the_raw_value():
-    spdx, reason, detail = license_verdict("Foo Public License", "s", policy())
-    assert (spdx, reason) == (None, "license_not_allowed")
-    assert detail == "unrecognised license: 'Foo Public License'"
+    verdict = license_verdict("Foo Public License", "s", policy())
+    assert (verdict.value, verdict.reason) == (None, "license_not_allowed")
+    assert verdict.detail == "unrecognised license: 'Foo Public License'"
 
 
 def test_unknown_detail_is_cut_short():
-    detail = license_verdict("x" * 500, "s", policy())[2]
+    detail = license_verdict("x" * 500, "s", policy()).detail
     assert len(detail) < 120
 
 
 def test_unknown_allowed_when_policy_says_so():
     p = policy(unknown="allow")
-    assert license_verdict("Foo Public License", "s", p) == (UNKNOWN, None, None)
+    assert license_verdict("Foo Public License", "s", p) == Verdict(UNKNOWN)
     # a recognised license outside the allowlist is still rejected
-    assert license_verdict("CC BY-NC 4.0", "s", p)[1] == "license_not_allowed"
+    assert license_verdict("CC BY-NC 4.0", "s", p).reason == "license_not_allowed"
     # and missing is still missing
-    assert license_verdict(None, "s", p)[1] == "license_missing"
+    assert license_verdict(None, "s", p).reason == "license_missing"
 
 
 def test_only_the_two_reasons_exist():
     p = policy(source_defaults={"a": "MIT"})
     reasons = {
-        license_verdict(raw, src, p)[1]
+        license_verdict(raw, src, p).reason
         for raw in (None, "", "CC BY 4.0", "CC BY-NC 4.0", "junk", "© me", "MIT")
         for src in ("a", "b")
     }
@@ -306,68 +310,73 @@ def test_listed_ids_beyond_the_alias_table_come_from_the_spdx_list():
 
 def test_or_passes_when_one_alternative_is_allowed():
     p = policy(allow=("MIT",))
-    assert license_verdict("MIT OR Apache-2.0", "s", p) == ("MIT OR Apache-2.0", None, None)
-    assert license_verdict("GPL-3.0-only OR MIT", "s", p)[1] is None
-    spdx, reason, detail = license_verdict("GPL-3.0-only OR Apache-2.0", "s", p)
-    assert (spdx, reason) == ("GPL-3.0-only OR Apache-2.0", "license_not_allowed")
-    assert "Apache-2.0 is not in validate.license.allow" in detail and "GPL-3.0-only is not in" in detail
+    assert license_verdict("MIT OR Apache-2.0", "s", p) == Verdict("MIT OR Apache-2.0")
+    assert license_verdict("GPL-3.0-only OR MIT", "s", p).reason is None
+    verdict = license_verdict("GPL-3.0-only OR Apache-2.0", "s", p)
+    assert (verdict.value, verdict.reason) == ("GPL-3.0-only OR Apache-2.0", "license_not_allowed")
+    assert (
+        "Apache-2.0 is not in validate.license.allow" in verdict.detail and "GPL-3.0-only is not in" in verdict.detail
+    )
 
 
 def test_and_passes_only_when_every_part_is_allowed():
     p = policy(allow=("CC-BY-4.0",))
-    spdx, reason, detail = license_verdict("CC BY 4.0 AND ODbL-1.0", "s", p)
-    assert (spdx, reason) == ("CC-BY-4.0 AND ODbL-1.0", "license_not_allowed")
-    assert "ODbL-1.0 is not in validate.license.allow" in detail and "CC-BY-4.0 is not" not in detail
-    assert license_verdict("CC BY 4.0 AND ODbL-1.0", "s", policy(allow=("CC-BY-4.0", "ODbL-1.0")))[1] is None
+    verdict = license_verdict("CC BY 4.0 AND ODbL-1.0", "s", p)
+    assert (verdict.value, verdict.reason) == ("CC-BY-4.0 AND ODbL-1.0", "license_not_allowed")
+    assert "ODbL-1.0 is not in validate.license.allow" in verdict.detail and "CC-BY-4.0 is not" not in verdict.detail
+    assert license_verdict("CC BY 4.0 AND ODbL-1.0", "s", policy(allow=("CC-BY-4.0", "ODbL-1.0"))).reason is None
 
 
 def test_parentheses_decide_what_binds():
     p = policy(allow=("MIT", "Apache-2.0"))
-    assert license_verdict("MIT AND (GPL-3.0-only OR Apache-2.0)", "s", p)[1] is None
-    assert license_verdict("(MIT AND GPL-3.0-only) OR Apache-2.0", "s", p)[1] is None
-    assert license_verdict("(MIT OR Apache-2.0) AND GPL-3.0-only", "s", p)[1] == "license_not_allowed"
+    assert license_verdict("MIT AND (GPL-3.0-only OR Apache-2.0)", "s", p).reason is None
+    assert license_verdict("(MIT AND GPL-3.0-only) OR Apache-2.0", "s", p).reason is None
+    assert license_verdict("(MIT OR Apache-2.0) AND GPL-3.0-only", "s", p).reason == "license_not_allowed"
 
 
 def test_with_an_exception_passes_where_its_license_does():
     raw = "GPL-2.0-or-later WITH Classpath-exception-2.0"
     # A listed exception only adds permissions: allowed when the license is.
-    assert license_verdict(raw, "s", policy(allow=("GPL-2.0-or-later",)))[1] is None
+    assert license_verdict(raw, "s", policy(allow=("GPL-2.0-or-later",))).reason is None
     # Or when the allowlist names the whole term, and only that term.
     only_term = policy(allow=(raw,))
-    assert license_verdict(raw, "s", only_term)[1] is None
-    assert license_verdict("GPL-2.0-or-later", "s", only_term)[1] == "license_not_allowed"
-    assert license_verdict("GPL-2.0-or-later WITH LLVM-exception", "s", only_term)[1] == "license_not_allowed"
-    assert license_verdict(raw, "s", policy(allow=("MIT",)))[1] == "license_not_allowed"
+    assert license_verdict(raw, "s", only_term).reason is None
+    assert license_verdict("GPL-2.0-or-later", "s", only_term).reason == "license_not_allowed"
+    assert license_verdict("GPL-2.0-or-later WITH LLVM-exception", "s", only_term).reason == "license_not_allowed"
+    assert license_verdict(raw, "s", policy(allow=("MIT",))).reason == "license_not_allowed"
 
 
 def test_unknown_parts_follow_the_unknown_policy():
     reject = policy(allow=("MIT",))
     allow = policy(allow=("MIT",), unknown="allow")
     # An allowed alternative is enough whatever the other one is.
-    assert license_verdict("Foo-1.0 OR MIT", "s", reject) == ("LicenseRef-Unknown OR MIT", None, None)
-    spdx, reason, detail = license_verdict("Foo-1.0 AND MIT", "s", reject)
-    assert (spdx, reason) == ("LicenseRef-Unknown AND MIT", "license_not_allowed")
-    assert "an unrecognised license (validate.license.unknown: reject)" in detail and "'Foo-1.0 AND MIT'" in detail
-    assert license_verdict("Foo-1.0 AND MIT", "s", allow) == ("LicenseRef-Unknown AND MIT", None, None)
+    assert license_verdict("Foo-1.0 OR MIT", "s", reject) == Verdict("LicenseRef-Unknown OR MIT")
+    verdict = license_verdict("Foo-1.0 AND MIT", "s", reject)
+    assert (verdict.value, verdict.reason) == ("LicenseRef-Unknown AND MIT", "license_not_allowed")
+    assert (
+        "an unrecognised license (validate.license.unknown: reject)" in verdict.detail
+        and "'Foo-1.0 AND MIT'" in verdict.detail
+    )
+    assert license_verdict("Foo-1.0 AND MIT", "s", allow) == Verdict("LicenseRef-Unknown AND MIT")
     exception = "MIT WITH Our-Own-Exception"
-    assert "an unrecognised exception" in license_verdict(exception, "s", reject)[2]
-    assert license_verdict(exception, "s", allow) == ("MIT WITH AdditionRef-Unknown", None, None)
+    assert "an unrecognised exception" in license_verdict(exception, "s", reject).detail
+    assert license_verdict(exception, "s", allow) == Verdict("MIT WITH AdditionRef-Unknown")
     # A recognised part outside the allowlist still fails under unknown: allow.
-    assert license_verdict("Foo-1.0 AND GPL-3.0-only", "s", allow)[1] == "license_not_allowed"
+    assert license_verdict("Foo-1.0 AND GPL-3.0-only", "s", allow).reason == "license_not_allowed"
 
 
 def test_a_source_default_may_be_an_expression():
     p = policy(allow=("CC0-1.0",), source_defaults={"scans": "CC0-1.0 OR CC-BY-4.0"})
-    assert license_verdict(None, "scans", p) == ("CC0-1.0 OR CC-BY-4.0", None, None)
+    assert license_verdict(None, "scans", p) == Verdict("CC0-1.0 OR CC-BY-4.0")
     assert policy_problems(p) == []
 
 
 @pytest.mark.parametrize("raw", [["MIT"], ["CC BY 4.0", "MIT"], {"id": "MIT"}, 42, True])
 def test_a_value_that_is_not_a_string_is_refused_never_read_as_its_first_element(raw):
     for p in (policy(allow=("MIT", "CC-BY-4.0")), policy(allow=("MIT", "CC-BY-4.0"), unknown="allow")):
-        spdx, reason, detail = license_verdict(raw, "s", p)
-        assert (spdx, reason) == (None, "license_not_allowed")
-        assert f"license value is a {type(raw).__name__}, not a string" in detail
+        verdict = license_verdict(raw, "s", p)
+        assert (verdict.value, verdict.reason) == (None, "license_not_allowed")
+        assert f"license value is a {type(raw).__name__}, not a string" in verdict.detail
     assert normalize_license(raw) == UNKNOWN
 
 

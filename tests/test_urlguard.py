@@ -11,10 +11,11 @@ LONG_LABEL = "a" * 64
 
 
 def reason_of(url: str, net: NetworkConfig | None = None, policy: AddressPolicy | None = None) -> str | None:
-    refusal = check_url(url, net or NetworkConfig(), policy or AddressPolicy())
-    if refusal is not None:
-        assert refusal.detail, f"{url}: {refusal.reason} without a detail"
-    return None if refusal is None else refusal.reason
+    verdict = check_url(url, net or NetworkConfig(), policy or AddressPolicy())
+    assert verdict.value == url
+    if not verdict.ok:
+        assert verdict.detail, f"{url}: {verdict.reason} without a detail"
+    return verdict.reason
 
 
 REFUSED = [
@@ -160,14 +161,14 @@ def test_file_urls_only_under_the_root(tmp_path):
     (root / "link.jpg").symlink_to(tmp_path / "outside.jpg")
     net = NetworkConfig(file_root=str(root))
     policy = AddressPolicy()
-    assert check_url(f"file://{root}/ok.jpg", net, policy) is None
+    assert check_url(f"file://{root}/ok.jpg", net, policy).ok
     assert reason_of(f"file://{root}/../outside.jpg", net, policy) == "blocked_scheme"
     assert reason_of(f"file://{root}/link.jpg", net, policy) == "blocked_scheme"
 
 
 def test_s3_only_for_listed_buckets():
     net = NetworkConfig(s3_buckets=("ours",))
-    assert check_url("s3://ours/a.jpg", net, AddressPolicy()) is None
+    assert check_url("s3://ours/a.jpg", net, AddressPolicy()).ok
     assert reason_of("s3://theirs/a.jpg", net) == "blocked_scheme"
 
 

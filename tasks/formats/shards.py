@@ -303,15 +303,14 @@ def iter_samples(
     current: Sample | None = None
     end = 0
 
+    def fault(reason: str, member: str, detail: str, offset: int) -> ShardError:
+        return ShardError(reason, path=path, member=member, detail=detail, offset=offset)
+
     def finish(sample: Sample) -> Sample:
         missing = [ext for ext in required if ext not in sample.members]
         if missing:
-            raise ShardError(
-                "tar_missing_member",
-                path=path,
-                member=sample.key,
-                detail=f"sample lacks required extension(s) {missing}",
-                offset=sample.offset,
+            raise fault(
+                "tar_missing_member", sample.key, f"sample lacks required extension(s) {missing}", sample.offset
             )
         sample.length = end - sample.offset
         return sample
@@ -326,35 +325,22 @@ def iter_samples(
     ):
         parts = split_key(member.name)
         if parts is None:
-            raise ShardError(
-                "tar_bad_name",
-                path=path,
-                member=member.name,
-                detail="member name has no key.ext form",
-                offset=member.header_offset,
-            )
+            raise fault("tar_bad_name", member.name, "member name has no key.ext form", member.header_offset)
         key, ext = parts
         if current is None or key != current.key:
             if key in seen:
-                raise ShardError(
+                raise fault(
                     "tar_key_not_grouped",
-                    path=path,
-                    member=member.name,
-                    detail=f"key {key!r} appears again after other keys",
-                    offset=member.header_offset,
+                    member.name,
+                    f"key {key!r} appears again after other keys",
+                    member.header_offset,
                 )
             if current is not None:
                 yield finish(current)
             seen.add(key)
             current = Sample(key=key, offset=member.header_offset)
         if ext in current.members:
-            raise ShardError(
-                "tar_duplicate_member",
-                path=path,
-                member=member.name,
-                detail="the same name twice in one sample",
-                offset=member.header_offset,
-            )
+            raise fault("tar_duplicate_member", member.name, "the same name twice in one sample", member.header_offset)
         current.members[ext] = member.data  # type: ignore[assignment]  # read_data=True
         end = member.end
     if current is not None:

@@ -34,12 +34,6 @@ Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each
   converters; 16-bit grey (``I;16*``, and ``I`` holding 0..65535) scaled by 1/257 and rounded,
   never clipped. Float, signed and wider integer samples are ``unsupported_image_mode``.
   ICC profiles are not applied: samples are taken as sRGB, as img2dataset does.
-- Resize, with img2dataset's semantics (``resize_only_if_bigger=False``, which it defaults to:
-  small images are scaled up too): ``keep_ratio`` scales the SHORT side to ``image_size``;
-  ``center_crop`` does the same then crops the centre square; ``border`` scales the LONG side
-  to ``image_size`` and pads to a square with white; ``no`` keeps the size. New sizes are
-  ``round(side * scale)``; downscaling averages areas (Pillow BOX, img2dataset's ``area``),
-  upscaling uses Lanczos (img2dataset's ``lanczos``).
 - Decoders (tasks/policies/decoders.py; each chosen by bench/bench_decode.py, figures in
   bench/RESULTS.md): Pillow for every format but these two. A still WebP (no animation flag
   in VP8X) goes to libwebp's simple decoder through imagecodecs, not Pillow's animation
@@ -55,25 +49,7 @@ Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each
   pixels are never produced (benchmarked in bench/bench_decode.py). The limits still hold:
   the pixel cap is checked on the header first, truncation still fails the decode, and the
   orientation is applied after it.
-- ``pixel_sha256`` is the exact-duplicate key: sha256 over a small header (original width and
-  height after orientation, decoded width and height) and the normalised RGB pixels as
-  decoded. For everything but drafted JPEGs the decoded pixels are the original resolution,
-  so the same picture stored as PNG, BMP or lossless WebP has one key. A drafted JPEG is
-  hashed at its DCT-scaled resolution: the scale depends only on the header and the recipe's
-  resize settings, and the DCT-scaled pixels are a function of the JPEG's coefficients, so
-  byte-different copies of one JPEG (metadata stripped or changed, payload appended,
-  lossless ``jpegtran`` re-packing) still share a key within one recipe; keys from recipes
-  with different resize settings are not comparable (configs are hashed into output names
-  anyway). A JPEG and a PNG of the same decoded pixels then differ; the perceptual hash
-  catches those.
-- ``phash``: DCT pHash. The normalised picture is area-averaged to 32x32, converted to grey
-  (ITU-R 601 luma) and transformed with an orthonormal 2-D DCT-II; bit i (row-major over the
-  top-left 8x8 block, coefficient (0, 0) in the most significant bit of the 64) is set when
-  the coefficient is above the median of the 63 AC coefficients (the DC term is left out of
-  the median). When the image is resized, the scaled picture (before crop or pad, still the
-  whole picture) stands in for the decoded one as long as its short side is 64 px or more:
-  the same bits within a few, for a fraction of the work. It is unsigned: store it as uint64
-  or reinterpret it as int64.
+- Resize, ``pixel_sha256`` and ``phash``: tasks/policies/pixels.py says how each is done.
 - Output: re-encoded from pixels in ``rules.output_format``, with no EXIF, ICC, text chunks
   or anything after the image, so appended payloads (polyglots) are gone. JPEG and WebP use
   ``rules.quality``; PNG ignores it (zlib level 6). ``rules.skip_reencode`` (img2dataset's
@@ -84,20 +60,16 @@ Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each
 
 from __future__ import annotations
 
-import hashlib
-import io
 from dataclasses import dataclass
 
-import numpy as np
 from PIL import Image
 
 from tasks.formats.recipe_download import ImageRules
-from tasks.policies import decoders
+from tasks.policies import decoders, pixels
 from tasks.policies.decoders import (
     DECODE_ERRORS,
     PIL_FORMATS,
     TRANSPOSE,
-    WHITE,
     PillowSource,
     PlainPngSource,
     StillWebPSource,
@@ -110,7 +82,7 @@ from tasks.policies.decoders import (
 )
 from tasks.policies.sniff import is_truncated, sniff_format
 
-__all__ = ["REASONS", "ImageOutcome", "hamming", "phash", "process_image"]
+__all__ = ["REASONS", "ImageOutcome", "process_image"]
 
 # Every reason process_image can return; each is registered in tasks/formats/reasons.py.
 REASONS = (
@@ -128,21 +100,7 @@ REASONS = (
 )
 
 OUTPUT_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp"}
-THUMBNAIL_SIDE = 96
-PHASH_MIN_SIDE = 64  # the scaled image stands in for the decoded one in the pHash from this size
-THUMBNAIL_QUALITY = 80
 DETAIL_CHARS = 160  # decoder messages are cut so details stay short
-
-
-def _dct_rows(n: int = 32, keep: int = 8) -> np.ndarray:
-    k = np.arange(keep)[:, None]
-    x = np.arange(n)[None, :]
-    rows = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * x + 1) * k / (2 * n))
-    rows[0] /= np.sqrt(2.0)
-    return rows
-
-
-_DCT8 = _dct_rows()
 
 
 @dataclass(frozen=True)
@@ -182,11 +140,6 @@ class ImageOutcome:
         return self.reason is None
 
 
-def hamming(a: int, b: int) -> int:
-    """Number of differing bits between two perceptual hashes."""
-    return (a ^ b).bit_count()
-
-
 def _short(err: BaseException) -> str:
     if isinstance(err, Image.UnidentifiedImageError):
         return "UnidentifiedImageError: the decoder does not recognise the data"  # its text holds an address
@@ -202,83 +155,13 @@ def _decode_failure(err: BaseException) -> tuple[str, str]:
 
 def _over_cap(width: int, height: int, rules: ImageRules) -> str | None:
     """Why a header size is a decompression bomb (``max_pixels``, or Pillow's own guard), or None."""
-    pixels = width * height
-    if pixels > rules.max_pixels:
-        return f"{width}x{height} = {pixels} px > max_pixels {rules.max_pixels}"
+    count = width * height
+    if count > rules.max_pixels:
+        return f"{width}x{height} = {count} px > max_pixels {rules.max_pixels}"
     guard = Image.MAX_IMAGE_PIXELS
-    if guard and pixels > 2 * guard:  # where Image.open raises DecompressionBombError
-        return f"{width}x{height} = {pixels} px > Pillow's limit {2 * guard} (2 x Image.MAX_IMAGE_PIXELS)"
+    if guard and count > 2 * guard:  # where Image.open raises DecompressionBombError
+        return f"{width}x{height} = {count} px > Pillow's limit {2 * guard} (2 x Image.MAX_IMAGE_PIXELS)"
     return None
-
-
-def _resize_dims(width: int, height: int, rules: ImageRules) -> tuple[int, int] | None:
-    """(w, h) the oriented image is scaled to before any crop or pad; None when no resize."""
-    if rules.resize_mode == "no":
-        return None
-    side = max(width, height) if rules.resize_mode == "border" else min(width, height)
-    scale = rules.image_size / side
-    return max(1, round(width * scale)), max(1, round(height * scale))
-
-
-def _thumb_dims(width: int, height: int) -> tuple[int, int]:
-    scale = min(1.0, THUMBNAIL_SIDE / max(width, height))
-    return max(1, round(width * scale)), max(1, round(height * scale))
-
-
-def _pixel_sha256(rgb: Image.Image, orig: tuple[int, int], raw: np.ndarray | None = None) -> str:
-    """``raw``: the decoder's own RGB array when it holds exactly ``rgb``'s bytes (hashed without a copy)."""
-    digest = hashlib.sha256(b"rgb8 %dx%d %dx%d\n" % (orig[0], orig[1], rgb.width, rgb.height))
-    digest.update(rgb.tobytes() if raw is None else np.ascontiguousarray(raw))
-    return digest.hexdigest()
-
-
-def phash(rgb: Image.Image) -> int:
-    """64-bit DCT perceptual hash of an RGB image (see the module docstring)."""
-    small = rgb.resize((32, 32), Image.Resampling.BOX).convert("L")
-    pixels = np.asarray(small, dtype=np.float64)
-    low = (_DCT8 @ pixels @ _DCT8.T).ravel()
-    bits = low > np.median(low[1:])
-    return int.from_bytes(np.packbits(bits).tobytes(), "big")  # bits[0] is the top bit
-
-
-def _encode(img: Image.Image, fmt: str, quality: int) -> bytes:
-    img.info = {}  # no ICC, EXIF, text or dpi carried over from the source
-    out = io.BytesIO()
-    if fmt == "jpeg":
-        img.save(out, "JPEG", quality=quality)
-    elif fmt == "webp":
-        img.save(out, "WEBP", quality=quality)
-    else:
-        img.save(out, "PNG", compress_level=6)
-    return out.getvalue()
-
-
-def _thumbnail(rgb: Image.Image) -> bytes:
-    small = rgb.resize(_thumb_dims(rgb.width, rgb.height), Image.Resampling.BICUBIC, reducing_gap=2.0)
-    return _encode(small, "jpeg", THUMBNAIL_QUALITY)
-
-
-def _scale(rgb: Image.Image, dims: tuple[int, int], box: tuple[float, float, float, float] | None) -> Image.Image:
-    """Scale to ``dims``, from ``box`` when the image was drafted: area average down, Lanczos up."""
-    if dims == rgb.size and box is None:
-        return rgb
-    src_w = box[2] - box[0] if box else rgb.width
-    resample = Image.Resampling.BOX if dims[0] <= src_w else Image.Resampling.LANCZOS
-    return rgb.resize(dims, resample, box=box)
-
-
-def _crop_or_pad(scaled: Image.Image, rules: ImageRules) -> Image.Image:
-    """The centre square (``center_crop``) or the picture on a white square (``border``)."""
-    size = rules.image_size
-    w, h = scaled.size
-    if (w, h) == (size, size) or rules.resize_mode not in ("center_crop", "border"):
-        return scaled
-    if rules.resize_mode == "center_crop":
-        left, top = (w - size) // 2, (h - size) // 2
-        return scaled.crop((left, top, left + size, top + size))
-    canvas = Image.new("RGB", (size, size), WHITE)
-    canvas.paste(scaled, ((size - w) // 2, (size - h) // 2))
-    return canvas
 
 
 def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) -> ImageOutcome:
@@ -344,7 +227,7 @@ def _decide(
     # Short side, aspect ratio and pixel counts do not change under rotation: judged on the header.
     short, long = min(width, height), max(width, height)
     ow, oh = oriented(orientation)
-    target = _resize_dims(width, height, rules)
+    target = pixels.resize_dims(width, height, rules)
     verdict: tuple[str, str] | None = None
     if animated and rules.animated == "reject":
         verdict = ("animated_image", "more than one frame")
@@ -360,7 +243,7 @@ def _decide(
         return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
 
     # The draft request is in the file's stored orientation.
-    want = _thumb_dims(width, height) if verdict is not None else target
+    want = pixels.thumb_dims(width, height) if verdict is not None else target
     try:
         stored, box, late = src.load(want)
         orientation = late if orientation is None else orientation
@@ -379,18 +262,18 @@ def _decide(
         box = box_after(box, stored_rgb.size, orientation)
     common = {"orig_width": ow, "orig_height": oh, "src_format": fmt}
     if verdict is not None:
-        return ImageOutcome(*verdict, thumbnail=_thumbnail(rgb), **common)
+        return ImageOutcome(*verdict, thumbnail=pixels.thumbnail(rgb), **common)
 
     unchanged = stored_rgb is stored and method is None  # RGB as decoded, not rotated
-    pixel_key = _pixel_sha256(rgb, (ow, oh), src.pixels if unchanged else None)
-    target = _resize_dims(ow, oh, rules)
-    scaled = _scale(rgb, target, box) if target is not None else rgb
+    pixel_key = pixels.pixel_sha256(rgb, (ow, oh), src.pixels if unchanged else None)
+    target = pixels.resize_dims(ow, oh, rules)
+    scaled = pixels.scale(rgb, target, box) if target is not None else rgb
     # The scaled picture is still the whole picture and far cheaper to average down to 32x32.
-    perceptual = phash(scaled if min(scaled.size) >= PHASH_MIN_SIDE else rgb)
-    out = _crop_or_pad(scaled, rules)
+    perceptual = pixels.phash(scaled if min(scaled.size) >= pixels.PHASH_MIN_SIDE else rgb)
+    out = pixels.crop_or_pad(scaled, rules)
     # The input bytes decode to exactly ``out`` only when nothing was resized, converted or rotated.
     keep = rules.skip_reencode and out is rgb and unchanged and not animated and fmt == rules.output_format
-    encoded = data if keep else _encode(out, rules.output_format, rules.quality)
+    encoded = data if keep else pixels.encode(out, rules.output_format, rules.quality)
     return ImageOutcome(
         None,
         data=encoded,
@@ -399,6 +282,6 @@ def _decide(
         height=out.height,
         pixel_sha256=pixel_key,
         phash=perceptual,
-        thumbnail=_thumbnail(rgb) if thumbnail else None,
+        thumbnail=pixels.thumbnail(rgb) if thumbnail else None,
         **common,
     )

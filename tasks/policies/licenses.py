@@ -29,6 +29,7 @@ from tasks.policies.spdx import (
     looks_like_expression,
     normalize_expression,
 )
+from tasks.policies.verdict import Verdict
 
 _BY_LOWER = {i.lower(): i for i in SPDX_KNOWN}
 
@@ -280,7 +281,7 @@ def _shown(raw: str, limit: int = 80) -> str:
     return repr(raw if len(raw) <= limit else raw[:limit] + "...")
 
 
-def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> tuple[str | None, str | None, str | None]:
+def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> Verdict[str]:
     """Judge one sample's license against the policy.
 
     Args:
@@ -289,22 +290,20 @@ def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> tupl
         policy: the recipe's ``validate.license``.
 
     Returns:
-        ``(spdx, reason, detail)``. Accepted: ``(id, None, None)``. Rejected with
+        A :class:`Verdict` whose value is the SPDX id. Accepted: ``Verdict(id)``. Rejected with
         ``license_missing`` (no value and no source default) or ``license_not_allowed`` (an id
-        outside ``policy.allow``, with that id as ``spdx``; or an unrecognised value under
-        ``unknown: reject``, with ``spdx`` None; or a value that is not a string, such as a
+        outside ``policy.allow``, with that id as the value; or an unrecognised value under
+        ``unknown: reject``, with no value; or a value that is not a string, such as a
         JSON list, whatever the policy). ``detail`` says which value and why. An
         unrecognised value under ``unknown: allow`` is accepted as ``LicenseRef-Unknown``.
         An expression is judged part by part (``tasks.policies.spdx.blockers``): ``OR`` passes when one
         alternative is allowed, ``AND`` when all are, unrecognised parts follow ``unknown``;
-        ``spdx`` is then the normalised expression, and the detail names the parts that fail.
+        the value is then the normalised expression, and the detail names the parts that fail.
     """
     if raw is not None and not isinstance(raw, str) and normalize_license(raw) is not None:
         # The manifest readers refuse such values first; a list is never one of its elements.
-        return (
-            None,
-            "license_not_allowed",
-            f"license value is a {type(raw).__name__}, not a string: {_shown(repr(raw))}",
+        return Verdict(
+            None, "license_not_allowed", f"license value is a {type(raw).__name__}, not a string: {_shown(repr(raw))}"
         )
     spdx = normalize_license(raw)
     shown_raw = raw
@@ -312,30 +311,33 @@ def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> tupl
     if spdx is None:
         default = policy.source_defaults.get(source)
         if default is None:
-            return None, "license_missing", f"no license and no validate.license.source_defaults entry for {source!r}"
+            return Verdict(
+                None, "license_missing", f"no license and no validate.license.source_defaults entry for {source!r}"
+            )
         spdx = normalize_license(default)
         shown_raw = default
         origin = f" (source default for {source!r})"
         if spdx is None:
-            return None, "license_missing", f"source default for {source!r} is empty"
+            return Verdict(None, "license_missing", f"source default for {source!r} is empty")
     if spdx == UNKNOWN:
         if policy.unknown == "allow":
-            return UNKNOWN, None, None
-        return None, "license_not_allowed", f"unrecognised license: {_shown(str(shown_raw))}{origin}"
+            return Verdict(UNKNOWN)
+        return Verdict(None, "license_not_allowed", f"unrecognised license: {_shown(str(shown_raw))}{origin}")
     if is_expression(spdx):
         why = blockers(spdx, _allowed(tuple(policy.allow)), policy.unknown == "allow")
         if not why:
-            return spdx, None, None
+            return Verdict(spdx)
         parts = [
             f"{b} (validate.license.unknown: reject)"
             if b.startswith("an unrecognised")
             else f"{b} is not in validate.license.allow"
             for b in why
         ]
-        return spdx, "license_not_allowed", f"{spdx} (from {_shown(str(shown_raw))}): {'; '.join(parts)}{origin}"
+        detail = f"{spdx} (from {_shown(str(shown_raw))}): {'; '.join(parts)}{origin}"
+        return Verdict(spdx, "license_not_allowed", detail)
     if spdx not in _allowed(tuple(policy.allow)):
-        return spdx, "license_not_allowed", f"{spdx} is not in validate.license.allow{origin}"
-    return spdx, None, None
+        return Verdict(spdx, "license_not_allowed", f"{spdx} is not in validate.license.allow{origin}")
+    return Verdict(spdx)
 
 
 def policy_problems(policy: LicensePolicy) -> list[str]:

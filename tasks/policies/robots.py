@@ -6,6 +6,8 @@ from urllib.parse import urlsplit
 
 from protego import Protego
 
+from tasks.policies.verdict import Verdict
+
 _DIRECTIVES_WITH_ARGS = frozenset({"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"})
 
 
@@ -37,24 +39,27 @@ class RobotsRules:
     def parse(cls, body: bytes, where: str) -> RobotsRules:
         return cls(Protego.parse(body.decode("utf-8", "replace")), True, where)
 
-    def refusal(self, url: str, ua_token: str) -> str | None:
-        """Why robots.txt refuses ``url`` to the user agent ``ua_token``, or None when it allows it."""
+    def verdict(self, url: str, ua_token: str) -> Verdict[str]:
+        """Whether robots.txt lets the user agent ``ua_token`` fetch ``url`` (the verdict's value);
+        refused as ``robots_disallowed``, the detail naming the file and the path."""
         if self.parser is None:
-            return None if self.allow else self.why
+            return Verdict(url) if self.allow else Verdict(url, "robots_disallowed", self.why)
         if self.parser.can_fetch(url, ua_token):
-            return None
+            return Verdict(url)
         parts = urlsplit(url)
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
-        return f"{self.why} disallows {path} for {ua_token}"
+        return Verdict(url, "robots_disallowed", f"{self.why} disallows {path} for {ua_token}")
 
 
-def opted_out(values: list[str], directives: frozenset[str], ua_token: str) -> bool:
+def x_robots_verdict(values: list[str], directives: frozenset[str], ua_token: str) -> Verdict[str]:
     """Whether ``X-Robots-Tag`` header values carry an opt-out directive that applies to us.
 
-    A value may be scoped to a user agent (``otherbot: noai, noml``); the scope holds for the
-    directives after it in that value. Unscoped, ``*`` and our own token apply to us.
+    Refused as ``opted_out``, the value being the first directive that applies and the detail
+    the header values. A value may be scoped to a user agent (``otherbot: noai, noml``); the
+    scope holds for the directives after it in that value. Unscoped, ``*`` and our own token
+    apply to us.
     """
     for value in values:
         scope: str | None = None
@@ -68,5 +73,5 @@ def opted_out(values: list[str], directives: frozenset[str], ua_token: str) -> b
             if scope not in (None, "*", ua_token):
                 continue
             if part in directives:
-                return True
-    return False
+                return Verdict(part, "opted_out", "X-Robots-Tag: " + "; ".join(values))
+    return Verdict()

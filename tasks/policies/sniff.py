@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tasks.policies.verdict import Verdict
+
 EXTENSIONS = {
     "jpeg": "jpg",
     "png": "png",
@@ -94,22 +96,22 @@ def is_truncated(fmt: str, data: bytes) -> bool:
     return truncation(fmt, data) is not None
 
 
-def bytes_verdict(
-    data: bytes, allowed_formats: tuple[str, ...], content_type: str | None = None
-) -> tuple[str | None, str | None, str | None]:
-    """(reason, format, detail) for fetched bytes: sniffed format, allowlist, truncation.
+def bytes_verdict(data: bytes, allowed_formats: tuple[str, ...], content_type: str | None = None) -> Verdict[str]:
+    """Fetched bytes judged: sniffed format (the verdict's value, once known), allowlist, truncation.
 
     The detail says what the bytes are and what the server called them (``Content-Type``).
     """
     served = f"Content-Type {content_type}" if content_type else "no Content-Type"
     if not data:
-        return "empty_body", None, f"0 bytes ({served})"
+        return Verdict(None, "empty_body", f"0 bytes ({served})")
     fmt = sniff_format(data)
     if fmt is None:
-        return "not_an_image", None, f"{describe_start(data)} ({len(data)} bytes, {served})"
+        return Verdict(None, "not_an_image", f"{describe_start(data)} ({len(data)} bytes, {served})")
     if fmt not in allowed_formats:
-        return "format_not_allowed", fmt, f"{fmt} is not in allowed_formats ({', '.join(allowed_formats)}; {served})"
+        return Verdict(
+            fmt, "format_not_allowed", f"{fmt} is not in allowed_formats ({', '.join(allowed_formats)}; {served})"
+        )
     cut = truncation(fmt, data)
     if cut is not None:
-        return "truncated_image", fmt, f"{cut} ({served})"
-    return None, fmt, None
+        return Verdict(fmt, "truncated_image", f"{cut} ({served})")
+    return Verdict(fmt)

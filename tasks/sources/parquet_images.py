@@ -9,10 +9,10 @@ from typing import Any
 import fsspec
 
 from tasks.formats.manifests.chunks import MAX_FILE_ROWS, ChunkRef
-from tasks.formats.manifests.sources import display, open_options
+from tasks.formats.manifests.files import display, open_options
 from tasks.formats.recipe_download import DownloadConfig, SourceConfig
 from tasks.sources.tarsamples import shown
-from tasks.stages.fetch import Fetched, judge
+from tasks.stages.fetched import Fetched, judge
 
 Row = dict[str, Any]
 

@@ -10,17 +10,9 @@ from typing import Any
 import fsspec
 
 from tasks.formats.manifests.chunks import MAX_FILE_ROWS, ChunkRef, row_base
+from tasks.formats.manifests.files import ManifestError, ManifestFile, display, file_tag, open_options
 from tasks.formats.manifests.planning import SourcePlan
-from tasks.formats.manifests.sources import (
-    ManifestError,
-    ManifestFile,
-    check_tags,
-    display,
-    file_tag,
-    find_files,
-    open_options,
-    source_kind,
-)
+from tasks.formats.manifests.sources import check_tags, find_files, source_kind
 from tasks.formats.recipe_download import SourceConfig
 
 # Bump when ingesting the same input bytes would give other samples or ledgers: part of every

@@ -10,10 +10,10 @@ from typing import Any
 import fsspec
 
 from tasks.formats.manifests.chunks import ChunkRef
-from tasks.formats.manifests.sources import display, open_options
+from tasks.formats.manifests.files import display, open_options
 from tasks.formats.recipe_download import DownloadConfig, SourceConfig
 from tasks.sources.tarsamples import ShardFault, TarSample, iter_tar_samples, shown
-from tasks.stages.fetch import Fetched, judge
+from tasks.stages.fetched import Fetched, judge
 
 # Image members in the order one is picked when a sample has several (webdataset's names).
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "avif", "heic", "heif", "img", "image")

@@ -14,7 +14,7 @@ from tasks.formats.reasons import OK
 from tasks.formats.recipe_download import DownloadConfig
 from tasks.formats.storage import Storage
 from tasks.policies.sniff import EXTENSIONS
-from tasks.stages.fetch import Fetched
+from tasks.stages.fetched import Fetched
 from tasks.stages.fetchrows import iter_completed
 from tasks.stages.runner import DECIDE_FAILED, ShardResult, Verdict, failure_detail, run_shard
 

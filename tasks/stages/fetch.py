@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import re
-import socket
-import ssl
 import time
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -16,17 +13,10 @@ import aiohttp
 from yarl import URL
 
 from tasks.formats.recipe_download import DownloadConfig
-from tasks.policies.robots import RobotsRules, opted_out
-from tasks.policies.sniff import bytes_verdict
-from tasks.policies.urlguard import (
-    AddressPolicy,
-    BlockedAddress,
-    GuardedResolver,
-    InvalidHost,
-    Refusal,
-    check_url,
-    resolve_file_url,
-)
+from tasks.policies.robots import RobotsRules, x_robots_verdict
+from tasks.policies.urlguard import AddressPolicy, GuardedResolver, check_url, resolve_file_url
+from tasks.policies.verdict import Verdict
+from tasks.stages.fetched import Fetched, classify, exception_detail, failure
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
 _REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
@@ -34,101 +24,10 @@ _ROBOTS_MAX_BYTES = 512 * 1024  # RFC 9309 asks parsers to read at least 500 KiB
 _CHUNK = 1 << 20  # body read size; images are 100 KB to MBs
 
 
-@dataclass
-class Fetched:
-    """What fetching one URL (and judging its bytes) ended in: bytes, or a reason with a detail."""
-
-    reason: str | None = None
-    data: bytes | None = None
-    http_status: int | None = None
-    attempts: int = 0
-    detail: str | None = None
-    content_type: str | None = None
-    format: str | None = None
-
-
 class _Retry(Exception):
     def __init__(self, reason: str, status: int | None, delay: float | None, detail: str):
         super().__init__(detail)
         self.reason, self.status, self.delay, self.detail = reason, status, delay, detail
-
-
-def exception_detail(err: BaseException) -> str:
-    """``TypeName: message`` of an exception, for a ledger detail."""
-    name = type(err).__name__
-    text = str(err)
-    if isinstance(err, aiohttp.ClientConnectorError) and err.os_error is not None:
-        inner = err.os_error
-        if isinstance(inner, (BlockedAddress, InvalidHost)):
-            return str(inner)  # our own message names the host and the addresses
-        name += f" ({type(inner).__name__})"
-        if inner.strerror is None:  # aiohttp shows strerror, which a one-argument OSError lacks
-            text = text.removesuffix(" [None]") + f" [{inner}]"
-    return f"{name}: {text}" if text else name
-
-
-def classify(err: BaseException) -> tuple[str, bool]:
-    """(reason, worth a retry) for an exception raised while fetching one URL.
-
-    Known classes keep the reasons people look for (a host that cannot be encoded is an
-    ``invalid_url``, a failed lookup a ``dns_error`` ...); anything else is ``fetch_failed``.
-    """
-    if isinstance(err, aiohttp.ClientConnectorError):
-        inner = err.os_error
-        if isinstance(inner, BlockedAddress):
-            return "blocked_address", False
-        if isinstance(inner, InvalidHost):
-            return "invalid_url", False
-        if isinstance(err, aiohttp.ClientConnectorDNSError):
-            return "dns_error", False
-        if isinstance(err, aiohttp.ClientSSLError):
-            return "tls_error", False
-        return "connection_error", True
-    if isinstance(err, BlockedAddress):
-        return "blocked_address", False
-    if isinstance(err, InvalidHost):
-        return "invalid_url", False
-    if isinstance(err, ssl.SSLError):
-        return "tls_error", False
-    if isinstance(err, aiohttp.InvalidURL):
-        return "invalid_url", False
-    if isinstance(err, TimeoutError):
-        return "timeout", False
-    if isinstance(err, socket.gaierror):
-        return "dns_error", False
-    if isinstance(
-        err, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError)
-    ):
-        return "connection_error", True
-    if isinstance(err, (aiohttp.ClientError, OSError)):
-        return "connection_error", False
-    return "fetch_failed", False
-
-
-def failure(err: BaseException) -> Fetched:
-    """The record of an exception raised while fetching or judging one row.
-
-    Interpreter exits, and a cancellation of the running task (the shard deadline, a shutdown),
-    propagate; a CancelledError that some step raised on its own is a failure like any other.
-    """
-    if isinstance(err, (KeyboardInterrupt, SystemExit)):
-        raise err
-    if isinstance(err, asyncio.CancelledError):
-        task = asyncio.current_task()
-        if task is None or task.cancelling():
-            raise err
-    return Fetched(reason=classify(err)[0], detail=exception_detail(err))
-
-
-def judge(fetched: Fetched, allowed_formats: tuple[str, ...]) -> Fetched:
-    """Judge fetched bytes in place (sniffed format, allowlist, truncation); a refused body is dropped."""
-    if fetched.reason is None:
-        fetched.reason, fetched.format, fetched.detail = bytes_verdict(
-            fetched.data or b"", allowed_formats, fetched.content_type
-        )
-        if fetched.reason is not None:
-            fetched.data = None
-    return fetched
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -211,7 +110,7 @@ class Fetcher:
             sem = self._hosts[host] = asyncio.Semaphore(self.cfg.per_host)
         return sem
 
-    def _refusal(self, url: str) -> Refusal | None:
+    def _check(self, url: str) -> Verdict[str]:
         return check_url(url, self.cfg.network, self.policy)
 
     async def fetch(self, url: str) -> Fetched:
@@ -222,9 +121,9 @@ class Fetcher:
             return failure(err)
 
     async def _fetch(self, url: str) -> Fetched:
-        refusal = self._refusal(url)
-        if refusal is not None:
-            return Fetched(reason=refusal.reason, detail=refusal.detail)
+        checked = self._check(url)
+        if not checked.ok:
+            return Fetched(reason=checked.reason, detail=checked.detail)
         if urlsplit(url).scheme.lower() in ("file", "s3"):
             return await asyncio.to_thread(self._read_object, url)
         last: _Retry | None = None
@@ -274,9 +173,9 @@ class Fetcher:
     async def _follow(self, url: str) -> Fetched:
         for _hop in range(self.cfg.max_redirects + 1):
             if self.cfg.respect_robots_txt:
-                why = await self._robots_refusal(url)
-                if why is not None:
-                    return Fetched(reason="robots_disallowed", detail=why)
+                robots = await self._robots_verdict(url)
+                if not robots.ok:
+                    return Fetched(reason=robots.reason, detail=robots.detail)
             async with self._session.get(URL(url), allow_redirects=False) as resp:
                 status = resp.status
                 if status in _REDIRECT_STATUS:
@@ -287,12 +186,13 @@ class Fetcher:
                             http_status=status,
                             detail=f"{_status_text(resp)}: redirect without Location",
                         )
-                    url, refusal = self._redirect_target(url, location)
-                    if refusal is not None:
+                    target = self._redirect_target(url, location)
+                    url = target.value or location
+                    if not target.ok:
                         return Fetched(
-                            reason=refusal.reason,
+                            reason=target.reason,
                             http_status=status,
-                            detail=f"redirect to {_shown(url)}: {refusal.detail}",
+                            detail=f"redirect to {_shown(url)}: {target.detail}",
                         )
                     continue
                 if status in _RETRY_STATUS:
@@ -307,9 +207,9 @@ class Fetcher:
                     raise _Retry(f"http_{status}", status, delay, _status_text(resp))
                 if status != 200:
                     return Fetched(reason=f"http_{status}", http_status=status, detail=_status_text(resp))
-                tags = resp.headers.getall("X-Robots-Tag", [])
-                if opted_out(tags, self._directives, self.ua_token):
-                    return Fetched(reason="opted_out", http_status=status, detail="X-Robots-Tag: " + "; ".join(tags))
+                opt_out = x_robots_verdict(resp.headers.getall("X-Robots-Tag", []), self._directives, self.ua_token)
+                if not opt_out.ok:
+                    return Fetched(reason=opt_out.reason, http_status=status, detail=opt_out.detail)
                 data, problem = await self._read_capped(resp)
                 if data is None:
                     return Fetched(reason="too_large", http_status=status, detail=problem)
@@ -319,18 +219,18 @@ class Fetcher:
             detail=f"more than download.max_redirects ({self.cfg.max_redirects}); the last to {_shown(url)}",
         )
 
-    def _redirect_target(self, url: str, location: str) -> tuple[str, Refusal | None]:
-        """The absolute redirect target and why it is refused: the same checks as any URL."""
+    def _redirect_target(self, url: str, location: str) -> Verdict[str]:
+        """The absolute redirect target (the verdict's value), judged by the same checks as any URL."""
         try:
             target = urljoin(url, location)
             scheme = urlsplit(target).scheme.lower()
         except ValueError as err:
-            return location, Refusal("invalid_url", f"cannot parse the Location: {err}")
+            return Verdict(location, "invalid_url", f"cannot parse the Location: {err}")
         if scheme not in ("http", "https"):
-            return target, Refusal(
-                "blocked_scheme", f"a redirect to {scheme or 'no'} scheme; only http and https are followed"
+            return Verdict(
+                target, "blocked_scheme", f"a redirect to {scheme or 'no'} scheme; only http and https are followed"
             )
-        return target, self._refusal(target)
+        return self._check(target)
 
     async def _read_capped(self, resp: aiohttp.ClientResponse) -> tuple[bytes | None, str | None]:
         """(body, None), or (None, why) past max_bytes; Content-Length is not trusted either way."""
@@ -353,7 +253,7 @@ class Fetcher:
             raise aiohttp.ClientPayloadError(f"received {total} of {expected} bytes ({err})") from err
         return b"".join(parts), None
 
-    async def _robots_refusal(self, url: str) -> str | None:
+    async def _robots_verdict(self, url: str) -> Verdict[str]:
         parts = urlsplit(url)
         origin = f"{parts.scheme}://{parts.netloc}"
         fut = self._robots.get(origin)
@@ -361,7 +261,7 @@ class Fetcher:
             fut = self._robots[origin] = asyncio.ensure_future(self._load_robots(origin))
         # Shielded: a row that times out or is cancelled must not cancel the origin's shared load.
         rules = await asyncio.shield(fut)
-        return rules.refusal(url, self.ua_token)
+        return rules.verdict(url, self.ua_token)
 
     async def _load_robots(self, origin: str) -> RobotsRules:
         """robots.txt per RFC 9309: 4xx allows all; 5xx, unreachable or unreadable disallows all.
@@ -375,10 +275,11 @@ class Fetcher:
                     async with self._session.get(URL(url), allow_redirects=False) as resp:
                         location = resp.headers.get("Location")
                         if resp.status in _REDIRECT_STATUS and location:
-                            url, refusal = self._redirect_target(url, location)
-                            if refusal is not None:
+                            target = self._redirect_target(url, location)
+                            url = target.value or location
+                            if not target.ok:
                                 return RobotsRules.disallow_all(
-                                    f"robots.txt redirects to a refused URL ({refusal.reason}: {refusal.detail}): disallow all"
+                                    f"robots.txt redirects to a refused URL ({target.reason}: {target.detail}): disallow all"
                                 )
                             continue
                         if 400 <= resp.status < 500:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.formats.recipe_download import DownloadConfig
-from tasks.stages.fetch import Fetched, Fetcher, failure, judge
+from tasks.stages.fetch import Fetcher
+from tasks.stages.fetched import Fetched, failure, judge
 
 Row = dict[str, Any]
 # How long cancelled fetches get to unwind once the shard deadline has passed.

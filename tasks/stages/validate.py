@@ -205,15 +205,14 @@ def _judge(
     cfg = judge.cfg
     meta = json.loads(members.get("json", b"{}"))
     image_ext = next((ext for ext in members if ext in IMAGE_EXTS), None)
-    spdx, reason, detail = license_verdict(meta.get("license"), down["source"], cfg.license)
-    caption, caption_reason = caption_verdict(
+    licensed = license_verdict(meta.get("license"), down["source"], cfg.license)
+    captioned = caption_verdict(
         meta.get("caption", members.get("txt", b"").decode("utf-8", "replace") or None), cfg.caption
     )
-    if reason is None:
-        reason, detail = (
-            caption_reason,
-            (detail if caption_reason is None else _caption_detail(caption_reason, caption, cfg)),
-        )
+    spdx, caption = licensed.value, captioned.value
+    # The license is judged first: its refusal is the row's, whatever the caption.
+    first = licensed if not licensed.ok else captioned
+    reason, detail = first.reason, first.detail
     if reason is None and image_ext is None:
         reason, detail = "not_an_image", f"no image member in the sample (members: {', '.join(sorted(members))})"
     want_thumb = reason is not None and judge.want_thumbnail(reason)
@@ -273,16 +272,3 @@ def _judge(
         out["txt"] = caption.encode("utf-8")
     # Thumbnails of accepted samples are not kept: the report shows rejected ones.
     return row, out, None
-
-
-def _caption_detail(reason: str, caption: str | None, cfg: ValidateConfig) -> str:
-    """What a person needs to see about a rejected caption: its length against the bound."""
-    rules = cfg.caption
-    n = len(caption) if caption else 0
-    if reason == "caption_too_long":
-        return f"{n} characters > max_chars {rules.max_chars}"
-    if reason == "caption_too_short":
-        return f"{n} characters, {len(caption.split()) if caption else 0} words (min_chars {rules.min_chars}, min_words {rules.min_words})"
-    if reason == "caption_missing":
-        return "no caption after cleanup"
-    return f"{n} characters"

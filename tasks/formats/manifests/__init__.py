@@ -1,10 +1,11 @@
 """URL manifests (one file, or a folder or pattern of files) read as a stream and cut into download chunks, memory bounded whatever their size.
 
-The parts: ``sources`` (where the files are, opening them), ``careful`` (the row-at-a-time
-reader and its caps), ``text`` (csv / tsv through pyarrow's parser), ``values`` (URL
-verdicts, wrong types, extras), ``jsonl`` (json lines by blocks), ``reading`` (a file into
-judged batches), ``chunks`` (the chunk schema, row ids and keys, content hashes) and
-``planning`` (per-file plans and their combination).
+The parts: ``files`` (one file: its record, its errors, its bytes opened hashed), ``sources``
+(where a source's files are, listed), ``careful`` (the row-at-a-time reader and its caps),
+``text`` (csv / tsv through pyarrow's parser), ``values`` (URL verdicts, wrong types, extras),
+``jsonl`` (json lines by blocks), ``reading`` (a file into judged batches), ``chunks`` (the
+chunk schema, row ids and keys, content hashes) and ``planning`` (per-file plans and their
+combination).
 """
 
 from tasks.formats.manifests.careful import MAX_ROW_BYTES
@@ -17,6 +18,7 @@ from tasks.formats.manifests.chunks import (
     read_chunk,
     sample_key,
 )
+from tasks.formats.manifests.files import ManifestError, ManifestFile
 from tasks.formats.manifests.planning import (
     FilePlan,
     SourcePlan,
@@ -27,7 +29,7 @@ from tasks.formats.manifests.planning import (
     plan_files,
     plan_source,
 )
-from tasks.formats.manifests.sources import ManifestError, ManifestFile, list_manifest_files
+from tasks.formats.manifests.sources import list_manifest_files
 from tasks.formats.manifests.values import URL_SCHEMES, url_problem, url_reason
 
 __all__ = [

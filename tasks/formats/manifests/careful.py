@@ -9,7 +9,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.formats.manifests.sources import GZIP_ERRORS, ManifestError
+from tasks.formats.manifests.files import GZIP_ERRORS, ManifestError
 from tasks.formats.manifests.values import Mapping, RawBatch, dumps
 
 # Largest manifest row we hold: one jsonl line, or all the physical lines of one csv/tsv
@@ -103,6 +103,11 @@ class Lines:
     def __iter__(self) -> Lines:
         return self
 
+    def start_record(self) -> int:
+        """Begin a record: its byte count starts again; returns its first line's number (1-based)."""
+        self.record_bytes = 0
+        return self.count + 1
+
     def preload(self, block: bytes, starts: Any, ends: Any, first: int, stop: int) -> None:
         """Read lines ``first``..``stop`` of ``block`` (at ``starts[i]:ends[i]``) before the source's next line."""
         self._block, self._starts, self._ends, self._cursor, self._stop = block, starts, ends, first, stop
@@ -185,8 +190,7 @@ class CsvRows:
         a folder's empty part files (Spark writes them) have no rows instead.
         """
         while True:
-            self.lines.record_bytes = 0
-            line = self.lines.count + 1
+            line = self.lines.start_record()
             try:
                 fields = next(self.reader)
             except StopIteration:
@@ -208,8 +212,7 @@ class CsvRows:
 
     def next_record(self) -> Any:
         """The next record as (line, fields) or (line, reason detail); BLANK; None at the end."""
-        self.lines.record_bytes = 0
-        start = self.lines.count + 1
+        start = self.lines.start_record()
         try:
             fields = next(self.reader)
         except StopIteration:

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.formats.ledger import read_parquet
+from tasks.formats.manifests.files import ManifestError, ManifestFile
 from tasks.formats.manifests.reading import FileTally, read_file
-from tasks.formats.manifests.sources import ManifestError, ManifestFile
 from tasks.formats.recipe_download import SourceConfig
 from tasks.formats.storage import Storage
 

@@ -76,8 +76,7 @@ class JsonlFile:
             yield self._take()
 
     def _careful_line(self) -> bool:
-        self.lines.record_bytes = 0
-        start = self.lines.count + 1
+        start = self.lines.start_record()
         try:
             text = next(self.lines)
         except StopIteration:

@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.formats.manifests.chunks import ChunkRef, content_hash, file_chunks, row_base
+from tasks.formats.manifests.files import ManifestError, ManifestFile, display
 from tasks.formats.manifests.reading import FileTally
-from tasks.formats.manifests.sources import ManifestError, ManifestFile, display, list_manifest_files
+from tasks.formats.manifests.sources import list_manifest_files
 from tasks.formats.recipe_download import SourceConfig
 from tasks.formats.storage import Storage
 

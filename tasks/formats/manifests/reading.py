@@ -15,8 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.formats.manifests import careful
-from tasks.formats.manifests.jsonl import JsonlFile
-from tasks.formats.manifests.sources import (
+from tasks.formats.manifests.files import (
     GZIP_ERRORS,
     HashingReader,
     ManifestError,
@@ -24,6 +23,7 @@ from tasks.formats.manifests.sources import (
     local_path,
     open_hashed,
 )
+from tasks.formats.manifests.jsonl import JsonlFile
 from tasks.formats.manifests.text import CsvFile
 from tasks.formats.manifests.values import Mapping, RawBatch, extra_column, finish
 from tasks.formats.recipe_download import SourceConfig

@@ -1,23 +1,26 @@
-"""Where a source's manifest lives (one file, a folder, a glob or brace pattern; local or remote) and its files opened as hashed byte streams."""
+"""Where a source's manifest lives: one file, a folder, a glob or brace pattern, local or remote, listed into its files."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import gzip
-import hashlib
-import io
 import os
 import posixpath
-import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import IO, Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import urlsplit
 
 import fsspec
 from fsspec.core import url_to_fs
 
+from tasks.formats.manifests.files import (
+    PERMANENT_OPEN_ERRORS,
+    ManifestError,
+    ManifestFile,
+    cannot,
+    display,
+    file_tag,
+    open_options,
+    scheme_of,
+)
 from tasks.formats.recipe_download import SourceConfig
 
 FORMATS_BY_SUFFIX = (
@@ -32,91 +35,6 @@ FORMATS_BY_SUFFIX = (
 _EXTRA_SUFFIXES = {"jsonl": (".json",)}
 _OTHER_COMPRESSION = (".bz2", ".xz", ".lzma", ".zst", ".zstd", ".lz4", ".zip", ".snappy")
 _MAGIC = "*?[{"
-# Errors that mean the bytes are not a readable gzip stream (BadGzipFile is an OSError, so
-# it is named before the OSErrors that mean a transient read failure and are left to retries).
-GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
-_PERMANENT_OPEN_ERRORS = {
-    FileNotFoundError: errno.ENOENT,
-    IsADirectoryError: errno.EISDIR,
-    NotADirectoryError: errno.ENOTDIR,
-    PermissionError: errno.EACCES,
-}
-_COPY_BYTES = 1 << 20
-
-
-class ManifestError(ValueError):
-    """A manifest that cannot be read at all (a bad row is counted, never raised).
-
-    Args:
-        manifest: the manifest file (or source) as configured, without query string or credentials.
-        what: what is wrong, for people.
-        line: 1-based line (parquet: row) where it went wrong, when known.
-
-    The message is ``"{manifest}:{line}: {what}"``, or ``"{manifest}: {what}"`` without a line.
-    """
-
-    def __init__(self, manifest: str, what: str, line: int | None = None):
-        self.manifest = manifest
-        self.what = what
-        self.line = line
-        where = f"{manifest}:{line}" if line is not None else manifest
-        super().__init__(f"{where}: {what}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Dask and Prefect pickle exceptions; the default would call __init__ with the message only.
-        return (type(self), (self.manifest, self.what, self.line))
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    """One manifest file of a source, as ``list_manifest_files`` finds it.
-
-    Args:
-        url: the file as fsspec opens it (local path, ``http(s)://``, ``s3://``), as configured.
-        display: the file for messages and row origins: no query string, no credentials.
-        rel: its path relative to the source's root folder (posix); the file name for a
-            single-file source.
-        tag: for a folder or pattern source, 8 hex digits of the sha256 of ``rel``: it keys
-            the file's rows and chunks, so adding or removing other files moves nothing;
-            empty for a single-file source.
-        fmt: ``csv``, ``tsv``, ``jsonl`` or ``parquet``.
-        gzipped: the bytes are gzip-compressed (``.gz``).
-        size: bytes as listed, -1 when not listed (single files are not).
-    """
-
-    url: str
-    display: str
-    rel: str
-    tag: str
-    fmt: str
-    gzipped: bool
-    size: int = -1
-
-    @property
-    def multi(self) -> bool:
-        """Part of a folder or pattern source (rows keyed by file tag and row in the file)."""
-        return bool(self.tag)
-
-
-def display(manifest: str) -> str:
-    """A manifest for messages: no query string or credentials (presigned URLs carry secrets)."""
-    if "://" not in manifest:
-        return manifest
-    try:
-        parts = urlsplit(manifest)
-        netloc = parts.netloc.rpartition("@")[2]
-        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    except ValueError:
-        return manifest.split("?", 1)[0]
-
-
-def file_tag(rel: str) -> str:
-    """The 8-hex key of a file of a multi-file source: sha256 of its path under the source root."""
-    return hashlib.sha256(rel.encode("utf-8")).hexdigest()[:8]
-
-
-def _scheme(manifest: str) -> str:
-    return manifest.split("://", 1)[0].lower() if "://" in manifest else ""
 
 
 def _name_of(manifest: str) -> str:
@@ -191,20 +109,9 @@ def _fs(manifest: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.A
     return url_to_fs(manifest, **open_options(manifest, storage_options))
 
 
-def open_options(manifest: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
-    scheme = _scheme(manifest)
-    if scheme in ("", "file", "local"):
-        return {}
-    if scheme in ("http", "https"):
-        # block_size=0: one streaming GET instead of range requests, which not every server
-        # supports and which a single sequential pass does not need.
-        return {"block_size": 0}
-    return dict(storage_options or {})
-
-
 def _kind(manifest: str, storage_options: dict[str, Any] | None) -> str:
     """``file``, ``folder`` or ``pattern``: how a source's manifest names its files."""
-    scheme = _scheme(manifest)
+    scheme = scheme_of(manifest)
     if scheme in ("http", "https"):
         return "file"  # no listing over HTTP, and "?" starts a query there
     path = _name_of(manifest)
@@ -320,9 +227,8 @@ def find_files(
                 for path, info in fs.glob(pattern_path, detail=True).items():
                     if _is_file(path, info):
                         found[path] = info
-    except tuple(_PERMANENT_OPEN_ERRORS) as err:
-        code = next(code for cls, code in _PERMANENT_OPEN_ERRORS.items() if isinstance(err, cls))
-        raise ManifestError(where, f"cannot list: {os.strerror(code)}") from None
+    except PERMANENT_OPEN_ERRORS as err:
+        raise cannot(where, "list", err) from None
     except (ValueError, ImportError) as err:
         raise ManifestError(where, f"cannot list: {err}") from None
 
@@ -346,72 +252,3 @@ def check_tags(files: list[ManifestFile], where: str) -> None:
                 "split the source in two (two patterns) or rename one of them",
             )
         tags[f.tag] = f.rel
-
-
-class HashingReader(io.RawIOBase):
-    """Passes reads through, hashing and counting the bytes as stored (before decompression)."""
-
-    def __init__(self, raw: IO[bytes]):
-        self._raw = raw
-        self.digest = hashlib.sha256()
-        self.bytes = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._raw.read() if size is None or size < 0 else self._raw.read(size)
-        self.digest.update(data)
-        self.bytes += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def drain(self) -> None:
-        """Read to the end, so the hash covers the whole file whatever the parser left unread."""
-        while self.read(_COPY_BYTES):
-            pass
-
-
-@contextlib.contextmanager
-def open_hashed(file: ManifestFile, storage_options: dict[str, Any] | None) -> Iterator[HashingReader]:
-    """The file's bytes as stored, hashed as they are read; ManifestError when it cannot be opened.
-
-    ``storage_options`` are fsspec options for object stores; local paths and http(s) URLs
-    ignore them, since they are usually the storage root's S3 options and would break the
-    HTTP client. Connection trouble and 5xx are raised as they are: transient, left to retries.
-    """
-    where = file.display
-    try:
-        # Compression is layered over the hashing wrapper by the readers rather than by
-        # fsspec, so the hash is of the bytes as stored.
-        raw = fsspec.open(file.url, "rb", **open_options(file.url, storage_options)).open()
-    except tuple(_PERMANENT_OPEN_ERRORS) as err:
-        # The class, not the message: fsspec puts the full URL (query string and all) in the
-        # strerror of remote errors.
-        code = next(code for cls, code in _PERMANENT_OPEN_ERRORS.items() if isinstance(err, cls))
-        raise ManifestError(where, f"cannot open: {os.strerror(code)}") from None
-    except (ValueError, ImportError) as err:  # unknown protocol, or its package is missing
-        raise ManifestError(where, f"cannot open: {err}") from None
-    except Exception as err:
-        status = getattr(err, "status", None)
-        if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
-            raise ManifestError(where, f"cannot open: HTTP {status}") from None
-        raise
-    try:
-        yield HashingReader(raw)
-    finally:
-        raw.close()
-
-
-def local_path(file: ManifestFile) -> str | None:
-    """The file's local path when it is on this machine's disk (parquet is then read in place)."""
-    scheme = _scheme(file.url)
-    if scheme == "":
-        return file.url
-    if scheme in ("file", "local"):
-        return url_to_fs(file.url)[1]
-    return None

@@ -12,7 +12,7 @@ import pyarrow.csv as pacsv
 
 from tasks.formats.manifests import careful
 from tasks.formats.manifests.careful import BLANK, ByteSource, CsvRows, Lines, RecordBuffer
-from tasks.formats.manifests.sources import ManifestError
+from tasks.formats.manifests.files import ManifestError
 from tasks.formats.manifests.values import Mapping, RawBatch, extra_column
 
 BLOCK_BYTES = (

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.formats.manifests.sources import ManifestError
+from tasks.formats.manifests.files import ManifestError
 from tasks.formats.recipe_download import SourceConfig
 
 URL_SCHEMES = ("http", "https", "file", "s3")

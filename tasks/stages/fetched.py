@@ -1,0 +1,100 @@
+"""What fetching one URL ended in: the record of its bytes or its reason, exceptions classified into reasons, fetched bytes judged."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from dataclasses import dataclass
+
+import aiohttp
+
+from tasks.policies.sniff import bytes_verdict
+from tasks.policies.urlguard import BlockedAddress, InvalidHost
+
+
+@dataclass
+class Fetched:
+    """What fetching one URL (and judging its bytes) ended in: bytes, or a reason with a detail."""
+
+    reason: str | None = None
+    data: bytes | None = None
+    http_status: int | None = None
+    attempts: int = 0
+    detail: str | None = None
+    content_type: str | None = None
+    format: str | None = None
+
+
+def exception_detail(err: BaseException) -> str:
+    """``TypeName: message`` of an exception, for a ledger detail."""
+    name = type(err).__name__
+    text = str(err)
+    if isinstance(err, aiohttp.ClientConnectorError) and err.os_error is not None:
+        inner = err.os_error
+        if isinstance(inner, (BlockedAddress, InvalidHost)):
+            return str(inner)  # our own message names the host and the addresses
+        name += f" ({type(inner).__name__})"
+        if inner.strerror is None:  # aiohttp shows strerror, which a one-argument OSError lacks
+            text = text.removesuffix(" [None]") + f" [{inner}]"
+    return f"{name}: {text}" if text else name
+
+
+def classify(err: BaseException) -> tuple[str, bool]:
+    """(reason, worth a retry) for an exception raised while fetching one URL.
+
+    Known classes keep the reasons people look for (a host that cannot be encoded is an
+    ``invalid_url``, a failed lookup a ``dns_error`` ...); anything else is ``fetch_failed``.
+    """
+    # The guard's refusals reach us raised by the resolver, wrapped by aiohttp's connector.
+    inner = err.os_error if isinstance(err, aiohttp.ClientConnectorError) else err
+    if isinstance(inner, BlockedAddress):
+        return "blocked_address", False
+    if isinstance(inner, InvalidHost):
+        return "invalid_url", False
+    if isinstance(err, aiohttp.ClientConnectorDNSError):
+        return "dns_error", False
+    if isinstance(err, aiohttp.ClientSSLError):
+        return "tls_error", False
+    if isinstance(err, aiohttp.ClientConnectorError):
+        return "connection_error", True
+    if isinstance(err, ssl.SSLError):
+        return "tls_error", False
+    if isinstance(err, aiohttp.InvalidURL):
+        return "invalid_url", False
+    if isinstance(err, TimeoutError):
+        return "timeout", False
+    if isinstance(err, socket.gaierror):
+        return "dns_error", False
+    if isinstance(
+        err, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError)
+    ):
+        return "connection_error", True
+    if isinstance(err, (aiohttp.ClientError, OSError)):
+        return "connection_error", False
+    return "fetch_failed", False
+
+
+def failure(err: BaseException) -> Fetched:
+    """The record of an exception raised while fetching or judging one row.
+
+    Interpreter exits, and a cancellation of the running task (the shard deadline, a shutdown),
+    propagate; a CancelledError that some step raised on its own is a failure like any other.
+    """
+    if isinstance(err, (KeyboardInterrupt, SystemExit)):
+        raise err
+    if isinstance(err, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise err
+    return Fetched(reason=classify(err)[0], detail=exception_detail(err))
+
+
+def judge(fetched: Fetched, allowed_formats: tuple[str, ...]) -> Fetched:
+    """Judge fetched bytes in place (sniffed format, allowlist, truncation); a refused body is dropped."""
+    if fetched.reason is None:
+        verdict = bytes_verdict(fetched.data or b"", allowed_formats, fetched.content_type)
+        fetched.reason, fetched.format, fetched.detail = verdict.reason, verdict.value, verdict.detail
+        if not verdict.ok:
+            fetched.data = None
+    return fetched
