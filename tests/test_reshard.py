@@ -6,6 +6,7 @@ import hashlib
 import os
 import pickle
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,6 +175,50 @@ def test_crash_before_the_ledger_rebuilds_the_output(dataset):
     again = build_output(storage, plan.outputs[1])
     assert not again.skipped
     assert (again.sha256, again.records) == (first.sha256, first.records)
+
+
+def test_a_task_commits_each_output_while_the_next_is_copied_and_a_failure_spares_the_others(dataset, monkeypatch):
+    from tasks.formats.faults import FAULT_ENV
+
+    storage, inputs, _ = dataset
+    plan = plan_reshard(inputs, 10, prefix="ds/reshard")
+    expected = build_all(storage, plan)
+    for out in plan.outputs:
+        storage.rm(out.ledger)
+        storage.rm(out.name)
+    # A full disk while the second output is written: the others are built and committed, the
+    # error is raised after them, and nothing of the failed one is left behind.
+    second = plan.outputs[1].name
+    monkeypatch.setenv(FAULT_ENV, f"enospc:write:{second}")
+    with pytest.raises(OSError, match="No space left on device"):
+        build_outputs(storage, plan.outputs)
+    committed = [out.index for out in plan.outputs if storage.exists(out.ledger)]
+    assert committed == [out.index for out in plan.outputs if out.index != 1]
+    assert not storage.exists(second) and not storage.exists(plan.outputs[1].ledger)
+    assert list(Path(storage.path("ds/reshard")).rglob(".tmp-*")) == []
+    monkeypatch.delenv(FAULT_ENV)
+    # Each committed tar is the one a lone build makes; the rerun builds only the failed one.
+    again = build_outputs(storage, plan.outputs)
+    assert [r.skipped for r in again] == [out.index != 1 for out in plan.outputs]
+    assert [(r.sha256, r.records) for r in again] == [(r.sha256, r.records) for r in expected]
+
+
+def test_a_tar_is_in_place_before_its_ledger_is_written(dataset, monkeypatch):
+    import tasks.formats.ledger as ledger_module
+
+    storage, inputs, _ = dataset
+    plan = plan_reshard(inputs, 10, prefix="ds/reshard")
+    seen = []
+    write = ledger_module.write_parquet
+
+    def spy(storage_, rel, table):
+        out = next(o for o in plan.outputs if o.ledger == rel)
+        seen.append((out.index, storage_.exists(out.name)))
+        write(storage_, rel, table)
+
+    monkeypatch.setattr("tasks.stages.reshard_build.write_parquet", spy)
+    build_outputs(storage, plan.outputs)
+    assert seen == [(o.index, True) for o in plan.outputs]
 
 
 def test_seeded_shuffle_is_deterministic_and_a_permutation(dataset):

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tasks.formats.faults import FAULT_ENV
 from tasks.formats.locks import LockConfig, LockHeld, RunLock, stale_reason
 from tasks.formats.manifests import plan_source
 from tasks.formats.recipe_download import DownloadConfig, NetworkConfig, SourceConfig
 from tasks.formats.shards import iter_samples
-from tasks.formats.storage import FAULT_ENV, Storage
+from tasks.formats.storage import Storage
 from tasks.stages.download import download_shard, shard_paths
 from tasks.stages.release import ReleaseError, commit_index
 

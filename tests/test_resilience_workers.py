@@ -5,9 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from tasks.formats.faults import FAULT_ENV
 from tasks.formats.ledger import read_ledger
 from tasks.formats.recipe import Recipe
-from tasks.formats.storage import FAULT_ENV, Storage
+from tasks.formats.storage import Storage
 
 ROWS, PER_SHARD = 12, 4
 

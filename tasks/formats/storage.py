@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fnmatch
 import os
 import posixpath
-import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import IO, Any, cast
 
 import fsspec
 from fsspec.core import url_to_fs
+
+from tasks.formats.faults import FaultyFile, faults_for, inject
 
 # Release files are for other people: readable by anyone who can read the folder, unless the
 # recipe asks for less (storage_options.file_mode). The process umask is not applied, since a
@@ -50,97 +49,6 @@ def file_modes(value: Any) -> tuple[int, int]:
             'group and others at most read; no execute bits); quote it as "0640" in JSON'
         )
     return mode, mode | ((mode & 0o444) >> 2)
-
-
-# Fault injection for the resilience tests; off (one dictionary lookup) unless this is set.
-FAULT_ENV = "SHARDSMITH_FAULT"
-_FAULT_ACTIONS = ("killgroup", "sigkill", "exit", "enospc")
-_FAULT_POINTS = ("before", "write", "commit")
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault that the atomic writer injects where its point is reached for a matching path.
-
-    Args:
-        action: ``killgroup`` (SIGKILL to the whole process group: the flow, its workers, as
-            when the machine dies), ``sigkill`` (this process only, as the OOM killer does),
-            ``exit`` (``os._exit(1)``) or ``enospc`` (the write raises ``OSError(ENOSPC)``).
-        point: ``before`` the file is opened, during its first ``write``, or after its
-            ``commit`` (renamed or uploaded, before anything else happens).
-        pattern: an fnmatch glob over the path relative to the storage root.
-        marker: a file path; when set, the fault fires only where it can create that file
-            exclusively, so once across every process of the run. Default: every time.
-
-    ``SHARDSMITH_FAULT`` holds one or more ``ACTION:POINT:GLOB[:MARKER]``, separated by ``;``.
-    """
-
-    action: str
-    point: str
-    pattern: str
-    marker: str | None = None
-
-    def fire(self) -> None:
-        if self.marker:
-            try:
-                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                return
-        if self.action == "enospc":
-            raise OSError(errno.ENOSPC, "No space left on device (injected by SHARDSMITH_FAULT)")
-        if self.action == "exit":
-            os._exit(1)
-        if self.action == "killgroup":
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def faults_for(rel: str) -> list[Fault]:
-    """The faults ``SHARDSMITH_FAULT`` asks for at ``rel``; empty (and cheap) when it is unset."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return []
-    out = []
-    for item in filter(None, (s.strip() for s in spec.split(";"))):
-        parts = item.split(":", 3)
-        if len(parts) < 3 or parts[0] not in _FAULT_ACTIONS or parts[1] not in _FAULT_POINTS:
-            raise ValueError(
-                f"{FAULT_ENV}: {item!r} is not ACTION:POINT:GLOB[:MARKER] with ACTION in {_FAULT_ACTIONS}, POINT in {_FAULT_POINTS}"
-            )
-        fault = Fault(*parts)
-        if fnmatch.fnmatchcase(rel, fault.pattern):
-            out.append(fault)
-    return out
-
-
-def _inject(faults: list[Fault], point: str) -> None:
-    for fault in faults:
-        if fault.point == point:
-            fault.fire()
-
-
-def fault_point(rel: str, point: str) -> None:
-    """Fire the faults asked for at ``rel`` and ``point``, for writers that bypass ``atomic_writer``."""
-    _inject(faults_for(rel), point)
-
-
-class _FaultyFile:
-    """A file object whose first write fires the ``write`` faults; everything else passes through."""
-
-    def __init__(self, fh: IO[bytes], faults: list[Fault]):
-        self._fh = fh
-        self._faults = faults
-
-    def write(self, data: Any) -> int:
-        if self._faults:
-            n = self._fh.write(bytes(data)[: len(data) // 2])  # a torn write: half is on disk
-            faults, self._faults = self._faults, []
-            _inject(faults, "write")
-            return n + self._fh.write(bytes(data)[n:])
-        return self._fh.write(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fh, name)
 
 
 def _write_temp(path: str, data: bytes, mode: int) -> str:
@@ -343,34 +251,74 @@ class Storage:
         fsynced. On object stores: a local spool file uploaded in one PUT (a multipart upload
         for very large files, which is equally invisible until it completes).
         """
-        target = self.path(rel)
-        faults = faults_for(rel)
-        _inject(faults, "before")
-        if self.is_local:
-            folder = os.path.dirname(target)
-            self._make_local_folder(folder)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(target), dir=folder)
-            try:
-                os.fchmod(fd, self.file_mode)  # mkstemp makes 0600
-                with os.fdopen(fd, "wb") as fh:
-                    yield cast("IO[bytes]", _FaultyFile(fh, faults)) if faults else fh  # a pass-through proxy
-                    fh.flush()
-                    if fsync:
-                        os.fsync(fh.fileno())
-                os.replace(tmp, target)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-            if fsync:
-                dfd = os.open(folder, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
+        staged = self.stage(rel)
+        try:
+            yield staged.file
+        except BaseException:
+            staged.discard()
+            raise
+        staged.commit(fsync)
+
+    def stage(self, rel: str) -> StagedFile:
+        """A file for ``rel`` written now and committed later (``StagedFile.commit``), so that a
+        writer can go on with its next file while the disk writes this one back."""
+        return StagedFile(self, rel)
+
+
+class StagedFile:
+    """A file that appears under its name only at ``commit()``; ``discard()`` drops it.
+
+    Locally a temp file beside the target (mode set, folders made); on object stores a local
+    spool file. ``file`` is open for writing until ``commit`` or ``discard``.
+    """
+
+    def __init__(self, storage: Storage, rel: str) -> None:
+        self._target = storage.path(rel)
+        self._local = storage.is_local
+        self._storage = storage
+        self._faults = faults_for(rel)
+        inject(self._faults, "before")
+        self._tmp: str | None = None
+        fh: IO[bytes]
+        if self._local:
+            folder = os.path.dirname(self._target)
+            storage._make_local_folder(folder)
+            fd, self._tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(self._target), dir=folder)
+            os.fchmod(fd, storage.file_mode)  # mkstemp makes 0600
+            fh = os.fdopen(fd, "wb")
         else:
-            with tempfile.NamedTemporaryFile(prefix="shardsmith-spool-") as spool:
-                yield cast("IO[bytes]", _FaultyFile(spool, faults)) if faults else spool  # a pass-through proxy
-                spool.flush()
-                self.fs.put_file(spool.name, target)
-        _inject(faults, "commit")
+            fh = cast("IO[bytes]", tempfile.NamedTemporaryFile(prefix="shardsmith-spool-"))
+        self._fh = fh
+        self.file: IO[bytes] = cast("IO[bytes]", FaultyFile(fh, self._faults)) if self._faults else fh
+
+    def commit(self, fsync: bool = True) -> None:
+        """Make the file appear under its name: locally fsynced (unless ``fsync=False``),
+        renamed over the target and the folder fsynced; on object stores uploaded."""
+        try:
+            self._fh.flush()
+            if self._local:
+                if fsync:
+                    os.fsync(self._fh.fileno())
+                self._fh.close()
+                os.replace(cast(str, self._tmp), self._target)
+            else:
+                self._storage.fs.put_file(self._fh.name, self._target)
+                self._fh.close()
+        except BaseException:
+            self.discard()
+            raise
+        if self._local and fsync:
+            dfd = os.open(os.path.dirname(self._target), os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        inject(self._faults, "commit")
+
+    def discard(self) -> None:
+        """Drop the file; nothing appears under its name."""
+        with contextlib.suppress(OSError):  # closing flushes, which a full disk fails again
+            self._fh.close()
+        if self._tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)

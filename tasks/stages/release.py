@@ -13,8 +13,9 @@ from typing import Any, BinaryIO, cast
 
 import pyarrow as pa
 
+from tasks.formats.faults import fault_point
 from tasks.formats.ledger import read_parquet, write_parquet
-from tasks.formats.storage import Storage, fault_point
+from tasks.formats.storage import Storage
 
 VERSION_RE = re.compile(r"^v(\d{4,})$")
 INDEX = "index.json"

@@ -6,6 +6,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +14,7 @@ import pyarrow.compute as pc
 
 from tasks.formats.ledger import MEMBER_TYPE, read_parquet, write_parquet
 from tasks.formats.reasons import OK
-from tasks.formats.storage import Storage
+from tasks.formats.storage import StagedFile, Storage
 from tasks.formats.tar_format import BLOCK
 from tasks.stages.reshard import METADATA_KEY, RESHARD_SCHEMA, InputShard, OutputPlan, complete_mask, read_input_ledger
 from tasks.stages.reshard_check import Layout, check_file
@@ -37,22 +38,47 @@ def build_outputs(
 ) -> list[OutputResult]:
     """Build several outputs one after another (one task's worth), reading each input ledger once.
 
+    Each output is committed while the next one is copied: its tar is fsynced (the kernel has
+    been writing it back meanwhile), renamed into place and its ledger written, in that order,
+    so the disk and the copy overlap as they do for ``cp``, and no ledger names a tar that is
+    not durable.
+
     An output that fails does not stop the others: they are built and committed, then the
     first failure is raised (naming the others), so a retry or rerun redoes only what failed.
     """
     ledgers = _Ledgers(storage)
-    results, failed = [], []
-    for out in outputs:
-        try:
-            results.append(build_output(storage, out, window_bytes=window_bytes, ledgers=ledgers))
-        except Exception as err:  # raised below, after the rest of the group is built
-            failed.append((out, err))
+    results: list[OutputResult] = []
+    failed: list[tuple[OutputPlan, BaseException]] = []
+    pending: _Written | None = None
+    try:
+        for out in outputs:
+            try:
+                written = write_output(storage, out, window_bytes=window_bytes, ledgers=ledgers)
+            except Exception as err:  # raised below, after the rest of the group is built
+                failed.append((out, err))
+                continue
+            if pending is not None:
+                _commit_into(pending, results, failed)
+            pending = written
+        if pending is not None:
+            _commit_into(pending, results, failed)
+            pending = None
+    finally:
+        if pending is not None:  # interrupted: nothing of it appears
+            pending.discard()
     if failed:
         err = failed[0][1]
         if len(failed) > 1:
             err.add_note(f"outputs {[o.index for o, _ in failed]} of this task failed; the others are committed")
         raise err
-    return results
+    return sorted(results, key=lambda r: r.index)
+
+
+def _commit_into(pending: _Written, results: list[OutputResult], failed: list) -> None:
+    try:
+        results.append(pending.commit())
+    except Exception as err:
+        failed.append((pending.output, err))
 
 
 def build_output(
@@ -80,9 +106,16 @@ def build_output(
     When the ledger exists already, nothing is written and the recorded result is returned,
     its check made again from the committed tar's headers, so a rerun converges.
     """
+    return write_output(storage, output, window_bytes=window_bytes, ledgers=ledgers).commit()
+
+
+def write_output(
+    storage: Storage, output: OutputPlan, *, window_bytes: int = DEFAULT_WINDOW_BYTES, ledgers: _Ledgers | None = None
+) -> _Written:
+    """``build_output`` up to its commit: the tar written and checked under a temp name, not yet durable."""
     start = time.perf_counter()
     if storage.exists(output.ledger):
-        return _recorded(storage, output, start)
+        return _Written(storage, output, recorded=_recorded(storage, output, start))
     if window_bytes < 1:
         raise ValueError(f"window_bytes must be positive, not {window_bytes!r}")
     slots, positions = output.selection()
@@ -95,45 +128,80 @@ def build_output(
     layout = Layout.of(layout_table)
 
     inputs = Inputs(storage, output)
+    staged = storage.stage(output.name)
     try:
-        with storage.atomic_writer(output.name) as fh:
-            sink = Sink(fh, writeback=storage.is_local)
-            copy_samples(sink, inputs, slots, offsets, lengths, window_bytes)
-            sink.write(memoryview(bytes(2 * BLOCK)))  # the end-of-archive blocks
-            check = check_file(output.name, sink.fileno(), layout, sink.pos, output.required)
+        sink = Sink(staged.file, writeback=storage.is_local)
+        copy_samples(sink, inputs, slots, offsets, lengths, window_bytes)
+        sink.write(memoryview(bytes(2 * BLOCK)))  # the end-of-archive blocks
+        check = check_file(output.name, sink.fileno(), layout, sink.pos, output.required)
+    except BaseException:
+        staged.discard()
+        raise
     finally:
         inputs.close()
-    sha256 = sink.sha.hexdigest()
+    return _Written(
+        storage, output, None, staged, start, picked, slots, layout_table, sink.pos, sink.sha.hexdigest(), check
+    )
 
-    ledger_start = time.perf_counter()
-    n = len(layout.keys)
-    columns = {
-        **{name: layout_table.column(name) for name in ("key", "source", "bytes", "offset", "length", "members")},
-        "row": picked.column("row"),
-        "status": pa.array(np.full(n, OK, object), pa.string()),
-        "shard": pa.array(np.full(n, output.name, object), pa.string()),
-        "sha256": picked.column("sha256"),
-        "input_shard": pa.array(np.array([s.tar for s in output.inputs], object)[slots], pa.string()),
-    }
-    meta = {"index": output.index, "samples": n, "bytes": sink.pos, "sha256": sha256, "check": check}
-    table = pa.Table.from_arrays(
-        [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in RESHARD_SCHEMA],
-        schema=RESHARD_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta).encode()}),
-    )
-    write_parquet(storage, output.ledger, table)
-    done = time.perf_counter()
-    return ShardResult(
-        index=output.index,
-        tar=output.name,
-        ledger=output.ledger,
-        samples=n,
-        bytes=sink.pos,
-        sha256=sha256,
-        layout=layout_table,
-        seconds=done - start,
-        ledger_seconds=done - ledger_start,
-        check=check,
-    )
+
+@dataclass
+class _Written:
+    """An output's tar, written and checked under a temp name but not committed (or, with
+    ``recorded``, the result an earlier run committed)."""
+
+    storage: Storage
+    output: OutputPlan
+    recorded: OutputResult | None = None
+    staged: StagedFile | None = None
+    start: float = 0.0
+    picked: pa.Table | None = None  # the input ledger rows, in write order
+    slots: np.ndarray | None = None  # each sample's input
+    layout: pa.Table | None = None  # LAYOUT_COLUMNS in the output
+    size: int = 0
+    sha256: str = ""
+    check: dict | None = None
+
+    def discard(self) -> None:
+        if self.staged is not None:
+            self.staged.discard()
+
+    def commit(self) -> OutputResult:
+        """Make the tar durable and put it in place, then write the ledger that commits it."""
+        if self.recorded is not None:
+            return self.recorded
+        if self.staged is None or self.picked is None or self.layout is None or self.slots is None:
+            raise RuntimeError(f"output {self.output.index} was not written")
+        output, storage, picked, layout_table = self.output, self.storage, self.picked, self.layout
+        self.staged.commit()
+        ledger_start = time.perf_counter()
+        n = layout_table.num_rows
+        columns = {
+            **{name: layout_table.column(name) for name in LAYOUT_COLUMNS},
+            "row": picked.column("row"),
+            "status": pa.array(np.full(n, OK, object), pa.string()),
+            "shard": pa.array(np.full(n, output.name, object), pa.string()),
+            "sha256": picked.column("sha256"),
+            "input_shard": pa.array(np.array([s.tar for s in output.inputs], object)[self.slots], pa.string()),
+        }
+        meta = {"index": output.index, "samples": n, "bytes": self.size, "sha256": self.sha256, "check": self.check}
+        table = pa.Table.from_arrays(
+            [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in RESHARD_SCHEMA],
+            schema=RESHARD_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta).encode()}),
+        )
+        write_parquet(storage, output.ledger, table)
+        done = time.perf_counter()
+        return ShardResult(
+            index=output.index,
+            tar=output.name,
+            ledger=output.ledger,
+            samples=n,
+            bytes=self.size,
+            sha256=self.sha256,
+            layout=layout_table,
+            seconds=done - self.start,
+            ledger_seconds=done - ledger_start,
+            check=self.check,
+        )
 
 
 def _output_layout(output: OutputPlan, picked: pa.Table, offsets: np.ndarray, lengths: np.ndarray) -> pa.Table:
