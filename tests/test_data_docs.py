@@ -135,3 +135,24 @@ def test_offline_page_leaves_a_page_without_tables_alone_but_strips_its_assets()
     found = Assets(out)
     assert found.scripts == 0 and [u for u in found.fetched if REMOTE.match(u)] == []
     assert "<td>kept</td>" in out and "td{color:red}" in out and "onload" not in out
+
+
+def test_a_second_gate_compiles_no_template_again(tmp_path, monkeypatch):
+    # GE makes a new jinja environment for every page; its templates are compiled once
+    # (tasks/audit/ge_views.py), not on every page of every gate.
+    import jinja2
+
+    gate = download_gate(ledger(8, 2), 10, DownloadGate(min_success_rate=0.9))
+    save_gate_report(gate, Storage(str(tmp_path / "first")), "ds/reports/r1/gates")
+    compiled = []
+    compile_ = jinja2.Environment.compile
+
+    def counting(self, source, name=None, filename=None, raw=False, defer_init=False):
+        compiled.append(name)
+        return compile_(self, source, name, filename, raw, defer_init)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+    links = save_gate_report(gate, Storage(str(tmp_path / "second")), "ds/reports/r1/gates")
+    index = tmp_path / "second" / links["data_docs"]
+    assert "download" in index.read_text(encoding="utf-8")  # the pages are there
+    assert compiled == []

@@ -33,6 +33,10 @@ def import_gx() -> Any:
     return gx
 
 
+def _view(name: str) -> dict[str, str]:
+    return {"module_name": "tasks.audit.ge_views", "class_name": name}
+
+
 def ge_context(gx: Any, docs_dir: str | None = None) -> Any:
     """An in-memory context: no analytics, no progress bars, no docs site unless asked for.
 
@@ -50,7 +54,12 @@ def ge_context(gx: Any, docs_dir: str | None = None) -> Any:
         sites["gate"] = {
             "class_name": "SiteBuilder",
             "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": docs_dir},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder", "view": _view("CachedIndexPageView")},
+            # merged with GE's defaults: only the page views change (tasks/audit/ge_views.py)
+            "site_section_builders": {
+                "expectations": {"view": _view("CachedPageView")},
+                "validations": {"view": _view("CachedPageView")},
+            },
         }
     config = DataContextConfig(
         store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
