@@ -151,16 +151,17 @@ def commit_new_release(
     index = commit_release_index(
         storage,
         new.base,
-        version=new.version,
+        # what the recipe and the run say, then what this release is
         dataset=recipe.dataset,
         kind=recipe.kind,
+        recipe_hash=recipe.recipe_hash(),
+        run=run.run,
+        reports=report_dir(recipe, run.run),
+        version=new.version,
         fp=new.fp,
         parent=new.parent,
-        run=run.run,
         shards=new.shards,
-        recipe_hash=recipe.recipe_hash(),
         gates=copy_audit(storage, recipe, run, new.base, new.reconciled),
-        reports=report_dir(recipe, run.run),
         **fields,
     )
     return index, run

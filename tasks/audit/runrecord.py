@@ -6,8 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeAlias
 
-# Keys of a phase's entry in run.json that are written only when the phase records them.
+# The keys of a phase's entry in run.json, and those written only when the phase records them.
+_PHASE_KEYS: tuple[str, ...] = ("phase", "rows", "ok", "rejected", "error", "by_reason", "by_source", "by_license")
+_PHASE_KEYS += ("seconds", "samples_per_s", "gate", "links")
 _OPTIONAL_PHASE_KEYS = ("packing", "timings")
+# The keys of run.json besides its phases and release.
+_RUN_KEYS = ("dataset", "run", "recipe_hash", "storage", "started", "finished", "blocked", "flow_run_id")
 
 
 @dataclass(frozen=True)
@@ -48,24 +52,9 @@ class PhaseRecord:
     timings: Mapping[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The entry as run.json holds it."""
-        out: dict[str, Any] = {
-            "phase": self.phase,
-            "rows": self.rows,
-            "ok": self.ok,
-            "rejected": self.rejected,
-            "error": self.error,
-            "by_reason": self.by_reason,
-            "by_source": self.by_source,
-            "by_license": self.by_license,
-            "seconds": self.seconds,
-            "samples_per_s": self.samples_per_s,
-            "gate": self.gate,
-            "links": self.links,
-        }
-        for key in _OPTIONAL_PHASE_KEYS:
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        """The entry as run.json holds it (``shards`` is not in it)."""
+        out = {key: getattr(self, key) for key in _PHASE_KEYS}
+        out.update({key: getattr(self, key) for key in _OPTIONAL_PHASE_KEYS if getattr(self, key) is not None})
         return out
 
     @classmethod
@@ -151,17 +140,8 @@ class RunRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The record as run.json holds it (``release`` only once there is one)."""
-        out: dict[str, Any] = {
-            "dataset": self.dataset,
-            "run": self.run,
-            "recipe_hash": self.recipe_hash,
-            "storage": self.storage,
-            "started": self.started,
-            "finished": self.finished,
-            "phases": [p.to_json() for p in self.phases],
-            "blocked": self.blocked,
-            "flow_run_id": self.flow_run_id,
-        }
+        out = {key: getattr(self, key) for key in _RUN_KEYS}
+        out["phases"] = [p.to_json() for p in self.phases]
         if self.release is not None:
             out["release"] = self.release.to_json()
         return out
@@ -215,17 +195,8 @@ def summary_rows(run: RunView) -> list[SummaryRow]:
 
 def summary_row(p: PhaseRecord) -> SummaryRow:
     """A phase's summary row."""
-    return SummaryRow(
-        phase=p.phase,
-        shards=p.shards,
-        rows=p.rows,
-        ok=p.ok,
-        rejected=p.rejected,
-        error=p.error,
-        samples_per_s=p.samples_per_s,
-        gate=gate_word(p.gate),
-        seconds=p.seconds,
-    )
+    counts = (p.rows, p.ok, p.rejected, p.error)
+    return SummaryRow(p.phase, p.shards, *counts, p.samples_per_s, gate_word(p.gate), p.seconds)
 
 
 def gate_word(gate: Mapping[str, Any] | None) -> str:
