@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from tasks.audit.runrecord import RunRecord, row_text, summary_rows
 from tasks.audit.tallies import by_family
 
 
@@ -23,16 +24,16 @@ def json_value(value: object) -> object:
 
 
 def print_json(result: dict) -> None:
-    """The run's result as JSON: each phase's summary (a dataclass) as its fields."""
-    from dataclasses import asdict
+    """The run's result as JSON: each phase's summary (a dataclass) as its fields, the run
+    record as run.json holds it."""
+    from dataclasses import asdict, is_dataclass
 
-    typer.echo(
-        json.dumps(
-            {k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in result.items()},
-            indent=2,
-            default=json_value,
-        )
-    )
+    def plain(v: object) -> object:
+        if isinstance(v, RunRecord):
+            return v.to_json()
+        return asdict(v) if is_dataclass(v) and not isinstance(v, type) else v
+
+    typer.echo(json.dumps({k: plain(v) for k, v in result.items()}, indent=2, default=json_value))
 
 
 def print_summary(result: dict) -> None:
@@ -48,63 +49,55 @@ def print_summary(result: dict) -> None:
             f"  report: {result['storage']}/{result['dataset']}/reports/{last['run']}/report.html   (--force runs every phase again)"
         )
         return
-    dl = result.get("download")
-    if dl is None:
+    record = result.get("record")
+    if record is None:
         return
-    c = dl.counts
+    dl = result.get("download")
+    root = f"{dl.storage}/{dl.dataset}" if dl is not None else f"{record.storage}/{record.dataset}"
     typer.echo("")
-    typer.secho(f"download: {c.rows} rows -> {c.ok} ok, {c.rejected} rejected, {c.error} error", bold=True)
-    for reason, n in c.by_reason.items():
-        typer.echo(f"  {reason:<24} {n}")
-    typer.echo(
-        f"  shards: {dl.shards} ({dl.shards_skipped} already done), {dl.samples_per_s} samples/s, {dl.mb_per_s} MB/s"
-    )
-    typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/download/")
-    val = result.get("validate")
-    if val is not None:
-        c = val.counts
-        typer.secho(
-            f"validate: {c.rows} samples -> {c.ok} ok, {c.rejected} rejected ({val.duplicates} duplicates)", bold=True
-        )
-        for reason, n in by_family(c.by_reason).items():
-            typer.echo(f"  {reason:<24} {n}")
-        typer.echo(f"  shards and ledgers: {dl.storage}/{dl.dataset}/validate/")
-    ft = result.get("finetune")
-    if ft is not None:
-        c, st = ft.counts, ft.stats
-        typer.secho(f"finetune: {c.rows} records -> {c.ok} ok, {c.rejected} rejected, {c.error} error", bold=True)
-        for reason, n in by_family(c.by_reason).items():
-            typer.echo(f"  {reason:<24} {n}")
-        fill = (
-            f", fill {st['fill_ratio']:.3f} (padding to the longest: {st['pad_to_longest_ratio']:.3f})"
-            if st.get("fill_ratio") is not None
-            else ""
-        )
-        typer.echo(f"  {st['samples']} samples in {st['packs']} packs, cut-off {st['cutoff']} tokens{fill}")
-    rs = result.get("reshard")
-    if rs is not None:
-        typer.secho(
-            f"reshard: {rs.samples} samples -> {len(rs.outputs)} shards of {rs.samples_per_shard} (last holds {rs.tail})",
-            bold=True,
-        )
-        if rs.incomplete:
-            typer.echo(f"  {'incomplete_sample':<24} {rs.incomplete}")
-    pc = result.get("precache")
-    if pc is not None:
-        skipped = sum(1 for r in pc.results if getattr(r, "skipped", False))
-        typer.secho(
-            f"precache: {pc.samples} samples encoded in {len(pc.results)} latent shards ({skipped} already done)",
-            bold=True,
-        )
-        for name, enc in pc.encodings.items():
-            shape = "x".join(str(d) for d in enc.get("shape", ()))
-            typer.echo(f"  {name:<24} {shape} {enc.get('dtype', '')}")
-    elif "precache" in result:
+    for row in summary_rows(record):
+        typer.secho(row_text(row), bold=True)
+        for line in _details(row.phase, result, root):
+            typer.echo(f"  {line}")
+    if "precache" in result and result["precache"] is None:
         typer.echo("precache: no encoders configured")
     rel = result.get("release")
     if rel is not None:
         state = "released" if rel.created else "unchanged, still"
         typer.secho(f"release: {state} {rel.version}: {rel.path}", bold=True, fg="green")
-    record = result.get("record") or {}
-    report_dir = f"{dl.storage}/{dl.dataset}/reports/{record.get('run', dl.run)}"
-    typer.echo(f"  report:             {report_dir}/report.html")
+    typer.echo(f"  report:             {root}/reports/{record.run}/report.html")
+
+
+def _details(phase: str, result: dict, root: str) -> list[str]:
+    """What a phase's own summary adds under its summary row: reasons, where its shards are
+    (under ``root``, the dataset's folder), what it made."""
+    summary = result.get(phase)
+    if summary is None:
+        return []
+    counts = getattr(summary, "counts", None)
+    lines = [f"{reason:<24} {n}" for reason, n in by_family(counts.by_reason if counts else {}).items()]
+    if phase == "download":
+        lines.append(f"{summary.shards_skipped} shards already done, {summary.mb_per_s} MB/s")
+    if phase == "validate":
+        lines.append(f"{summary.duplicates} duplicates")
+    if phase in ("download", "validate"):
+        lines.append(f"shards and ledgers: {root}/{phase}/")
+    if phase == "finetune":
+        st = summary.stats
+        fill = (
+            f", fill {st['fill_ratio']:.3f} (padding to the longest: {st['pad_to_longest_ratio']:.3f})"
+            if st.get("fill_ratio") is not None
+            else ""
+        )
+        lines.append(f"{st['samples']} samples in {st['packs']} packs, cut-off {st['cutoff']} tokens{fill}")
+    if phase == "reshard":
+        lines.append(f"{summary.samples} samples in shards of {summary.samples_per_shard} (last holds {summary.tail})")
+        if summary.incomplete:
+            lines.append(f"{'incomplete_sample':<24} {summary.incomplete}")
+    if phase == "precache":
+        skipped = sum(1 for r in summary.results if getattr(r, "skipped", False))
+        lines.append(f"{summary.samples} samples encoded ({skipped} shards already done)")
+        for name, enc in summary.encodings.items():
+            shape = "x".join(str(d) for d in enc.get("shape", ()))
+            lines.append(f"{name:<24} {shape} {enc.get('dtype', '')}")
+    return lines

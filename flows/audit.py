@@ -11,6 +11,7 @@ from uuid import UUID
 import pyarrow as pa
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from tasks.audit.runrecord import PhaseRecord, RunRecord
 from tasks.audit.tallies import by_family, by_license, by_source
 from tasks.formats.ledger import Counts
 from tasks.formats.recipe import Recipe
@@ -21,26 +22,36 @@ if TYPE_CHECKING:
 
 
 class GateFailed(RuntimeError):
-    """A phase's gate failed: nothing downstream runs; the report says why."""
+    """A phase's gate failed: nothing downstream runs; the report says why.
+
+    Args:
+        message: why, and where the report is.
+        run: the run record as the report shows it, blocked (default None).
+    """
+
+    def __init__(self, message: str, run: RunRecord | None = None):
+        super().__init__(message)
+        self.run = run
 
 
 def report_dir(recipe: Recipe, run: str) -> str:
     return f"{recipe.dataset}/reports/{run}"
 
 
-def new_run(recipe: Recipe, run: str) -> dict[str, Any]:
-    return {
-        "dataset": recipe.dataset,
-        "run": run,
-        "recipe_hash": recipe.recipe_hash(),
-        "storage": recipe.storage,
-        "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        "finished": None,
-        "phases": [],
-        "blocked": None,
-        # The flow run this run belongs to (the one a user started): its artifacts go there.
-        "flow_run_id": _current_flow_run_id(),
-    }
+def new_run(recipe: Recipe, run: str) -> RunRecord:
+    """The record of a run starting now, inside the flow run a user started (its artifacts go there)."""
+    return RunRecord(
+        dataset=recipe.dataset,
+        run=run,
+        recipe_hash=recipe.recipe_hash(),
+        storage=recipe.storage,
+        started=_now(),
+        flow_run_id=_current_flow_run_id(),
+    )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _current_flow_run_id() -> str | None:
@@ -58,26 +69,33 @@ def phase_record(
     samples_per_s: float,
     gate: Any | None,
     links: dict[str, str],
-) -> dict[str, Any]:
-    return {
-        "phase": phase,
-        "rows": counts.rows,
-        "ok": counts.ok,
-        "rejected": counts.rejected,
-        "error": counts.error,
-        "by_reason": counts.by_reason,
-        "by_source": by_source(ledger),
-        "by_license": by_license(ledger),
-        "seconds": round(seconds, 3),
-        "samples_per_s": samples_per_s,
+    shards: int | None = None,
+    packing: dict[str, Any] | None = None,
+    timings: dict[str, float] | None = None,
+) -> PhaseRecord:
+    """A phase's entry in the run record, from its counts, ledger and gate."""
+    return PhaseRecord(
+        phase=phase,
+        rows=counts.rows,
+        ok=counts.ok,
+        rejected=counts.rejected,
+        error=counts.error,
+        by_reason=counts.by_reason,
+        by_source=by_source(ledger),
+        by_license=by_license(ledger),
+        seconds=round(seconds, 3),
+        samples_per_s=samples_per_s,
         # The full Great Expectations result is in gates/{phase}.json; run.json keeps the outcomes.
-        "gate": {k: v for k, v in gate.to_json().items() if k != "ge_result"} if gate is not None else None,
-        "links": links,
-    }
+        gate={k: v for k, v in gate.to_json().items() if k != "ge_result"} if gate is not None else None,
+        links=links,
+        shards=shards,
+        packing=packing,
+        timings=timings,
+    )
 
 
 def run_gate(
-    storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, reused_from: str | None = None
+    storage: Storage, recipe: Recipe, run: RunRecord, gate: Any, reused_from: str | None = None
 ) -> dict[str, str]:
     """Save a gate's JSON and Data Docs under the run's report folder; return relative links.
 
@@ -85,7 +103,7 @@ def run_gate(
     """
     from tasks.audit.data_docs import save_gate_report
 
-    base = report_dir(recipe, run["run"])
+    base = report_dir(recipe, run.run)
     written = save_gate_report(gate, storage, f"{base}/gates", docs=reused_from is None)
     if reused_from is not None:
         written["data_docs"] = f"{report_dir(recipe, reused_from)}/gates/data_docs/index.html"
@@ -105,7 +123,7 @@ def _relative(path: str, base: str) -> str:
 def judge_phase(
     storage: Storage,
     recipe: Recipe,
-    run: dict[str, Any],
+    run: RunRecord,
     phase: str,
     files: list[str],
     settings: tuple[Any, ...],
@@ -127,35 +145,36 @@ def judge_phase(
     gate = evaluate()
     links = run_gate(storage, recipe, run, gate)
     if key:
-        remember(storage, recipe.dataset, phase, key, gate, run["run"])
+        remember(storage, recipe.dataset, phase, key, gate, run.run)
     return gate, links
 
 
-def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.Table | None = None) -> str:
+def publish(storage: Storage, recipe: Recipe, run: RunRecord, samples: pa.Table | None = None) -> tuple[RunRecord, str]:
     """Write run.json and report.html for the run so far, and post its artifacts: the phase's
     summary and reasons on the phase's own flow run, and the run's summary, reasons, gates,
     plots and links on the run a user started (see ``post_run_artifacts``).
 
-    Returns the report's link (a URL a browser opens, or its path when nothing serves it).
+    Returns the record as published (finished now) and the report's link (a URL a browser
+    opens, or its path when nothing serves it).
     """
     from tasks.audit.phase_markdown import phase_markdown
     from tasks.audit.report import read_samples, write_report
     from tasks.audit.report_web import report_link
 
-    base = report_dir(recipe, run["run"])
-    run["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    base = report_dir(recipe, run.run)
+    run = run.finished_at(_now())
     written = write_report(storage, base, run, samples)
     report = report_link(storage, written["html"])
-    phase = run["phases"][-1] if run["phases"] else None
+    phase = run.phases[-1] if run.phases else None
     key = recipe.dataset
     if phase is not None:
-        name = phase["phase"]
+        name = phase.phase
         create_markdown_artifact(
             phase_markdown(run, phase, report), key=f"{key}-{name}-summary", description=f"{key}: {name} summary"
         )
         table = [
-            {"reason": r, "rows": n, "share": round(n / max(phase["rows"], 1), 4)}
-            for r, n in by_family(phase.get("by_reason")).items()
+            {"reason": r, "rows": n, "share": round(n / max(phase.rows, 1), 4)}
+            for r, n in by_family(dict(phase.by_reason)).items()
         ]
         create_table_artifact(
             table or [{"reason": "(none)", "rows": 0, "share": 0.0}],
@@ -165,11 +184,11 @@ def publish(storage: Storage, recipe: Recipe, run: dict[str, Any], samples: pa.T
     if samples is None and "samples" in written:
         samples = read_samples(storage, written["samples"])
     post_run_artifacts(storage, recipe, run, report, samples)
-    return report.url
+    return run, report.url
 
 
 def post_run_artifacts(
-    storage: Storage, recipe: Recipe, run: dict[str, Any], report: Link, samples: pa.Table | None
+    storage: Storage, recipe: Recipe, run: RunRecord, report: Link, samples: pa.Table | None
 ) -> None:
     """Create, or update in place, the run's artifacts on the flow run a user started (the
     ``pretraining`` deployment's run, the CLI's ``shardsmith-{dataset}`` run): its summary
@@ -183,19 +202,17 @@ def post_run_artifacts(
     from tasks.audit.report_markdown import gate_rows, reason_rows, run_summary
     from tasks.audit.report_web import link_markdown, report_link
 
-    flow_run_id = run.get("flow_run_id") or _current_flow_run_id()
+    flow_run_id = run.flow_run_id or _current_flow_run_id()
     if flow_run_id is None:
         return  # not inside a flow: nothing to attach to
     key = recipe.dataset
     links = {"audit report": link_markdown(report, "report.html")}
-    docs = next(
-        (p["links"]["data_docs"] for p in reversed(run["phases"]) if (p.get("links") or {}).get("data_docs")), None
-    )
-    docs_link = report_link(storage, f"{report_dir(recipe, run['run'])}/{docs}") if docs else None
+    docs = next((p.links["data_docs"] for p in reversed(run.phases) if p.links.get("data_docs")), None)
+    docs_link = report_link(storage, f"{report_dir(recipe, run.run)}/{docs}") if docs else None
     if docs_link is not None:
         # One Data Docs site per run lists every gate so far, so the latest link is enough.
         links["gate results (Great Expectations Data Docs)"] = link_markdown(docs_link, "data_docs/index.html")
-    label = f"{key} audit report ({run['run']})"
+    label = f"{key} audit report ({run.run})"
     items = [
         (
             f"{key}-summary",
@@ -223,7 +240,7 @@ def post_run_artifacts(
                 f"{key}-data-docs",
                 "markdown",
                 "Great Expectations Data Docs",
-                link_markdown(docs_link, f"{key} gate results, Data Docs ({run['run']})"),
+                link_markdown(docs_link, f"{key} gate results, Data Docs ({run.run})"),
             )
         )
     _upsert_artifacts(UUID(str(flow_run_id)), items)
@@ -252,15 +269,16 @@ def _upsert_artifacts(flow_run_id: UUID, items: list[tuple[str, str, str, str]])
 
 
 def check_gate(
-    storage: Storage, recipe: Recipe, run: dict[str, Any], gate: Any, samples: pa.Table | None = None, why: str = ""
-) -> str:
+    storage: Storage, recipe: Recipe, run: RunRecord, gate: Any, samples: pa.Table | None = None, why: str = ""
+) -> tuple[RunRecord, str]:
     """Publish the report; raise ``GateFailed`` if the gate failed (after the report is written).
 
     ``why`` is said with a failure, for people: what the phase saw (e.g. a manifest with no rows).
+    Returns the record as published and the report's link.
     """
     if not gate.success:
-        run["blocked"] = gate.failure_message() + (f" ({why})" if why else "")
-    url = publish(storage, recipe, run, samples)
+        run = run.blocked_by(gate.failure_message() + (f" ({why})" if why else ""))
+    run, url = publish(storage, recipe, run, samples)
     if not gate.success:
-        raise GateFailed(f"{run['blocked']}\nreport: {url}")
-    return url
+        raise GateFailed(f"{run.blocked}\nreport: {url}", run)
+    return run, url

@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 from flows.phase import Phase, gather_all
 from flows.preflight import combine_groups, list_groups, plan_here, small, take_primed
 from tasks.audit.download_summary import DownloadSummary, summary_markdown, write_summary
+from tasks.audit.runrecord import RunRecord
 from tasks.formats.ledger import Counts, committed, concat_ledgers, read_ledgers
 from tasks.formats.manifests import SourcePlan, plan_files
 from tasks.formats.recipe import Recipe
@@ -68,7 +69,7 @@ def run_name() -> str:
 
 
 @flow(name="download", log_prints=False)
-def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> tuple[DownloadSummary, dict]:
+def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False) -> tuple[DownloadSummary, RunRecord]:
     """Download every manifest row of the recipe into shards (skipping committed ones), then gate.
 
     With ``fuse_validation`` each chunk is fetched and validated in one task (tasks/stages/onepass.py): the
@@ -139,7 +140,7 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
     fresh_bytes = sum(r.counts.bytes for r in fresh_results if r.counts is not None)
     summary = DownloadSummary(
         dataset=recipe.dataset,
-        run=run["run"],
+        run=run.run,
         storage=storage.url(),
         shards=len(refs),
         shards_skipped=sum(r.skipped for r in results),
@@ -183,10 +184,10 @@ def download_flow(recipe: Recipe, run: dict, fuse_validation: bool = False) -> t
         [r.ledger for r in results], (manifest_rows, recipe.gates.download),
         lambda: download_gate(ledger, manifest_rows, recipe.gates.download),
     )  # fmt: skip
-    ph.record(counts, ledger, summary.samples_per_s, gate, links, seconds=seconds)
+    ph.record(counts, ledger, summary.samples_per_s, gate, links, seconds=seconds, shards=summary.shards)
     # gather_all has set the progress to 100 %.
     ph.close(gate, why="; ".join(p.note for p in plans if p.note), done=False)
-    return summary, run
+    return summary, ph.run
 
 
 def plan_sources(recipe: Recipe, storage: Storage) -> list[SourcePlan]:

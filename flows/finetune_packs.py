@@ -9,6 +9,7 @@ from flows.finetune_release import release_finetune
 from flows.phase import Phase
 from flows.validate import ValidateSummary
 from tasks.audit.download_summary import DownloadSummary
+from tasks.audit.runrecord import RunRecord
 from tasks.finetune.ingest import IngestResult
 from tasks.finetune.outcome import (
     FinetuneSummary,
@@ -82,8 +83,8 @@ def finetune_flow(
     ingests: list[IngestResult],
     download: DownloadSummary | None,
     validated: ValidateSummary | None,
-    run: dict,
-) -> tuple[dict, dict]:
+    run: RunRecord,
+) -> tuple[dict, RunRecord]:
     """Samples (images joined back, tiles, tags, tokens) -> padding and packing -> gates -> release."""
     from tasks.audit.finetune_gate import finetune_gate
     from tasks.audit.gates import reshard_gate
@@ -110,7 +111,7 @@ def finetune_flow(
         pa.Table.from_pylist(shard_rows) if shard_rows else pa.table({}), recipe.reshard.samples_per_shard, n_packs
     )
     packs = pack_ledger(outputs)
-    ph.record(Counts.of(packs), packs, 0.0, gate, ph.links(gate), name="reshard")
+    ph.record(Counts.of(packs), packs, 0.0, gate, ph.links(gate), name="reshard", shards=len(outputs))
     ph.close(gate, done=False)
 
     ledger, samples, report = final_tables(rows, plan, outputs)
@@ -118,7 +119,16 @@ def finetune_flow(
     links = ph.links(gate)
     counts = Counts.of(ledger)
     seconds = ph.seconds
-    ph.record(counts, ledger, ph.rate(counts.ok, seconds), gate, links, seconds=seconds, packing=plan.stats)
+    ph.record(
+        counts,
+        ledger,
+        ph.rate(counts.ok, seconds),
+        gate,
+        links,
+        seconds=seconds,
+        shards=len(outputs),
+        packing=plan.stats,
+    )
     ph.close(gate, report)
     ph.logger.info(
         "finetune: %d records, %d accepted, %d packs, fill %.4f (pad-to-longest %.4f), cut-off %d",
@@ -129,7 +139,7 @@ def finetune_flow(
         plan.stats["pad_to_longest_ratio"],
         plan.cutoff,
     )
-    summary = FinetuneSummary(recipe.dataset, run["run"], counts, plan.stats, outputs, round(seconds, 3))
+    summary = FinetuneSummary(recipe.dataset, ph.run.run, counts, plan.stats, outputs, round(seconds, 3))
     release: ReleaseResult
-    release, run = release_finetune(recipe, storage, ingests, summary, ledger, report, run)
+    release, run = release_finetune(recipe, storage, ingests, summary, ledger, report, ph.run)
     return {"finetune": summary, "release": release}, run

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from flows.release import announce, commit_new_release, reconcile, unchanged
+from flows.release import NewRelease, announce, commit_new_release, reconcile, unchanged
+from tasks.audit.runrecord import RunRecord
 from tasks.finetune.ingest import IngestResult
 from tasks.finetune.outcome import FinetuneSummary, records_in, release_packs, shard_name
 from tasks.finetune.tiling import all_tags
 from tasks.formats.indexes import ENERGON_CRUDE_TYPE, ShardIndexInput, all_indexes
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
-from tasks.stages.release import (
-    ReleaseResult,
-    fingerprint,
-    next_version,
-    place_file,
-    releases_dir,
-    write_tables,
-)
+from tasks.stages.release import ReleaseResult, fingerprint, place_file, write_tables
 
 
 def release_finetune(
@@ -28,23 +22,22 @@ def release_finetune(
     summary: FinetuneSummary,
     ledger: pa.Table,
     report: pa.Table,
-    run: dict,
-) -> tuple[ReleaseResult, dict]:
+    run: RunRecord,
+) -> tuple[ReleaseResult, RunRecord]:
     """Make ``releases/vNNNN/`` of the packed shards unless the latest release has the same content."""
-    base_dir = releases_dir(recipe.dataset)
     outputs = summary.outputs
     names = [shard_name(o) for o in outputs]
     shards = [{"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, outputs)]
     n_samples = records_in(outputs)
     fp = fingerprint(shards, recipe.recipe_hash())
-    head, same = unchanged(storage, recipe, run, fp, n_samples, len(shards), report)
+    head, run, same = unchanged(storage, recipe, run, fp, n_samples, len(shards), report)
     if same is not None:
         return same, run
     # Packs hold the ok records; the fine-tuning gate checked each is in exactly one pack.
     reconciled = reconcile(storage, recipe, run, ledger, None, sum(i.rows for i in ingests))
 
-    version = next_version(storage, recipe.dataset)
-    base = f"{base_dir}/{version}"
+    new = NewRelease.next(storage, recipe, fp, head, shards, reconciled)
+    base = new.base
     for name, o in zip(names, outputs):
         place_file(storage, o.tar, f"{base}/{name}")
     index_inputs = [ShardIndexInput(name=n, size=o.bytes, samples=o.records) for n, o in zip(names, outputs)]
@@ -57,17 +50,12 @@ def release_finetune(
     cfg = recipe.finetune
     t = cfg.tiling
     tokenizer = summary.stats.get("tokenizer")
-    index = commit_new_release(
+    index, run = commit_new_release(
         storage,
         recipe,
         run,
-        version,
-        base,
-        reconciled,
+        new,
         report,
-        fp=fp,
-        parent=head,
-        shards=shards,
         # samples: WebDataset samples in the shards (packs when packed), as in every release and
         # as readers count them; records: the conversation samples they hold.
         totals={
@@ -109,4 +97,4 @@ def release_finetune(
         f"{n_samples} samples in {index['totals']['samples']} {'packs' if cfg.packing.packed else 'records'}, {len(shards)} shards; "
         f"fill ratio {summary.stats['fill_ratio']}; parent {head or '-'}."
     )
-    return announce(storage, recipe, version, base, n_samples, len(shards), text), run
+    return announce(storage, recipe, new, n_samples, text), run

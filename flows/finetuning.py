@@ -37,7 +37,7 @@ def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
     ex = recipe.execution
     out: dict[str, Any] = {}
     # One run per dataset at a time: a second one waits or refuses, naming the holder.
-    lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record["run"])
+    lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record.run)
     cluster = (
         contextlib.nullcontext() if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
     )
@@ -59,7 +59,7 @@ def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
             recipe=recipe, ingests=ingests, download=out.get("download"), validated=out.get("validate"), run=record
         )
         out.update(phases)
-    out["run"] = record["run"]
+    out["run"] = record.run
     out["record"] = record
     return out
 

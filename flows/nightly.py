@@ -14,6 +14,7 @@ from prefect.states import Failed
 
 from flows.audit import GateFailed, report_dir
 from flows.params import ClusterChoice, RecipeOverrides, recipe_overrides
+from tasks.audit.runrecord import RunRecord, SummaryRow, summary_rows
 from tasks.formats.recipe import load_recipe
 from tasks.formats.recipe_base import RecipeError
 from tasks.formats.storage import Storage
@@ -57,10 +58,11 @@ def nightly_rebuild(
     paths = sorted(Path(recipes_dir).glob(pattern))
     if not paths:
         raise RecipeError(f"no recipes matching {pattern!r} in {Path(recipes_dir).resolve()}")
-    rows = [rebuild_one(path, phases, cluster, overrides) for path in paths]
+    done = [rebuild_one(path, phases, cluster, overrides) for path in paths]
+    rows = [row for row, _ in done]
     for row in rows:
         logger.info("%s: %s %s", row["dataset"], row["status"], row["why"] or row["version"] or "")
-    publish_summary(rows)
+    publish_summary(rows, [(row["dataset"], p) for row, phase_rows in done for p in phase_rows])
     bad = [r for r in rows if r["status"] in ("blocked", "failed")]
     if bad:
         # Failed, so the night shows red in the UI and the alert automation fires; every
@@ -75,8 +77,9 @@ def nightly_rebuild(
 
 def rebuild_one(
     path: Path, phases: list[str] | None, cluster: str | None, overrides: RecipeOverrides | None
-) -> dict[str, Any]:
-    """Run one recipe as a subflow and describe the outcome as one summary row."""
+) -> tuple[dict[str, Any], list[SummaryRow]]:
+    """Run one recipe as a subflow and describe the outcome: one row for the dataset, and the
+    summary rows of the phases it ran (a blocked run's too)."""
     row: dict[str, Any] = {
         "dataset": _declared_name(path),
         "recipe": str(path),
@@ -92,7 +95,7 @@ def rebuild_one(
         run_flow = dataset_flow(recipe.kind)
     except RecipeError as err:
         row["why"] = _first_line(str(err))
-        return row
+        return row, []
     row.update(dataset=recipe.dataset, kind=recipe.kind)
     # Dotted overrides (cluster included) are what every dataset flow takes.
     params: dict[str, Any] = {"recipe_path": str(path), "phases": phases, "overrides": dotted or None}
@@ -105,7 +108,8 @@ def rebuild_one(
         text = str(result) if isinstance(result, BaseException) else (state.message or state.name)
         row["why"] = _first_line(text)
         row["report"] = next((line[len("report: ") :] for line in text.splitlines() if line.startswith("report: ")), "")
-        return row
+        blocked = getattr(result, "run", None)  # GateFailed carries the record its report shows
+        return row, summary_rows(blocked) if isinstance(blocked, RunRecord) else []
     release = result.get("release") if isinstance(result, dict) else None
     if release is not None:
         row["status"] = "released" if release.created else "unchanged"
@@ -113,15 +117,17 @@ def rebuild_one(
     else:
         row["status"] = "done"  # ran the phases asked for, none of them a release
     record = result.get("record") if isinstance(result, dict) else None
-    if record:
-        row["report"] = Storage(recipe.storage, recipe.storage_options).url(
-            f"{report_dir(recipe, record['run'])}/report.html"
-        )
-    return row
+    if not isinstance(record, RunRecord):
+        return row, []
+    row["report"] = Storage(recipe.storage, recipe.storage_options).url(f"{report_dir(recipe, record.run)}/report.html")
+    return row, summary_rows(record)
 
 
-def publish_summary(rows: list[dict[str, Any]]) -> None:
-    """A markdown and a table artifact under stable keys, so the Artifacts page keeps each night."""
+def publish_summary(rows: list[dict[str, Any]], phases: list[tuple[str, SummaryRow]] | None = None) -> None:
+    """A markdown and a table artifact under stable keys, so the Artifacts page keeps each night;
+    the markdown ends with every dataset's phases (``phases``: dataset and summary row)."""
+    from tasks.audit.report_markdown import summary_table
+
     counts = {
         s: sum(1 for r in rows if r["status"] == s) for s in ("released", "unchanged", "done", "blocked", "failed")
     }
@@ -137,6 +143,8 @@ def publish_summary(rows: list[dict[str, Any]]) -> None:
         report = f"[report]({r['report']})" if r["report"] else ""
         why = r["why"].replace("|", "\\|")
         lines.append(f"| {r['dataset']} | {r['kind']} | **{r['status']}** | {r['version']} | {why} | {report} |")
+    if phases:
+        lines += ["", "## Phases", "", *summary_table([p for _, p in phases], [d for d, _ in phases])]
     create_markdown_artifact(
         "\n".join(lines) + "\n",
         key=SUMMARY_KEY,

@@ -12,6 +12,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.audit import check_gate, judge_phase, phase_record, run_gate
+from tasks.audit.runrecord import PhaseRecord, RunRecord
 from tasks.formats.ledger import Counts
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
@@ -104,7 +105,8 @@ class Phase:
 
     Args:
         recipe: the run's recipe (storage, retries, gates).
-        run: the run record; ``record`` adds the phase's entry to it.
+        run: the run record so far; ``record`` and ``close`` replace ``self.run`` with the
+            record that follows (the flow returns it).
         name: the phase (``download``, ``validate`` ...); names its progress artifact and gate.
         description: the progress artifact's description, after the dataset's name.
 
@@ -114,7 +116,7 @@ class Phase:
     the phase to the run record and ``close`` publishes the report and stops on a failed gate.
     """
 
-    def __init__(self, recipe: Recipe, run: dict[str, Any], name: str, description: str):
+    def __init__(self, recipe: Recipe, run: RunRecord, name: str, description: str):
         self.started = time.perf_counter()
         self.recipe, self.run, self.name = recipe, run, name
         self.logger = get_run_logger()
@@ -160,13 +162,17 @@ class Phase:
         links: dict[str, str],
         name: str | None = None,
         seconds: float | None = None,
-        **extra: Any,
-    ) -> dict[str, Any]:
-        """Add the phase's entry (``name``: another than the phase's own) to the run record."""
+        shards: int | None = None,
+        packing: dict[str, Any] | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> PhaseRecord:
+        """Add the phase's entry (``name``: another than the phase's own) to the run record;
+        ``shards``, ``packing`` and ``timings`` as ``PhaseRecord`` takes them."""
         seconds = self.seconds if seconds is None else seconds
-        entry = phase_record(name or self.name, counts, ledger, seconds, samples_per_s, gate, links)
-        entry.update(extra)
-        self.run["phases"].append(entry)
+        entry = phase_record(
+            name or self.name, counts, ledger, seconds, samples_per_s, gate, links, shards, packing, timings
+        )
+        self.run = self.run.with_phase(entry)
         return entry
 
     def close(self, gate: Any, samples: pa.Table | None = None, why: str = "", done: bool = True) -> str:
@@ -174,4 +180,5 @@ class Phase:
         when the gate failed. Returns the report's link."""
         if done:
             update_progress_artifact(self.progress, 100.0)
-        return check_gate(self.storage, self.recipe, self.run, gate, samples, why)
+        self.run, url = check_gate(self.storage, self.recipe, self.run, gate, samples, why)
+        return url

@@ -10,6 +10,7 @@ from prefect import flow, get_run_logger, task
 
 from flows.phase import Phase
 from flows.reshard import ReshardSummary
+from tasks.audit.runrecord import RunRecord
 from tasks.formats.ledger import Counts, committed
 from tasks.formats.recipe import Recipe
 from tasks.formats.recipe_outputs import PrecacheConfig
@@ -49,7 +50,7 @@ def precache_task(
 
 
 @flow(name="precache", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
-def precache_flow(recipe: Recipe, reshard: ReshardSummary, run: dict) -> tuple[PrecacheSummary | None, dict]:
+def precache_flow(recipe: Recipe, reshard: ReshardSummary, run: RunRecord) -> tuple[PrecacheSummary | None, RunRecord]:
     """Encode every resharded shard with the recipe's frozen encoders, then gate the latents.
 
     Returns ``None`` for the summary when the recipe configures no encoder. On a ``cuda``
@@ -99,7 +100,7 @@ def precache_flow(recipe: Recipe, reshard: ReshardSummary, run: dict) -> tuple[P
     }
     summary = PrecacheSummary(
         dataset=recipe.dataset,
-        run=run["run"],
+        run=run.run,
         samples=sum(r.samples for r in results),
         results=results,
         encodings=results[0].encodings if results else {},
@@ -107,9 +108,9 @@ def precache_flow(recipe: Recipe, reshard: ReshardSummary, run: dict) -> tuple[P
         timings=timings,
     )
     fresh = ph.rate(sum(r.samples for r in results if not r.skipped), seconds)
-    ph.record(Counts.of(ledger), ledger, fresh, gate, links, seconds=seconds, timings=timings)
+    ph.record(Counts.of(ledger), ledger, fresh, gate, links, seconds=seconds, shards=len(results), timings=timings)
     ph.close(gate)
     ph.logger.info(
         "precache: %d samples in %d latent shards (%s)", summary.samples, len(results), ", ".join(summary.encodings)
     )
-    return summary, run
+    return summary, ph.run

@@ -68,9 +68,9 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
         raise RecipeError("\n".join(f"validate.license: {p}" for p in problems))
     record = new_run(recipe, run_name())
     ex = recipe.execution
-    out: dict = {"run": record["run"], "record": record}
+    out: dict = {"run": record.run, "record": record}
     # One run per dataset at a time: a second one waits or refuses, naming the holder.
-    lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record["run"])
+    lock = run_lock(Storage(recipe.storage, recipe.storage_options), recipe.dataset, record.run)
     cluster = (
         contextlib.nullcontext() if session is not None else dask_cluster(ex.cluster, ex.workers, ex.threads_per_worker)
     )
@@ -111,7 +111,7 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
             recipe,
             list(PHASES[: last + 1]),
             out["download"].ledgers,
-            record["run"],
+            record.run,
             release.version if release else None,
         )
     out["record"] = record

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ from flows.precache import PrecacheSummary
 from flows.reshard import ReshardSummary
 from flows.validate import ValidateSummary
 from tasks.audit.download_summary import DownloadSummary
+from tasks.audit.runrecord import ReleaseRecord, RunRecord
 from tasks.formats.indexes import ShardIndexInput, all_indexes, dali_indexes
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
@@ -40,7 +42,7 @@ release_tables_task = task(name="release-tables")(release_tables)
 
 
 def reconcile(
-    storage: Storage, recipe: Recipe, run: dict, ledger: pa.Table, outputs: pa.Table | None, manifest_rows: int
+    storage: Storage, recipe: Recipe, run: RunRecord, ledger: pa.Table, outputs: pa.Table | None, manifest_rows: int
 ) -> dict:
     """Gate the release on reconciliation (rows in = ok + rejected + error, no duplicate rows,
     no output without an ok ledger row); raise ``Unreconciled`` after writing the report.
@@ -56,85 +58,126 @@ def reconcile(
     gate = release_gate(tally, check_outputs=outputs is not None)
     run_gate(storage, recipe, run, gate)
     if not gate.success:
-        run["blocked"] = gate.failure_message()
-        url = publish(storage, recipe, run)
-        raise Unreconciled(f"ledgers do not reconcile; nothing released: {run['blocked']}\nreport: {url}")
+        run, url = publish(storage, recipe, run.blocked_by(gate.failure_message()))
+        raise Unreconciled(f"ledgers do not reconcile; nothing released: {run.blocked}\nreport: {url}", run)
     return {"success": True, "outcomes": [o.__dict__ for o in gate.outcomes]}
 
 
-def copy_audit(storage: Storage, recipe: Recipe, run: dict, base: str, reconciled: dict) -> dict:
+def copy_audit(storage: Storage, recipe: Recipe, run: RunRecord, base: str, reconciled: dict) -> dict:
     """Copy the run's report, run.json and every gate's JSON (the reconciliation's included)
     into the release folder ``base``; return the gates' entry for index.json."""
-    reports = report_dir(recipe, run["run"])
+    reports = report_dir(recipe, run.run)
     for rel in ("report.html", "run.json"):
         storage.write_bytes(f"{base}/{rel}", storage.read_bytes(f"{reports}/{rel}"))
     gates = {}
-    for phase in run["phases"]:
-        if phase.get("gate"):
-            storage.write_bytes(
-                f"{base}/gates/{phase['phase']}.json", storage.read_bytes(f"{reports}/gates/{phase['phase']}.json")
-            )
-            gates[phase["phase"]] = {"success": phase["gate"]["success"], "outcomes": phase["gate"]["outcomes"]}
+    for phase in run.phases:
+        if phase.gate:
+            name = phase.phase
+            storage.write_bytes(f"{base}/gates/{name}.json", storage.read_bytes(f"{reports}/gates/{name}.json"))
+            gates[name] = {"success": phase.gate["success"], "outcomes": phase.gate["outcomes"]}
     storage.write_bytes(f"{base}/gates/release.json", storage.read_bytes(f"{reports}/gates/release.json"))
     gates["release"] = reconciled
     return gates
 
 
 def unchanged(
-    storage: Storage, recipe: Recipe, run: dict, fp: str, samples: int, shards: int, report: pa.Table | None = None
-) -> tuple[str | None, ReleaseResult | None]:
-    """(the latest release, and a result when that release has this very content ``fp``: then
-    the run records it and publishes its report, and nothing new is released)."""
+    storage: Storage,
+    recipe: Recipe,
+    run: RunRecord,
+    fp: str,
+    samples: int,
+    shards: int,
+    report: pa.Table | None = None,
+) -> tuple[str | None, RunRecord, ReleaseResult | None]:
+    """(the latest release, the run record, and a result when that release has this very
+    content ``fp``: then the run records it and publishes its report, and nothing new is released)."""
     head = latest(storage, recipe.dataset)
     if head is None or read_index(storage, recipe.dataset, head).get("fingerprint") != fp:
-        return head, None
+        return head, run, None
     get_run_logger().info("release: unchanged since %s; no new release", head)
-    run["release"] = {"version": head, "created": False}
-    publish(storage, recipe, run, report)
-    return head, ReleaseResult(head, storage.url(f"{releases_dir(recipe.dataset)}/{head}"), False, samples, shards)
+    run, _ = publish(storage, recipe, run.with_release(ReleaseRecord(head, created=False)), report)
+    url = storage.url(f"{releases_dir(recipe.dataset)}/{head}")
+    return head, run, ReleaseResult(head, url, False, samples, shards)
+
+
+@dataclass(frozen=True)
+class NewRelease:
+    """A release being made: where it goes and the entries of its index.json that every kind has.
+
+    Args:
+        version: its version (``vNNNN``, the next free one).
+        base: its folder under the storage root.
+        fp: the fingerprint of its content.
+        parent: the latest release before it (None for the first).
+        shards: index.json's shard entries (name, sha256, bytes, samples).
+        reconciled: the reconciliation gate's entry (``reconcile``).
+    """
+
+    version: str
+    base: str
+    fp: str
+    parent: str | None
+    shards: list[dict[str, Any]]
+    reconciled: dict
+
+    @classmethod
+    def next(
+        cls,
+        storage: Storage,
+        recipe: Recipe,
+        fp: str,
+        parent: str | None,
+        shards: list[dict[str, Any]],
+        reconciled: dict,
+    ) -> NewRelease:
+        """The next version of the recipe's dataset, with its folder."""
+        version = next_version(storage, recipe.dataset)
+        return cls(version, f"{releases_dir(recipe.dataset)}/{version}", fp, parent, shards, reconciled)
 
 
 def commit_new_release(
     storage: Storage,
     recipe: Recipe,
-    run: dict,
-    version: str,
-    base: str,
-    reconciled: dict,
+    run: RunRecord,
+    new: NewRelease,
     report: pa.Table | None = None,
     **fields: Any,
-) -> dict[str, Any]:
-    """Record the new release in the run, publish the report, copy the audit into the release
-    folder ``base``, then commit its index.json (``fields``: the kind's entries, as
-    ``tasks.stages.release.commit_release_index`` takes them); returns the index."""
-    run["release"] = {"version": version, "created": True, "path": storage.url(base)}
-    publish(storage, recipe, run, report)
-    return commit_release_index(
+) -> tuple[dict[str, Any], RunRecord]:
+    """Record the new release in the run, publish the report, copy the audit into the release's
+    folder, then commit its index.json (``fields``: the kind's entries, as
+    ``tasks.stages.release.commit_release_index`` takes them); returns the index and the record."""
+    record = ReleaseRecord(new.version, created=True, path=storage.url(new.base))
+    run, _ = publish(storage, recipe, run.with_release(record), report)
+    index = commit_release_index(
         storage,
-        base,
-        version=version,
+        new.base,
+        # what the recipe and the run say, then what this release is
         dataset=recipe.dataset,
         kind=recipe.kind,
-        run=run["run"],
         recipe_hash=recipe.recipe_hash(),
-        gates=copy_audit(storage, recipe, run, base, reconciled),
-        reports=report_dir(recipe, run["run"]),
+        run=run.run,
+        reports=report_dir(recipe, run.run),
+        version=new.version,
+        fp=new.fp,
+        parent=new.parent,
+        shards=new.shards,
+        gates=copy_audit(storage, recipe, run, new.base, new.reconciled),
         **fields,
     )
+    return index, run
 
 
-def announce(
-    storage: Storage, recipe: Recipe, version: str, base: str, samples: int, shards: int, text: str
-) -> ReleaseResult:
+def announce(storage: Storage, recipe: Recipe, new: NewRelease, samples: int, text: str) -> ReleaseResult:
     """Move LATEST to the committed release and say so: an artifact (``text`` as its body) and a log line."""
+    version, url, shards = new.version, storage.url(new.base), len(new.shards)
     set_latest(storage, recipe.dataset, version)
     create_markdown_artifact(
-        f"# {recipe.dataset} {version}\n\n{text}\n\n`{storage.url(base)}`\n",
+        f"# {recipe.dataset} {version}\n\n{text}\n\n`{url}`\n",
         key=f"{recipe.dataset}-release",
         description=f"{recipe.dataset}: latest release",
     )
-    get_run_logger().info("released %s: %d samples in %d shards at %s", version, samples, shards, storage.url(base))
-    return ReleaseResult(version, storage.url(base), True, samples, shards)
+    get_run_logger().info("released %s: %d samples in %d shards at %s", version, samples, shards, url)
+    return ReleaseResult(version, url, True, samples, shards)
 
 
 @flow(name="release", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
@@ -143,9 +186,9 @@ def release_flow(
     download: DownloadSummary,
     validated: ValidateSummary,
     reshard: ReshardSummary,
-    run: dict,
+    run: RunRecord,
     precache: PrecacheSummary | None = None,
-) -> tuple[ReleaseResult, dict]:
+) -> tuple[ReleaseResult, RunRecord]:
     """Make ``releases/vNNNN/`` unless the latest release already has the same content.
 
     With ``precache`` (the precache phase's summary), the latent shards go under ``latents/``
@@ -153,7 +196,6 @@ def release_flow(
     them and their encodings under ``precache``.
     """
     storage = Storage(recipe.storage, recipe.storage_options)
-    base_dir = releases_dir(recipe.dataset)
     names = [f"shard-{o.index:06d}.tar" for o in reshard.outputs]
     shards = [
         {"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, reshard.outputs)
@@ -164,7 +206,7 @@ def release_flow(
         for n, r in zip(names, latents)
     ]
     fp = fingerprint(shards + latent_shards, recipe.recipe_hash())
-    head, same = unchanged(storage, recipe, run, fp, reshard.samples, len(shards))
+    head, run, same = unchanged(storage, recipe, run, fp, reshard.samples, len(shards))
     if same is not None:
         return same, run
 
@@ -179,8 +221,8 @@ def release_flow(
     # reconciling the download and validate ledgers' ok rows too would count a row per phase.
     reconciled = reconcile(storage, recipe, run, ledger, samples.select(["source", "row"]), download.counts.rows)
 
-    version = next_version(storage, recipe.dataset)
-    base = f"{base_dir}/{version}"
+    new = NewRelease.next(storage, recipe, fp, head, shards, reconciled)
+    base = new.base
     for name, o in zip(names, reshard.outputs):
         place_file(storage, o.tar, f"{base}/{name}")
     index_inputs = [ShardIndexInput(name=n, size=o.bytes, samples=o.records) for n, o in zip(names, reshard.outputs)]
@@ -197,16 +239,11 @@ def release_flow(
             storage.write_bytes(f"{base}/{rel}", data, fsync=False)
     write_tables(storage, base, samples, ledger)
 
-    commit_new_release(
+    _, run = commit_new_release(
         storage,
         recipe,
         run,
-        version,
-        base,
-        reconciled,
-        fp=fp,
-        parent=head,
-        shards=shards,
+        new,
         totals={
             "samples": reshard.samples,
             "bytes": sum(s["bytes"] for s in shards),
@@ -228,4 +265,4 @@ def release_flow(
         f"{reshard.samples} samples in {len(shards)} shards "
         f"({reshard.samples_per_shard} per shard, tail {reshard.tail}); parent {head or '-'}."
     )
-    return announce(storage, recipe, version, base, reshard.samples, len(shards), text), run
+    return announce(storage, recipe, new, reshard.samples, text), run

@@ -12,6 +12,7 @@ from prefect import flow, task
 from flows.phase import Phase
 from flows.runtime import default_workers
 from flows.validate import ValidateSummary
+from tasks.audit.runrecord import RunRecord
 from tasks.formats.ledger import Counts, committed
 from tasks.formats.recipe import Recipe
 from tasks.formats.recipe_outputs import ReshardConfig
@@ -56,7 +57,7 @@ def build_task(storage: Storage, outputs: tuple, first: int, last: int) -> list[
 
 
 @flow(name="reshard", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
-def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: dict) -> tuple[ReshardSummary, dict]:
+def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> tuple[ReshardSummary, RunRecord]:
     """Reshard the validated shards into shards of exactly N samples, check them, and gate.
 
     Tasks are few and large (``group_outputs``): one run of consecutive outputs per worker
@@ -121,7 +122,7 @@ def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: dict) -> tuple
     mark = time.perf_counter()
     summary = ReshardSummary(
         dataset=recipe.dataset,
-        run=run["run"],
+        run=run.run,
         samples_per_shard=cfg.samples_per_shard,
         seed=cfg.seed,
         samples=plan.total,
@@ -135,7 +136,13 @@ def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: dict) -> tuple
     counts = Counts.of(ledger) if ledger.num_rows else Counts.zero()
     seconds = ph.seconds
     ph.record(
-        counts, ledger, ph.rate(sum(o.samples for o in outputs if not o.skipped), seconds), gate, links, seconds=seconds
+        counts,
+        ledger,
+        ph.rate(sum(o.samples for o in outputs if not o.skipped), seconds),
+        gate,
+        links,
+        seconds=seconds,
+        shards=len(outputs),
     )
     ph.close(gate)
     timings["report"] = time.perf_counter() - mark
@@ -149,7 +156,7 @@ def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: dict) -> tuple
         summary.seconds,
         {k: round(v, 2) for k, v in timings.items()},
     )
-    return summary, run
+    return summary, ph.run
 
 
 def _census(ph: Phase, validated: ValidateSummary, required: tuple[str, ...], slots: int) -> list[InputCensus]:

@@ -9,6 +9,7 @@ from prefect import flow, task
 
 from flows.phase import Phase
 from tasks.audit.download_summary import DownloadSummary
+from tasks.audit.runrecord import RunRecord
 from tasks.audit.validate_samples import gate_samples, report_samples
 from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers
 from tasks.formats.recipe import Recipe
@@ -86,7 +87,7 @@ def finalize_shard_task(
 
 
 @flow(name="validate", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
-def validate_flow(recipe: Recipe, download: DownloadSummary, run: dict) -> tuple[ValidateSummary, dict]:
+def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> tuple[ValidateSummary, RunRecord]:
     """Validate every downloaded shard (unless the download phase already did, in one pass),
     dedup across the dataset, gate, and report."""
     from tasks.audit.gates import validate_gate
@@ -149,7 +150,7 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: dict) -> tuple
     fresh = sum(r.counts.ok for r in results if not r.skipped) + sum(c.counts.ok for c in cands if not c.skipped)
     summary = ValidateSummary(
         dataset=recipe.dataset,
-        run=run["run"],
+        run=run.run,
         counts=counts,
         shards=len(results),
         shards_skipped=sum(c.skipped for c in cands),
@@ -166,6 +167,7 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: dict) -> tuple
         gate,
         links,
         seconds=seconds,
+        shards=summary.shards,
     )
     summary.report = ph.close(gate, samples)
     ph.logger.info(
@@ -175,4 +177,4 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: dict) -> tuple
         counts.rejected,
         n_dups,
     )
-    return summary, run
+    return summary, ph.run

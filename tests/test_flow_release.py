@@ -220,7 +220,7 @@ def test_release_ships_latents_and_embeddings_aligned_key_for_key(released):
         mean = np.load(io.BytesIO(latents[0].members["latent_mean.npy"]))
         assert mean.shape == (4, 32, 32) and np.isfinite(mean).all()
     assert index["gates"]["precache"]["success"]
-    phases = [p["phase"] for p in first["record"]["phases"]]
+    phases = [p.phase for p in first["record"].phases]
     assert phases == ["download", "validate", "reshard", "precache"]
 
 
@@ -298,7 +298,7 @@ def test_the_final_report_keeps_the_validation_plots_and_thumbnails(released):
     import re
 
     store, first, *_ = released
-    run_dir = store / "reports" / first["record"]["run"]
+    run_dir = store / "reports" / first["record"].run
     assert (run_dir / "samples.parquet").is_file()
     for page in (run_dir / "report.html", store / "releases" / "v0001" / "report.html"):
         html = page.read_text(encoding="utf-8")

@@ -10,6 +10,7 @@ import pytest
 
 from flows.audit import judge_phase
 from tasks.audit.gates import download_gate
+from tasks.audit.runrecord import RunRecord
 from tasks.formats.ledger import write_ledger
 from tasks.formats.recipe import load_recipe
 from tasks.formats.recipe_outputs import DownloadGate
@@ -36,7 +37,7 @@ def setup(tmp_path):
 
 
 def run(recipe, storage, ledger, name, cfg=DownloadGate(), evaluated=None):
-    record = {"run": name, "phases": []}
+    record = RunRecord(dataset="gc", run=name, recipe_hash="", storage=storage.root, started="")
 
     def evaluate():
         evaluated.append(name)

@@ -116,5 +116,9 @@ def test_nightly_rebuild_runs_every_dataset_and_says_why(prefect_harness, tmp_pa
     assert rows["demo-broken"]["status"] == "failed" and "shards_per_night" in rows["demo-broken"]["why"]
     md = next(a for a in arts if a.key == SUMMARY_KEY).data
     assert "1 done, 1 blocked, 1 failed" in md and "**blocked**" in md
+    # Every dataset's phases as summary rows, the blocked one's from the record its report shows.
+    phases = [line for line in md.splitlines() if line.startswith("| demo")][len(table) :]
+    assert [line.split(" | ")[:2] for line in phases] == [["| demo", "download"], ["| demo-blocked", "download"]]
+    assert phases[0].endswith(" | PASS |") and phases[1].endswith(" | **FAIL** |")
     # Each dataset that could start ran as its own subflow, named after it.
     assert {r.name for r in subflows} >= {"demo-nightly", "demo-blocked-nightly"}

@@ -715,8 +715,8 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
         assert (summary.samples, summary.tail, summary.incomplete) == (27, 3, 0)
         assert [o.samples for o in summary.outputs] == [4] * 6 + [3]
         assert [k for o in summary.outputs for k in read_keys_with(storage, o.tar, ("jpg", "json"))] == list(written)
-        phase = record["phases"][-1]
-        assert phase["gate"]["success"] and phase["ok"] == 27 and phase["rows"] == 27
+        phase = record.phases[-1]
+        assert phase.gate["success"] and phase.ok == 27 and phase.rows == 27 and phase.shards == 7
         assert set(summary.timings) == {"start", "plan", "build", "gate", "report"}
         built = build_tasks()
         assert built > 0
@@ -726,7 +726,7 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
         ]
         # Nothing to build: no build task ran, and the first run's verdict on these very outputs stands.
         assert build_tasks() == built
-        assert again_record["phases"][-1]["gate"]["statistics"]["reused_from"] == record["run"]
+        assert again_record.phases[-1].gate["statistics"]["reused_from"] == record.run
 
         # Requiring the txt the validate phase did not promise: a census, and the two ok rows
         # without one are accounted for with their reason instead of carried.
@@ -740,8 +740,8 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
         assert sorted(r["key"] for t in census.incomplete_rows for r in t.to_pylist()) == sorted(
             set(written) - set(complete)
         )
-        phase = record["phases"][-1]
-        assert phase["gate"]["success"] and phase["rows"] == 27 and phase["by_reason"] == {INCOMPLETE: 2}
+        phase = record.phases[-1]
+        assert phase.gate["success"] and phase.rows == 27 and phase.by_reason == {INCOMPLETE: 2}
 
 
 def build_tasks() -> int:

@@ -8,19 +8,22 @@ import re
 
 import pytest
 
+from tasks.audit.runrecord import PhaseRecord, RunRecord
 
-def phase(name: str, rows: int, ok: int, by_reason: dict[str, int], gate_ok: bool = True) -> dict:
-    return {
-        "phase": name,
-        "rows": rows,
-        "ok": ok,
-        "rejected": rows - ok,
-        "error": 0,
-        "by_reason": by_reason,
-        "seconds": 1.0,
-        "samples_per_s": 10.0,
-        "links": {"data_docs": "gates/data_docs/index.html"},
-        "gate": {
+
+def phase(name: str, rows: int, ok: int, by_reason: dict[str, int], gate_ok: bool = True) -> PhaseRecord:
+    return PhaseRecord(
+        phase=name,
+        rows=rows,
+        ok=ok,
+        rejected=rows - ok,
+        error=0,
+        by_reason=by_reason,
+        seconds=1.0,
+        samples_per_s=10.0,
+        links={"data_docs": "gates/data_docs/index.html"},
+        shards=2,
+        gate={
             "phase": name,
             "success": gate_ok,
             "outcomes": [
@@ -34,7 +37,7 @@ def phase(name: str, rows: int, ok: int, by_reason: dict[str, int], gate_ok: boo
                 }
             ],
         },
-    }
+    )
 
 
 def samples():
@@ -70,22 +73,19 @@ def run_ids(prefect_harness, tmp_path_factory):
     ids: dict[str, str] = {}
 
     @flow(name="phase-one")
-    def one(run: dict) -> dict:
+    def one(run: RunRecord) -> RunRecord:
         ids["one"] = str(FlowRunContext.get().flow_run.id)
-        run["phases"].append(phase("validate", 3, 2, {"image_too_small": 1, "duplicate_of:x-1": 0}))
-        publish(storage, recipe, run, samples())
-        return run
+        run = run.with_phase(phase("validate", 3, 2, {"image_too_small": 1, "duplicate_of:x-1": 0}))
+        return publish(storage, recipe, run, samples())[0]
 
     @flow(name="phase-two")
-    def two(run: dict) -> dict:
+    def two(run: RunRecord) -> RunRecord:
         ids["two"] = str(FlowRunContext.get().flow_run.id)
-        run["phases"].append(phase("reshard", 2, 2, {}, gate_ok=False))
-        run["blocked"] = "reshard gate failed"
-        publish(storage, recipe, run)  # no samples: the table of phase one is kept
-        return run
+        run = run.with_phase(phase("reshard", 2, 2, {}, gate_ok=False)).blocked_by("reshard gate failed")
+        return publish(storage, recipe, run)[0]  # no samples: the table of phase one is kept
 
     @flow(name="shardsmith-demo-test")
-    def top() -> dict:
+    def top() -> RunRecord:
         ids["top"] = str(FlowRunContext.get().flow_run.id)
         run = new_run(recipe, "20261201T000000Z-test")
         return two(one(run))
@@ -107,12 +107,13 @@ def artifacts(flow_run_id: str) -> dict:
 
 def test_the_top_level_run_carries_one_current_set(run_ids, monkeypatch):
     ids, record, _ = run_ids
-    assert record["flow_run_id"] == ids["top"]
+    assert record.flow_run_id == ids["top"] and record.finished and record.blocked == "reshard gate failed"
     top = artifacts(ids["top"])
     assert set(top) == {"demo-summary", "demo-reasons", "demo-gates", "demo-report", "demo-data-docs"}
     summary = top["demo-summary"].data
     # Updated in place after the second phase: both phases, the verdict, the failed check.
-    assert "| validate | 3 | 2 | 1 | 0 |" in summary and "| reshard | 2 | 2 | 0 | 0 |" in summary
+    assert "| validate | 3 | 2 | 1 | 0 | 2 | 1 | 10 | PASS |" in summary
+    assert "| reshard | 2 | 2 | 0 | 0 | 2 | 1 | 10 | **FAIL** |" in summary
     assert "**BLOCKED**: reshard gate failed" in summary
     assert "1 of 2 checks passed." in summary
     # Hostile-looking text is escaped, not rendered as HTML or as table cells.
@@ -144,13 +145,13 @@ def test_links_say_how_to_open_the_report(run_ids):
     top = artifacts(ids["top"])
     # No report server configured: the path, and how to serve it.
     report = top["demo-report"].data
-    assert storage.url(f"demo/reports/{record['run']}/report.html") in report
+    assert storage.url(f"demo/reports/{record.run}/report.html") in report
     assert "shardsmith report --serve --storage" in report
     assert "gates/data_docs/index.html" in top["demo-data-docs"].data
 
 
 def test_the_later_report_keeps_the_samples(run_ids):
     _, record, storage = run_ids
-    html = storage.read_bytes(f"demo/reports/{record['run']}/report.html").decode()
+    html = storage.read_bytes(f"demo/reports/{record.run}/report.html").decode()
     assert 'data-hist="width"' in html and "No per-sample table" not in html
     assert 'data-phase="reshard"' in html

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from tasks.audit.runrecord import SummaryRow
 from tasks.formats.ledger import Counts
 from tasks.formats.storage import Storage
 from tasks.stages.validate import CandidateResult
@@ -31,15 +32,27 @@ class DownloadSummary:
     chunks: list[tuple[str, int]] = field(default_factory=list)  # (source, chunk index) of each tar
     candidates: list[CandidateResult] = field(default_factory=list)  # validated in the same pass
 
+    def row(self) -> SummaryRow:
+        """The phase's summary row; written before its gate is judged (``gate``: not yet)."""
+        c = self.counts
+        return SummaryRow(
+            "download", self.shards, c.rows, c.ok, c.rejected, c.error, self.samples_per_s, "not yet", self.seconds
+        )
+
 
 def summary_markdown(s: DownloadSummary) -> str:
+    """The phase's summary row, what it skipped, failed and fetched, its reasons and where things are."""
+    from tasks.audit.report_markdown import summary_table
+
     c = s.counts
     lines = [
         f"# {s.dataset}: download ({s.run})",
         "",
-        "| rows | ok | rejected | error | shards | skipped | failed | samples/s | MB/s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {c.rows} | {c.ok} | {c.rejected} | {c.error} | {s.shards} | {s.shards_skipped} | {len(s.shards_failed)} | {s.samples_per_s} | {s.mb_per_s} |",
+        *summary_table([s.row()]),
+        "",
+        "| shards skipped | shards failed | MB/s |",
+        "|---:|---:|---:|",
+        f"| {s.shards_skipped} | {len(s.shards_failed)} | {s.mb_per_s} |",
         "",
         "| reason | rows |",
         "|---|---:|",

@@ -16,7 +16,6 @@ from tasks.audit.report_views import (
     as_int,
     duration,
     fmt_int,
-    fmt_num,
     fmt_observed,
     group_reasons,
     histograms,
@@ -27,6 +26,7 @@ from tasks.audit.report_views import (
     status_bar,
     verdict,
 )
+from tasks.audit.runrecord import RunView, row_text, run_json, summary_rows
 from tasks.formats.ledger import read_parquet
 from tasks.formats.reasons import ERROR, OK, REJECTED
 from tasks.formats.storage import Storage
@@ -54,12 +54,11 @@ def _env() -> jinja2.Environment:
 # ----------------------------------------------------------------------------- public API
 
 
-def render_html(run: dict, samples: pa.Table | None, *, max_thumbnails_per_reason: int = 8) -> str:
+def render_html(run: RunView, samples: pa.Table | None, *, max_thumbnails_per_reason: int = 8) -> str:
     """The run's audit report as one HTML page with everything inline (CSS, SVG, images).
 
     Args:
-        run: the run record (see flows/audit.py): dataset, run, recipe_hash, started,
-            finished, phases (counts, reasons, sources, licenses, gate, links), blocked.
+        run: the run record (tasks/audit/runrecord.py), or run.json read back.
         samples: one row per sample judged by validation, or ``None``.
         max_thumbnails_per_reason: thumbnails shown per reason group (default 8).
 
@@ -68,6 +67,7 @@ def render_html(run: dict, samples: pa.Table | None, *, max_thumbnails_per_reaso
     """
     if max_thumbnails_per_reason < 0:
         raise ValueError("max_thumbnails_per_reason must be >= 0")
+    run = run_json(run)
     v = verdict(run)
     meta = [
         ("dataset", run.get("dataset", "")),
@@ -96,12 +96,12 @@ def render_html(run: dict, samples: pa.Table | None, *, max_thumbnails_per_reaso
     return page.strip() + "\n"
 
 
-def plot_svgs(run: dict, samples: pa.Table | None) -> dict[str, str]:
+def plot_svgs(run: RunView, samples: pa.Table | None) -> dict[str, str]:
     """The report's key plots as standalone SVG files, for places that show images only (the
     Prefect UI): rows by status per phase, then the histograms of accepted samples."""
     plots: Any = _env().get_template("plots.svg.j2").module  # its macros are attributes
     out = {}
-    for p in phases_of(run):
+    for p in phases_of(run_json(run)):
         counts = {s: as_int(p.get(s)) for s in (OK, REJECTED, ERROR)}
         bar = status_bar(
             counts, as_int(p.get("rows")), f"{p.get('phase', '')}: {fmt_int(as_int(p.get('rows')))} rows by status"
@@ -114,8 +114,11 @@ def plot_svgs(run: dict, samples: pa.Table | None) -> dict[str, str]:
     return out
 
 
-def summary_text(run: dict) -> str:
-    """The report's summary for a terminal: counts, reasons, gate outcomes, the verdict."""
+def summary_text(run: RunView) -> str:
+    """The report's summary for a terminal: each phase's summary row, its reasons, gate
+    outcomes and links, and the verdict."""
+    rows = summary_rows(run)
+    run = run_json(run)
     v = verdict(run)
     lines = [f"shardsmith report: {run.get('dataset', '')} / {run.get('run', '')}"]
     lines.append(f"recipe:   {run.get('recipe_hash', '')}")
@@ -123,18 +126,8 @@ def summary_text(run: dict) -> str:
     dur = duration(run.get("started"), run.get("finished"))
     lines.append(times + (f"   ({dur})" if dur else ""))
     lines.append(f"status:   {v}" + (f": {run['blocked']}" if run.get("blocked") else ""))
-    for p in phases_of(run):
-        name = p.get("phase", "")
-        line = (
-            f"{name}: {as_int(p.get('rows'))} rows, {as_int(p.get('ok'))} ok, "
-            f"{as_int(p.get('rejected'))} rejected, {as_int(p.get('error'))} error"
-        )
-        speed = []
-        if p.get("seconds") is not None:
-            speed.append(f"{fmt_num(p.get('seconds'))} s")
-        if p.get("samples_per_s") is not None:
-            speed.append(f"{fmt_num(p.get('samples_per_s'))} samples/s")
-        lines += ["", line + (f" ({', '.join(speed)})" if speed else "")]
+    for row, p in zip(rows, phases_of(run)):
+        lines += ["", row_text(row)]
         grouped = group_reasons(p.get("by_reason"))
         if grouped:
             lines.append("  reasons:")
@@ -142,7 +135,7 @@ def summary_text(run: dict) -> str:
             lines += [f"    {fmt_int(n):>{width}}  {g}" for g, n in grouped.items()]
         gate = p.get("gate")
         if isinstance(gate, dict):
-            lines.append(f"  gate: {'PASS' if gate.get('success') else 'FAIL'}")
+            lines.append("  checks:")
             for o in gate.get("outcomes") or []:
                 if not isinstance(o, dict):
                     continue
@@ -165,7 +158,7 @@ def summary_text(run: dict) -> str:
     return _CONTROL.sub("?", "\n".join(lines)) + "\n"
 
 
-def write_report(storage: Storage, rel_dir: str, run: dict, samples: pa.Table | None) -> dict[str, str]:
+def write_report(storage: Storage, rel_dir: str, run: RunView, samples: pa.Table | None) -> dict[str, str]:
     """Write ``report.html``, ``run.json`` and ``samples.parquet`` under ``rel_dir``.
 
     Returns ``{"html": ..., "json": ..., "samples": ...}`` (relative paths; ``samples`` when the
@@ -184,9 +177,10 @@ def write_report(storage: Storage, rel_dir: str, run: dict, samples: pa.Table | 
         samples = read_samples(storage, samples_rel)
     if samples is not None:
         paths["samples"] = samples_rel
-    storage.write_bytes(paths["json"], (json.dumps(run, indent=2, sort_keys=True, default=str) + "\n").encode())
+    data = run_json(run)
+    storage.write_bytes(paths["json"], (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
     # The page last: its presence means its inputs are in place.
-    storage.write_bytes(paths["html"], render_html(run, samples).encode("utf-8"))
+    storage.write_bytes(paths["html"], render_html(data, samples).encode("utf-8"))
     return paths
 
 
@@ -198,7 +192,8 @@ def read_samples(storage: Storage, rel: str) -> pa.Table | None:
 
 
 def load_run(storage: Storage, rel_dir: str) -> tuple[dict, pa.Table | None]:
-    """Read back what ``write_report`` wrote: the run record and the samples table (or None)."""
+    """Read back what ``write_report`` wrote: the run record as run.json holds it (the renderers
+    take it as it is) and the samples table (or None)."""
     rel_dir = rel_dir.rstrip("/")
     run = json.loads(storage.read_bytes(f"{rel_dir}/{RUN_JSON}"))
     return run, read_samples(storage, f"{rel_dir}/{SAMPLES_PARQUET}")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from tasks.audit.report import plot_svgs
 from tasks.audit.report_views import reason_info, verdict
+from tasks.audit.runrecord import SUMMARY_COLUMNS, RunView, SummaryRow, row_cells, run_json, summary_rows
 from tasks.formats.reasons import family
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>|#!])")
@@ -22,8 +24,8 @@ def md(value: Any) -> str:
     return _MD_SPECIAL.sub(r"\\\1", _CONTROL.sub(" ", "" if value is None else str(value)))
 
 
-def _phases(run: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in run.get("phases") or [] if isinstance(p, dict)]
+def _phases(run: RunView) -> list[dict[str, Any]]:
+    return [p for p in run_json(run).get("phases") or [] if isinstance(p, dict)]
 
 
 def _observed(value: Any) -> str:
@@ -32,7 +34,7 @@ def _observed(value: Any) -> str:
     return observed_text(value)
 
 
-def reason_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
+def reason_rows(run: RunView) -> list[dict[str, Any]]:
     """One row per (phase, reason family): rows and share of the phase's rows, largest first."""
     out = []
     for p in _phases(run):
@@ -53,7 +55,7 @@ def reason_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def gate_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
+def gate_rows(run: RunView) -> list[dict[str, Any]]:
     """One row per expectation of every phase's gate: threshold, observed value, result."""
     out = []
     for p in _phases(run):
@@ -71,6 +73,23 @@ def gate_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def summary_table(rows: Sequence[SummaryRow], datasets: Sequence[str] | None = None) -> list[str]:
+    """Summary rows as the lines of a markdown table (``datasets``: a first column naming each
+    row's dataset, as the nightly's table has); a failed gate in bold."""
+    lead = ["dataset"] if datasets is not None else []
+    align = ["---", *(["---:"] * 8), "---"]
+    lines = [
+        "| " + " | ".join([*lead, *SUMMARY_COLUMNS]) + " |",
+        "|" + "|".join(["---"] * len(lead) + align) + "|",
+    ]
+    for i, row in enumerate(rows):
+        cells = [md(c) for c in row_cells(row)]
+        cells[-1] = "**FAIL**" if row.gate == "FAIL" else cells[-1]
+        first = [md(datasets[i])] if datasets is not None else []
+        lines.append("| " + " | ".join([*first, *cells]) + " |")
+    return lines
+
+
 def image(svg: str, alt: str) -> str:
     """A markdown image of an SVG held in the markdown itself (a data: URI), so the UI shows
     the plot without reaching any server."""
@@ -78,15 +97,17 @@ def image(svg: str, alt: str) -> str:
     return f"![{alt}](data:image/svg+xml;base64,{base64.b64encode(svg.encode('utf-8')).decode('ascii')})"
 
 
-def run_summary(run: dict[str, Any], samples: pa.Table | None, links: dict[str, str]) -> str:
-    """The run so far in one markdown page: verdict, links, every phase's counts and gate,
+def run_summary(run: RunView, samples: pa.Table | None, links: dict[str, str]) -> str:
+    """The run so far in one markdown page: verdict, links, every phase's summary row,
     reasons, failed checks, and the report's key plots as images.
 
     Args:
-        run: the run record (flows/audit.py).
+        run: the run record (tasks/audit/runrecord.py), or run.json read back.
         samples: the report's samples table (histograms), or None.
         links: label -> markdown of a link (tasks.audit.report_web.link_markdown), in order.
     """
+    rows = summary_rows(run)
+    run = run_json(run)
     v = verdict(run)
     lines = [
         f"# {md(run.get('dataset'))}: run {md(run.get('run'))}",
@@ -102,13 +123,7 @@ def run_summary(run: dict[str, Any], samples: pa.Table | None, links: dict[str, 
             f"- release: {state} {md(release.get('version'))}"
             + (f" at `{md(release['path'])}`" if release.get("path") else "")
         )
-    lines += ["", "| phase | rows | ok | rejected | error | seconds | gate |", "|---|---:|---:|---:|---:|---:|---|"]
-    for p in _phases(run):
-        gate = p.get("gate")
-        result = ("PASS" if gate.get("success") else "**FAIL**") if isinstance(gate, dict) else "none"
-        lines.append(
-            f"| {md(p.get('phase'))} | {p.get('rows', 0)} | {p.get('ok', 0)} | {p.get('rejected', 0)} | {p.get('error', 0)} | {md(p.get('seconds', ''))} | {result} |"
-        )
+    lines += ["", *summary_table(rows)]
     reasons = reason_rows(run)
     if reasons:
         lines += ["", "## Rows by reason", "", "| phase | reason | status | rows | share |", "|---|---|---|---:|---:|"]

@@ -6,6 +6,7 @@ import base64
 import http
 import json
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -146,7 +147,7 @@ def duration(started: Any, finished: Any) -> str | None:
     return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s" if m else f"{s}s"
 
 
-def verdict(run: dict) -> str:
+def verdict(run: Mapping[str, Any]) -> str:
     """BLOCKED when the run carries a blocking message, IN PROGRESS until it has finished,
     PASSED otherwise (the flow decides blocking; the report only shows it)."""
     if run.get("blocked"):
@@ -156,7 +157,7 @@ def verdict(run: dict) -> str:
     return PASSED
 
 
-def phases_of(run: dict) -> list[dict]:
+def phases_of(run: Mapping[str, Any]) -> list[dict]:
     return [p for p in (run.get("phases") or []) if isinstance(p, dict)]
 
 
