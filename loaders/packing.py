@@ -7,6 +7,7 @@ import json
 import queue
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from torch.utils.data import IterableDataset
@@ -97,6 +98,8 @@ def pack_of(samples: list[dict[str, Any]], budget: int, index: int) -> dict[str,
     }
 
 
+# A dataclass: the constructor is the list of fields (identity equality, as for any dataset).
+@dataclass(eq=False, repr=False)
 class OnlinePacker(IterableDataset):
     """Pack fine-tuning samples at load time into packs of at most ``budget`` tokens and at most
     ``max_images`` images (MMDP's ConstantLengthDataset, with an image cap).
@@ -121,30 +124,21 @@ class OnlinePacker(IterableDataset):
             not yielded this epoch (default None: pack everything).
     """
 
-    def __init__(
-        self,
-        source: Iterable[dict[str, Any]],
-        budget: int,
-        max_images: int,
-        *,
-        buffer_size: int = 64,
-        queue_size: int = 256,
-        oversize: str = "error",
-        num_packs: int | None = None,
-    ) -> None:
-        super().__init__()
-        if budget < 1 or max_images < 0 or buffer_size < 1 or queue_size < 1:
+    source: Iterable[dict[str, Any]]
+    budget: int
+    max_images: int
+    _: KW_ONLY
+    buffer_size: int = 64
+    queue_size: int = 256
+    oversize: str = "error"
+    num_packs: int | None = None
+    skipped: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or self.max_images < 0 or self.buffer_size < 1 or self.queue_size < 1:
             raise ValueError("budget, buffer_size and queue_size must be >= 1 and max_images >= 0")
-        if oversize not in ("error", "skip"):
-            raise ValueError(f"oversize={oversize!r}: use 'error' or 'skip'")
-        self.source = source
-        self.budget = budget
-        self.max_images = max_images
-        self.buffer_size = buffer_size
-        self.queue_size = queue_size
-        self.oversize = oversize
-        self.num_packs = num_packs
-        self.skipped: list[str] = []
+        if self.oversize not in ("error", "skip"):
+            raise ValueError(f"oversize={self.oversize!r}: use 'error' or 'skip'")
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Passed on to the source (``start`` counts the source's samples, not packs)."""

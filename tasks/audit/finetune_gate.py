@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from tasks.audit.gate_checks import Check, check_count, check_rows, key_checks, mostly_of, share_unexpected
+from tasks.audit.gate_checks import Check, all_true, check_count, check_rows, key_checks, mostly_of, share_unexpected
 from tasks.audit.gate_results import GateResult, fmt_number
 from tasks.audit.ge_runner import expectation_stats, import_gx, ledger_stats, reason_families, run_suites, to_frame
 from tasks.formats.reasons import OK
@@ -35,20 +35,8 @@ def _finetune_checks(
             check_count,
         ),
         Check("sample keys unique", "no duplicates", "ExpectColumnValuesToBeUnique", {"column": "key"}, check_rows),
-        Check(
-            "schema: conversation json complete",
-            "all",
-            "ExpectColumnValuesToBeInSet",
-            {"column": "schema_ok", "value_set": [True]},
-            check_rows,
-        ),
-        Check(
-            "tag groups equal images",
-            "all",
-            "ExpectColumnValuesToBeInSet",
-            {"column": "tags_ok", "value_set": [True]},
-            check_rows,
-        ),
+        all_true("schema: conversation json complete", "schema_ok", check_rows),
+        all_true("tag groups equal images", "tags_ok", check_rows),
         Check(
             "every accepted sample in a pack",
             "no nulls",

@@ -63,6 +63,11 @@ def mostly_of(share: float) -> float:
     return min(1.0, max(0.0, round(share, 9)))
 
 
+def all_true(name: str, column: str, observe: Callable[[dict[str, Any]], Any]) -> Check:
+    """A check that every value of the boolean ``column`` is True (threshold "all")."""
+    return Check(name, "all", "ExpectColumnValuesToBeInSet", {"column": column, "value_set": [True]}, observe)
+
+
 def key_checks(prefix: str = "") -> list[Check]:
     """The core ledger columns: at least one row, keys present and unique, statuses known."""
     statuses = ", ".join(STATUSES)

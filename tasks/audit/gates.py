@@ -6,6 +6,7 @@ import pyarrow as pa
 
 from tasks.audit.gate_checks import (
     Check,
+    all_true,
     check_count,
     check_rows,
     key_checks,
@@ -235,27 +236,9 @@ def _reshard_checks(samples_per_shard: int, expected_samples: int, shards: int) 
             {"column": "samples", "min_value": 1, "max_value": n},
             share_unexpected,
         ),
-        Check(
-            "every tar readable",
-            "all",
-            "ExpectColumnValuesToBeInSet",
-            {"column": "readable", "value_set": [True]},
-            share_unexpected,
-        ),
-        Check(
-            "every sample complete",
-            "all",
-            "ExpectColumnValuesToBeInSet",
-            {"column": "complete", "value_set": [True]},
-            share_unexpected,
-        ),
-        Check(
-            "checksums match the index",
-            "all",
-            "ExpectColumnValuesToBeInSet",
-            {"column": "checksum_ok", "value_set": [True]},
-            share_unexpected,
-        ),
+        all_true("every tar readable", "readable", share_unexpected),
+        all_true("every sample complete", "complete", share_unexpected),
+        all_true("checksums match the index", "checksum_ok", share_unexpected),
     ]
 
 
@@ -295,36 +278,12 @@ def _precache_checks(expected_samples: int, cfg: PrecacheGate, latents: bool) ->
             check_count,
         ),
         Check("precached key unique", "no duplicates", "ExpectColumnValuesToBeUnique", {"column": "key"}, check_rows),
-        Check(
-            "keys aligned with the image shards",
-            "all",
-            "ExpectColumnValuesToBeInSet",
-            {"column": "aligned", "value_set": [True]},
-            check_rows,
-        ),
-        Check(
-            "every stored value finite",
-            "all",
-            "ExpectColumnValuesToBeInSet",
-            {"column": "finite", "value_set": [True]},
-            check_rows,
-        ),
+        all_true("keys aligned with the image shards", "aligned", check_rows),
+        all_true("every stored value finite", "finite", check_rows),
     ]
     shards = [
-        Check(
-            "latent shard per image shard, same count",
-            "all",
-            "ExpectColumnValuesToBeInSet",
-            {"column": "counts_match", "value_set": [True]},
-            check_rows,
-        ),
-        Check(
-            "shapes and dtypes as recorded",
-            "all",
-            "ExpectColumnValuesToBeInSet",
-            {"column": "layout_match", "value_set": [True]},
-            check_rows,
-        ),
+        all_true("latent shard per image shard, same count", "counts_match", check_rows),
+        all_true("shapes and dtypes as recorded", "layout_match", check_rows),
     ]
     out = {"ledger": ledger, "shards": shards}
     if latents:

@@ -221,18 +221,14 @@ def _write_range(
     with storage.atomic_writer(result.images) as image_out:
         for raw in raws:
             key = f"{source.name}-{raw.row:09d}"
-            out = dict(
-                key=key,
-                source=source.name,
-                row=raw.row,
-                status=None,
-                reason=raw.reason,
-                detail=raw.detail,
-                id=None,
-                turns=None,
-                image_rows=None,
-                turn_images=None,
-            )
+            # Only what is known so far: RECORD_SCHEMA fills the columns a row leaves out with nulls.
+            out: dict[str, Any] = {
+                "key": key,
+                "source": source.name,
+                "row": raw.row,
+                "reason": raw.reason,
+                "detail": raw.detail,
+            }
             if raw.reason is None:
                 conv = check_conversation(raw.record, rules)
                 out.update(reason=conv.reason, detail=conv.detail, id=conv.id)
