@@ -9,7 +9,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.formats.manifests import careful
+import tasks.formats.manifests.careful as careful
 from tasks.formats.manifests.careful import ByteSource, Lines, TooLong, too_long
 from tasks.formats.manifests.values import Mapping, RawBatch, dumps, extra_column, json_value
 

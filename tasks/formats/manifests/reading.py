@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.formats.manifests import careful
+import tasks.formats.manifests.careful as careful
 from tasks.formats.manifests.files import (
     GZIP_ERRORS,
     HashingReader,

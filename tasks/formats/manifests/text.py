@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from tasks.formats.manifests import careful
+import tasks.formats.manifests.careful as careful
 from tasks.formats.manifests.careful import BLANK, ByteSource, CsvRows, Lines, RecordBuffer
 from tasks.formats.manifests.files import ManifestError
 from tasks.formats.manifests.values import Mapping, RawBatch, extra_column
