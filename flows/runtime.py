@@ -219,11 +219,10 @@ WORKER_PRELOAD = "flows.worker"
 def start_cluster(choice: str, workers: int | None, threads_per_worker: int, env: dict[str, str]):
     """A new ``local`` or ``cuda`` Dask cluster whose workers get ``env`` and our worker settings."""
     import dask
-
-    # distributed loads its config defaults on import: imported inside ``config.set`` they would
-    # count as keys the block added, and leaving it would delete every ``distributed.*`` setting.
     from distributed import LocalCluster
 
+    # distributed registers its config defaults when first imported: imported inside the block
+    # below, they would be recorded as new keys and removed with it, all of them.
     with dask.config.set(WORKER_CONFIG):
         if choice == "cuda":
             return _cuda_cluster(threads_per_worker, env)

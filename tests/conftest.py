@@ -17,6 +17,7 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 import io  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -38,6 +39,35 @@ def prefect_api_url(prefect_harness) -> str:
     from prefect.settings import get_current_settings
 
     return str(get_current_settings().api.url)
+
+
+@pytest.fixture(scope="session")
+def dask_address(prefect_harness) -> Iterator[str]:
+    """One Dask LocalCluster of two workers for the in-process flow tests that do not test the
+    cluster itself; yields its scheduler address.
+
+    A cluster of their own costs each run seconds of worker start, and a run with the precache
+    phase another import of diffusers in every new worker. The workers get the session's
+    Prefect API (``worker_env``) and, being started once, none of a test's ``SHARDSMITH_FAULT``:
+    tests that inject faults, kill workers or test a cluster's start and stop keep their own.
+    """
+    from flows.runtime import close_cluster, start_cluster, worker_env
+    from tasks.formats.storage import FAULT_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(FAULT_ENV, raising=False)  # the spawned workers inherit this process's environment
+        cluster = start_cluster("local", 2, 1, worker_env())
+    yield cluster.scheduler_address
+    close_cluster(cluster)
+
+
+@pytest.fixture
+def shared_cluster(dask_address) -> Iterator[str]:
+    """The session's cluster for this test's flow runs (see ``dask_address``): ``SHARDSMITH_CLUSTER``
+    names it, as the docker-compose stack names its scheduler to deployed runs."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SHARDSMITH_CLUSTER", dask_address)
+        yield dask_address
 
 
 def make_image(fmt: str, size=(64, 48), color=(200, 40, 40), mode="RGB") -> bytes:

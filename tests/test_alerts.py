@@ -54,7 +54,7 @@ def test_cli_refuses_without_a_server(monkeypatch):
 
 
 @pytest.mark.slow
-def test_failed_gate_alerts_the_webhook_once(prefect_harness, receiver, tmp_path, monkeypatch):
+def test_failed_gate_alerts_the_webhook_once(prefect_harness, shared_cluster, receiver, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.settings import get_current_settings
 

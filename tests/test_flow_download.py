@@ -41,7 +41,7 @@ def run(recipe_path, **kw):
     return pretraining_flow(recipe_path=str(recipe_path), phases=["download"], workers=2, **kw)
 
 
-def test_demo_recipe_end_to_end_then_nothing_twice(prefect_harness, demo, monkeypatch):
+def test_demo_recipe_end_to_end_then_nothing_twice(prefect_harness, shared_cluster, demo, monkeypatch):
     root, server, expected = demo
     monkeypatch.setenv("SHARDSMITH_DEMO_DIR", str(root))
     server.reset_stats()
@@ -90,7 +90,7 @@ def test_demo_recipe_end_to_end_then_nothing_twice(prefect_harness, demo, monkey
     assert sum(server.hits.values()) == 0
 
 
-def test_appended_rows_download_only_the_new_chunks(prefect_harness, demo, monkeypatch, tmp_path):
+def test_appended_rows_download_only_the_new_chunks(prefect_harness, shared_cluster, demo, monkeypatch, tmp_path):
     root, server, expected = demo
     monkeypatch.setenv("SHARDSMITH_DEMO_DIR", str(root))
     run(RECIPE)  # make sure everything is committed first

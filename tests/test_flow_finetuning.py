@@ -14,20 +14,19 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 @pytest.fixture(scope="module")
-def released(tmp_path_factory, prefect_harness):
-    import os
-
+def released(tmp_path_factory, prefect_harness, dask_address):
     from flows.finetuning import finetuning_flow
     from tasks.demo.finetune import write_finetune_corpus
 
     root = tmp_path_factory.mktemp("ftdemo")
     expected = write_finetune_corpus(root, n=20, text_only=10)
-    os.environ["SHARDSMITH_DEMO_DIR"] = str(root)
-    try:
-        packed = finetuning_flow(recipe_path=str(RECIPES / "demo-finetune.yaml"), workers=2)
+    # The runs use the session's cluster (tests/conftest.py), not one each.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SHARDSMITH_DEMO_DIR", str(root))
+        packed = finetuning_flow(recipe_path=str(RECIPES / "demo-finetune.yaml"), cluster=dask_address)
         unpacked = finetuning_flow(
             recipe_path=str(RECIPES / "demo-finetune.yaml"),
-            workers=2,
+            cluster=dask_address,
             # Small byte ranges: the records file is read by several tasks in this run.
             overrides={
                 "finetune.packing.packed": False,
@@ -35,8 +34,6 @@ def released(tmp_path_factory, prefect_harness):
                 "finetune.conversation.range_bytes": 1024,
             },
         )
-    finally:
-        os.environ.pop("SHARDSMITH_DEMO_DIR", None)
     return root / "store" / "demo-finetune", packed, unpacked, expected
 
 

@@ -45,7 +45,7 @@ def run(recipe_path: Path, phases: list[str]):
     return pretraining_flow(recipe_path=str(recipe_path), phases=phases, workers=2)
 
 
-def test_a_manifest_with_no_rows_fails_the_download_gate_with_a_report(prefect_harness, tmp_path):
+def test_a_manifest_with_no_rows_fails_the_download_gate_with_a_report(prefect_harness, shared_cluster, tmp_path):
     manifest = tmp_path / "empty.csv"
     manifest.write_text("url,caption,license\n")
     with pytest.raises(GateFailed) as err:
@@ -78,7 +78,7 @@ def web(tmp_path):
     server.stop()
 
 
-def test_a_folder_of_parquet_part_files_is_one_source(prefect_harness, tmp_path, web):
+def test_a_folder_of_parquet_part_files_is_one_source(prefect_harness, shared_cluster, tmp_path, web):
     # As Spark writes a manifest: part files, a _SUCCESS marker and .crc side files.
     folder = tmp_path / "manifest"
     folder.mkdir()

@@ -15,27 +15,27 @@ GOLDEN_DIGESTS = Path(__file__).resolve().parent / "data" / "demo_release_digest
 
 
 @pytest.fixture(scope="module")
-def released(tmp_path_factory, prefect_harness):
-    import os
-
+def released(tmp_path_factory, prefect_harness, dask_address):
     from flows.pretraining import pretraining_flow
     from tasks.demo.corpus import prepare_demo
 
     root = tmp_path_factory.mktemp("demo")
     server, expected = prepare_demo(root, n=60, port=0)
-    os.environ["SHARDSMITH_DEMO_DIR"] = str(root)
+    # The runs use the session's cluster (tests/conftest.py), not one each.
     try:
-        first = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2)
-        second = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2)
-        # A narrower license policy: a new release whose parent is the first.
-        third = pretraining_flow(
-            recipe_path=str(RECIPES / "demo.yaml"),
-            workers=2,
-            overrides={"validate.license.allow": ["CC0-1.0", "CC-BY-4.0"], "gates.validate.max_reject_rate": 0.9},
-        )
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SHARDSMITH_DEMO_DIR", str(root))
+            mp.setenv("SHARDSMITH_CLUSTER", dask_address)
+            first = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2)
+            second = pretraining_flow(recipe_path=str(RECIPES / "demo.yaml"), workers=2)
+            # A narrower license policy: a new release whose parent is the first.
+            third = pretraining_flow(
+                recipe_path=str(RECIPES / "demo.yaml"),
+                workers=2,
+                overrides={"validate.license.allow": ["CC0-1.0", "CC-BY-4.0"], "gates.validate.max_reject_rate": 0.9},
+            )
     finally:
         server.stop()
-        os.environ.pop("SHARDSMITH_DEMO_DIR", None)
     return root / "store" / "demo", first, second, expected, third
 
 
@@ -224,9 +224,7 @@ def test_release_ships_latents_and_embeddings_aligned_key_for_key(released):
     assert phases == ["download", "validate", "reshard", "precache"]
 
 
-def test_a_nan_latent_fails_the_precache_gate_and_blocks_the_release(released, tmp_path):
-    import os
-
+def test_a_nan_latent_fails_the_precache_gate_and_blocks_the_release(released, tmp_path, shared_cluster, monkeypatch):
     import torch
     from diffusers import AutoencoderKL
 
@@ -240,17 +238,14 @@ def test_a_nan_latent_fails_the_precache_gate_and_blocks_the_release(released, t
         vae.encoder.conv_out.bias[0] = float("nan")
     vae.save_pretrained(tmp_path / "nan-vae")
     latest = (store / "releases" / "LATEST").read_text()
-    os.environ["SHARDSMITH_DEMO_DIR"] = str(root)
-    try:
-        # Download, validate and reshard are committed already and skipped; only precache runs.
-        with pytest.raises(GateFailed, match="every stored value finite"):
-            pretraining_flow(
-                recipe_path=str(RECIPES / "demo.yaml"),
-                workers=2,
-                overrides={"precache.image_latents.model": str(tmp_path / "nan-vae")},
-            )
-    finally:
-        os.environ.pop("SHARDSMITH_DEMO_DIR", None)
+    monkeypatch.setenv("SHARDSMITH_DEMO_DIR", str(root))
+    # Download, validate and reshard are committed already and skipped; only precache runs.
+    with pytest.raises(GateFailed, match="every stored value finite"):
+        pretraining_flow(
+            recipe_path=str(RECIPES / "demo.yaml"),
+            workers=2,
+            overrides={"precache.image_latents.model": str(tmp_path / "nan-vae")},
+        )
     assert (store / "releases" / "LATEST").read_text() == latest
     assert sorted(p.name for p in (store / "releases").iterdir() if p.name.startswith("v")) == ["v0001", "v0002"]
     reports = sorted((store / "reports").iterdir(), key=lambda p: p.stat().st_mtime)

@@ -27,7 +27,7 @@ def run(name, **kw):
     return pretraining_flow(recipe_path=str(RECIPES / name), phases=["download", "validate"], workers=2, **kw)
 
 
-def test_download_then_validate_with_gates_and_report(prefect_harness, demo, monkeypatch):
+def test_download_then_validate_with_gates_and_report(prefect_harness, shared_cluster, demo, monkeypatch):
     from tasks.formats.shards import iter_samples
 
     root, expected = demo
@@ -72,7 +72,7 @@ def test_download_then_validate_with_gates_and_report(prefect_harness, demo, mon
     assert list((report / "gates").rglob("index.html"))
 
 
-def test_strict_license_policy_is_blocked_by_the_gate(prefect_harness, demo, monkeypatch):
+def test_strict_license_policy_is_blocked_by_the_gate(prefect_harness, shared_cluster, demo, monkeypatch):
     from flows.audit import GateFailed
 
     root, _ = demo

@@ -54,7 +54,7 @@ def test_unknown_kind_has_no_flow():
 
 
 @pytest.mark.slow
-def test_nightly_rebuild_runs_every_dataset_and_says_why(prefect_harness, tmp_path, monkeypatch):
+def test_nightly_rebuild_runs_every_dataset_and_says_why(prefect_harness, shared_cluster, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         ArtifactFilter,

@@ -668,14 +668,13 @@ def test_outputs_are_grouped_into_few_contiguous_tasks():
 
 
 @pytest.mark.slow
-def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tmp_path):
+def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, shared_cluster, tmp_path):
     from dataclasses import dataclass
 
     from prefect_dask import DaskTaskRunner
 
     from flows.audit import new_run
     from flows.reshard import reshard_flow
-    from flows.runtime import dask_cluster
     from tasks.formats.recipe import parse_recipe
 
     @dataclass
@@ -708,40 +707,40 @@ def test_the_reshard_flow_counts_or_takes_a_census_and_gates(prefect_harness, tm
             recipe=recipe, validated=validated, run=new_run(recipe, dataset)
         )
 
-    with dask_cluster("local", 2) as address:
-        # Captions not required: the validated ledgers vouch for jpg and json only, which is
-        # what the reshard requires by default. Ok rows are counted; no census.
-        summary, record = run("counted", validate={"caption": {"required": False}})
-        assert (summary.samples, summary.tail, summary.incomplete) == (27, 3, 0)
-        assert [o.samples for o in summary.outputs] == [4] * 6 + [3]
-        assert [k for o in summary.outputs for k in read_keys_with(storage, o.tar, ("jpg", "json"))] == list(written)
-        phase = record.phases[-1]
-        assert phase.gate["success"] and phase.ok == 27 and phase.rows == 27 and phase.shards == 7
-        assert set(summary.timings) == {"start", "plan", "build", "gate", "report"}
-        built = build_tasks()
-        assert built > 0
-        again, again_record = run("counted", validate={"caption": {"required": False}})
-        assert all(o.skipped for o in again.outputs) and [o.sha256 for o in again.outputs] == [
-            o.sha256 for o in summary.outputs
-        ]
-        # Nothing to build: no build task ran, and the first run's verdict on these very outputs stands.
-        assert build_tasks() == built
-        assert again_record.phases[-1].gate["statistics"]["reused_from"] == record.run
+    address = shared_cluster  # the session's cluster (tests/conftest.py)
+    # Captions not required: the validated ledgers vouch for jpg and json only, which is
+    # what the reshard requires by default. Ok rows are counted; no census.
+    summary, record = run("counted", validate={"caption": {"required": False}})
+    assert (summary.samples, summary.tail, summary.incomplete) == (27, 3, 0)
+    assert [o.samples for o in summary.outputs] == [4] * 6 + [3]
+    assert [k for o in summary.outputs for k in read_keys_with(storage, o.tar, ("jpg", "json"))] == list(written)
+    phase = record.phases[-1]
+    assert phase.gate["success"] and phase.ok == 27 and phase.rows == 27 and phase.shards == 7
+    assert set(summary.timings) == {"start", "plan", "build", "gate", "report"}
+    built = build_tasks()
+    assert built > 0
+    again, again_record = run("counted", validate={"caption": {"required": False}})
+    assert all(o.skipped for o in again.outputs) and [o.sha256 for o in again.outputs] == [
+        o.sha256 for o in summary.outputs
+    ]
+    # Nothing to build: no build task ran, and the first run's verdict on these very outputs stands.
+    assert build_tasks() == built
+    assert again_record.phases[-1].gate["statistics"]["reused_from"] == record.run
 
-        # Requiring the txt the validate phase did not promise: a census, and the two ok rows
-        # without one are accounted for with their reason instead of carried.
-        census, record = run(
-            "census",
-            validate={"caption": {"required": False}},
-            reshard={"samples_per_shard": 4, "required_members": ["jpg", "json", "txt"]},
-        )
-        assert (census.samples, census.incomplete) == (25, 2)
-        assert [k for o in census.outputs for k in read_keys(storage, o.tar)] == complete
-        assert sorted(r["key"] for t in census.incomplete_rows for r in t.to_pylist()) == sorted(
-            set(written) - set(complete)
-        )
-        phase = record.phases[-1]
-        assert phase.gate["success"] and phase.rows == 27 and phase.by_reason == {INCOMPLETE: 2}
+    # Requiring the txt the validate phase did not promise: a census, and the two ok rows
+    # without one are accounted for with their reason instead of carried.
+    census, record = run(
+        "census",
+        validate={"caption": {"required": False}},
+        reshard={"samples_per_shard": 4, "required_members": ["jpg", "json", "txt"]},
+    )
+    assert (census.samples, census.incomplete) == (25, 2)
+    assert [k for o in census.outputs for k in read_keys(storage, o.tar)] == complete
+    assert sorted(r["key"] for t in census.incomplete_rows for r in t.to_pylist()) == sorted(
+        set(written) - set(complete)
+    )
+    phase = record.phases[-1]
+    assert phase.gate["success"] and phase.rows == 27 and phase.by_reason == {INCOMPLETE: 2}
 
 
 def build_tasks() -> int:

@@ -124,12 +124,14 @@ def committed(store: Path, phase: str) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_killed_mid_phase_at_each_commit_point_then_rerun_is_byte_identical(corpus, tmp_path):
+def test_killed_mid_phase_at_each_commit_point_then_rerun_is_byte_identical(corpus, tmp_path, dask_address):
     from flows.pretraining import pretraining_flow
 
     root, recipe, api_url = corpus
     baseline = tmp_path / "baseline"
-    pretraining_flow(recipe_path=str(recipe), storage=str(baseline))
+    # The uninterrupted run, in this process on the session's cluster; the killed runs below
+    # are CLI processes with clusters of their own, which the kills take down with them.
+    pretraining_flow(recipe_path=str(recipe), storage=str(baseline), cluster=dask_address)
     want_index, want_ledger, want_samples = release_of(baseline)
     assert want_index["totals"]["samples"] >= 6 and {r["status"] for r in want_ledger} == {"ok", "rejected", "error"}
 

@@ -181,7 +181,7 @@ class LatestFollower(threading.Thread):
 
 
 @pytest.mark.slow
-def test_a_reader_following_latest_never_sees_a_partial_release(tmp_path, prefect_harness):
+def test_a_reader_following_latest_never_sees_a_partial_release(tmp_path, prefect_harness, shared_cluster):
     from test_resilience_kill import write_corpus
 
     from flows.pretraining import pretraining_flow
