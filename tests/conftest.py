@@ -52,7 +52,7 @@ def dask_address(prefect_harness) -> Iterator[str]:
     tests that inject faults, kill workers or test a cluster's start and stop keep their own.
     """
     from flows.runtime import close_cluster, start_cluster, worker_env
-    from tasks.formats.storage import FAULT_ENV
+    from tasks.formats.faults import FAULT_ENV
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv(FAULT_ENV, raising=False)  # the spawned workers inherit this process's environment
