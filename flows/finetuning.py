@@ -12,7 +12,7 @@ from flows.audit import GateFailed, new_run
 from flows.download import download_flow, run_name
 from flows.finetune_ingest import image_recipe, ingest_flow
 from flows.finetune_packs import finetune_flow
-from flows.params import explicit_overrides
+from flows.params import cluster_or_env, explicit_overrides
 from flows.phase import on_runner
 from flows.runtime import dask_cluster
 from flows.session import Session, cleanup_on_stop
@@ -75,12 +75,15 @@ def finetuning_flow(
 
     Args:
         recipe_path: the recipe YAML (``kind: finetuning``).
-        cluster: local, cuda or a Dask scheduler address; overrides the recipe.
+        cluster: local, cuda or a Dask scheduler address; overrides the recipe (default:
+            ``SHARDSMITH_CLUSTER`` when set, as on the compose stack's worker).
         storage: storage root (local path or s3:// URL); overrides the recipe.
         workers: worker processes of a local cluster; overrides the recipe.
         overrides: other recipe keys, dotted: ``{"finetune.packing.budget": 4096}``.
     """
-    return run_finetuning(load_recipe(recipe_path, explicit_overrides(overrides, cluster, storage, workers)))
+    return run_finetuning(
+        load_recipe(recipe_path, explicit_overrides(overrides, cluster_or_env(cluster), storage, workers))
+    )
 
 
 __all__ = ["GateFailed", "finetuning_flow", "run_finetuning"]

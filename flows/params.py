@@ -129,6 +129,12 @@ class RecipeOverrides(Frozen):
         return out
 
 
+def cluster_or_env(cluster: str | None) -> str | None:
+    """A flow's ``cluster`` parameter, else ``SHARDSMITH_CLUSTER`` (set on the compose stack's
+    worker, so that deployed runs use the stack's Dask scheduler), else None (the recipe's)."""
+    return cluster or os.environ.get("SHARDSMITH_CLUSTER") or None
+
+
 def recipe_overrides(
     overrides: RecipeOverrides | dict[str, Any] | None,
     cluster: str | None = None,
@@ -137,10 +143,9 @@ def recipe_overrides(
 ) -> dict[str, Any]:
     """Dotted recipe overrides from a flow's parameters (the explicit ones win).
 
-    Without a ``cluster`` parameter, ``SHARDSMITH_CLUSTER`` names one: the docker-compose stack
-    sets it on its worker so that deployed runs use the stack's Dask scheduler.
+    Without a ``cluster`` parameter, ``SHARDSMITH_CLUSTER`` names one (``cluster_or_env``).
     """
-    cluster = cluster or os.environ.get("SHARDSMITH_CLUSTER") or None
+    cluster = cluster_or_env(cluster)
     if isinstance(overrides, dict):
         overrides = RecipeOverrides.model_validate(overrides)
     return explicit_overrides(overrides.dotted() if overrides is not None else {}, cluster, storage, workers)

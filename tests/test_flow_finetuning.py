@@ -24,9 +24,11 @@ def released(tmp_path_factory, prefect_harness, dask_address):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SHARDSMITH_DEMO_DIR", str(root))
         packed = finetuning_flow(recipe_path=str(RECIPES / "demo-finetune.yaml"), cluster=dask_address)
+        # The second run names its cluster as the compose stack's worker does: SHARDSMITH_CLUSTER.
+        mp.setenv("SHARDSMITH_CLUSTER", dask_address)
+        before = _tasks_run(dask_address)
         unpacked = finetuning_flow(
             recipe_path=str(RECIPES / "demo-finetune.yaml"),
-            cluster=dask_address,
             # Small byte ranges: the records file is read by several tasks in this run.
             overrides={
                 "finetune.packing.packed": False,
@@ -34,7 +36,16 @@ def released(tmp_path_factory, prefect_harness, dask_address):
                 "finetune.conversation.range_bytes": 1024,
             },
         )
+        assert _tasks_run(dask_address) > before  # its tasks ran there, not on a cluster of its own
     return root / "store" / "demo-finetune", packed, unpacked, expected
+
+
+def _tasks_run(address: str) -> int:
+    """Tasks the workers of the cluster at ``address`` have run so far."""
+    from distributed import Client
+
+    with Client(address) as client:
+        return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
 
 
 def _samples(tar: Path):
