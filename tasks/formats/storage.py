@@ -51,6 +51,15 @@ def file_modes(value: Any) -> tuple[int, int]:
     return mode, mode | ((mode & 0o444) >> 2)
 
 
+def _fsync_folder(folder: str) -> None:
+    """Make a rename or link in ``folder`` durable."""
+    dfd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 def _write_temp(path: str, data: bytes, mode: int) -> str:
     """A complete, fsynced file beside ``path`` under a name no other writer uses; returns it."""
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
@@ -216,11 +225,7 @@ class Storage:
             raise FileExistsError(errno.EEXIST, f"{self.url(rel)} exists", self.url(rel)) from None
         finally:
             os.unlink(tmp)
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync_folder(folder)
         return None
 
     def replace_local(self, rel: str, data: bytes) -> None:
@@ -274,18 +279,23 @@ class StagedFile:
 
     def __init__(self, storage: Storage, rel: str) -> None:
         self._target = storage.path(rel)
-        self._local = storage.is_local
         self._storage = storage
         self._faults = faults_for(rel)
         inject(self._faults, "before")
-        self._tmp: str | None = None
+        self._tmp: str | None = None  # the local temp file; None on object stores
         fh: IO[bytes]
-        if self._local:
+        if storage.is_local:
             folder = os.path.dirname(self._target)
             storage._make_local_folder(folder)
-            fd, self._tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(self._target), dir=folder)
-            os.fchmod(fd, storage.file_mode)  # mkstemp makes 0600
-            fh = os.fdopen(fd, "wb")
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(self._target), dir=folder)
+            try:
+                os.fchmod(fd, storage.file_mode)  # mkstemp makes 0600
+                fh = os.fdopen(fd, "wb")
+            except BaseException:
+                os.close(fd)
+                os.unlink(tmp)
+                raise
+            self._tmp = tmp
         else:
             fh = cast("IO[bytes]", tempfile.NamedTemporaryFile(prefix="shardsmith-spool-"))
         self._fh = fh
@@ -296,23 +306,19 @@ class StagedFile:
         renamed over the target and the folder fsynced; on object stores uploaded."""
         try:
             self._fh.flush()
-            if self._local:
+            if self._tmp is not None:
                 if fsync:
                     os.fsync(self._fh.fileno())
                 self._fh.close()
-                os.replace(cast(str, self._tmp), self._target)
+                os.replace(self._tmp, self._target)
             else:
                 self._storage.fs.put_file(self._fh.name, self._target)
                 self._fh.close()
         except BaseException:
             self.discard()
             raise
-        if self._local and fsync:
-            dfd = os.open(os.path.dirname(self._target), os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        if self._tmp is not None and fsync:
+            _fsync_folder(os.path.dirname(self._target))
         inject(self._faults, "commit")
 
     def discard(self) -> None:

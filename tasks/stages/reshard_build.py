@@ -67,11 +67,13 @@ def build_outputs(
         if pending is not None:  # interrupted: nothing of it appears
             pending.discard()
     if failed:
+        # in output order: an output's commit fails after the next one was written
+        failed.sort(key=lambda f: f[0].index)
         err = failed[0][1]
         if len(failed) > 1:
             err.add_note(f"outputs {[o.index for o, _ in failed]} of this task failed; the others are committed")
         raise err
-    return sorted(results, key=lambda r: r.index)
+    return results
 
 
 def _commit_into(pending: _Written, results: list[OutputResult], failed: list) -> None:
