@@ -203,6 +203,35 @@ def test_a_task_commits_each_output_while_the_next_is_copied_and_a_failure_spare
     assert [(r.sha256, r.records) for r in again] == [(r.sha256, r.records) for r in expected]
 
 
+def test_an_output_is_committed_while_the_next_one_is_written(dataset, monkeypatch):
+    import threading
+
+    import tasks.stages.reshard_build as build
+
+    storage, inputs, _ = dataset
+    plan = plan_reshard(inputs, 10, prefix="ds/reshard")
+    committing = [threading.Event() for _ in plan.outputs]
+    write, commit = build.write_output, build._Written.commit
+    overlapped = []
+
+    def spy_write(storage_, out, **kw):
+        if out.index > 0:
+            # Sequential commits would start output k-1's only after this write returns.
+            overlapped.append(committing[out.index - 1].wait(timeout=10))
+        return write(storage_, out, **kw)
+
+    def spy_commit(self):
+        committing[self.output.index].set()
+        return commit(self)
+
+    monkeypatch.setattr(build, "write_output", spy_write)
+    monkeypatch.setattr(build._Written, "commit", spy_commit)
+    results = build_outputs(storage, plan.outputs)
+    assert overlapped == [True] * (len(plan.outputs) - 1)
+    assert [r.index for r in results] == [o.index for o in plan.outputs]
+    assert all(storage.exists(o.ledger) for o in plan.outputs)
+
+
 def test_a_tar_is_in_place_before_its_ledger_is_written(dataset, monkeypatch):
     import tasks.formats.ledger as ledger_module
 

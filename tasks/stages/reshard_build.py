@@ -6,6 +6,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,10 +39,11 @@ def build_outputs(
 ) -> list[OutputResult]:
     """Build several outputs one after another (one task's worth), reading each input ledger once.
 
-    Each output is committed while the next one is copied: its tar is fsynced (the kernel has
-    been writing it back meanwhile), renamed into place and its ledger written, in that order,
-    so the disk and the copy overlap as they do for ``cp``, and no ledger names a tar that is
-    not durable.
+    Each output is committed, on a committer thread, while the next one is copied: its tar is
+    fsynced (the kernel has been writing it back meanwhile), renamed into place and its ledger
+    written, in that order, so the wait on the disk and the copy overlap as they do for ``cp``,
+    and no ledger names a tar that is not durable. An interrupted task finishes the commit
+    under way (that output is whole) and leaves the output it was copying uncommitted.
 
     An output that fails does not stop the others: they are built and committed, then the
     first failure is raised (naming the others), so a retry or rerun redoes only what failed.
@@ -49,23 +51,32 @@ def build_outputs(
     ledgers = _Ledgers(storage)
     results: list[OutputResult] = []
     failed: list[tuple[OutputPlan, BaseException]] = []
-    pending: _Written | None = None
-    try:
-        for out in outputs:
-            try:
-                written = write_output(storage, out, window_bytes=window_bytes, ledgers=ledgers)
-            except Exception as err:  # raised below, after the rest of the group is built
-                failed.append((out, err))
-                continue
-            if pending is not None:
-                _commit_into(pending, results, failed)
-            pending = written
+    pending: tuple[OutputPlan, Future[OutputResult]] | None = None
+
+    def settle() -> None:
+        nonlocal pending
         if pending is not None:
-            _commit_into(pending, results, failed)
+            out, commit = pending
             pending = None
-    finally:
-        if pending is not None:  # interrupted: nothing of it appears
-            pending.discard()
+            try:
+                results.append(commit.result())
+            except Exception as err:
+                failed.append((out, err))
+
+    # One committer thread: output k's fsync (a wait on the disk) runs while output k+1 is
+    # copied, and the commits stay in build order. At most one output waits uncommitted.
+    with ThreadPoolExecutor(1, thread_name_prefix="reshard-commit") as committer:
+        try:
+            for out in outputs:
+                try:
+                    written = write_output(storage, out, window_bytes=window_bytes, ledgers=ledgers)
+                except Exception as err:  # raised below, after the rest of the group is built
+                    failed.append((out, err))
+                    continue
+                settle()
+                pending = (out, committer.submit(written.commit))
+        finally:
+            settle()  # an interrupted task still finishes the commit under way: it is whole
     if failed:
         # in output order: an output's commit fails after the next one was written
         failed.sort(key=lambda f: f[0].index)
@@ -74,13 +85,6 @@ def build_outputs(
             err.add_note(f"outputs {[o.index for o, _ in failed]} of this task failed; the others are committed")
         raise err
     return results
-
-
-def _commit_into(pending: _Written, results: list[OutputResult], failed: list) -> None:
-    try:
-        results.append(pending.commit())
-    except Exception as err:
-        failed.append((pending.output, err))
 
 
 def build_output(
