@@ -40,10 +40,11 @@ def build_outputs(
     """Build several outputs one after another (one task's worth), reading each input ledger once.
 
     Each output is committed, on a committer thread, while the next one is copied: its tar is
-    fsynced (the kernel has been writing it back meanwhile), renamed into place and its ledger
-    written, in that order, so the wait on the disk and the copy overlap as they do for ``cp``,
-    and no ledger names a tar that is not durable. An interrupted task finishes the commit
-    under way (that output is whole) and leaves the output it was copying uncommitted.
+    fsynced, renamed into place and its ledger written, in that order, so the wait on the disk
+    and the copy overlap as they do for ``cp``, and no ledger names a tar that is not durable.
+    Until that fsync the kernel writes the pages back when it chooses. An interrupted task
+    finishes the commit under way (that output is whole) and leaves the one it was copying
+    uncommitted.
 
     An output that fails does not stop the others: they are built and committed, then the
     first failure is raised (naming the others), so a retry or rerun redoes only what failed.
@@ -136,7 +137,7 @@ def write_output(
     inputs = Inputs(storage, output)
     staged = storage.stage(output.name)
     try:
-        sink = Sink(staged.file, writeback=storage.is_local)
+        sink = Sink(staged.file)
         copy_samples(sink, inputs, slots, offsets, lengths, window_bytes)
         sink.write(memoryview(bytes(2 * BLOCK)))  # the end-of-archive blocks
         check = check_file(output.name, sink.fileno(), layout, sink.pos, output.required)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import functools
 import hashlib
 import mmap
 import os
@@ -23,9 +21,6 @@ DEFAULT_WINDOW_BYTES = 64 * 2**20
 # Neighbouring samples of one input with at most this many bytes between them are fetched in
 # one read: a wasted 64 KiB costs less than another request on an object store.
 MAX_GAP_BYTES = 64 * 2**10
-# Local outputs: after this many bytes, the kernel is asked to start writing them to disk, so
-# the disk works while the copy goes on and the fsync before the commit finds little left.
-WRITEBACK_BYTES = 32 * 2**20
 # copy_file_range errors that mean "not between these two files": copy through memory instead.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
 
@@ -106,22 +101,12 @@ class Sink:
     the rest go straight to its descriptor, as ``os.write`` or ``os.copy_file_range``.
     """
 
-    def __init__(self, fh: Any, writeback: bool = False) -> None:
+    def __init__(self, fh: Any) -> None:
         self._fh = fh
         self._fd: int | None = None
         self._kernel = hasattr(os, "copy_file_range")
-        self._writeback = _sync_file_range() if writeback else None
-        self._flushed = 0
         self.sha = hashlib.sha256()
         self.pos = 0
-
-    def _written(self, n: int) -> None:
-        self.pos += n
-        if self._writeback is not None and self._fd is not None and self.pos - self._flushed >= WRITEBACK_BYTES:
-            self._writeback(
-                self._fd, self._flushed, self.pos - self._flushed, _SYNC_FILE_RANGE_WRITE
-            )  # a hint: errors ignored
-            self._flushed = self.pos
 
     def fileno(self) -> int:
         return self._fh.fileno()
@@ -134,7 +119,7 @@ class Sink:
         else:
             _write_all(self._fd, data)
         self.sha.update(data)
-        self._written(len(data))
+        self.pos += len(data)
 
     def copy(self, src: Any, view: memoryview, start: int, n: int) -> None:
         """Append ``n`` bytes of the input open as ``src`` (mapped as ``view``) from ``start``."""
@@ -161,22 +146,7 @@ class Sink:
                 raise OSError(errno.EIO, f"input ended {n - done} bytes early while copying")
             done += k
         self.sha.update(part[first:])
-        self._written(n - first)
-
-
-_SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of the range's dirty pages, do not wait
-
-
-@functools.cache
-def _sync_file_range() -> Any:
-    """Linux's sync_file_range (not in ``os``), or None where libc has none."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
+        self.pos += n - first
 
 
 def _write_all(fd: int, data: memoryview) -> None:
