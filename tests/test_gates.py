@@ -324,3 +324,23 @@ def test_save_gate_report_to_s3(s3_bucket):
     pages = _linked_pages(index)
     assert "download_ledger" in index and len([p for p in pages if p.startswith("validations/")]) == 3
     assert all(storage.exists(f"reports/run-2/data_docs/{p}") for p in pages)
+
+
+def test_importing_great_expectations_leaves_scipy_stats_for_its_first_use():
+    import subprocess
+    import sys
+
+    # A fresh interpreter: this one may have loaded scipy.stats for another test already.
+    code = """
+import sys
+from tasks.audit.ge_runner import import_gx
+gx = import_gx()
+loaded_with_gx = "scipy.stats._stats_py" in sys.modules
+from scipy.stats import norm
+assert abs(norm.cdf(0.0) - 0.5) < 1e-12
+import scipy.stats
+assert scipy.stats.norm is norm and "scipy.stats._stats_py" in sys.modules
+print(loaded_with_gx, gx.__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["False", "great_expectations"]
