@@ -150,12 +150,18 @@ def write_parquet(storage: Storage, rel: str, table: pa.Table) -> None:
 
 def read_parquet(storage: Storage, rel: str, columns: list[str] | None = None) -> pa.Table:
     with storage.open(rel, "rb") as fh:
-        # Threads and pre-buffering off: pyarrow reading a Python file object from its thread
-        # pools (pre_buffer reads ahead on the I/O pool) can abort the interpreter at exit
-        # ("terminate called without an active exception"). ParquetFile, not read_table: one
-        # file needs no pyarrow.dataset, whose import (pandas with it) took 0.7-1.2 s of a
-        # worker's first task.
-        return pq.ParquetFile(fh, pre_buffer=False).read(columns=columns, use_threads=False)
+        return read_parquet_file(fh, columns)
+
+
+def read_parquet_file(fh: Any, columns: list[str] | None = None) -> pa.Table:
+    """The parquet file open as the Python file object ``fh``, read in this thread.
+
+    Threads and pre-buffering off: pyarrow reading a Python file object from its thread pools
+    (pre_buffer reads ahead on the I/O pool) can abort the interpreter at exit ("terminate
+    called without an active exception"). ParquetFile, not read_table: one file needs no
+    pyarrow.dataset, whose import (pandas with it) took 0.7-1.2 s of a worker's first task.
+    """
+    return pq.ParquetFile(fh, pre_buffer=False).read(columns=columns, use_threads=False)
 
 
 def write_ledger(storage: Storage, rel: str, rows: Iterable[LedgerRow] | pa.Table) -> pa.Table:

@@ -9,6 +9,7 @@ from typing import Any
 
 import fsspec
 
+from tasks.formats.ledger import read_parquet_file
 from tasks.formats.manifests.chunks import ChunkRef
 from tasks.formats.manifests.files import display, open_options
 from tasks.formats.recipe_download import DownloadConfig, SourceConfig
@@ -36,8 +37,6 @@ def side_file(url: str) -> str | None:
 def read_side_rows(url: str, storage_options: dict[str, Any] | None) -> tuple[list[Row], str]:
     """The rows of a tar's img2dataset parquet (none when there is none), and a note for
     people when it exists but cannot be used; transient read errors propagate."""
-    import pyarrow.parquet as pq
-
     side = side_file(url)
     if side is None:
         return [], ""
@@ -50,7 +49,7 @@ def read_side_rows(url: str, storage_options: dict[str, Any] | None) -> tuple[li
         return [], f"side file {posixpath.basename(path)} not read: {size} bytes (over {MAX_SIDE_FILE_BYTES})"
     try:
         with fs.open(path, "rb") as fh:
-            table = pq.read_table(fh, use_threads=False, pre_buffer=False)
+            table = read_parquet_file(fh)
     except (ValueError, OSError) as err:
         if isinstance(err, OSError) and "parquet" not in str(err).lower():
             raise
