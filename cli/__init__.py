@@ -7,6 +7,7 @@ import os
 # Before Prefect is imported: no network here for analytics, and a cold ephemeral server can
 # take longer than Prefect's default to start on a small machine.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")  # Prefect's client-side telemetry, which the above leaves on
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 

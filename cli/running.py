@@ -62,22 +62,30 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
         raise fail(f"{type(err).__name__}: {err}", 1) from None
     if last is not None:
         return {"up_to_date": last, "storage": recipe.storage, "dataset": recipe.dataset}
-    from flows.audit import GateFailed
-    from flows.download import PhaseFailed
-    from flows.runtime import NoGPU
-    from flows.session import Session, stop_on_signals
-    from tasks.formats.locks import LockHeld, LockLost
-    from tasks.stages.precache_models import PrecacheError
+    from flows.runtime import early_server
 
-    ex = recipe.execution
-    # The Prefect server and, when there is work, the Dask cluster start side by side, while
-    # this process imports the flows; otherwise the flows start the cluster at their first task.
-    with Session(ex.cluster, ex.workers, ex.threads_per_worker) as session, stop_on_signals(session):
+    # The local Prefect server (the slowest part to start) starts before the flows are imported.
+    server = early_server()
+    try:
+        from flows.audit import GateFailed
+        from flows.download import PhaseFailed
+        from flows.runtime import NoGPU
+        from flows.session import Session, stop_on_signals
+        from tasks.formats.locks import LockHeld, LockLost
+        from tasks.stages.precache_models import PrecacheError
+
+        ex = recipe.execution
+        session = Session(ex.cluster, ex.workers, ex.threads_per_worker, server=server)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    # The Dask cluster, when there is work, starts beside the Prefect server, while this process
+    # imports the flows; otherwise the flows start the cluster at their first task.
+    with session, stop_on_signals(session):
         if pending != 0:
             # Work is coming: the cluster (no more workers than chunks to fetch) starts now,
-            # beside the Prefect server, before this process imports the flows. Great
-            # Expectations is imported once shard work runs (flows.phase.gather_all), not
-            # here, where every core is busy starting.
+            # beside the Prefect server, before this process imports the flows.
             session.start_cluster(workers=pending)
         from prefect import flow
 
@@ -91,6 +99,12 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
                 return run_finetuning(recipe, session)  # its phases always run together
             return run_phases(recipe, phases, session)
 
+        if pending != 0:
+            # Great Expectations (seconds to import) for the first gate: imported while this
+            # process waits for the Prefect server to answer, not after the first phase.
+            from flows.phase import warm_gates
+
+            warm_gates()
         with session.api():
             try:
                 return cli_run()

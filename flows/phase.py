@@ -25,9 +25,10 @@ _warmed = False
 
 
 def warm_gates() -> None:
-    """Import Great Expectations (about 5 s) in the background once this process has shard work
-    running, so the gate after it does not wait for it; a rerun with nothing to do (every
-    verdict reused, tasks/audit/gate_cache.py) never imports it."""
+    """Import Great Expectations (about 4 s) in the background once this process has shard work
+    ahead (the CLI calls this while the Prefect server starts, ``gather_all`` otherwise), so the
+    gate after it does not wait for it; a rerun with nothing to do (every verdict reused,
+    tasks/audit/gate_cache.py) never imports it."""
     global _warmed
     with _warming:
         if _warmed:

@@ -49,11 +49,15 @@ class LocalServer:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> LocalServer:
-        from prefect.settings import get_current_settings
+        env = dict(os.environ)
+        if "prefect.settings" in sys.modules:
+            # Settings this process may hold only in memory (a test harness's temporary
+            # settings); before Prefect is imported there are none, and the server reads the
+            # same environment and profile as this process would, without the import here.
+            from prefect.settings import get_current_settings
 
-        env = {
-            **os.environ,
-            **get_current_settings().to_environment_variables(exclude_unset=True),
+            env.update(get_current_settings().to_environment_variables(exclude_unset=True))
+        env |= {
             "PREFECT_UI_ENABLED": "0",
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
@@ -114,6 +118,19 @@ class LocalServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def early_server() -> LocalServer | None:
+    """Start this run's local Prefect server now, before this process imports Prefect.
+
+    Importing Prefect's server takes the new process 10-14 s on 2 cores, the longest thing a
+    small run waits for; started here it imports while this process imports the flows. None
+    when ``PREFECT_API_URL`` is set in the environment. An API URL set only in a Prefect
+    profile is seen later, by :class:`flows.session.Session`, which stops this server unused.
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    return LocalServer().start()
 
 
 def _free_port() -> int:
