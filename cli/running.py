@@ -67,12 +67,7 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
     # The local Prefect server (the slowest part to start) starts before the flows are imported.
     server = early_server()
     try:
-        from flows.audit import GateFailed
-        from flows.download import PhaseFailed
-        from flows.runtime import NoGPU
         from flows.session import Session, stop_on_signals
-        from tasks.formats.locks import LockHeld, LockLost
-        from tasks.stages.precache_models import PrecacheError
 
         ex = recipe.execution
         session = Session(ex.cluster, ex.workers, ex.threads_per_worker, server=server)
@@ -80,16 +75,20 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
         if server is not None:
             server.stop()
         raise
-    # The Dask cluster, when there is work, starts beside the Prefect server, while this process
-    # imports the flows; otherwise the flows start the cluster at their first task.
     with session, stop_on_signals(session):
         if pending != 0:
-            # Work is coming: the cluster (no more workers than chunks to fetch) starts now,
-            # beside the Prefect server, before this process imports the flows.
+            # Work is coming: the Dask cluster (no more workers than chunks to fetch) starts
+            # now, beside the Prefect server, before this process imports the flows; otherwise
+            # the flows start it at their first task.
             session.start_cluster(workers=pending)
         from prefect import flow
 
+        from flows.audit import GateFailed
+        from flows.download import PhaseFailed
         from flows.pretraining import run_phases
+        from flows.runtime import NoGPU
+        from tasks.formats.locks import LockHeld, LockLost
+        from tasks.stages.precache_models import PrecacheError
 
         @flow(name=f"shardsmith-{recipe.dataset}")
         def cli_run() -> dict:
