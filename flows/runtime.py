@@ -40,7 +40,8 @@ class LocalServer:
     side by side; ``wait()`` blocks until the API answers. This is the command Prefect's own
     ephemeral server runs (uvicorn over ``create_app``, no UI), in a session of its own, so a
     Ctrl-C in the terminal reaches only the CLI, which stops the server last, after the flow
-    has recorded how the run ended.
+    has recorded how the run ended. The server also stops by itself when this process dies
+    without stopping it (``flows/local_server.py``).
     """
 
     def __init__(self, port: int | None = None):
@@ -69,7 +70,8 @@ class LocalServer:
             [
                 sys.executable,
                 "-m",
-                "uvicorn",
+                "flows.local_server",  # uvicorn, ending when this process is gone
+                str(os.getpid()),
                 "--factory",
                 "prefect.server.api.server:create_app",
                 "--host",

@@ -114,3 +114,48 @@ def test_closing_a_session_sends_what_its_workers_logged_then_ends_them(prefect_
     # Prefect batches a worker's logs (every 2 s); killed without being asked to send them,
     # the worker would take this one with it.
     assert asyncio.run(_logs_saying(message, since)) == [message]
+
+
+# A run that started its server and was then killed without a chance to stop it.
+KILLED = """
+from flows.runtime import early_server, startup_timeout
+server = early_server()
+server.wait(startup_timeout())
+print(server.process.pid, flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def _ended(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE  # ended; reaped by whoever adopted it
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.slow
+def test_the_local_server_stops_when_the_run_that_started_it_is_killed(tmp_path):
+    import os
+    import time
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    run = subprocess.Popen([sys.executable, "-c", KILLED], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    server = None
+    try:
+        server = psutil.Process(int(run.stdout.readline()))  # the server answers
+        run.kill()
+        run.wait()
+        deadline = time.monotonic() + 120  # not a speed check: the test must not hang
+        while not _ended(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _ended(server)
+    finally:
+        run.kill()
+        if server is not None and not _ended(server):
+            server.kill()
