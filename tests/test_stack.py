@@ -207,10 +207,17 @@ def run(stack):
         assert dep.status_code == 200, dep.text
         schedules = dep.json()["schedules"]
         assert [s["active"] for s in schedules] == [True]  # the nightly that releases
-        created = http.post(
-            f"/deployments/{dep.json()['id']}/create_flow_run",
-            json={"parameters": loopback_parameters(stack.corpus_port)},
-        )
+        # 503 is Prefect's "retry": the stack's server keeps SQLite here (PostgreSQL in compose),
+        # and a write can meet "database is locked" while the server's scheduler fills in the
+        # nightly's runs. Prefect's own clients retry a 503; so does this one, a few times.
+        for _ in range(10):
+            created = http.post(
+                f"/deployments/{dep.json()['id']}/create_flow_run",
+                json={"parameters": loopback_parameters(stack.corpus_port)},
+            )
+            if created.status_code != 503:
+                break
+            time.sleep(3)
         assert created.status_code == 201, created.text
         run_id = created.json()["id"]
         # A guard against a hang, not a timing assertion.
