@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _own_server_env(tmp_path: Path) -> dict[str, str]:
+    """This environment without an API URL (so a run starts its own server), its own Prefect home."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    return env
+
 
 # A fresh interpreter, as the CLI is when it has planned a run: the server starts while this
 # process has not imported Prefect, answers, and is stopped.
@@ -29,8 +39,7 @@ print("stopped:", server.process.poll() is not None)
 
 @pytest.mark.slow
 def test_the_local_server_starts_before_prefect_is_imported(tmp_path):
-    env = {k: v for k, v in __import__("os").environ.items() if k != "PREFECT_API_URL"}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    env = _own_server_env(tmp_path)
     out = subprocess.run([sys.executable, "-c", EARLY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines() == [
@@ -138,14 +147,11 @@ def _ended(process) -> bool:
 
 @pytest.mark.slow
 def test_the_local_server_stops_when_the_run_that_started_it_is_killed(tmp_path):
-    import os
-    import time
-
     import psutil
 
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect")
-    run = subprocess.Popen([sys.executable, "-c", KILLED], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-c", KILLED], cwd=ROOT, env=_own_server_env(tmp_path), stdout=subprocess.PIPE, text=True
+    )
     server = None
     try:
         server = psutil.Process(int(run.stdout.readline()))  # the server answers
