@@ -13,7 +13,7 @@ from flows.download import download_flow, run_name
 from flows.finetune_ingest import image_recipe, ingest_flow
 from flows.finetune_packs import finetune_flow
 from flows.params import cluster_or_env, explicit_overrides
-from flows.phase import on_runner
+from flows.phase import run_phase
 from flows.runtime import dask_cluster
 from flows.session import Session, cleanup_on_stop
 from flows.validate import validate_flow
@@ -46,16 +46,22 @@ def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
         # The CLI's session starts its cluster when the first task is submitted (or earlier, when
         # it saw work coming); a flow run from a deployment has its cluster here already.
         runner = session.task_runner() if session is not None else DaskTaskRunner(address=scheduler)
-        ingests = on_runner(ingest_flow, runner)(recipe=recipe)
+        ingests = run_phase(ingest_flow, runner, recipe=recipe)
         images = image_recipe(recipe, ingests)
         if images is not None:
-            out["download"], record = on_runner(download_flow, runner)(recipe=images, run=record, fuse_validation=True)
-            out["validate"], record = on_runner(validate_flow, runner)(
-                recipe=images, download=out["download"], run=record
+            out["download"], record = run_phase(download_flow, runner, recipe=images, run=record, fuse_validation=True)
+            out["validate"], record = run_phase(
+                validate_flow, runner, recipe=images, download=out["download"], run=record
             )
         held.check()
-        phases, record = on_runner(finetune_flow, runner)(
-            recipe=recipe, ingests=ingests, download=out.get("download"), validated=out.get("validate"), run=record
+        phases, record = run_phase(
+            finetune_flow,
+            runner,
+            recipe=recipe,
+            ingests=ingests,
+            download=out.get("download"),
+            validated=out.get("validate"),
+            run=record,
         )
         out.update(phases)
     out["run"] = record.run

@@ -11,7 +11,7 @@ from prefect_dask import DaskTaskRunner
 from flows.audit import new_run
 from flows.download import download_flow, run_name
 from flows.params import ClusterChoice, RecipeOverrides, RecipePath, StorageRoot, Workers, recipe_overrides
-from flows.phase import on_runner
+from flows.phase import run_phase
 from flows.precache import precache_flow
 from flows.preflight import remember_run
 from flows.release import release_flow
@@ -81,22 +81,24 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
         runner = session.task_runner() if session is not None else DaskTaskRunner(address=scheduler)
         # With validation to follow, each chunk is fetched and validated in one pass.
         fuse = last >= PHASES.index("validate")
-        out["download"], record = on_runner(download_flow, runner)(recipe=recipe, run=record, fuse_validation=fuse)
+        out["download"], record = run_phase(download_flow, runner, recipe=recipe, run=record, fuse_validation=fuse)
         if last >= PHASES.index("validate"):
-            out["validate"], record = on_runner(validate_flow, runner)(
-                recipe=recipe, download=out["download"], run=record
+            out["validate"], record = run_phase(
+                validate_flow, runner, recipe=recipe, download=out["download"], run=record
             )
         if last >= PHASES.index("reshard"):
-            out["reshard"], record = on_runner(reshard_flow, runner)(
-                recipe=recipe, validated=out["validate"], run=record
+            out["reshard"], record = run_phase(
+                reshard_flow, runner, recipe=recipe, validated=out["validate"], run=record
             )
         if last >= PHASES.index("precache"):
-            out["precache"], record = on_runner(precache_flow, runner)(
-                recipe=recipe, reshard=out["reshard"], run=record
+            out["precache"], record = run_phase(
+                precache_flow, runner, recipe=recipe, reshard=out["reshard"], run=record
             )
         if last >= PHASES.index("release"):
             held.check()
-            out["release"], record = on_runner(release_flow, runner)(
+            out["release"], record = run_phase(
+                release_flow,
+                runner,
                 recipe=recipe,
                 download=out["download"],
                 validated=out["validate"],

@@ -145,10 +145,19 @@ def startup_timeout() -> float:
     return float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
 
 
+def local_api_settings(api_url: str) -> dict:
+    """Prefect settings for flows on a local server that lives only as long as the run: its
+    API, and no flow-run heartbeats (they tell a crashed run to a server that outlives it; each
+    costs a flow run's end up to 1 s, flows.phase.run_phase)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    return {PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+
+
 @contextlib.contextmanager
 def prefect_api() -> Iterator[str]:
     """Use the configured Prefect API, or start one local server for this run and stop it after."""
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    from prefect.settings import get_current_settings, temporary_settings
 
     url = get_current_settings().api.url
     if url:
@@ -157,7 +166,7 @@ def prefect_api() -> Iterator[str]:
     server = LocalServer().start()
     try:
         api = server.wait(startup_timeout())
-        with temporary_settings({PREFECT_API_URL: api}):
+        with temporary_settings(local_api_settings(api)):
             try:
                 yield api
             finally:

@@ -17,6 +17,7 @@ from flows.runtime import (
     close_cluster,
     default_workers,
     drain_prefect_workers,
+    local_api_settings,
     log,
     start_cluster,
     startup_timeout,
@@ -89,13 +90,13 @@ class Session:
     @contextlib.contextmanager
     def api(self) -> Iterator[str]:
         """The Prefect API for the block: the configured one, or ours once it answers."""
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import temporary_settings
 
         if self.server is None:
             yield self.api_url
             return
         self.server.wait(startup_timeout())
-        with temporary_settings({PREFECT_API_URL: self.api_url}):
+        with temporary_settings(local_api_settings(self.api_url)):
             try:
                 yield self.api_url
             finally:

@@ -27,3 +27,37 @@ def test_start_cluster_keeps_the_distributed_config_and_sets_ours_only_for_the_s
     assert out.returncode == 0, out.stderr[-3000:]
     # distributed's default timeout is there; the profiler setting was ours for the start only.
     assert out.stdout.split() == ["30s", "True"]
+
+
+def test_a_phase_flow_sends_no_heartbeats_while_the_run_flow_does(prefect_harness, monkeypatch):
+    """Prefect's heartbeats tell a crashed run (an automation watches them); the run's flow
+    keeps them, the phases under it send none (each would hold its flow run's end up to 1 s)."""
+    from prefect import flow
+    from prefect.events.clients import AssertingEventsClient
+    from prefect.events.worker import EventsWorker
+    from prefect.runtime import flow_run
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from flows.phase import run_phase
+
+    AssertingEventsClient.reset()
+    worker = EventsWorker.instance(AssertingEventsClient)
+    monkeypatch.setattr(EventsWorker, "instance", lambda *_: worker)
+
+    @flow
+    def phase() -> str:
+        return flow_run.get_id()
+
+    @flow
+    def run() -> tuple[str, str]:
+        return flow_run.get_id(), run_phase(phase, ThreadPoolTaskRunner())
+
+    try:
+        parent, child = run()
+    finally:
+        worker.drain()
+    events = [e for client in AssertingEventsClient.all for e in client.events]
+    # A flow's first heartbeat goes out as it starts (then one every 180 s).
+    beats = {e.resource.id for e in events if e.event == "prefect.flow-run.heartbeat"}
+    assert child != parent
+    assert beats == {f"prefect.flow-run.{parent}"}
