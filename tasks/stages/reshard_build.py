@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import OrderedDict
@@ -136,19 +137,20 @@ def write_output(
 
     inputs = Inputs(storage, output)
     staged = storage.stage(output.name)
+    sink = Sink(staged.file)
     try:
-        sink = Sink(staged.file)
         copy_samples(sink, inputs, slots, offsets, lengths, window_bytes)
         sink.write(memoryview(bytes(2 * BLOCK)))  # the end-of-archive blocks
         check = check_file(output.name, sink.fileno(), layout, sink.pos, output.required)
+        sha = sink.hexdigest()
     except BaseException:
         staged.discard()
         raise
     finally:
+        with contextlib.suppress(Exception):  # the hashing's own failure, if any, was raised above
+            sink.drain()
         inputs.close()
-    return _Written(
-        storage, output, None, staged, start, picked, slots, layout_table, sink.pos, sink.sha.hexdigest(), check
-    )
+    return _Written(storage, output, None, staged, start, picked, slots, layout_table, sink.pos, sha, check)
 
 
 @dataclass

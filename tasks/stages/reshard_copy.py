@@ -7,6 +7,7 @@ import errno
 import hashlib
 import mmap
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -98,14 +99,20 @@ class Sink:
     """The output tar being written: every byte hashed in write order, kernel copies where possible.
 
     The first write goes through the file object (where the storage's fault injection sits);
-    the rest go straight to its descriptor, as ``os.write`` or ``os.copy_file_range``.
+    the rest go straight to its descriptor, as ``os.write`` or ``os.copy_file_range``. A kernel
+    copy's bytes are hashed on a thread of the sink's own, from the input's map, while the
+    kernel copies them and the runs after them (both release the GIL): the task's chain was
+    copy, then hash, one after the other. ``hexdigest`` waits for the hashing; so must anyone
+    who closes the inputs' maps first (``drain``).
     """
 
     def __init__(self, fh: Any) -> None:
         self._fh = fh
         self._fd: int | None = None
         self._kernel = hasattr(os, "copy_file_range")
-        self.sha = hashlib.sha256()
+        self._sha = hashlib.sha256()
+        self._hasher: ThreadPoolExecutor | None = None
+        self._hashing: Future[None] | None = None
         self.pos = 0
 
     def fileno(self) -> int:
@@ -118,7 +125,8 @@ class Sink:
             self._fd = self._fh.fileno()
         else:
             _write_all(self._fd, data)
-        self.sha.update(data)
+        self.drain()
+        self._sha.update(data)
         self.pos += len(data)
 
     def copy(self, src: Any, view: memoryview, start: int, n: int) -> None:
@@ -131,6 +139,10 @@ class Sink:
         if not self._kernel:
             self.write(part[first:])
             return
+        # Hashed meanwhile, in order: each run after the one before it.
+        if self._hasher is None:
+            self._hasher = ThreadPoolExecutor(1, thread_name_prefix="reshard-hash")
+        self._hashing = self._hasher.submit(self._sha.update, part[first:])
         done = first
         fd = src.fileno()
         while done < n:
@@ -145,8 +157,20 @@ class Sink:
             if k == 0:  # the input shrank under us; the map's length said otherwise
                 raise OSError(errno.EIO, f"input ended {n - done} bytes early while copying")
             done += k
-        self.sha.update(part[first:])
         self.pos += n - first
+
+    def drain(self) -> None:
+        """Wait until every byte written so far is hashed (the thread holds views of the maps)."""
+        if self._hasher is not None:
+            self._hasher.shutdown(wait=True)
+            self._hasher = None
+        if self._hashing is not None:
+            hashing, self._hashing = self._hashing, None
+            hashing.result()
+
+    def hexdigest(self) -> str:
+        self.drain()
+        return self._sha.hexdigest()
 
 
 def _write_all(fd: int, data: memoryview) -> None:
