@@ -54,18 +54,26 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
     except RuntimeError as err:  # flows.runtime.NoGPU
         raise fail(str(err), 2) from None
 
-    try:
-        # Nothing changed since the last run covered these phases: say so, start nothing.
-        pending = work_ahead(recipe, phases)
-        last = None if force else up_to_date(recipe, phases, pending)
-    except ManifestError as err:
-        raise fail(f"{type(err).__name__}: {err}", 1) from None
-    if last is not None:
-        return {"up_to_date": last, "storage": recipe.storage, "dataset": recipe.dataset}
     from flows.runtime import early_server
 
-    # The local Prefect server (the slowest part to start) starts before the flows are imported.
+    # The local Prefect server, the slowest part to start (its answer is what a small run waits
+    # for longest), starts before the planning and the flows' imports; a run with nothing to do
+    # stops it unused.
     server = early_server()
+    try:
+        # Nothing changed since the last run covered these phases: say so, start nothing more.
+        pending = work_ahead(recipe, phases)
+        last = None if force else up_to_date(recipe, phases, pending)
+    except BaseException as err:
+        if server is not None:
+            server.stop()
+        if isinstance(err, ManifestError):
+            raise fail(f"{type(err).__name__}: {err}", 1) from None
+        raise
+    if last is not None:
+        if server is not None:
+            server.stop()
+        return {"up_to_date": last, "storage": recipe.storage, "dataset": recipe.dataset}
     try:
         from flows.session import Session, stop_on_signals
 

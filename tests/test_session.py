@@ -165,3 +165,32 @@ def test_the_local_server_stops_when_the_run_that_started_it_is_killed(tmp_path)
         run.kill()
         if server is not None and not _ended(server):
             server.kill()
+
+
+def test_a_run_whose_planning_fails_stops_the_server_it_started_first(tmp_path, monkeypatch):
+    """The CLI starts its local server before it plans; a manifest it cannot read still ends
+    the run with a clear error, and the server, started for nothing, is stopped."""
+    import typer
+
+    import flows.runtime
+    from cli.running import run_recipe
+
+    started: list = []
+    real = flows.runtime.early_server
+
+    def recorded():
+        server = real()
+        started.append(server)
+        return server
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(flows.runtime, "early_server", recorded)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"dataset: x\nstorage: {tmp_path / 's'}\nsources:\n  - name: a\n    manifest: {tmp_path / 'missing.csv'}\n"
+    )
+    with pytest.raises(typer.Exit) as exc:
+        run_recipe(recipe, ["download"], {})
+    assert exc.value.exit_code == 1
+    assert len(started) == 1 and started[0] is not None
+    assert started[0].process.poll() is not None  # stopped (and reaped) before the error was raised
