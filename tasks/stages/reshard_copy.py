@@ -112,7 +112,7 @@ class Sink:
         self._kernel = hasattr(os, "copy_file_range")
         self._sha = hashlib.sha256()
         self._hasher: ThreadPoolExecutor | None = None
-        self._hashing: Future[None] | None = None
+        self._hashing: list[Future[None]] = []
         self.pos = 0
 
     def fileno(self) -> int:
@@ -142,7 +142,7 @@ class Sink:
         # Hashed meanwhile, in order: each run after the one before it.
         if self._hasher is None:
             self._hasher = ThreadPoolExecutor(1, thread_name_prefix="reshard-hash")
-        self._hashing = self._hasher.submit(self._sha.update, part[first:])
+        self._hashing.append(self._hasher.submit(self._sha.update, part[first:]))
         done = first
         fd = src.fileno()
         while done < n:
@@ -164,9 +164,9 @@ class Sink:
         if self._hasher is not None:
             self._hasher.shutdown(wait=True)
             self._hasher = None
-        if self._hashing is not None:
-            hashing, self._hashing = self._hashing, None
-            hashing.result()
+        hashing, self._hashing = self._hashing, []
+        for update in hashing:
+            update.result()  # a failed update would leave a wrong digest: raise it
 
     def hexdigest(self) -> str:
         self.drain()
