@@ -57,32 +57,26 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
     from flows.runtime import early_server
 
     # The local Prefect server, the slowest part to start (its answer is what a small run waits
-    # for longest), starts before the planning and the flows' imports; a run with nothing to do
-    # stops it unused.
+    # for longest), starts before the planning and the flows' imports. Until a session owns
+    # it, any way out (nothing to do, a failed plan, Ctrl-C) stops it unused.
     server = early_server()
+    session = None
     try:
-        # Nothing changed since the last run covered these phases: say so, start nothing more.
-        pending = work_ahead(recipe, phases)
-        last = None if force else up_to_date(recipe, phases, pending)
-    except BaseException as err:
-        if server is not None:
-            server.stop()
-        if isinstance(err, ManifestError):
+        try:
+            # Nothing changed since the last run covered these phases: say so, start nothing more.
+            pending = work_ahead(recipe, phases)
+            last = None if force else up_to_date(recipe, phases, pending)
+        except ManifestError as err:
             raise fail(f"{type(err).__name__}: {err}", 1) from None
-        raise
-    if last is not None:
-        if server is not None:
-            server.stop()
-        return {"up_to_date": last, "storage": recipe.storage, "dataset": recipe.dataset}
-    try:
+        if last is not None:
+            return {"up_to_date": last, "storage": recipe.storage, "dataset": recipe.dataset}
         from flows.session import Session, stop_on_signals
 
         ex = recipe.execution
         session = Session(ex.cluster, ex.workers, ex.threads_per_worker, server=server)
-    except BaseException:
-        if server is not None:
+    finally:
+        if session is None and server is not None:
             server.stop()
-        raise
     with session, stop_on_signals(session):
         if pending != 0:
             # Work is coming: the Dask cluster (no more workers than chunks to fetch) starts

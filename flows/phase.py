@@ -6,7 +6,7 @@ import copy as _copy
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 from prefect import Flow, get_run_logger
@@ -17,8 +17,6 @@ from tasks.audit.runrecord import PhaseRecord, RunRecord
 from tasks.formats.ledger import Counts
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
-
-F = TypeVar("F", bound="Flow[Any, Any]")
 
 _warming = threading.Lock()
 _warmed = False
@@ -93,20 +91,13 @@ def gather(
     return out
 
 
-def on_runner(flow: F, runner: Any) -> F:
-    """``flow`` running its tasks on ``runner``: a copy with that task runner.
-
-    Not ``Flow.with_options``: it builds a new Flow, and Prefect computes the JSON schema of
-    the flow's parameters again each time (the phase flows take a Recipe and typed summaries:
-    0.3-1.5 s of CPU per phase per run, measured with py-spy on a 20-row run).
-    """
-    copy = _copy.copy(flow)
-    copy.task_runner = runner
-    return copy
-
-
 def run_phase(flow: Flow[Any, Any], runner: Any, **params: Any) -> Any:
     """Run a phase's flow as a subflow of the run's flow, its tasks on ``runner``.
+
+    The flow runs as a copy with that task runner, not ``Flow.with_options``: that builds a
+    new Flow, and Prefect computes the JSON schema of the flow's parameters again each time
+    (the phase flows take a Recipe and typed summaries: 0.3-1.5 s of CPU per phase per run,
+    measured with py-spy on a 20-row run).
 
     The phase sends no Prefect heartbeats of its own: the run's flow sends them (they are how a
     Prefect automation tells a crashed run). A flow run's end waits for its heartbeat thread,
@@ -115,8 +106,10 @@ def run_phase(flow: Flow[Any, Any], runner: Any, **params: Any) -> Any:
     """
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+    copy = _copy.copy(flow)
+    copy.task_runner = runner
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        return on_runner(flow, runner)(**params)
+        return copy(**params)
 
 
 def task_options(recipe: Recipe) -> dict[str, Any]:
