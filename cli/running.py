@@ -79,9 +79,9 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
             server.stop()
     with session, stop_on_signals(session):
         if pending != 0:
-            # Work is coming: the Dask cluster (no more workers than chunks to fetch) starts
-            # now, beside the Prefect server, before this process imports the flows; otherwise
-            # the flows start it at their first task.
+            # Work is coming: the Dask cluster (no more workers than the tasks ahead: chunks to
+            # fetch, or reshard outputs) starts now, beside the Prefect server, before this
+            # process imports the flows; otherwise the flows start it at their first task.
             session.start_cluster(workers=pending)
         from prefect import flow
 

@@ -124,12 +124,13 @@ def _upto(phases: list[str]) -> list[str]:
 
 
 def work_ahead(recipe: Recipe, phases: list[str]) -> int | None:
-    """How many download chunks a run of ``phases`` has to compute: None when it cannot tell
-    (manifests too large to plan here, or not a pretraining recipe), 0 when none.
+    """How many tasks the first phase of ``phases`` with work has for the cluster: None when
+    it cannot tell (manifests too large to plan here, or not a pretraining recipe), 0 when none.
 
     Plans the manifests (kept for the download flow) and looks for uncommitted download and
-    validation shards; when all are committed, the run has work (None) only if the last
-    complete run did not cover these phases over these very inputs with this recipe.
+    validation shards: their chunks are the tasks. When all are committed, the run has work
+    only if the last complete run did not cover these phases over these very inputs with this
+    recipe; the tasks are then the reshard's (``reshard_tasks``), or None.
     """
     from tasks.formats.ledger import committed
     from tasks.stages.download import download_config_hash, shard_paths
@@ -155,7 +156,24 @@ def work_ahead(recipe: Recipe, phases: list[str]) -> int | None:
     covered = (
         last is not None and set(_upto(phases)) <= set(last["phases"]) and last["recipe_hash"] == recipe.recipe_hash()
     )
-    return 0 if covered and last["inputs"] == _inputs_digest(ledgers) else None
+    if covered and last["inputs"] == _inputs_digest(ledgers):
+        return 0
+    return reshard_tasks(recipe, phases, plans)
+
+
+def reshard_tasks(recipe: Recipe, phases: list[str], plans: list[SourcePlan]) -> int | None:
+    """At most how many tasks the reshard (and the precache after it) can have, with every
+    chunk validated: one per output shard, and there are no more outputs than the manifests
+    have rows in shards of the recipe's size. None when no phase after validation is asked
+    for or a source's rows are counted only when read.
+
+    A ``--phase reshard`` right after a validate of 1,000 rows has one output: its cluster
+    starts one worker, not one per core, each importing Prefect and the stages (3-4 CPU s).
+    """
+    if not set(_upto(phases)) - {"download", "validate"} or not all(p.rows_known for p in plans):
+        return None
+    rows = sum(p.rows for p in plans)
+    return max(1, -(-rows // recipe.reshard.samples_per_shard))
 
 
 def up_to_date(recipe: Recipe, phases: list[str], pending: int | None = None) -> dict[str, Any] | None:

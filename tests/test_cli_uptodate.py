@@ -71,3 +71,57 @@ execution: {{cluster: local, workers: 1}}
     assert out["download"]["shards_skipped"] == out["download"]["shards"]
     assert out["reshard"]["samples"] == 4 and out["reshard"]["outputs"][0]["layout"]["rows"] == 4
     assert len(list((tmp_path / "store" / "again" / "reports").iterdir())) == 3
+
+
+def test_the_tasks_ahead_cap_the_workers_a_run_starts(tmp_path):
+    """What the CLI starts its cluster with (cli/running.py): no more workers than tasks ahead,
+    chunks to fetch first, then reshard outputs once every chunk is downloaded and validated."""
+    from flows.preflight import work_ahead
+    from tasks.formats.recipe import load_recipe
+    from tasks.formats.storage import Storage
+    from tasks.stages.download import download_config_hash, shard_paths
+    from tasks.stages.validate import candidate_config_hash, candidate_paths
+
+    manifest = tmp_path / "m.csv"
+    manifest.write_text(
+        "url,caption,license\n" + "".join(f"http://127.0.0.1:9/{i}.jpg,picture {i},CC0-1.0\n" for i in range(5))
+    )
+    recipe_path = tmp_path / "r.yaml"
+    recipe_path.write_text(
+        f"""dataset: ahead
+storage: {tmp_path / "store"}
+sources:
+  - name: s
+    manifest: {manifest}
+    rows_per_shard: 2
+download:
+  network: {{allowed_networks: ["127.0.0.1/32"], any_port: true}}
+validate:
+  license: {{review: {{reviewed_by: tests, reviewed_on: 2026-12-01}}}}
+reshard: {{samples_per_shard: 4}}
+execution: {{cluster: local, workers: 2}}
+"""
+    )
+    recipe = load_recipe(recipe_path)
+    assert work_ahead(recipe, ["reshard"]) == 3  # 5 rows in chunks of 2: three to fetch
+
+    # Every chunk downloaded and validated (their ledgers are what marks them committed).
+    from flows.preflight import prime_plans, take_primed
+
+    storage = Storage(recipe.storage)
+    prime_plans(recipe, storage)
+    refs = [c for p in take_primed(recipe) for c in p.chunks]
+    chash, vhash = download_config_hash(recipe), candidate_config_hash(recipe)
+    for ref in refs:
+        tar, ledger = shard_paths(recipe.dataset, ref, chash)
+        storage.write_bytes(ledger, b"committed")
+        storage.write_bytes(candidate_paths(recipe.dataset, ref.source, ref.index, tar, vhash)[1], b"committed")
+
+    # 5 samples in shards of 4: two outputs, so two reshard tasks at most.
+    assert work_ahead(recipe, ["reshard"]) == 2
+    assert work_ahead(recipe, ["precache"]) == 2
+    # Shards of 1000: one output, one worker.
+    bigger = recipe.model_copy(update={"reshard": recipe.reshard.model_copy(update={"samples_per_shard": 1000})})
+    assert work_ahead(bigger, ["reshard"]) == 1
+    # Nothing after validation asked for, never run before: work, of a size it cannot tell.
+    assert work_ahead(recipe, ["validate"]) is None
