@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from prefect import flow, task
+from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows.phase import Phase, gather_all
+from flows.phase import Phase, gather_all, phase_flow
 from flows.preflight import combine_groups, list_groups, plan_here, small, take_primed
 from tasks.audit.download_summary import DownloadSummary, summary_markdown, write_summary
 from tasks.audit.runrecord import RunRecord
@@ -68,7 +68,7 @@ def run_name() -> str:
     return f"{stamp}-{run_id[:8]}" if run_id else stamp
 
 
-@flow(name="download", log_prints=False)
+@phase_flow(name="download", log_prints=False)
 def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False) -> tuple[DownloadSummary, RunRecord]:
     """Download every manifest row of the recipe into shards (skipping committed ones), then gate.
 

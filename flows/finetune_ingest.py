@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 
-from flows.phase import task_options
+from flows.phase import phase_flow, task_options
 from tasks.finetune.ingest import (
     IngestPlan,
     IngestResult,
@@ -37,7 +37,7 @@ def join_records_task(storage: Storage, plan: IngestPlan, parts: list[RangeResul
     return finish_ingest(storage, plan, parts)
 
 
-@flow(name="finetune-ingest")
+@phase_flow(name="finetune-ingest")
 def ingest_flow(recipe: Recipe) -> list[IngestResult]:
     """Read and check every records file; derive the manifests of images to fetch.
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from prefect import flow, task
+from prefect import task
 
 from flows.finetune_release import release_finetune
-from flows.phase import Phase
+from flows.phase import Phase, phase_flow
 from flows.validate import ValidateSummary
 from tasks.audit.download_summary import DownloadSummary
 from tasks.audit.runrecord import RunRecord
@@ -77,7 +77,7 @@ def _build_samples(ph: Phase, ingests: list[IngestResult], image_ledgers: list[l
     return sorted(built, key=lambda b: (b.source, b.index))
 
 
-@flow(name="finetune", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
+@phase_flow(name="finetune", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
 def finetune_flow(
     recipe: Recipe,
     ingests: list[IngestResult],

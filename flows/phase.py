@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-from prefect import Flow, get_run_logger
+from prefect import Flow, flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.audit import check_gate, judge_phase, phase_record, run_gate
@@ -110,6 +110,36 @@ def run_phase(flow: Flow[Any, Any], runner: Any, **params: Any) -> Any:
     copy.task_runner = runner
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         return copy(**params)
+
+
+def phase_flow(**options: Any) -> Callable[[Callable[..., Any]], Flow[Any, Any]]:
+    """``prefect.flow`` for a phase's flow, less the parameter schema Prefect builds with it.
+
+    A phase flow runs only as a subflow of the run's flow (``run_phase``); it is never deployed,
+    and a deployment builds its own form from the function anyway (``RunnerDeployment``
+    calls ``parameter_schema(flow)``). ``Flow.__init__`` still builds one for every flow, for
+    its ``parameters`` attribute, which nothing reads: the JSON schema of a Recipe and the
+    phases' typed summaries, 0.04-0.26 s of CPU per flow at import (0.5 s for the pretraining
+    phases, on the critical path of every run's first seconds). Here it is an empty schema.
+    """
+    import prefect.flows
+    from prefect.utilities.callables import ParameterSchema
+
+    def decorate(fn: Callable[..., Any]) -> Flow[Any, Any]:
+        with _schema_lock:
+            build = getattr(prefect.flows, "parameter_schema", None)
+            if build is None:  # Prefect moved it: build the flow as it would
+                return flow(**options)(fn)
+            prefect.flows.parameter_schema = lambda _fn: ParameterSchema()
+            try:
+                return flow(**options)(fn)
+            finally:
+                prefect.flows.parameter_schema = build
+
+    return decorate
+
+
+_schema_lock = threading.Lock()
 
 
 def task_options(recipe: Recipe) -> dict[str, Any]:

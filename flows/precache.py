@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dask
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 
-from flows.phase import Phase
+from flows.phase import Phase, phase_flow
 from flows.reshard import ReshardSummary
 from tasks.audit.runrecord import RunRecord
 from tasks.formats.ledger import Counts, committed
@@ -49,7 +49,7 @@ def precache_task(
     return precache_shard(storage, cfg, shard, prefix)
 
 
-@flow(name="precache", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
+@phase_flow(name="precache", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
 def precache_flow(recipe: Recipe, reshard: ReshardSummary, run: RunRecord) -> tuple[PrecacheSummary | None, RunRecord]:
     """Encode every resharded shard with the recipe's frozen encoders, then gate the latents.
 

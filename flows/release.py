@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.audit import GateFailed, publish, report_dir, run_gate
+from flows.phase import phase_flow
 from flows.precache import PrecacheSummary
 from flows.reshard import ReshardSummary
 from flows.validate import ValidateSummary
@@ -180,7 +181,7 @@ def announce(storage: Storage, recipe: Recipe, new: NewRelease, samples: int, te
     return ReleaseResult(version, url, True, samples, shards)
 
 
-@flow(name="release", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
+@phase_flow(name="release", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
 def release_flow(
     recipe: Recipe,
     download: DownloadSummary,

@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from prefect import flow, task
+from prefect import task
 
-from flows.phase import Phase
+from flows.phase import Phase, phase_flow
 from flows.runtime import default_workers
 from flows.validate import ValidateSummary
 from tasks.audit.runrecord import RunRecord
@@ -56,7 +56,7 @@ def build_task(storage: Storage, outputs: tuple, first: int, last: int) -> list[
     return build_outputs(storage, outputs)
 
 
-@flow(name="reshard", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
+@phase_flow(name="reshard", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
 def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> tuple[ReshardSummary, RunRecord]:
     """Reshard the validated shards into shards of exactly N samples, check them, and gate.
 

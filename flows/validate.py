@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from prefect import flow, task
+from prefect import task
 
-from flows.phase import Phase
+from flows.phase import Phase, phase_flow
 from tasks.audit.download_summary import DownloadSummary
 from tasks.audit.runrecord import RunRecord
 from tasks.audit.validate_samples import gate_samples, report_samples
@@ -86,7 +86,7 @@ def finalize_shard_task(
     return finalize_shard(storage, cand, dups, tar_rel, ledger_rel)
 
 
-@flow(name="validate", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
+@phase_flow(name="validate", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
 def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> tuple[ValidateSummary, RunRecord]:
     """Validate every downloaded shard (unless the download phase already did, in one pass),
     dedup across the dataset, gate, and report."""
