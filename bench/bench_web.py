@@ -237,7 +237,8 @@ class Roles:
         with contextlib.suppress(Exception):
             self.seen[p.pid] = p.create_time()
             cmd = " ".join(p.cmdline())
-            if "uvicorn" in cmd and "prefect" in cmd:
+            # Prefect's own `prefect server start`, or the CLI's (`python -m flows.local_server`).
+            if ("uvicorn" in cmd or "flows.local_server" in cmd) and "prefect" in cmd:
                 return "prefect-server"
         return _role(p, root)
 
