@@ -30,6 +30,20 @@ def worker_env() -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_SHARED_PREFIXES)}
 
 
+# What a server that lives for one run needs of Prefect's server settings.
+ONE_RUN_SERVER = {
+    "PREFECT_UI_ENABLED": "0",
+    "PREFECT__SERVER_EPHEMERAL": "1",
+    "PREFECT__SERVER_FINAL": "1",
+    # Block types are for deployments and automations, which a one-run server has none of.
+    "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+    # With the above off, the memo check around it would still import every installed Prefect
+    # collection (prefect-dask, and Dask with it: ~0.5 CPU s of the server's start) to hash
+    # the blocks they declare.
+    "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
+}
+
+
 class LocalServer:
     """A Prefect API server for one run, started in the background and stopped after it.
 
@@ -49,7 +63,9 @@ class LocalServer:
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> LocalServer:
+    def env(self) -> dict[str, str]:
+        """The server process's environment: this process's, less its API URL, plus a one-run
+        server's settings."""
         env = dict(os.environ)
         if "prefect.settings" in sys.modules:
             # Settings this process may hold only in memory (a test harness's temporary
@@ -58,14 +74,11 @@ class LocalServer:
             from prefect.settings import get_current_settings
 
             env.update(get_current_settings().to_environment_variables(exclude_unset=True))
-        env |= {
-            "PREFECT_UI_ENABLED": "0",
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-            # Block types are for deployments and automations, which a one-run server has none of.
-            "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
-        }
+        env |= ONE_RUN_SERVER
         env.pop("PREFECT_API_URL", None)
+        return env
+
+    def start(self) -> LocalServer:
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -83,7 +96,7 @@ class LocalServer:
                 "--lifespan",
                 "on",
             ],
-            env=env,
+            env=self.env(),
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )

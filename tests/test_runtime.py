@@ -82,3 +82,25 @@ def test_phase_flows_are_built_without_a_parameter_schema_and_deployed_flows_kee
 
     assert prefect.flows.parameter_schema is parameter_schema
     assert {"recipe", "run", "fuse_validation"} <= set(parameter_schema(download_flow.fn).properties)
+
+
+def test_a_one_run_server_reads_settings_that_skip_blocks_and_the_collections_import(monkeypatch):
+    """The local server's environment, read by Prefect itself in a fresh process: no UI, no
+    block registration, and no memo check around it (which would import every installed
+    Prefect collection, and Dask with prefect-dask, to hash their blocks); no API URL of its own.
+    A renamed Prefect setting would be silently ignored without this."""
+    import json
+
+    from flows.runtime import LocalServer
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    read = (
+        "import json, prefect.settings as ps; s = ps.get_current_settings(); print(json.dumps(["
+        "s.server.ui.enabled, s.server.register_blocks_on_start, s.server.memoize_block_auto_registration,"
+        "ps.PREFECT_API_BLOCKS_REGISTER_ON_START.value(), ps.PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION.value(),"
+        "s.api.url]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", read], env=LocalServer().env(), capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, False, False, False, False, None]
