@@ -17,10 +17,6 @@ MODULES = (
     "tasks.stages.validate",
     "tasks.formats.manifests",
     "tasks.stages.reshard",
-    # pyarrow imports pandas, when it is installed, the first time it converts Python values
-    # (pa.array, pa.scalar, a compute call with a Python operand): in a worker, the first
-    # ledger a task reads or writes, 0.5-0.8 CPU s into that task. GE brings pandas here.
-    "pandas",
 )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,33 +20,6 @@ try:
 finally:
     close_cluster(cluster)
 """
-
-
-PRELOADED = """
-import json
-from distributed import Client
-from flows.runtime import close_cluster, start_cluster
-cluster = start_cluster("local", 1, 1, {})
-try:
-    with Client(cluster) as client:
-        def imported():
-            import sys
-            return sorted(m for m in ("pandas", "prefect.task_engine", "tasks.stages.reshard") if m in sys.modules)
-        print(json.dumps(list(client.run(imported).values())))
-finally:
-    close_cluster(cluster)
-"""
-
-
-def test_a_worker_has_imported_the_stages_and_pandas_before_its_first_task():
-    """The worker preload (flows/worker.py) runs before a worker registers, so a first task
-    does not import Prefect's task engine, the stages, or pandas (which pyarrow imports at its
-    first conversion of Python values, 0.3-0.8 CPU s)."""
-    out = subprocess.run([sys.executable, "-c", PRELOADED], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [
-        ["pandas", "prefect.task_engine", "tasks.stages.reshard"]
-    ]
 
 
 def test_start_cluster_keeps_the_distributed_config_and_sets_ours_only_for_the_start():
@@ -117,6 +89,8 @@ def test_a_one_run_server_reads_settings_that_skip_blocks_and_the_collections_im
     block registration, and no memo check around it (which would import every installed
     Prefect collection, and Dask with prefect-dask, to hash their blocks); no API URL of its own.
     A renamed Prefect setting would be silently ignored without this."""
+    import json
+
     from flows.runtime import LocalServer
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
