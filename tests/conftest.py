@@ -15,13 +15,6 @@ os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(_PREFECT_TMP, "r
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-# Before torch is imported anywhere (Dask workers and CLI runs inherit it): torch's AVX2
-# kernels on every x86 machine. The tiny encoders' float results, so the demo release's
-# latents and tests/data/demo_release_digests.json, differ in their last bits on a machine
-# whose oneDNN convolutions run AVX-512 (measured: an AMD EPYC with AVX-512 failed the
-# golden digests that AVX2 machines pass; with these two settings it passes).
-os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
-os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 
 import io  # noqa: E402
 from collections.abc import Iterator  # noqa: E402

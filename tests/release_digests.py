@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +55,23 @@ _REPORT_VOLATILE = (
 )
 
 
-def _scrub(value: Any) -> Any:
+# Floats a CPU's kernels decide in their last bits (the precache gate's channel statistics,
+# computed from the latents): compared apart, with a tolerance (release_floats).
+FLOAT_STATS = frozenset({"mean", "std"})
+
+
+def _scrub(value: Any, parent: str = "") -> Any:
     if isinstance(value, dict):
-        return {k: "<volatile>" if k in VOLATILE_KEYS else _scrub(v) for k, v in value.items()}
+        return {
+            k: "<volatile>"
+            if k in VOLATILE_KEYS
+            else "<float>"
+            if parent == "channels" and k in FLOAT_STATS
+            else _scrub(v, k)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [_scrub(v) for v in value]
+        return [_scrub(v, parent) for v in value]
     return value
 
 
@@ -89,6 +102,8 @@ def normalised(path: Path, root: Path, raw_digests: dict[str, str]) -> bytes:
         data = _canonical_json(path.read_bytes())
     elif path.suffix == ".parquet":
         data = _parquet(path)
+    elif path.suffix == ".tar" and path.parent.name == "latents":
+        data = _latents_layout(path)
     else:
         data = path.read_bytes()
     if path.suffix == ".html":
@@ -109,3 +124,80 @@ def release_digests(release: Path, root: Path) -> dict[str, str]:
         {f"manifests/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for p in (root / "manifests").iterdir()}
     )
     return {str(p.relative_to(release)): hashlib.sha256(normalised(p, root, raw)).hexdigest() for p in files}
+
+
+# Torch does not promise the same float bits on every CPU: its kernels (oneDNN's convolutions,
+# MKL's matrix products) pick their vector width and blocking by the CPU's instructions and
+# caches, so the tiny encoders' outputs differ in their last bits from one machine to another
+# (an AMD EPYC and an Intel Xeon with AVX-512 both did, against digests written on an AVX2
+# machine, with oneDNN and ATen pinned to AVX2). The latents are compared in two parts: their
+# layout byte for byte (members, sizes, dtypes, shapes, and every array that is not floats),
+# their values within a tolerance.
+FLOAT_REL_TOL = 1e-3
+FLOAT_ABS_TOL = 1e-4
+
+
+def _latent_members(path: Path) -> Iterator[tuple[str, bytes, Any]]:
+    """(name, bytes, the array when it holds floats, else None) of each member of a latents tar."""
+    import tarfile
+
+    import numpy as np
+
+    with tarfile.open(path) as tar:  # our own test output
+        for member in tar:
+            data = tar.extractfile(member).read() if member.isfile() else b""
+            array = np.load(io.BytesIO(data)) if member.name.endswith(".npy") else None
+            yield member.name, data, array if array is not None and array.dtype.kind == "f" else None
+
+
+def _latents_layout(path: Path) -> bytes:
+    out = []
+    for name, data, array in _latent_members(path):
+        if array is None:
+            out.append(name.encode() + b" " + hashlib.sha256(data).hexdigest().encode())
+        else:
+            out.append(f"{name} {array.dtype.str} {array.shape} <floats>".encode())
+    return b"\n".join(out)
+
+
+def release_floats(release: Path) -> dict[str, float]:
+    """The values the digests leave out (see above), by name: each float array's mean and root
+    mean square, and the channel statistics of the JSON files."""
+    import numpy as np
+
+    out: dict[str, float] = {}
+    for tar in sorted((release / "latents").glob("*.tar")):
+        for name, _, array in _latent_members(tar):
+            if array is not None:
+                values = array.astype(np.float64)
+                out[f"latents/{tar.name}/{name}:mean"] = float(values.mean())
+                out[f"latents/{tar.name}/{name}:rms"] = float(np.sqrt((values**2).mean()))
+    for path in sorted(release.rglob("*.json")):
+
+        def walk(value: Any, where: str, parent: str = "") -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    if parent == "channels" and k in FLOAT_STATS and isinstance(v, float):
+                        out[f"{where}.{k}"] = v
+                    else:
+                        walk(v, f"{where}.{k}", k)
+            elif isinstance(value, list):
+                for i, v in enumerate(value):
+                    walk(v, f"{where}[{i}]", parent)
+
+        walk(json.loads(path.read_bytes()), str(path.relative_to(release)))
+    return out
+
+
+def floats_differ(golden: dict[str, float], got: dict[str, float]) -> list[str]:
+    """Names whose values differ beyond the tolerance, or that one side lacks."""
+    import math
+
+    names = sorted(golden.keys() | got.keys())
+    return [
+        n
+        for n in names
+        if n not in golden
+        or n not in got
+        or not math.isclose(golden[n], got[n], rel_tol=FLOAT_REL_TOL, abs_tol=FLOAT_ABS_TOL)
+    ]
