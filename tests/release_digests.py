@@ -60,18 +60,23 @@ _REPORT_VOLATILE = (
 FLOAT_STATS = frozenset({"mean", "std"})
 
 
-def _scrub(value: Any, parent: str = "") -> Any:
+def _scrub(value: Any, parent: str = "", where: str = "", floats: dict[str, float] | None = None) -> Any:
+    """``value`` with volatile values and float statistics replaced; the float statistics go
+    into ``floats`` (when given) by their path, ``where`` being the path of ``value``."""
     if isinstance(value, dict):
-        return {
-            k: "<volatile>"
-            if k in VOLATILE_KEYS
-            else "<float>"
-            if parent == "channels" and k in FLOAT_STATS
-            else _scrub(v, k)
-            for k, v in value.items()
-        }
+        out = {}
+        for k, v in value.items():
+            if k in VOLATILE_KEYS:
+                out[k] = "<volatile>"
+            elif parent == "channels" and k in FLOAT_STATS:
+                out[k] = "<float>"
+                if floats is not None and isinstance(v, float):
+                    floats[f"{where}.{k}"] = v
+            else:
+                out[k] = _scrub(v, k, f"{where}.{k}", floats)
+        return out
     if isinstance(value, list):
-        return [_scrub(v, parent) for v in value]
+        return [_scrub(v, parent, f"{where}[{i}]", floats) for i, v in enumerate(value)]
     return value
 
 
@@ -173,19 +178,7 @@ def release_floats(release: Path) -> dict[str, float]:
                 out[f"latents/{tar.name}/{name}:mean"] = float(values.mean())
                 out[f"latents/{tar.name}/{name}:rms"] = float(np.sqrt((values**2).mean()))
     for path in sorted(release.rglob("*.json")):
-
-        def walk(value: Any, where: str, parent: str = "") -> None:
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    if parent == "channels" and k in FLOAT_STATS and isinstance(v, float):
-                        out[f"{where}.{k}"] = v
-                    else:
-                        walk(v, f"{where}.{k}", k)
-            elif isinstance(value, list):
-                for i, v in enumerate(value):
-                    walk(v, f"{where}[{i}]", parent)
-
-        walk(json.loads(path.read_bytes()), str(path.relative_to(release)))
+        _scrub(json.loads(path.read_bytes()), where=str(path.relative_to(release)), floats=out)
     return out
 
 
