@@ -7,18 +7,18 @@ runs, alternating, for ``--repeats`` rounds, each method over each format's imag
 
 - ``process_image`` end to end at the benchmark's setting (``border``, 256 px, JPEG q95:
   img2dataset's defaults): ``old`` (every WebP through Pillow's animation decoder, every PNG
-  through Pillow, JPEG drafted) and ``new`` (tasks/policies/decoders.py as it is);
+  through Pillow, JPEG drafted), ``full`` (today's decoders, every WebP at full size) and
+  ``new`` (tasks/policies/decoders.py as it is: lossy WebPs scaled while decoding);
 - decoders alone, decode + area resize to 256 px border, nothing else:
   JPEG ``pillow-full``, ``pillow-draft``, ``opencv-reduced`` (``IMREAD_REDUCED_COLOR_2/4/8``);
   WebP ``pillow-anim`` (Pillow 13: ``WebPAnimDecoder``), ``imagecodecs`` (libwebp
-  ``WebPDecodeRGBInto``), ``opencv`` (same libwebp call), ``webp-scaled`` (libwebp with
-  ``use_scaling`` straight to the target, through the ``webp`` package's cffi: see
-  :func:`webp_scaled`); PNG ``pillow``, ``imagecodecs`` (libpng), ``imagecodecs-spng``,
-  ``opencv``, ``pyspng``;
+  ``WebPDecodeRGBInto``), ``opencv`` (same libwebp call), ``libwebp-scaled`` (libwebp with
+  ``use_scaling`` straight to the target: tasks/policies/libwebp.py); PNG ``pillow``,
+  ``imagecodecs`` (libpng), ``imagecodecs-spng``, ``opencv``, ``pyspng``;
 - the steps of ``process_image``'s accepted path one by one (decode, pixel hash, resize,
   pHash, re-encode) and the resize variants not taken (``reducing_gap``).
 
-Candidates that are not project dependencies (opencv-python-headless, webp, pyspng) run only
+Candidates that are not project dependencies (opencv-python-headless, pyspng) run only
 when importable and are skipped otherwise. Printed: CPU ms per image (process CPU time, all
 threads; the steadier figure on a shared machine), img/s (wall) and ratios against each
 table's baseline in the same rounds, medians; then ``process_image``'s per-image cost weighted
@@ -145,35 +145,15 @@ def pyspng_png(data: bytes):
 
 
 def webp_scaled(data: bytes):
-    """libwebp decoding with ``use_scaling`` to the border target (no resize after it).
+    """libwebp decoding with ``use_scaling`` straight to the border target (no resize after it): tasks/policies/libwebp.py."""
+    from tasks.policies import decoders, libwebp
 
-    No maintained binding exposes ``WebPDecoderOptions.use_scaling``: the ``webp`` package
-    declares only ``use_threads`` in its cffi definitions. Its compiled struct has libwebp's
-    real layout, so this bench writes the fields by their place in ``decode.h`` (ints 7-9:
-    use_scaling, scaled_width, scaled_height; checked against the struct's size and the
-    declared field's offset). A measurement of the option, not production code.
-    """
-    import numpy as np
-    from webp import ffi, lib
-
-    if ffi.sizeof("WebPDecoderOptions") != 76 or ffi.offsetof("WebPDecoderOptions", "use_threads") != 40:
-        raise RuntimeError("unexpected WebPDecoderOptions layout")
-    config = ffi.new("WebPDecoderConfig*")
-    lib.WebPInitDecoderConfig(config)
-    src = ffi.from_buffer(data)
-    if lib.WebPGetFeatures(ffi.cast("uint8_t*", src), len(data), ffi.addressof(config, "input")) != lib.VP8_STATUS_OK:
-        raise ValueError("WebPGetFeatures failed")
-    tw, th = _target(config.input.width, config.input.height)
-    options = ffi.cast("int*", ffi.addressof(config, "options"))
-    options[7], options[8], options[9] = 1, tw, th
-    out = np.empty((th, tw, 3), np.uint8)
-    config.output.colorspace = lib.MODE_RGB
-    config.output.u.RGBA.rgba = ffi.cast("uint8_t*", ffi.from_buffer(out))
-    config.output.u.RGBA.size = out.size
-    config.output.u.RGBA.stride = tw * 3
-    config.output.is_external_memory = 1
-    if lib.WebPDecode(ffi.cast("uint8_t*", src), len(data), config) != lib.VP8_STATUS_OK:
-        raise ValueError("WebPDecode failed")
+    info = decoders.webp_info(data)
+    if info is None:
+        raise ValueError("not a WebP")
+    out = libwebp.decode_scaled(data, (info.width, info.height), _target(info.width, info.height))
+    if out is None:
+        raise ValueError("not decoded scaled (lossless, alpha, or refused)")
     return out
 
 
@@ -183,7 +163,7 @@ DECODERS = {
         "pillow-anim": pillow_full,
         "imagecodecs": imagecodecs_webp,
         "opencv": opencv_full,
-        "webp-scaled": webp_scaled,
+        "libwebp-scaled": webp_scaled,
     },
     "png": {
         "pillow": pillow_full,
@@ -193,7 +173,7 @@ DECODERS = {
         "pyspng": pyspng_png,
     },
 }
-NEEDS = {"opencv-reduced": "cv2", "opencv": "cv2", "webp-scaled": "webp", "pyspng": "pyspng"}
+NEEDS = {"opencv-reduced": "cv2", "opencv": "cv2", "pyspng": "pyspng"}
 
 
 def available(method: str) -> str | None:
@@ -213,7 +193,8 @@ def available(method: str) -> str | None:
 # -------------------------------------------------------------------------- process_image
 
 
-def process_runner(old: bool):
+def process_runner(path: str):
+    """``old``: every WebP and PNG through Pillow; ``full``: today's decoders, WebPs at full size; ``new``: as it is."""
     from tasks.formats.recipe_download import ImageRules
     from tasks.policies import decoders
     from tasks.policies.images import process_image
@@ -227,11 +208,12 @@ def process_runner(old: bool):
         return outcome
 
     def run(images: list[bytes], threads: int) -> int:
-        decoders.STILL_WEBP = decoders.PLAIN_PNG = not old
+        decoders.STILL_WEBP = decoders.PLAIN_PNG = path != "old"
+        decoders.WEBP_SCALED = path == "new"
         try:
             return run_threaded(one, images, threads)
         finally:
-            decoders.STILL_WEBP = decoders.PLAIN_PNG = True
+            decoders.STILL_WEBP = decoders.PLAIN_PNG = decoders.WEBP_SCALED = True
 
     return run
 
@@ -345,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs: dict[tuple[str, str, str], object] = {}  # (table, format, method) -> run(images, threads)
     skipped: dict[str, str] = {}
     for fmt in MIX:
-        jobs[("process_image", fmt, "old")] = process_runner(old=True)
-        jobs[("process_image", fmt, "new")] = process_runner(old=False)
+        for path in ("old", "full", "new"):
+            jobs[("process_image", fmt, path)] = process_runner(path)
     for fmt, methods in DECODERS.items():
         for method, fn in methods.items():
             why = available(method)
@@ -374,15 +356,25 @@ def main(argv: list[str] | None = None) -> int:
 
     med = {key: (statistics.median(cpu[key]), statistics.median(rate[key])) for key in jobs}
     print("\nprocess_image, border 256, JPEG q95 (CPU ms per image, median; img/s wall):\n")
-    print("| format | images | old CPU ms | new CPU ms | new / old | old img/s | new img/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    mixed = {"old": 0.0, "new": 0.0}
+    print("(old: WebP and PNG through Pillow; full: today's decoders with WebPs at full size; new: as it is)\n")
+    print(
+        "| format | images | old CPU ms | full CPU ms | new CPU ms | new / old | new / full | old img/s | new img/s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    mixed = {"old": 0.0, "full": 0.0, "new": 0.0}
     for fmt, weight in MIX.items():
-        (oc, orate), (nc, nrate) = med[("process_image", fmt, "old")], med[("process_image", fmt, "new")]
+        (oc, orate), (fc, _), (nc, nrate) = (med[("process_image", fmt, path)] for path in ("old", "full", "new"))
         mixed["old"] += weight * oc
+        mixed["full"] += weight * fc
         mixed["new"] += weight * nc
-        print(f"| {fmt} | {len(pool[fmt])} | {oc:.1f} | {nc:.1f} | {nc / oc:.2f} | {orate:.0f} | {nrate:.0f} |")
-    print(f"| mix 80/10/10 | | {mixed['old']:.2f} | {mixed['new']:.2f} | {mixed['new'] / mixed['old']:.2f} | | |")
+        print(
+            f"| {fmt} | {len(pool[fmt])} | {oc:.1f} | {fc:.1f} | {nc:.1f} | {nc / oc:.2f} | {nc / fc:.2f} "
+            f"| {orate:.0f} | {nrate:.0f} |"
+        )
+    print(
+        f"| mix 80/10/10 | | {mixed['old']:.2f} | {mixed['full']:.2f} | {mixed['new']:.2f} "
+        f"| {mixed['new'] / mixed['old']:.2f} | {mixed['new'] / mixed['full']:.2f} | | |"
+    )
 
     print("\ndecoders alone: decode + area resize to 256 px border (CPU ms per image, median):\n")
     print("| format | method | CPU ms | vs first | img/s |")

@@ -1,7 +1,8 @@
-"""tasks.policies.decoders through process_image: still WebP and plain PNG through libwebp and libpng, with the same verdicts and pixels as Pillow's path."""
+"""tasks.policies.decoders through process_image: still WebP and plain PNG through libwebp and libpng, with the same verdicts and pixels as Pillow's path; lossy WebPs scaled while decoding."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import io
 import struct
@@ -13,7 +14,7 @@ from PIL import Image, ImageDraw, PngImagePlugin, WebPImagePlugin
 from test_images import EXACT, encode, pixels, scene, two_frames
 
 from tasks.formats.recipe_download import ImageRules
-from tasks.policies import decoders
+from tasks.policies import decoders, libwebp
 from tasks.policies.images import process_image
 
 RULES = (
@@ -105,14 +106,26 @@ def pillow_pngs() -> dict[str, bytes]:
 
 
 @pytest.fixture
+def unscaled(monkeypatch):
+    """Every still WebP decoded at full size, so the new path must match Pillow's bit for bit."""
+    monkeypatch.setattr(decoders, "WEBP_SCALED", False)
+
+
+@pytest.fixture
 def spies(monkeypatch):
-    """Counts calls to libwebp's simple decoder; Pillow's animation decoder fails the test unless allowed."""
-    calls = {"simple": 0, "anim": 0, "libpng": 0}
+    """Counts calls to libwebp's simple decoder and scaled decodes; Pillow's animation decoder fails the test unless allowed."""
+    calls = {"simple": 0, "scaled": 0, "anim": 0, "libpng": 0}
     real_simple, real_anim, real_png = decoders.webp_decode, WebPImagePlugin._webp.WebPAnimDecoder, decoders.png_decode
+    real_scaled = libwebp.decode_scaled
 
     def simple(data, *a, **kw):
         calls["simple"] += 1
         return real_simple(data, *a, **kw)
+
+    def scaled(data, canvas, size):
+        out = real_scaled(data, canvas, size)
+        calls["scaled"] += out is not None
+        return out
 
     def anim(data):
         calls["anim"] += 1
@@ -125,6 +138,7 @@ def spies(monkeypatch):
         return real_png(data, *a, **kw)
 
     monkeypatch.setattr(decoders, "webp_decode", simple)
+    monkeypatch.setattr(libwebp, "decode_scaled", scaled)
     monkeypatch.setattr(decoders, "png_decode", libpng)
     monkeypatch.setattr(WebPImagePlugin._webp, "WebPAnimDecoder", anim)
     return calls
@@ -154,7 +168,9 @@ def test_still_webp_never_builds_the_animation_decoder(spies):
         assert outcome.src_format == "webp", name
         assert outcome.reason == ("image_too_small" if name == "tiny" else None), (name, outcome.detail)
     assert spies["anim"] == 0
-    assert spies["simple"] == len(still_webps()) - 1  # the tiny one is judged on its header
+    # The tiny one is judged on its header; lossy, grey and large are lossy, opaque and over
+    # 256 px, so libwebp decodes them straight to 256 px; the rest at full size.
+    assert (spies["scaled"], spies["simple"]) == (3, len(still_webps()) - 4)
 
 
 def test_animated_webp_goes_through_pillow(spies):
@@ -216,6 +232,7 @@ def test_png_xmp_text_chunk_is_a_verdict_not_a_crash():
     assert outcome.reason is None and (outcome.width, outcome.height) == (120, 90)
 
 
+@pytest.mark.usefixtures("unscaled")
 @pytest.mark.parametrize("rules", RULES, ids=["border-256", "no-resize-png", "crop-48-reject"])
 def test_still_webp_outcomes_equal_the_animation_decoders(rules):
     """Bit for bit: verdict, detail, pixel key, pHash, output bytes and thumbnail."""
@@ -225,6 +242,7 @@ def test_still_webp_outcomes_equal_the_animation_decoders(rules):
         assert dataclasses.asdict(new) == dataclasses.asdict(old), name
 
 
+@pytest.mark.usefixtures("unscaled")
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("fmt", ["webp", "png"])
 def test_verdicts_on_mutated_files_equal_pillows(fmt):
@@ -252,6 +270,101 @@ def test_verdicts_on_mutated_files_equal_pillows(fmt):
         assert (new.reason, new.pixel_sha256, new.data) == (old.reason, old.pixel_sha256, old.data), case
         seen.add(new.reason)
     assert {None, "undecodable_image"} <= seen
+
+
+# ----------------------------------------------------------------------------- lossy WebPs scaled while decoding
+
+
+def full_size(data: bytes, rules: ImageRules, **kw):
+    """process_image with every still WebP decoded at full size, then resized."""
+    decoders.WEBP_SCALED = False
+    try:
+        return process_image(data, rules, **kw)
+    finally:
+        decoders.WEBP_SCALED = True
+
+
+def lossy_webps(size=(1203, 901)) -> dict[str, bytes]:
+    photo = scene(60, size)
+    return {
+        "plain": encode(photo, "WEBP", quality=80),
+        "exif-6": encode(photo, "WEBP", quality=80, exif=exif_bytes(6)),
+        "grey": encode(photo.convert("L"), "WEBP", quality=80),
+        "tall": encode(scene(61, (size[1] // 2, size[0])), "WEBP", quality=70),
+    }
+
+
+@pytest.mark.parametrize("rules", [RULES[0], RULES[2]], ids=["border-256", "crop-48-reject"])
+def test_scaled_webp_matches_the_full_size_decode_within_a_few_levels(spies, rules):
+    same = ("reason", "detail", "ext", "width", "height", "orig_width", "orig_height", "src_format")
+    for name, data in lossy_webps().items():
+        new, old = process_image(data, rules, thumbnail=True), full_size(data, rules, thumbnail=True)
+        assert [getattr(new, f) for f in same] == [getattr(old, f) for f in same], name
+        diff = np.abs(pixels(new) - pixels(old))
+        assert diff.mean() < 3 and np.percentile(diff, 99) < 24, (name, diff.mean())
+        assert bin(new.phash ^ old.phash).count("1") <= 8, name
+        # Hashed at the size libwebp decoded to, as a drafted JPEG is.
+        assert new.pixel_sha256 != old.pixel_sha256, name
+    assert spies["scaled"] == len(lossy_webps())
+
+
+def test_scaled_webp_keeps_its_pixel_key_across_containers():
+    photo = scene(62, (900, 700))
+    plain = encode(photo, "WEBP", quality=80)
+    boxed = encode(photo, "WEBP", quality=80, exif=exif_bytes(1), xmp=b"<x:xmpmeta/>") + b"appended"
+    assert plain[12:16] == b"VP8 " and boxed[12:16] == b"VP8X"
+    a, b = process_image(plain, RULES[0]), process_image(boxed, RULES[0])
+    assert a.reason is None and (a.pixel_sha256, a.data) == (b.pixel_sha256, b.data)
+
+
+def test_lossless_alpha_upscaled_and_unresized_webps_are_decoded_at_full_size(spies):
+    big = scene(63, (700, 500))
+    translucent = big.convert("RGBA")
+    translucent.putalpha(200)
+    cases = {
+        "lossless": (encode(big, "WEBP", lossless=True), RULES[0]),
+        "alpha": (encode(translucent, "WEBP", quality=80), RULES[0]),
+        "upscaled": (encode(scene(64, (200, 150)), "WEBP", quality=80), RULES[0]),
+        "no-resize": (encode(big, "WEBP", quality=80), RULES[1]),
+    }
+    for name, (data, rules) in cases.items():
+        assert process_image(data, rules).reason is None, name
+    assert (spies["scaled"], spies["simple"]) == (0, len(cases))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_mutated_lossy_webps_get_the_full_size_decoders_verdicts():
+    """A file libwebp refuses while scaling is decoded again at full size: its verdict and detail are that decode's."""
+    seeds = list(lossy_webps((400, 300)).values())
+    rng = np.random.default_rng(2)
+    seen = set()
+    for case in range(160):
+        data = bytearray(seeds[case % len(seeds)])
+        for _ in range(int(rng.choice([1, 3, 12]))):
+            at = int(rng.integers(0, len(data)))
+            if rng.random() < 0.7:
+                data[at] = int(rng.integers(0, 256))
+            elif len(data) > 64:
+                del data[at : at + int(rng.integers(1, 48))]
+        rules = (RULES[0], RULES[2])[case % 2]
+        new, old = process_image(bytes(data), rules), full_size(bytes(data), rules)
+        assert (new.reason, new.detail, new.width) == (old.reason, old.detail, old.width), case
+        seen.add(new.reason)
+    assert {None, "undecodable_image"} <= seen
+
+
+def test_without_a_usable_libwebp_webps_are_decoded_at_full_size(monkeypatch, spies):
+    monkeypatch.setattr(libwebp, "_library", lambda: None)
+    data = lossy_webps((500, 400))["plain"]
+    assert dataclasses.asdict(process_image(data, RULES[0])) == dataclasses.asdict(full_size(data, RULES[0]))
+    assert spies["scaled"] == 0
+
+
+def test_libwebp_refuses_a_config_laid_out_for_another_major_abi():
+    lib = libwebp._library()
+    assert lib is not None  # the wheels ship one, so scaled decoding is what the tests run
+    assert lib.WebPInitDecoderConfigInternal(ctypes.byref(libwebp._Config()), libwebp._ABI) == 1
+    assert lib.WebPInitDecoderConfigInternal(ctypes.byref(libwebp._Config()), libwebp._ABI + 0x100) == 0
 
 
 # ----------------------------------------------------------------------------- normalisation
@@ -323,4 +436,6 @@ def test_webp_header_size_disagreeing_with_the_frame_is_undecodable():
     # A still VP8X whose canvas (300 x 200) is not its 1 x 1 frame: libwebp refuses it.
     outcome = process_image(vp8x_file(300, 200), ImageRules())
     assert outcome.reason == "undecodable_image"
+    # Nor is the 1 x 1 frame scaled up to the canvas's resize target by the scaled decode.
+    assert process_image(vp8x_file(300, 200), RULES[0]).reason == "undecodable_image"
     assert old_path(vp8x_file(300, 200), ImageRules()).reason == "undecodable_image"

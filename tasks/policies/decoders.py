@@ -1,4 +1,4 @@
-"""Image decoders for tasks.policies.images: Pillow (with libjpeg's scaled decode), libwebp's still-image decoder and libpng for plain PNGs, chosen by bench/bench_decode.py."""
+"""Image decoders for tasks.policies.images: Pillow (with libjpeg's scaled decode), libwebp's still-image and scaled decoders and libpng for plain PNGs, chosen by bench/bench_decode.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 from imagecodecs import PngError, WebpError, png_decode, webp_decode
 from PIL import Image, PngImagePlugin
+
+from tasks.policies import libwebp
 
 # What a decoder raises on hostile or broken bytes (Pillow's fuzzers see these; imagecodecs
 # raises WebpError and PngError). MemoryError is not among them: the pixel cap makes it a
@@ -23,6 +25,7 @@ PIL_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "bmp"
 # bench/bench_decode.py turns these off to measure the old paths beside the new ones.
 JPEG_DRAFT = True
 STILL_WEBP = True
+WEBP_SCALED = True
 PLAIN_PNG = True
 
 WHITE = (255, 255, 255)
@@ -214,6 +217,10 @@ class StillWebPSource:
     the CPU (bench/RESULTS.md). The size was read from the header and checked against the pixel
     cap before this runs; libwebp sizes its output from the same header fields.
 
+    When the picture is to be scaled down and the file is lossy and opaque, libwebp decodes it
+    straight to the resize target instead (tasks/policies/libwebp.py), as libjpeg's draft does
+    for JPEG: no full-size pixels, no full-size resize, and the pixel key hashed at that size.
+
     Args:
         data: the file's bytes.
         info: what :func:`webp_info` read from them.
@@ -236,6 +243,12 @@ class StillWebPSource:
         return orientation(carrier)
 
     def load(self, want: tuple[int, int] | None) -> tuple[Image.Image, None, None]:
+        """Full size, or ``want`` when that is smaller and the file is lossy and opaque (libwebp's scaled decode)."""
+        if want is not None and WEBP_SCALED and want[0] < self.size[0] and want[1] < self.size[1]:
+            scaled = libwebp.decode_scaled(self.data, self.size, want)
+            if scaled is not None:
+                self.pixels = scaled
+                return Image.fromarray(scaled), None, None
         pixels = webp_decode(self.data)
         if pixels.shape[1::-1] != self.size:
             raise ValueError(f"decoded {pixels.shape[1]}x{pixels.shape[0]}, header says {self.size[0]}x{self.size[1]}")

@@ -42,8 +42,15 @@ Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each
   (8-bit grey, RGB, grey + alpha or RGBA; no palette, ``tRNS``, ``eXIf``, ICC, compressed or
   orientation-bearing text, or APNG chunks; every chunk but IDAT with a right CRC) goes to
   libpng through imagecodecs; whatever libpng refuses is decoded by Pillow, so its verdict and
-  detail are Pillow's. Neither is decoded at a reduced scale: PNG has none, and no maintained
-  binding exposes libwebp's scaled decoding, so WebP pixels are hashed at full resolution.
+  detail are Pillow's. PNG has no reduced-scale decode.
+- WebP scaled decode: a lossy, opaque, still WebP that is to be scaled down is decoded by
+  libwebp straight to the resize target (its ``use_scaling``, area-averaging the decoded
+  planes; tasks/policies/libwebp.py), never producing the full-resolution pixels, as the JPEG
+  draft below. Its pixels are within a few levels of decoding at full size and resizing
+  (mean 2.7 levels on the benchmark's WebPs, where the JPEG draft is 4.9), and its pixel key
+  is hashed at that size. Lossless and alpha WebPs, and those not scaled down, are decoded at
+  full size; anything libwebp refuses while scaling is decoded again at full size, so its
+  verdict and detail are the full-size decoder's.
 - JPEG draft: when a JPEG is to be scaled down by at least 2x, libjpeg decodes it at 1/2, 1/4
   or 1/8 scale (Pillow's ``draft``), never below the resize target, so the full-resolution
   pixels are never produced (benchmarked in bench/bench_decode.py). The limits still hold:
@@ -242,8 +249,12 @@ def _decide(
     if verdict is not None and not thumbnail:
         return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
 
-    # The draft request is in the file's stored orientation.
+    # The draft (or WebP scale) request is in the file's stored orientation; a thumbnail asked
+    # for beside the output is made from the decoded pixels, so they are no smaller than it.
     want = pixels.thumb_dims(width, height) if verdict is not None else target
+    if thumbnail and want is not None and verdict is None:
+        thumb = pixels.thumb_dims(width, height)
+        want = (max(want[0], thumb[0]), max(want[1], thumb[1]))
     try:
         stored, box, late = src.load(want)
         orientation = late if orientation is None else orientation

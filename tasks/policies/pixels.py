@@ -17,8 +17,10 @@ Decisions (pinned by tests/test_images.py):
   byte-different copies of one JPEG (metadata stripped or changed, payload appended,
   lossless ``jpegtran`` re-packing) still share a key within one recipe; keys from recipes
   with different resize settings are not comparable (configs are hashed into output names
-  anyway). A JPEG and a PNG of the same decoded pixels then differ; the perceptual hash
-  catches those.
+  anyway). A lossy WebP decoded scaled is hashed at the resize target the same way: its
+  pixels are a function of its VP8 frame and the target, so the same frame in another
+  container (metadata added, payload appended) keeps its key. A JPEG and a PNG of the same
+  decoded pixels then differ; the perceptual hash catches those.
 - ``phash``: DCT pHash. The normalised picture is area-averaged to 32x32, converted to grey
   (ITU-R 601 luma) and transformed with an orthonormal 2-D DCT-II; bit i (row-major over the
   top-left 8x8 block, coefficient (0, 0) in the most significant bit of the 64) is set when
