@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
@@ -10,13 +11,14 @@ from prefect.runtime import flow_run
 
 from flows.phase import Phase, gather_all, phase_flow
 from flows.preflight import combine_groups, list_groups, plan_here, small, take_primed
+from flows.runtime import leave_dask_slot
 from tasks.audit.download_summary import DownloadSummary, summary_markdown, write_summary
 from tasks.audit.runrecord import RunRecord
 from tasks.formats.ledger import Counts, committed, concat_ledgers, read_ledgers
 from tasks.formats.manifests import SourcePlan, plan_files
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
-from tasks.stages.download import ShardResult, download_config_hash, download_shard, shard_paths
+from tasks.stages.download import ShardResult, download_config_hash, download_shard, fetched_rows, shard_paths
 from tasks.stages.onepass import download_and_validate
 from tasks.stages.runner import counted_shard
 from tasks.stages.validate import CandidateResult, candidate_config_hash, candidate_paths
@@ -35,7 +37,7 @@ def plan_files_task(source, files: list, storage: Storage, dataset: str, options
 def download_shard_task(
     ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict, rows_from=None
 ) -> ShardResult:
-    return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options, rows_from)
+    return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options, rows_from or _fetched)
 
 
 @task(name="download-validate-shard", task_run_name="download-validate-{ref.source}-{ref.name}")
@@ -49,13 +51,16 @@ def download_validate_task(
     s3_options: dict,
     rows_from=None,
 ) -> tuple[ShardResult, CandidateResult]:
-    return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options, rows_from)
+    return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options, rows_from or _fetched)
+
+
+# A URL manifest's rows, fetched; once only the slowest rows are left in flight, the task gives
+# its Dask thread back so the worker goes on with the next shard (flows.runtime.leave_dask_slot).
+_fetched = partial(fetched_rows, on_idle=leave_dask_slot)
 
 
 def rows_from(recipe: Recipe, source: str):
     """Where a chunk's rows come from: fetched (None, a URL manifest) or an ingested source's reader."""
-    from functools import partial
-
     from tasks.sources import ingest_rows
 
     cfg = next(s for s in recipe.sources if s.name == source)

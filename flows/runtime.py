@@ -205,6 +205,28 @@ def drain_prefect_workers() -> None:
     run_coro_as_sync(drain())
 
 
+def leave_dask_slot() -> bool:
+    """Give the running task's thread slot back to its Dask worker (``secede``), so the worker starts its next task.
+
+    For a task that from here on mostly waits (a shard whose last rows wait on slow servers or
+    their timeouts): it runs on to its end on its own thread, beside the task that took its
+    slot. False, and nothing done, outside a Dask worker's task thread (a test, a plain call).
+    """
+    try:
+        from distributed import secede
+        from distributed.worker import get_worker, thread_state
+    except ImportError:
+        return False
+    try:
+        get_worker()
+        if getattr(thread_state, "key", None) is None:
+            return False
+        secede()
+    except (ValueError, AttributeError):
+        return False
+    return True
+
+
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 

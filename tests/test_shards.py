@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from tasks.formats.shards import ShardWriter, iter_samples, split_key
+from tasks.formats.shards import ShardWriter, _member_header, _tarfile_header, iter_samples, split_key
 from tasks.formats.tar_format import FIXED_MTIME, SHARD_ERROR_REASONS
 from tasks.formats.tar_reader import ShardError, iter_tar_members
 
@@ -189,6 +189,22 @@ def test_deterministic_bytes_and_fixed_mtime():
             assert m.mtime == FIXED_MTIME
             assert (m.mode, m.uid, m.gid, m.uname, m.gname) == (0o644, 0, 0, "", "")
             assert m.isreg()
+
+
+def test_member_headers_are_the_bytes_tarfile_writes():
+    """The writer builds each header from a template; tarfile's own header is the reference."""
+    rng = random.Random(7)
+    names = [f"{'k' * n}.jpg" for n in range(1, 97)] + ["\u00e9t\u00e9.txt", "a" * 49 + "\u00fc" * 24 + ".x"]
+    sizes = [0, 1, 511, 512, 513, 10**6, 8**11 - 1] + [rng.randrange(0, 8**11) for _ in range(200)]
+    for i, name in enumerate(names):
+        for size in sizes[i % 7 :: 7]:
+            assert _member_header(name, size) == _tarfile_header(name, size), (name, size)
+    # What tarfile refuses, the writer refuses too: a size over 11 octal digits, a name over 100 bytes.
+    for name, size in (("k.jpg", 8**11), ("k.jpg", -1), ("\u00fc" * 51 + ".x", 1)):
+        with pytest.raises(ValueError):
+            _tarfile_header(name, size)
+        with pytest.raises(ValueError):
+            _member_header(name, size)
 
 
 def test_non_seekable_output():

@@ -84,7 +84,8 @@ class HashingWriter:
         self._fileobj.flush()
 
 
-def _member_header(name: str, size: int) -> bytes:
+def _tarfile_header(name: str, size: int) -> bytes:
+    """A member's ustar header as :mod:`tarfile` writes it (the reference for :func:`_member_header`)."""
     info = tarfile.TarInfo(name)
     info.size = size
     info.mode = 0o644
@@ -95,6 +96,23 @@ def _member_header(name: str, size: int) -> bytes:
     info.mtime = FIXED_MTIME
     info.type = tarfile.REGTYPE
     return info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
+
+
+# Every header field but name, size and checksum is the same in every member: the bytes
+# tarfile writes for them, taken once. The checksum is the byte sum with its own field blank.
+_TEMPLATE = _tarfile_header("x", 0)
+_MODE_TO_GID, _MTIME, _TYPE_ON = _TEMPLATE[100:124], _TEMPLATE[136:148], _TEMPLATE[156:]
+_USTAR_MAX_SIZE = 8**11 - 1  # 11 octal digits
+
+
+def _member_header(name: str, size: int) -> bytes:
+    """The same bytes as :func:`_tarfile_header`, in a tenth of the time (a shard writes one per member)."""
+    raw = name.encode("utf-8")
+    if len(raw) > 100 or not 0 <= size <= _USTAR_MAX_SIZE:
+        return _tarfile_header(name, size)  # raises as tarfile does
+    header = bytearray(raw.ljust(100, b"\0") + _MODE_TO_GID + b"%011o\0" % size + _MTIME + b" " * 8 + _TYPE_ON)
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
 
 
 class ShardWriter:

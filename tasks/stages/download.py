@@ -87,11 +87,15 @@ def download_shard(
 
 
 def fetched_rows(
-    ref: ChunkRef, storage: Storage, cfg: DownloadConfig, s3_options: dict[str, Any] | None = None
+    ref: ChunkRef,
+    storage: Storage,
+    cfg: DownloadConfig,
+    s3_options: dict[str, Any] | None = None,
+    on_idle: Callable[[], object] | None = None,
 ) -> tuple[list[dict[str, Any]], Iterator[tuple[dict[str, Any], Fetched]]]:
-    """A manifest chunk's rows, and their fetches as they complete."""
+    """A manifest chunk's rows, and their fetches as they complete (``on_idle``: see ``iter_completed``)."""
     rows = read_chunk(storage, ref).to_pylist()
-    return rows, iter_completed(rows, cfg, s3_options)
+    return rows, iter_completed(rows, cfg, s3_options, on_idle)
 
 
 def _sample_json(row: dict[str, Any], key: str, source: str, entry: LedgerRow) -> bytes:

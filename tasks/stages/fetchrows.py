@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +17,8 @@ from tasks.stages.fetched import Fetched, failure, judge
 Row = dict[str, Any]
 # How long cancelled fetches get to unwind once the shard deadline has passed.
 _UNWIND_S = 5.0
+# A caller that waited this long for a result, every row's fetch started, waits on the network.
+IDLE_S = 1.0
 
 
 async def fetch_row(fetcher: Fetcher, row: Row, allowed_formats: tuple[str, ...]) -> Fetched:
@@ -53,7 +55,10 @@ def _manifest_verdict(row: Row) -> Fetched | None:
 
 
 async def fetch_completed(
-    rows: Iterable[Row], cfg: DownloadConfig, s3_options: dict[str, Any] | None = None
+    rows: Iterable[Row],
+    cfg: DownloadConfig,
+    s3_options: dict[str, Any] | None = None,
+    all_started: Callable[[], None] | None = None,
 ) -> AsyncIterator[tuple[Row, Fetched]]:
     """Yield ``(row, Fetched)`` for every row, in the order the fetches complete.
 
@@ -62,6 +67,7 @@ async def fetch_completed(
     bodies of at most ``max_bytes`` are held), and the Fetcher caps concurrent requests at
     ``max_inflight``. When ``cfg.shard_timeout_s`` has passed since the start, the rows still
     pending, and those not started, are yielded as ``timeout`` with a detail saying so.
+    ``all_started`` is called once, when the last row's fetch has started.
     """
     loop = asyncio.get_running_loop()
     end = loop.time() + cfg.shard_timeout_s
@@ -69,11 +75,15 @@ async def fetch_completed(
     todo = iter(rows)
     pending: dict[asyncio.Future, Row] = {}
     async with Fetcher(cfg, s3_options) as fetcher:
+        started = [False]
 
         def fill() -> None:
-            while len(pending) < window:
+            while len(pending) < window and not started[0]:
                 row = next(todo, None)
                 if row is None:
+                    started[0] = True
+                    if all_started is not None:
+                        all_started()
                     return
                 pending[asyncio.ensure_future(fetch_row(fetcher, row, cfg.allowed_formats))] = row
 
@@ -132,9 +142,20 @@ class _Pump:
     At most ``max_inflight`` results wait for the caller (``room``), on top of the rows
     ``fetch_completed`` holds. The thread always ends by queueing an ``_End``, carrying the
     exception if the loop itself failed, so the caller never waits on a dead producer.
+    ``on_idle`` is called once, in the caller's thread, the first time the caller has waited
+    :data:`IDLE_S` for a result after every row's fetch started: what is left is network
+    waiting on the last rows (slow servers, timeouts).
     """
 
-    def __init__(self, rows: Iterable[Row], cfg: DownloadConfig, s3_options: dict[str, Any] | None):
+    def __init__(
+        self,
+        rows: Iterable[Row],
+        cfg: DownloadConfig,
+        s3_options: dict[str, Any] | None,
+        on_idle: Callable[[], object] | None = None,
+    ):
+        self.on_idle = on_idle
+        self.started = threading.Event()
         self.items: queue.SimpleQueue = queue.SimpleQueue()
         self.loop = asyncio.new_event_loop()
         self.room: asyncio.Semaphore | None = None
@@ -149,7 +170,7 @@ class _Pump:
 
     async def _main(self, rows: Iterable[Row], cfg: DownloadConfig, s3_options: dict[str, Any] | None) -> None:
         self.room = asyncio.Semaphore(cfg.max_inflight)
-        results = fetch_completed(rows, cfg, s3_options)
+        results = fetch_completed(rows, cfg, s3_options, self.started.set)
         try:
             async for item in results:
                 await self.room.acquire()
@@ -175,10 +196,13 @@ class _Pump:
     def get(self) -> tuple[Row, Fetched] | _End:
         while True:
             try:
-                item = self.items.get(timeout=1.0)
+                item = self.items.get(timeout=IDLE_S)
             except queue.Empty:
                 if not self.thread.is_alive() and self.items.empty():
                     return _End(RuntimeError("the fetch thread ended without a result"))
+                if self.on_idle is not None and self.started.is_set():
+                    on_idle, self.on_idle = self.on_idle, None
+                    on_idle()
                 continue
             if not isinstance(item, _End):
                 self._call(self.room.release)
@@ -197,15 +221,20 @@ class _Pump:
 
 
 def iter_completed(
-    rows: Iterable[Row], cfg: DownloadConfig, s3_options: dict[str, Any] | None = None
+    rows: Iterable[Row],
+    cfg: DownloadConfig,
+    s3_options: dict[str, Any] | None = None,
+    on_idle: Callable[[], object] | None = None,
 ) -> Iterator[tuple[Row, Fetched]]:
     """:func:`fetch_completed` for synchronous callers, fetching on while the caller works.
 
     The event loop runs in a thread of its own, so requests progress while the caller writes
     (or decodes) what came back. Leaving the loop early stops the fetching; an exception of
-    the fetch machinery itself (not of a row) is raised here.
+    the fetch machinery itself (not of a row) is raised here. ``on_idle``: see :class:`_Pump`
+    (the flows give a Dask worker its thread slot back there, so a shard's slowest rows do not
+    hold the next shard back).
     """
-    pump = _Pump(rows, cfg, s3_options)
+    pump = _Pump(rows, cfg, s3_options, on_idle)
     try:
         while True:
             item = pump.get()
