@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 import zipfile
@@ -501,7 +502,16 @@ def test_accepted_outcome_fields():
     assert (outcome.ext, outcome.src_format, outcome.width, outcome.height) == ("jpg", "webp", 64, 64)
     assert len(outcome.pixel_sha256) == 64
     with Image.open(io.BytesIO(outcome.thumbnail)) as thumb:
-        assert thumb.size == (96, 72)
+        # From the pixels as decoded: libwebp decoded this lossy WebP straight to 85 x 64.
+        assert thumb.size == (85, 64)
+    # The thumbnail changes nothing else, the pixel key included.
+    alone = process_image(encode(scene(23, (200, 150)), "WEBP"), ImageRules(resize_mode="center_crop", image_size=64))
+    assert dataclasses.replace(outcome, thumbnail=None) == alone
+    png = process_image(
+        encode(scene(23, (200, 150)), "PNG"), ImageRules(resize_mode="center_crop", image_size=64), thumbnail=True
+    )
+    with Image.open(io.BytesIO(png.thumbnail)) as thumb:
+        assert thumb.size == (96, 72)  # decoded at full size
 
 
 # ----------------------------------------------------------------------------- hostile bytes

@@ -249,12 +249,10 @@ def _decide(
     if verdict is not None and not thumbnail:
         return ImageOutcome(*verdict, orig_width=ow, orig_height=oh, src_format=fmt)
 
-    # The draft (or WebP scale) request is in the file's stored orientation; a thumbnail asked
-    # for beside the output is made from the decoded pixels, so they are no smaller than it.
+    # The draft (or WebP scale) request is in the file's stored orientation. It does not depend
+    # on ``thumbnail``, so neither does the pixel key: a thumbnail beside the output is made
+    # from the decoded pixels, and is smaller than THUMBNAIL_SIDE when they are.
     want = pixels.thumb_dims(width, height) if verdict is not None else target
-    if thumbnail and want is not None and verdict is None:
-        thumb = pixels.thumb_dims(width, height)
-        want = (max(want[0], thumb[0]), max(want[1], thumb[1]))
     try:
         stored, box, late = src.load(want)
         orientation = late if orientation is None else orientation
