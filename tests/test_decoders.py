@@ -7,6 +7,7 @@ import dataclasses
 import io
 import struct
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -242,6 +243,20 @@ def test_still_webp_outcomes_equal_the_animation_decoders(rules):
         assert dataclasses.asdict(new) == dataclasses.asdict(old), name
 
 
+def mutated(seeds: list[bytes], cases: int, seed: int) -> Iterator[tuple[int, bytes]]:
+    """``cases`` damaged copies of the seed files (bytes overwritten and cut out), the same for the same ``seed``."""
+    rng = np.random.default_rng(seed)
+    for case in range(cases):
+        data = bytearray(seeds[case % len(seeds)])
+        for _ in range(int(rng.choice([1, 3, 12]))):
+            at = int(rng.integers(0, len(data)))
+            if rng.random() < 0.7:
+                data[at] = int(rng.integers(0, 256))
+            elif len(data) > 64:
+                del data[at : at + int(rng.integers(1, 48))]
+        yield case, bytes(data)
+
+
 @pytest.mark.usefixtures("unscaled")
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("fmt", ["webp", "png"])
@@ -253,18 +268,10 @@ def test_verdicts_on_mutated_files_equal_pillows(fmt):
     failed to build first.
     """
     seeds = list(still_webps().values() if fmt == "webp" else plain_pngs().values())[:6]
-    rng = np.random.default_rng(1)
     seen = set()
-    for case in range(300):
-        data = bytearray(seeds[case % len(seeds)])
-        for _ in range(int(rng.choice([1, 3, 12]))):
-            at = int(rng.integers(0, len(data)))
-            if rng.random() < 0.7:
-                data[at] = int(rng.integers(0, 256))
-            elif len(data) > 64:
-                del data[at : at + int(rng.integers(1, 48))]
+    for case, data in mutated(seeds, 300, seed=1):
         rules = RULES[1 + case % 2]
-        new, old = process_image(bytes(data), rules), old_path(bytes(data), rules)
+        new, old = process_image(data, rules), old_path(data, rules)
         if new.reason in ("aspect_ratio", "image_too_small") and old.reason == "undecodable_image":
             continue
         assert (new.reason, new.pixel_sha256, new.data) == (old.reason, old.pixel_sha256, old.data), case
@@ -335,19 +342,10 @@ def test_lossless_alpha_upscaled_and_unresized_webps_are_decoded_at_full_size(sp
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_mutated_lossy_webps_get_the_full_size_decoders_verdicts():
     """A file libwebp refuses while scaling is decoded again at full size: its verdict and detail are that decode's."""
-    seeds = list(lossy_webps((400, 300)).values())
-    rng = np.random.default_rng(2)
     seen = set()
-    for case in range(160):
-        data = bytearray(seeds[case % len(seeds)])
-        for _ in range(int(rng.choice([1, 3, 12]))):
-            at = int(rng.integers(0, len(data)))
-            if rng.random() < 0.7:
-                data[at] = int(rng.integers(0, 256))
-            elif len(data) > 64:
-                del data[at : at + int(rng.integers(1, 48))]
+    for case, data in mutated(list(lossy_webps((400, 300)).values()), 160, seed=2):
         rules = (RULES[0], RULES[2])[case % 2]
-        new, old = process_image(bytes(data), rules), full_size(bytes(data), rules)
+        new, old = process_image(data, rules), full_size(data, rules)
         assert (new.reason, new.detail, new.width) == (old.reason, old.detail, old.width), case
         seen.add(new.reason)
     assert {None, "undecodable_image"} <= seen
