@@ -137,11 +137,6 @@ def _library() -> ctypes.CDLL | None:
     return None
 
 
-def available() -> bool:
-    """Whether a libwebp with this ABI was found (bench and tests report it)."""
-    return _library() is not None
-
-
 def _vp8_chunk(data: bytes) -> bytes | None:
     """The ``VP8 `` chunk (header included) of a RIFF WebP, or None when there is none whole."""
     pos = 12

@@ -75,15 +75,15 @@ async def fetch_completed(
     todo = iter(rows)
     pending: dict[asyncio.Future, Row] = {}
     async with Fetcher(cfg, s3_options) as fetcher:
-        started = [False]
 
         def fill() -> None:
-            while len(pending) < window and not started[0]:
+            nonlocal all_started
+            while len(pending) < window:
                 row = next(todo, None)
                 if row is None:
-                    started[0] = True
                     if all_started is not None:
                         all_started()
+                        all_started = None  # once
                     return
                 pending[asyncio.ensure_future(fetch_row(fetcher, row, cfg.allowed_formats))] = row
 
