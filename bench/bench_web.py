@@ -814,6 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # through the finally below, which stops every child
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    started = dt.datetime.now().astimezone()
     pool_dir, sizes = ensure_unique_pool(max(args.rows, args.small_rows), args.seed)
     names = list(sizes)
     ensure_img2dataset()
@@ -870,7 +871,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "revision": _revision(),
         "command": "python bench/bench_web.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        # when the rounds ran: from the start of the invocation (pool and img2dataset checks
+        # included) to the report
+        "date": started.strftime("%Y-%m-%d %H:%M") + dt.datetime.now().astimezone().strftime("-%H:%M %Z"),
         "machine": _machine(),
         "load_before": load_before,
         "prefect": metadata.version("prefect"),

@@ -54,8 +54,9 @@ def download_validate_task(
     return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options, rows_from or _fetched)
 
 
-# A URL manifest's rows, fetched; once only the slowest rows are left in flight, the task gives
-# its Dask thread back so the worker goes on with the next shard (flows.runtime.leave_dask_slot).
+# A URL manifest's rows, fetched; once only the slowest rows are left in flight, or none (what is
+# left is the commit: closing the shards, fsyncs, ledgers), the task gives its Dask thread back
+# so the worker goes on with the next shard (flows.runtime.leave_dask_slot).
 _fetched = partial(fetched_rows, on_idle=leave_dask_slot)
 
 

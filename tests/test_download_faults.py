@@ -326,3 +326,28 @@ def test_leaving_early_stops_the_fetching(web):
     assert (row["row"], fetched.reason) == (3, None)
     results.close()  # stops the hanging fetches and joins the fetch thread
     assert not [t for t in threading.enumerate() if t.name == "shardsmith-fetch"]
+
+
+def test_on_idle_is_called_once_when_the_last_result_has_been_taken(web):
+    """No row is slow, so the caller never waits IDLE_S: ``on_idle`` (the flows' secede) comes
+    when nothing is left to fetch, before the caller's commit, and only once."""
+    rows = [{"row": i, "url": f"{web.base_url}/img/a.jpg?idle={i}", "reason": None} for i in range(6)]
+    taken: list[int] = []
+    calls: list[int] = []
+    for row, fetched in iter_completed(rows, cfg(respect_robots_txt=False), on_idle=lambda: calls.append(len(taken))):
+        assert fetched.reason is None and not calls
+        taken.append(row["row"])
+    assert sorted(taken) == list(range(6))
+    assert calls == [6]
+
+
+def test_on_idle_is_not_called_twice_when_the_last_rows_were_slow(web):
+    """Called while the caller waits on a slow last row; the end of the rows does not call it again."""
+    rows = [{"row": 0, "url": f"{web.base_url}/delay/2500/a.jpg", "reason": None}]
+    rows += [{"row": i, "url": f"{web.base_url}/img/a.jpg?slow={i}", "reason": None} for i in range(1, 4)]
+    taken: list[int] = []
+    calls: list[int] = []
+    for row, _ in iter_completed(rows, cfg(respect_robots_txt=False), on_idle=lambda: calls.append(len(taken))):
+        taken.append(row["row"])
+    assert taken[-1] == 0  # the slow row came last
+    assert calls == [3]  # once, while it was awaited

@@ -143,8 +143,9 @@ class _Pump:
     ``fetch_completed`` holds. The thread always ends by queueing an ``_End``, carrying the
     exception if the loop itself failed, so the caller never waits on a dead producer.
     ``on_idle`` is called once, in the caller's thread, the first time the caller has waited
-    :data:`IDLE_S` for a result after every row's fetch started: what is left is network
-    waiting on the last rows (slow servers, timeouts).
+    :data:`IDLE_S` for a result after every row's fetch started (what is left is network
+    waiting on the last rows: slow servers, timeouts), or else when the last result has been
+    taken (what is left is the caller's own commit: closing its shards, waiting on the disk).
     """
 
     def __init__(
@@ -200,13 +201,18 @@ class _Pump:
             except queue.Empty:
                 if not self.thread.is_alive() and self.items.empty():
                     return _End(RuntimeError("the fetch thread ended without a result"))
-                if self.on_idle is not None and self.started.is_set():
-                    on_idle, self.on_idle = self.on_idle, None
-                    on_idle()
+                if self.started.is_set():
+                    self.idle()
                 continue
             if not isinstance(item, _End):
                 self._call(self.room.release)
             return item
+
+    def idle(self) -> None:
+        """Call ``on_idle`` now, unless it was called before."""
+        on_idle, self.on_idle = self.on_idle, None
+        if on_idle is not None:
+            on_idle()
 
     def close(self) -> None:
         if self.thread.is_alive():
@@ -231,8 +237,8 @@ def iter_completed(
     The event loop runs in a thread of its own, so requests progress while the caller writes
     (or decodes) what came back. Leaving the loop early stops the fetching; an exception of
     the fetch machinery itself (not of a row) is raised here. ``on_idle``: see :class:`_Pump`
-    (the flows give a Dask worker its thread slot back there, so a shard's slowest rows do not
-    hold the next shard back).
+    (the flows give a Dask worker its thread slot back there, so neither a shard's slowest rows
+    nor its commit hold the next shard back).
     """
     pump = _Pump(rows, cfg, s3_options, on_idle)
     try:
@@ -241,6 +247,7 @@ def iter_completed(
             if isinstance(item, _End):
                 if item.error is not None and not isinstance(item.error, asyncio.CancelledError):
                     raise item.error
+                pump.idle()
                 return
             yield item
     finally:
