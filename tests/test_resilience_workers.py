@@ -56,10 +56,12 @@ def test_workers_dying_mid_task_are_replaced_and_the_run_has_no_duplicates(tmp_p
     keys = ledger.column("key").to_pylist()
     assert len(keys) == len(set(keys)) == ROWS
     assert sorted(ledger.column("row").to_pylist()) == list(range(ROWS))
-    # The dead workers' torn temp files never took a final name; the next run sweeps them.
+    # The dead workers' torn temp files never took a final name; the next run sweeps them. Torn:
+    # the two faulted tars, and whatever else their worker had in flight (a shard whose fetching
+    # was done commits beside the worker's next shard, so its files may be torn too; it ran again).
     download = tmp_path / "store" / "ds" / "download" / "web"
     torn = [p.name for p in download.iterdir() if p.name.startswith(".tmp-")]
-    assert len(torn) == 2 and all(n.endswith(".tar") for n in torn)
+    assert {n.split("-")[2] for n in torn if n.endswith(".tar")} >= {"000001", "000002"}, torn
     assert len([p for p in download.iterdir() if p.suffix == ".tar" and not p.name.startswith(".")]) == 3
     with RunLock(storage, "ds", "next-run"):
         assert [p.name for p in download.iterdir() if p.name.startswith(".tmp-")] == []
