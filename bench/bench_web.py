@@ -99,7 +99,15 @@ def scenario_tools(scenario: str, args) -> list[Tool]:
         i2d=I2D_RESIZE + I2D_NET,
     )
     if scenario == "validate":
-        return [Tool("shardsmith", "shardsmith run --phase validate, recipe defaults", True), i2d_default]
+        # img2dataset keeps only its outputs; shardsmith keeps the bytes as fetched beside them
+        # by default (download.keep_raw), so that new validation settings need no new fetch.
+        lean = Tool(
+            "shardsmith-lean",
+            "shardsmith --phase validate, download.keep_raw=false (no raw shards, as img2dataset keeps none)",
+            True,
+            sets=("download.keep_raw=false",),
+        )
+        return [Tool("shardsmith", "shardsmith run --phase validate, recipe defaults", True), lean, i2d_default]
     if scenario == "faulty":
         # Equal settings: img2dataset's timeout, no retries, as many requests in flight per
         # shard as img2dataset has threads per process, and no cap per host below that.
@@ -137,7 +145,7 @@ def scenario_tools(scenario: str, args) -> list[Tool]:
 
 
 TITLES = {
-    "validate": "manifest to validated 256 px shards (`--phase validate`) beside img2dataset's defaults",
+    "validate": "manifest to validated 256 px shards (`--phase validate`) beside img2dataset's defaults; shardsmith with its defaults and without raw shards",
     "faulty": "the same with faulty URLs; shardsmith with img2dataset's network settings and with its own defaults",
     "download": "download only (`--phase download`) beside img2dataset storing bytes as fetched",
     "fixed": "fixed costs: {small} rows end to end, no-op reruns, `--phase reshard` right after a {rows}-row `--phase validate`",
@@ -215,6 +223,7 @@ class Run:
     reasons: dict[str, int] = field(default_factory=dict)
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # img2dataset, faulty: kind -> [ok, rows]
     first_size: tuple[int, int] | None = None
+    disk_mb: float | None = None  # what the run left on disk: shards, ledgers, reports (logs apart)
     error: str | None = None
 
     @property
@@ -400,6 +409,7 @@ def run_tool(
     else:
         run_img2dataset(ctx, run, tool, manifest, folder, kinds)
     if run.error is None:
+        run.disk_mb = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and f.suffix != ".log") / 1e6
         extra = f", reshard {run.reshard_s:.1f} s" if run.reshard_s is not None else ""
         print(
             f"  {scenario} round {rnd} {run.tool:<20} {run.wall_s:7.1f} s wall = {run.rate:6.1f} samples/s{extra}; "
@@ -495,6 +505,7 @@ def summary(runs: list[Run]) -> dict[str, dict]:
             ),
             "ok": sorted({r.ok for r in rs}),
             "rows": rs[0].rows,
+            "disk_mb": _med([r.disk_mb for r in rs]),
         }
     return out
 
@@ -531,17 +542,17 @@ def per_run_table(runs: list[Run]) -> list[str]:
 
 def summary_table(s: dict[str, dict], labels: dict[str, str]) -> list[str]:
     lines = [
-        "| tool | runs | wall s | samples/s (wall) | CPU s / 1k ok | of which Prefect server | ok |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| tool | runs | wall s | samples/s (wall) | CPU s / 1k ok | of which Prefect server | ok | MB on disk |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, v in s.items():
         if not v["n"]:
-            lines.append(f"| {labels.get(name, name)} | 0 ({v['failed']} failed) | - | - | - | - | - |")
+            lines.append(f"| {labels.get(name, name)} | 0 ({v['failed']} failed) | - | - | - | - | - | - |")
             continue
         failed = f" ({v['failed']} failed)" if v["failed"] else ""
         lines.append(
             f"| {labels.get(name, name)} | {v['n']}{failed} | {v['wall']:.1f} ({v['wall_min']:.1f}) | {v['rate']:.1f} ({v['rate_max']:.1f}) | "
-            f"{v['cpu_1k']:.2f} ({v['cpu_1k_min']:.2f}) | {_fmt(v['prefect_1k'], '.2f')} | {'/'.join(map(str, v['ok']))} of {v['rows']} |"
+            f"{v['cpu_1k']:.2f} ({v['cpu_1k_min']:.2f}) | {_fmt(v['prefect_1k'], '.2f')} | {'/'.join(map(str, v['ok']))} of {v['rows']} | {_fmt(v['disk_mb'], '.0f')} |"
         )
     return lines
 
@@ -652,8 +663,9 @@ def report(runs: list[Run], meta: dict, scenarios: list[str], args) -> str:
         lines += ["Per run:", "", *per_run_table(rs), "", "Summary:", "", *summary_table(s, labels), ""]
         if scenario == "validate":
             more, rows = compare(s, "shardsmith", "img2dataset", TARGET_RATE, TARGET_CPU)
-            lines += more + agreement(rs, meta["rows"], "the manifest")
-            targets += rows
+            more2, rows2 = compare(s, "shardsmith-lean", "img2dataset", TARGET_RATE, TARGET_CPU)
+            lines += more + more2 + agreement(rs, meta["rows"], "the manifest")
+            targets += rows + rows2
         elif scenario == "faulty":
             more, rows = compare(s, "shardsmith-equal", "img2dataset", TARGET_RATE, None)
             more2, rows2 = compare(s, "shardsmith-defaults", "img2dataset", None, None)
@@ -725,7 +737,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     g = p.add_argument_group("scenarios (at least one)")
     g.add_argument(
-        "--validate", action="store_true", help="--phase validate (256 px border) beside img2dataset's defaults"
+        "--validate",
+        action="store_true",
+        help="--phase validate (256 px border), shardsmith's defaults and download.keep_raw=false, beside img2dataset's defaults",
     )
     g.add_argument(
         "--faulty",

@@ -38,7 +38,7 @@ def parse_sets(values: list[str]) -> dict[str, object]:
 
 def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], force: bool = True) -> dict:
     # Prefect, Dask and the flows are imported only once there is something to run.
-    from flows.preflight import up_to_date, work_ahead
+    from flows.preflight import phases_problem, up_to_date, work_ahead
     from tasks.formats.manifests import ManifestError
     from tasks.formats.recipe import load_recipe
     from tasks.formats.recipe_base import RecipeError
@@ -49,6 +49,9 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
             from flows.runtime import require_gpu
 
             require_gpu()
+        problem = phases_problem(recipe, phases)
+        if problem:
+            raise RecipeError(f"{recipe_path}: {problem}")
     except RecipeError as err:
         raise fail(str(err), 2) from None
     except RuntimeError as err:  # flows.runtime.NoGPU

@@ -18,10 +18,10 @@ from tasks.formats.ledger import Counts, committed, concat_ledgers, read_ledgers
 from tasks.formats.manifests import SourcePlan, plan_files
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
-from tasks.stages.download import ShardResult, download_config_hash, download_shard, fetched_rows, shard_paths
-from tasks.stages.onepass import download_and_validate
+from tasks.stages.download import ShardResult, download_shard, fetched_rows
+from tasks.stages.onepass import chunk_paths, download_and_validate
 from tasks.stages.runner import counted_shard
-from tasks.stages.validate import CandidateResult, candidate_config_hash, candidate_paths
+from tasks.stages.validate import CandidateResult
 
 
 class PhaseFailed(RuntimeError):
@@ -88,14 +88,9 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
     storage = ph.storage
     plans = plan_sources(recipe, storage)
     refs = [c for p in plans for c in p.chunks]
-    chash = download_config_hash(recipe)
-    vhash = candidate_config_hash(recipe)
-    paths = {ref: shard_paths(recipe.dataset, ref, chash) for ref in refs}
-    cand_paths = (
-        {ref: candidate_paths(recipe.dataset, ref.source, ref.index, paths[ref][0], vhash) for ref in refs}
-        if fuse_validation
-        else {}
-    )
+    both = chunk_paths(recipe, storage, refs)
+    paths = {ref: down for ref, (down, _) in both.items()}
+    cand_paths = {ref: cand for ref, (_, cand) in both.items()} if fuse_validation else {}
     done = committed(storage, [p[1] for p in paths.values()] + [p[1] for p in cand_paths.values()])
     futures = {}
     for ref in refs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -117,7 +118,17 @@ def _last_run(storage: Storage, recipe: Recipe) -> dict[str, Any] | None:
     return last if isinstance(last, dict) and {"recipe_hash", "phases", "inputs", "run"} <= last.keys() else None
 
 
-def _upto(phases: list[str]) -> list[str]:
+def phases_problem(recipe: Recipe, phases: Sequence[str]) -> str | None:
+    """Why these phases cannot run with this recipe, or None."""
+    if recipe.kind == "pretraining" and not recipe.download.keep_raw and _upto(phases) == ["download"]:
+        return (
+            "download.keep_raw is false: the download phase alone would keep only its ledgers, no "
+            "samples; run --phase validate or a later phase (or set download.keep_raw: true)"
+        )
+    return None
+
+
+def _upto(phases: Sequence[str]) -> list[str]:
     """A phase runs the phases before it too."""
     last = max((PHASES.index(p) for p in phases if p in PHASES), default=-1)
     return list(PHASES[: last + 1])
@@ -133,8 +144,7 @@ def work_ahead(recipe: Recipe, phases: list[str]) -> int | None:
     recipe; the tasks are then the reshard's (``reshard_tasks``), or None.
     """
     from tasks.formats.ledger import committed
-    from tasks.stages.download import download_config_hash, shard_paths
-    from tasks.stages.validate import candidate_config_hash, candidate_paths
+    from tasks.stages.onepass import chunk_paths
 
     if recipe.kind != "pretraining":
         return None
@@ -142,12 +152,9 @@ def work_ahead(recipe: Recipe, phases: list[str]) -> int | None:
     plans = prime_plans(recipe, storage)
     if plans is None:
         return None  # too large to plan here: the cluster plans it
-    chash, vhash = download_config_hash(recipe), candidate_config_hash(recipe)
-    ledgers, pairs = [], []
-    for ref in (c for p in plans for c in p.chunks):
-        tar, ledger = shard_paths(recipe.dataset, ref, chash)
-        ledgers.append(ledger)
-        pairs.append((ledger, candidate_paths(recipe.dataset, ref.source, ref.index, tar, vhash)[1]))
+    paths = chunk_paths(recipe, storage, [c for p in plans for c in p.chunks])
+    ledgers = [ledger for (_, ledger), _ in paths.values()]
+    pairs = [(ledger, cand_ledger) for (_, ledger), (_, cand_ledger) in paths.values()]
     done = committed(storage, [p for pair in pairs for p in pair])
     pending = sum(1 for pair in pairs if not set(pair) <= done)
     if pending:

@@ -13,7 +13,7 @@ from flows.download import download_flow, run_name
 from flows.params import ClusterChoice, RecipeOverrides, RecipePath, StorageRoot, Workers, recipe_overrides
 from flows.phase import run_phase
 from flows.precache import precache_flow
-from flows.preflight import remember_run
+from flows.preflight import phases_problem, remember_run
 from flows.release import release_flow
 from flows.reshard import reshard_flow
 from flows.runtime import dask_cluster
@@ -67,6 +67,9 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
     if problems:
         # An allowlist entry that names no license would silently match nothing.
         raise RecipeError("\n".join(f"validate.license: {p}" for p in problems))
+    problem = phases_problem(recipe, wanted)
+    if problem:
+        raise RecipeError(problem)
     record = new_run(recipe, run_name())
     ex = recipe.execution
     out: dict = {"run": record.run, "record": record}

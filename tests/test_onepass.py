@@ -111,3 +111,24 @@ def test_rerun_skips_and_a_new_policy_revalidates_without_fetching(chunk, web):
     assert got_dl.skipped and not got_cand.skipped
     assert web.stats()["hits"].get("/img/photo.jpg", 0) == hits
     assert got_cand.counts.by_reason["license_not_allowed"] > again_cand.counts.by_reason.get("license_not_allowed", 0)
+
+
+def test_without_raw_shards_a_chunk_keeps_its_ledger_and_the_same_candidates(chunk):
+    ref, tmp = chunk
+    a = b = Storage(str(tmp / "plan"))
+    dl_a, dl_b = shard_paths("ds", ref, "kept"), shard_paths("ds", ref, "lean")
+    cand_a, cand_b = (candidate_paths("ds", "web", 0, dl[0], "x") for dl in (dl_a, dl_b))
+    download_and_validate(ref, a, DL, CFG, dl_a, cand_a)
+    got_dl, got_cand = download_and_validate(ref, b, DL.model_copy(update={"keep_raw": False}), CFG, dl_b, cand_b)
+    # No raw shard; the ledger has every manifest row, as with one, less where the samples sat.
+    assert a.exists(dl_a[0]) and not b.exists(dl_b[0])
+    assert _comparable(a, dl_a[1]) == _comparable(b, dl_b[1])
+    rows = read_ledger(b, dl_b[1]).to_pylist()
+    assert len(rows) == len(ROWS) == got_dl.counts.rows
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok and all(r["shard"] is None and r["offset"] is None and r["members"] is None for r in ok)
+    assert all(r["bytes"] > 0 and len(r["sha256"]) == 64 for r in ok)
+    # The same candidates, byte for byte.
+    assert _comparable(a, cand_a[1]) == _comparable(b, cand_b[1])
+    assert _samples(a, cand_a[0]) == _samples(b, cand_b[0])
+    assert got_cand.counts.rows == got_dl.counts.ok

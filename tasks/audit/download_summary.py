@@ -28,6 +28,8 @@ class DownloadSummary:
     manifests: dict[str, str] = field(default_factory=dict)  # source -> sha256
     report: str = ""
     ledgers: list[str] = field(default_factory=list)
+    # Each chunk's raw shard; named (the name keys its candidates) but not written where
+    # download.keep_raw is false and the chunk was downloaded so.
     tars: list[str] = field(default_factory=list)
     chunks: list[tuple[str, int]] = field(default_factory=list)  # (source, chunk index) of each tar
     candidates: list[CandidateResult] = field(default_factory=list)  # validated in the same pass

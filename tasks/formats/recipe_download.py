@@ -116,6 +116,13 @@ class DownloadConfig(Frozen):
             commits. A backstop, not a pace: each request attempt has ``timeout_s`` already.
             Default 3600 s (one hour).
         network: the URL policy and SSRF guard.
+        keep_raw: keep each chunk's raw shard (the bytes as fetched) beside its validated
+            candidates, so that new validation settings judge the kept bytes again instead of
+            fetching them. ``False`` keeps only the download ledger (every row's fetch outcome,
+            size and sha256) and the candidates: no second copy of every image (the raw shards
+            are most of a dataset's bytes), and less disk traffic. New validation settings then
+            fetch the rows again, except for chunks already downloaded with their raw shard.
+            The download phase cannot run alone then (it would keep nothing).
     """
 
     timeout_s: float = Field(default=20.0, gt=0, le=600)
@@ -133,6 +140,7 @@ class DownloadConfig(Frozen):
     allowed_formats: tuple[str, ...] = ("jpeg", "png", "webp", "gif", "bmp", "tiff")
     shard_timeout_s: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600)
     network: NetworkConfig = NetworkConfig()
+    keep_raw: bool = True
 
 
 class LicenseReview(Frozen):

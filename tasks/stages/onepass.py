@@ -6,14 +6,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tasks.formats.ledger import Counts
+from tasks.formats.ledger import Counts, committed
 from tasks.formats.manifests import ChunkRef
 from tasks.formats.reasons import OK
 from tasks.formats.recipe_download import DownloadConfig, ValidateConfig
 from tasks.formats.storage import Storage
-from tasks.stages.download import check_every_row_once, download_verdict, failed_row, fetched_rows
-from tasks.stages.runner import DecidePool, ShardResult, ShardRun, committed_shard, decided
-from tasks.stages.validate import DECODE_THREADS, Judge, validate_shard
+from tasks.stages.download import (
+    check_every_row_once,
+    download_config_hash,
+    download_verdict,
+    failed_row,
+    fetched_rows,
+    shard_paths,
+)
+from tasks.stages.runner import DecidePool, LedgerRun, ShardResult, ShardRun, committed_shard, decided
+from tasks.stages.validate import DECODE_THREADS, Judge, candidate_config_hash, candidate_paths, validate_shard
 from tasks.stages.validate import failed_row as failed_judge
 
 
@@ -32,7 +39,8 @@ def download_and_validate(
     Writes what the two phases would write one after the other, from the same bytes: the raw
     download shard and its ledger (``download``: tar, ledger), so a later policy change
     re-validates without fetching again, and the candidate shard and its ledger
-    (``candidates``: tar, ledger). Commit order: both tars, the candidate ledger, then the
+    (``candidates``: tar, ledger); with ``dcfg.keep_raw`` false, the download ledger only (its
+    ok rows name no shard). Commit order: both tars, the candidate ledger, then the
     download ledger, whose presence therefore means both are done. A chunk whose download is
     committed but not its candidates (``--phase download`` ran before, or the validation
     config changed) is validated from the raw shard; one with both is skipped. ``rows_from``:
@@ -45,7 +53,8 @@ def download_and_validate(
         cand = validate_shard(storage, ref.source, ref.index, tar_rel, ledger_rel, vcfg, cand_tar, cand_ledger)
         return got, cand
     rows, results = (rows_from or fetched_rows)(ref, storage, dcfg, s3_options)
-    raw, shard, judge = ShardRun(storage, tar_rel, ledger_rel), ShardRun(storage, cand_tar, cand_ledger), Judge(vcfg)
+    raw = (ShardRun if dcfg.keep_raw else LedgerRun)(storage, tar_rel, ledger_rel)
+    shard, judge = ShardRun(storage, cand_tar, cand_ledger), Judge(vcfg)
     with raw.writing(), shard.writing(), DecidePool(judge, DECODE_THREADS, failed_judge) as pool:
         for row, fetched in results:
             verdict = decided(lambda got: download_verdict(*got, ref.source), (row, fetched), _failed(ref.source))
@@ -67,6 +76,29 @@ def download_and_validate(
         ShardResult(ref.source, ref.index, tar_rel, ledger_rel, counts, seconds, samples=counts.ok),
         ShardResult(ref.source, ref.index, cand_tar, cand_ledger, cand_counts, seconds, samples=cand_counts.ok),
     )
+
+
+Paths = tuple[tuple[str, str], tuple[str, str]]
+
+
+def chunk_paths(recipe: Any, storage: Storage, refs: list[ChunkRef]) -> dict[ChunkRef, Paths]:
+    """Each chunk's download (tar, ledger) and candidates (tar, ledger), named by content and settings.
+
+    A download is named by the chunk and the download settings, so that new validation
+    settings judge its raw shard again. Without raw shards (``download.keep_raw: false``) a
+    download is only good for the validation it was judged with, and is named by those
+    settings too; except that a chunk whose download an earlier run committed with its raw
+    shard keeps that one (validated from it, not fetched again).
+    """
+    dataset, chash, vhash = recipe.dataset, download_config_hash(recipe), candidate_config_hash(recipe)
+    raw = {ref: shard_paths(dataset, ref, chash) for ref in refs}
+    if recipe.download.keep_raw:
+        down = raw
+    else:
+        kept = committed(storage, [ledger for _, ledger in raw.values()])
+        lean = f"{chash}:judged:{vhash}"
+        down = {ref: raw[ref] if raw[ref][1] in kept else shard_paths(dataset, ref, lean) for ref in refs}
+    return {ref: (down[ref], candidate_paths(dataset, ref.source, ref.index, down[ref][0], vhash)) for ref in refs}
 
 
 def _failed(source: str) -> Any:

@@ -199,6 +199,19 @@ class ShardRun:
         return self.hashing.sha.hexdigest() if self.hashing is not None else ""
 
 
+class LedgerRun(ShardRun):
+    """A shard run that keeps its ledger and writes no shard: a kept sample's row has no
+    ``shard``, ``offset``, ``length`` or ``members`` (the download of ``download.keep_raw: false``)."""
+
+    @contextmanager
+    def writing(self) -> Iterator[ShardRun]:
+        yield self
+
+    def add(self, verdict: Verdict) -> SampleRecord | None:
+        self.rows.append(verdict.row)
+        return None
+
+
 def committed_shard(
     storage: Storage, tar: str, ledger: str, source: str = "", index: int = 0, columns: list[str] = COUNT_COLUMNS
 ) -> ShardResult | None:
