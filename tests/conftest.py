@@ -119,6 +119,17 @@ def web(image_dir):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A demo corpus of 40 images served on loopback for one test module: (folder, server, expected outcomes)."""
+    from tasks.demo.corpus import prepare_demo
+
+    root = tmp_path_factory.mktemp("demo")
+    server, expected = prepare_demo(root, n=40, port=0)
+    yield root, server, expected
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """A real S3 API on loopback (moto's server); yields its endpoint URL."""

@@ -8,19 +8,8 @@ import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "demo.yaml"
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from tasks.demo.corpus import prepare_demo
-
-    root = tmp_path_factory.mktemp("demo")
-    server, expected = prepare_demo(root, n=40, port=0)
-    yield root, server, expected
-    server.stop()
 
 
 def ledgers(root: Path):

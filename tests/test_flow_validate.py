@@ -11,16 +11,6 @@ import pytest
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from tasks.demo.corpus import prepare_demo
-
-    root = tmp_path_factory.mktemp("demo")
-    server, expected = prepare_demo(root, n=40, port=0)
-    yield root, expected
-    server.stop()
-
-
 def run(name, **kw):
     from flows.pretraining import pretraining_flow
 
@@ -30,7 +20,7 @@ def run(name, **kw):
 def test_download_then_validate_with_gates_and_report(prefect_harness, shared_cluster, demo, monkeypatch):
     from tasks.formats.shards import iter_samples
 
-    root, expected = demo
+    root, _, expected = demo
     monkeypatch.setenv("SHARDSMITH_DEMO_DIR", str(root))
     out = run("demo.yaml")
     val = out["validate"]
@@ -75,7 +65,7 @@ def test_download_then_validate_with_gates_and_report(prefect_harness, shared_cl
 def test_strict_license_policy_is_blocked_by_the_gate(prefect_harness, shared_cluster, demo, monkeypatch):
     from flows.audit import GateFailed
 
-    root, _ = demo
+    root, _, _ = demo
     monkeypatch.setenv("SHARDSMITH_DEMO_DIR", str(root))
     with pytest.raises(GateFailed, match="validate gate failed"):
         run("demo-strict.yaml")

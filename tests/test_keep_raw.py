@@ -17,16 +17,6 @@ RECIPE = ROOT / "recipes" / "demo.yaml"
 LEAN = {"download.keep_raw": False}
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from tasks.demo.corpus import prepare_demo
-
-    root = tmp_path_factory.mktemp("demo")
-    server, expected = prepare_demo(root, n=40, port=0)
-    yield root, server, expected
-    server.stop()
-
-
 def run(store: Path, phases: list[str], **extra):
     from flows.pretraining import pretraining_flow
 
