@@ -60,6 +60,7 @@ class RecipeOverrides(Frozen):
         download_retries: further attempts for 429, 5xx and connection errors (``download.retries``).
         max_inflight: concurrent requests per download shard (``download.max_inflight``).
         per_host: concurrent requests per host per shard (``download.per_host``).
+        keep_raw: keep each chunk's raw shard beside its candidates (``download.keep_raw``).
         task_retries: Prefect retries of a failed shard task (``execution.task_retries``).
         min_success_rate: download gate, ok / rows at least (``gates.download.min_success_rate``).
         max_reject_rate: validation gate, rejected / rows at most (``gates.validate.max_reject_rate``).
@@ -87,6 +88,12 @@ class RecipeOverrides(Frozen):
     )
     per_host: int | None = _like(
         DownloadConfig, "per_host", "download.per_host", "Concurrent requests per host per download shard."
+    )
+    keep_raw: bool | None = _like(
+        DownloadConfig,
+        "keep_raw",
+        "download.keep_raw",
+        "Keep each chunk's raw shard (bytes as fetched) beside its candidates; off: only the download ledgers.",
     )
     task_retries: int | None = _like(
         ExecutionConfig, "task_retries", "execution.task_retries", "Prefect retries of a failed shard task."

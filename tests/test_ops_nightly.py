@@ -17,10 +17,13 @@ def test_overrides_map_to_recipe_keys_with_the_recipe_bounds(monkeypatch):
     from flows.params import RecipeOverrides, recipe_overrides
 
     monkeypatch.delenv("SHARDSMITH_CLUSTER", raising=False)
-    o = RecipeOverrides(samples_per_shard=500, max_reject_rate=0.2, extra={"validate.image.min_side": 128})
+    o = RecipeOverrides(
+        samples_per_shard=500, max_reject_rate=0.2, keep_raw=False, extra={"validate.image.min_side": 128}
+    )
     assert o.dotted() == {
         "reshard.samples_per_shard": 500,
         "gates.validate.max_reject_rate": 0.2,
+        "download.keep_raw": False,
         "validate.image.min_side": 128,
     }
     # Dotted keys at the top level, as callers and --set pass them, land in extra.
