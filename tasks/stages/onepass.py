@@ -50,6 +50,12 @@ def download_and_validate(
     (tar_rel, ledger_rel), (cand_tar, cand_ledger) = download, candidates
     got = committed_shard(storage, tar_rel, ledger_rel, ref.source, ref.index)
     if got is not None:
+        if not storage.exists(tar_rel):
+            raise FileNotFoundError(
+                f"{storage.url(tar_rel)}: chunk {ref.source}/{ref.name} was downloaded without its raw shard "
+                f"(download.keep_raw: false) and its candidates ({cand_ledger}) are gone; delete its download "
+                f"ledger ({ledger_rel}) to fetch it again"
+            )
         cand = validate_shard(storage, ref.source, ref.index, tar_rel, ledger_rel, vcfg, cand_tar, cand_ledger)
         return got, cand
     rows, results = (rows_from or fetched_rows)(ref, storage, dcfg, s3_options)
