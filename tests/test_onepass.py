@@ -134,5 +134,5 @@ def test_without_raw_shards_a_chunk_keeps_its_ledger_and_the_same_candidates(chu
     assert got_cand.counts.rows == got_dl.counts.ok
     # Its candidates deleted by hand: nothing to judge again from; the error says what to do.
     b.rm(cand_b[1])
-    with pytest.raises(FileNotFoundError, match="without its raw shard.*delete its download ledger"):
+    with pytest.raises(FileNotFoundError, match="raw shard is missing.*keep_raw: false.*delete its download ledger"):
         download_and_validate(ref, b, DL.model_copy(update={"keep_raw": False}), CFG, dl_b, cand_b)

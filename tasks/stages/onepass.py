@@ -52,9 +52,9 @@ def download_and_validate(
     if got is not None:
         if not storage.exists(tar_rel):
             raise FileNotFoundError(
-                f"{storage.url(tar_rel)}: chunk {ref.source}/{ref.name} was downloaded without its raw shard "
-                f"(download.keep_raw: false) and its candidates ({cand_ledger}) are gone; delete its download "
-                f"ledger ({ledger_rel}) to fetch it again"
+                f"{storage.url(tar_rel)}: chunk {ref.source}/{ref.name} has a committed download ledger but its "
+                f"raw shard is missing (a download with download.keep_raw: false keeps none), so its candidates "
+                f"({cand_ledger}) cannot be made from it; delete its download ledger ({ledger_rel}) to fetch it again"
             )
         cand = validate_shard(storage, ref.source, ref.index, tar_rel, ledger_rel, vcfg, cand_tar, cand_ledger)
         return got, cand
