@@ -49,7 +49,6 @@ def test_pip_options_become_uv_options(tmp_path, monkeypatch):
 
 def test_pip_config_is_read_from_pip_itself(tmp_path):
     """The environment's PIP_* settings arrive as pip reports them, lists split."""
-    tool = load_tool()
     env = dict(os.environ, PIP_FIND_LINKS=f"{tmp_path}/a {tmp_path}/b", PIP_CONSTRAINT=str(tmp_path / "c.txt"))
     code = "import json, sys; sys.path.insert(0, 'tools'); import install; print(json.dumps(install.pip_config()))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
