@@ -199,12 +199,10 @@ def webp_info(data: bytes) -> WebPInfo | None:
     width, height = 1 + int.from_bytes(body[4:7], "little"), 1 + int.from_bytes(body[7:10], "little")
     animated = bool(body[0] & _VP8X_ANIMATION)
     chunks: dict[bytes, bytes] = {}
-    pos = 20 + size + (size & 1)
-    while not animated and pos + 8 <= end:  # only chunk headers are read, so this is cheap
-        tag, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], "little")
-        if tag in (b"EXIF", b"XMP "):
-            chunks.setdefault(tag, data[pos + 8 : pos + 8 + size])
-        pos += 8 + size + (size & 1)
+    if not animated:
+        for tag, start, length in libwebp.riff_chunks(data, 20 + size + (size & 1), end):
+            if tag in (b"EXIF", b"XMP "):
+                chunks.setdefault(tag, data[start : start + length])
     return WebPInfo(width, height, animated, chunks.get(b"EXIF"), chunks.get(b"XMP "))
 
 

@@ -23,6 +23,7 @@ import ctypes.util
 import functools
 import glob
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -137,14 +138,24 @@ def _library() -> ctypes.CDLL | None:
     return None
 
 
+def riff_chunks(data: bytes, pos: int = 12, end: int | None = None) -> Iterator[tuple[bytes, int, int]]:
+    """(tag, offset of its payload, declared size) of each RIFF chunk from ``pos`` to ``end``.
+
+    Only chunk headers are read, so walking a file costs nothing; a payload may run past
+    ``end`` (a cut file): callers check ``offset + size`` themselves.
+    """
+    end = len(data) if end is None else end
+    while pos + 8 <= end:
+        size = int.from_bytes(data[pos + 4 : pos + 8], "little")
+        yield data[pos : pos + 4], pos + 8, size
+        pos += 8 + size + (size & 1)
+
+
 def _vp8_chunk(data: bytes) -> bytes | None:
     """The ``VP8 `` chunk (header included) of a RIFF WebP, or None when there is none whole."""
-    pos = 12
-    while pos + 8 <= len(data):
-        tag, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], "little")
+    for tag, start, size in riff_chunks(data):
         if tag == b"VP8 ":
-            return data[pos : pos + 8 + size] if pos + 8 + size <= len(data) else None
-        pos += 8 + size + (size & 1)
+            return data[start - 8 : start + size] if start + size <= len(data) else None
     return None
 
 
