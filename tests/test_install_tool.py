@@ -55,3 +55,24 @@ def test_pip_config_is_read_from_pip_itself(tmp_path):
     options = json.loads(out.stdout)
     assert f"{tmp_path}/a" in options["find-links"] and f"{tmp_path}/b" in options["find-links"]
     assert str(tmp_path / "c.txt") in options["constraint"]
+
+
+def test_pip_precedence_picks_each_option():
+    """PIP_* over the [install] section over [global], as pip itself decides; other sections are
+    not for ``pip install``."""
+    tool = load_tool()
+    listing = "\n".join(
+        [
+            ":env:.index-url='https://env.example/simple'",
+            "global.index-url='https://global.example/simple'",
+            "install.index-url='https://install.example/simple'",
+            "global.find-links='/a /b'",
+            "install.constraint='/etc/c.txt'",
+            "download.timeout='5'",
+        ]
+    )
+    assert tool.parse_config(listing) == {
+        "index-url": ["https://env.example/simple"],
+        "find-links": ["/a", "/b"],
+        "constraint": ["/etc/c.txt"],
+    }
