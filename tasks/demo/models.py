@@ -166,6 +166,9 @@ MAKERS = {"vae": make_vae, "clip-text": make_clip_text, "t5": make_t5_encoder, "
 def make_all(root: str | Path, names: tuple[str, ...] = tuple(MAKERS)) -> dict[str, Path]:
     """The tiny models ``names`` (default all: ``vae``, ``clip-text``, ``t5``, ``clip-vision``)
     under ``root``; a model already there is kept."""
+    from tasks.stages.precache_models import quiet_model_loading
+
+    quiet_model_loading()
     root = Path(root)
     out = {}
     for name in names:
