@@ -38,13 +38,21 @@ def warm_gates() -> None:
 
 
 def gather_all(
-    futures: dict, progress, what: str, rows: int | None = None, offset: float = 0.0, share: float = 100.0, logger=None
+    futures: dict,
+    progress,
+    what: str,
+    rows: int | None = None,
+    offset: float = 0.0,
+    share: float = 100.0,
+    logger=None,
+    shards: int | None = None,
 ) -> tuple[list, list[str]]:
     """(results, failures) in completion order; a failure is ``"{label}: {Type}: {message}"``.
 
     ``futures`` maps each future to a label for people (its shard). ``progress`` is the phase's
     Prefect progress artifact (``offset`` + ``share`` percent of it is this step), updated at
-    most once a second; the terminal of a CLI run shows ``what`` with shards and rows done.
+    most once a second; the terminal of a CLI run shows ``what`` with shards and rows done, out
+    of ``shards`` (default: one per future; more where a task returns a list of shards).
     """
     from prefect.futures import as_completed
 
@@ -55,7 +63,7 @@ def gather_all(
     out, failed = [], []
     if futures:
         warm_gates()
-        terminal.start(what, len(futures), rows)
+        terminal.start(what, shards or len(futures), rows)
     last = 0.0
     for done, fut in enumerate(as_completed(list(futures)), start=1):
         try:
@@ -78,14 +86,21 @@ def gather_all(
 
 
 def gather(
-    futures: dict, progress, offset: float, share: float, logger, what: str = "shard", rows: int | None = None
+    futures: dict,
+    progress,
+    offset: float,
+    share: float,
+    logger,
+    what: str = "shard",
+    rows: int | None = None,
+    shards: int | None = None,
 ) -> list:
     """Results in completion order; a shard that failed after its retries raises after all finish.
 
     ``progress`` is the phase's Prefect progress artifact (``offset`` + ``share`` percent of it
     is this step); the terminal of a CLI run shows ``what`` with shards and rows done.
     """
-    out, failed = gather_all(futures, progress, what, rows, offset, share, logger)
+    out, failed = gather_all(futures, progress, what, rows, offset, share, logger, shards)
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(futures)} {what} shards failed:\n" + "\n".join(failed[:20]))
     return out
@@ -197,10 +212,10 @@ class Phase:
         """Submit ``task`` with the recipe's retries."""
         return task.with_options(**self.options).submit(*args)
 
-    def gather(self, futures: dict, offset: float, share: float, what: str) -> list:
+    def gather(self, futures: dict, offset: float, share: float, what: str, shards: int | None = None) -> list:
         """Results of a step (``offset`` + ``share`` percent of the progress); raises after all
-        finish when a shard failed after its retries."""
-        return gather(futures, self.progress, offset, share, self.logger, what)
+        finish when a shard failed after its retries. ``shards``: as for ``gather_all``."""
+        return gather(futures, self.progress, offset, share, self.logger, what, shards=shards)
 
     def judge(self, files: list[str], settings: tuple[Any, ...], evaluate: Callable[[], Any]) -> tuple[Any, dict]:
         """The gate's verdict and its report links (flows.audit.judge_phase)."""

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 class Sink(Protocol):
     def start(self, phase: str, shards: int, rows: int | None) -> None: ...
-    def advance(self, phase: str, rows: int) -> None: ...
+    def advance(self, phase: str, rows: int, shards: int = 1) -> None: ...
     def finish(self, phase: str) -> None: ...
 
 
@@ -22,7 +22,7 @@ class _Nothing:
     def start(self, phase: str, shards: int, rows: int | None) -> None:
         pass
 
-    def advance(self, phase: str, rows: int) -> None:
+    def advance(self, phase: str, rows: int, shards: int = 1) -> None:
         pass
 
     def finish(self, phase: str) -> None:
@@ -37,12 +37,20 @@ def start(phase: str, shards: int, rows: int | None = None) -> None:
 
 
 def advance(phase: str, result: Any = None) -> None:
-    """One shard of ``phase`` is done; its rows are read from ``result.counts.rows`` when it has them."""
+    """One task of ``phase`` is done: one shard, or a list of the shards it made (a reshard
+    build task writes several); rows are read from each ``counts.rows`` when it has them."""
+    if isinstance(result, list):
+        _sink.advance(phase, sum(_rows(r) for r in result), len(result))
+    else:
+        _sink.advance(phase, _rows(result))
+
+
+def _rows(result: Any) -> int:
     counts = getattr(result, "counts", None)
     rows = getattr(counts, "rows", None)
     if rows is None:
         rows = getattr(result, "samples", 0) or 0
-    _sink.advance(phase, int(rows))
+    return int(rows)
 
 
 def finish(phase: str) -> None:
@@ -99,13 +107,13 @@ class Terminal:
         else:
             self.tasks[phase] = self.progress.add_task(phase, total=max(shards, 1), rows="")
 
-    def advance(self, phase: str, rows: int) -> None:
+    def advance(self, phase: str, rows: int, shards: int = 1) -> None:
         if phase not in self.stats:
             self.start(phase, 0, None)
         st = self.stats[phase]
         st["rows"] += rows
-        st["shards"] += 1
-        self.progress.update(self.tasks[phase], advance=1, rows=self._rows_text(phase))
+        st["shards"] += shards
+        self.progress.update(self.tasks[phase], advance=shards, rows=self._rows_text(phase))
 
     def finish(self, phase: str) -> None:
         if phase not in self.stats:

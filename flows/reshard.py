@@ -102,7 +102,7 @@ def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> 
             ph.submit(build_task, storage, g, g[0].index, g[-1].index): f"outputs {g[0].index}..{g[-1].index}"
             for g in group_outputs(todo_plan, _task_slots(recipe))
         }
-        outputs += [o for part in ph.gather(futures, 10.0, 80.0, "reshard") for o in part]
+        outputs += [o for part in ph.gather(futures, 10.0, 80.0, "reshard", shards=len(todo)) for o in part]
     outputs.sort(key=lambda r: r.index)
     timings["build"] = time.perf_counter() - mark
 

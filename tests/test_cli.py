@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,13 @@ def test_demo_end_to_end(tmp_path):
     assert "it/s]" not in out.stderr + out.stdout, out.stderr[-3000:]  # tqdm's rate, in any bar
     assert "leaked semaphore" not in out.stderr, out.stderr[-3000:]
     store = tmp_path / "demo" / "store" / "demo"
+    # The progress lines count output shards and their samples, also where one task writes
+    # several shards (reshard's build tasks).
+    line = re.search(r"^reshard: (\d+)/(\d+) shards, ([\d,]+) rows", out.stderr, re.M)
+    summary = re.search(r"^reshard: ([\d,]+) rows", out.stdout, re.M)
+    assert line and summary, out.stderr[-3000:]
+    assert int(line[1]) == int(line[2]) == len(list((store / "reshard").rglob("shard-*.tar")))
+    assert int(line[3].replace(",", "")) == int(summary[1].replace(",", "")) > 0
     ledgers = sorted((store / "download").rglob("*.ledger.parquet"))
     tars = sorted((store / "download").rglob("*.tar"))
     assert ledgers and len(tars) == len(ledgers)
