@@ -111,7 +111,8 @@ def finetune_flow(
         pa.Table.from_pylist(shard_rows) if shard_rows else pa.table({}), recipe.reshard.samples_per_shard, n_packs
     )
     packs = pack_ledger(outputs)
-    ph.record(Counts.of(packs), packs, 0.0, gate, ph.links(gate), name="reshard", shards=len(outputs))
+    fresh_packs = ph.rate(sum(len(o.packs) for o in outputs if not o.skipped))
+    ph.record(Counts.of(packs), packs, fresh_packs, gate, ph.links(gate), name="reshard", shards=len(outputs))
     ph.close(gate, done=False)
 
     ledger, samples, report = final_tables(rows, plan, outputs)

@@ -95,7 +95,11 @@ class Terminal:
         self.progress.stop()
 
     def _rows_text(self, phase: str) -> str:
+        """Rows done (of the total, when known) and their rate; nothing for a step whose
+        results count no rows (a check over finished shards), rather than "0 rows, 0/s"."""
         st = self.stats[phase]
+        if not st["rows"] and not st["rows_total"]:
+            return ""
         rate = st["rows"] / max(time.monotonic() - st["t0"], 1e-6)
         total = f"/{int(st['rows_total']):,}" if st["rows_total"] else ""
         return f"{int(st['rows']):,}{total} rows, {rate:,.0f}/s"
@@ -122,8 +126,9 @@ class Terminal:
         self.progress.update(self.tasks[phase], completed=max(st["total"], 1), rows=self._rows_text(phase))
         if not self.live:
             seconds = time.monotonic() - st["t0"]
+            rows = self._rows_text(phase)
             print(
-                f"{phase}: {int(st['shards'])}/{int(st['total'])} shards, {self._rows_text(phase)} ({seconds:.1f} s)",
+                f"{phase}: {int(st['shards'])}/{int(st['total'])} shards{', ' + rows if rows else ''} ({seconds:.1f} s)",
                 file=sys.stderr,
                 flush=True,
             )

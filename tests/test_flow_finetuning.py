@@ -74,6 +74,16 @@ def test_every_record_is_one_ledger_row_with_its_reason(released):
     assert all("license" in d or "duplicate_of" in d for d in details)
 
 
+def test_every_phase_of_the_run_reports_its_rate(released):
+    # The packing step's row (phase "reshard") said 0 samples/s for packs it had just written.
+    store, packed, _, _ = released
+    runs = sorted((store / "reports").glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+    first = json.loads(runs[0].read_text())  # the packed run, which did every phase's work
+    rates = {row["phase"]: row["samples_per_s"] for row in first["phases"]}
+    assert {"download", "validate", "reshard", "finetune"} <= set(rates), rates
+    assert all(rate > 0 for rate in rates.values()), rates
+
+
 def test_records_read_in_byte_ranges_keep_their_keys_and_reasons(released):
     store, packed, unpacked, expected = released
     ranges = sorted(store.glob("finetune/records/chat/*/0000[0-9].json"))

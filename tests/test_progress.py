@@ -34,6 +34,17 @@ def test_a_shard_counts_its_ledger_rows_and_a_failed_task_counts_none(capsys):
     assert line.startswith("download: 2/2 shards, 17/20 rows, "), line
 
 
+def test_a_step_whose_results_count_no_rows_shows_shards_only(capsys):
+    # Fine-tuning's "verify" step checks finished shards; it said "0 rows, 0/s".
+    with progress.Terminal():
+        progress.start("verify", 2)
+        progress.advance("verify", {"shard": "a.tar", "ok": True})
+        progress.advance("verify", {"shard": "b.tar", "ok": True})
+        progress.finish("verify")
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("verify: 2/2 shards (") and "rows" not in line, line
+
+
 def test_outside_a_terminal_block_nothing_is_shown(capsys):
     progress.start("validate", 1)
     progress.advance("validate", _shard(0, 5))
