@@ -168,13 +168,15 @@ def make_all(root: str | Path, names: tuple[str, ...] = tuple(MAKERS)) -> dict[s
     under ``root``; a model already there is kept."""
     from tasks.stages.precache_models import quiet_model_loading
 
-    quiet_model_loading()
     root = Path(root)
+    todo = [name for name in names if not (root / name / "config.json").exists()]
+    if todo:  # models kept from before need no library at all
+        quiet_model_loading(diffusers="vae" in todo)
     out = {}
     for name in names:
         make = MAKERS[name]
         target = root / name
-        if not (target / "config.json").exists():
+        if name in todo:
             tmp = root / f".{name}.tmp-{os.getpid()}"
             make(tmp)
             try:

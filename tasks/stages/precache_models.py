@@ -60,20 +60,23 @@ def resolve_device(cfg: PrecacheConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def quiet_model_loading() -> None:
+def quiet_model_loading(diffusers: bool) -> None:
     """No progress bars from loading or saving models (transformers' "Loading weights", the
-    Hub's, diffusers').
+    Hub's, and diffusers' when ``diffusers``: importing diffusers only for this would cost a
+    text-only load seconds of CPU).
 
     In a Dask worker they interleave with the CLI's own progress lines, and each bar's tqdm
     creates a multiprocessing lock: a worker that the cluster's close ends before its
     finalizers run leaves those locks registered, and Python's resource tracker warns of
     "leaked semaphore objects" as the run exits. Idempotent; process-wide, as the libraries keep it.
     """
-    from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # the Hub's bars too
-    diffusers_logging.disable_progress_bar()
+    if diffusers:
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
 
 
 def dtype_of(name: str) -> Any:
@@ -95,7 +98,7 @@ class Encoders:
         import torch
 
         check_models(cfg)
-        quiet_model_loading()
+        quiet_model_loading(diffusers=cfg.image_latents is not None)
         self.cfg = cfg
         self.device = device
         self.compute_dtype = torch.float32 if device == "cpu" else dtype_of(cfg.dtype)
