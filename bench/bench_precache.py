@@ -80,10 +80,10 @@ def encoders_only(enc, batches) -> float:
 
 
 def collect_batches(storage: Storage, shard, cfg: PrecacheConfig) -> list:
-    from tasks.stages.precache import _LocalShard
+    from tasks.stages.precache import LocalShard
     from tasks.stages.precache_batches import iter_batches
 
-    local = _LocalShard(storage, shard)
+    local = LocalShard(storage, shard)
     try:
         # Clone: DALI reuses its output buffers for the next batch.
         out = []

@@ -19,6 +19,7 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 class PhaseName(str, Enum):
     download = "download"
     validate = "validate"
+    curate = "curate"
     reshard = "reshard"
     precache = "precache"
     release = "release"

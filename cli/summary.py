@@ -68,6 +68,13 @@ def print_summary(result: dict) -> None:
     typer.echo(f"  report:             {root}/reports/{record.run}/report.html")
 
 
+def _bounds(cut: dict) -> str:
+    low, high = cut.get("low"), cut.get("high")
+    if low is not None and high is not None:
+        return f"{low:.4f}..{high:.4f}"
+    return f">= {low:.4f}" if low is not None else f"<= {high:.4f}"
+
+
 def _details(phase: str, result: dict, root: str) -> list[str]:
     """What a phase's own summary adds under its summary row: reasons, where its shards are
     (under ``root``, the dataset's folder), what it made."""
@@ -80,7 +87,12 @@ def _details(phase: str, result: dict, root: str) -> list[str]:
         lines.append(f"{summary.shards_skipped} shards already done, {summary.mb_per_s} MB/s")
     if phase == "validate":
         lines.append(f"{summary.duplicates} duplicates")
-    if phase in ("download", "validate"):
+    if phase == "curate":
+        lines.append(
+            f"embedded {summary.embedded} samples now, {summary.reused} from stored embeddings (model {summary.model[:16]})"
+        )
+        lines += [f"cut {c['name']}: {c['rule']} -> keep {_bounds(c)}" for c in summary.cuts]
+    if phase in ("download", "validate", "curate"):
         lines.append(f"shards and ledgers: {root}/{phase}/")
     if phase == "finetune":
         st = summary.stats

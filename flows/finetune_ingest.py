@@ -18,7 +18,7 @@ from tasks.finetune.ingest import (
 )
 from tasks.finetune.samples import image_source_name
 from tasks.formats.recipe import Recipe
-from tasks.formats.recipe_download import SourceConfig
+from tasks.formats.recipe_download import CaptionRules, SourceConfig
 from tasks.formats.storage import Storage
 
 
@@ -68,7 +68,9 @@ def ingest_flow(recipe: Recipe) -> list[IngestResult]:
 def image_recipe(recipe: Recipe, ingests: list[IngestResult]) -> Recipe | None:
     """The recipe the download and validate phases run on: one image manifest per records source.
 
-    Images have no captions; licenses come from the records (or ``conversation.license``).
+    An image's caption is the reply that speaks of it (``Conversation.image_texts``), carried for
+    curation's alignment score and never a reason to reject the image; licenses come from the
+    records (or ``conversation.license``).
     """
     storage = Storage(recipe.storage, recipe.storage_options)
     rows_per_shard = {s.name: s.rows_per_shard for s in recipe.sources}
@@ -77,7 +79,7 @@ def image_recipe(recipe: Recipe, ingests: list[IngestResult]) -> Recipe | None:
             name=image_source_name(i.source),
             manifest=storage.url(i.image_manifest),
             format="jsonl",
-            caption_column=None,
+            caption_column="caption",
             license_column="license",
             extra_columns=("record",),
             rows_per_shard=rows_per_shard[i.source],
@@ -88,5 +90,7 @@ def image_recipe(recipe: Recipe, ingests: list[IngestResult]) -> Recipe | None:
     if not sources:
         return None
     v = recipe.validate_
-    validate = v.model_copy(update={"caption": v.caption.model_copy(update={"required": False})})
+    # Any text passes: the record's own checks judged it (conversation bounds).
+    loose = CaptionRules(required=False, min_chars=0, min_words=0, max_chars=10**9, max_non_text_ratio=1.0)
+    validate = v.model_copy(update={"caption": loose})
     return recipe.model_copy(update={"sources": tuple(sources), "validate_": validate})

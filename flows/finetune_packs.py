@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 from prefect import task
 
+from flows.curate import CurateSummary
 from flows.finetune_release import release_finetune
 from flows.phase import Phase, phase_flow
 from flows.validate import ValidateSummary
@@ -58,7 +59,7 @@ def verify_task(storage: Storage, tar: str, sha256: str) -> dict:
 
 def _build_samples(ph: Phase, ingests: list[IngestResult], image_ledgers: list[list[str]]) -> list[BuildResult]:
     """One sample-building task per records chunk, with the image ledgers (``image_ledgers``: the
-    download phase's, then the validation phase's) that hold its rows."""
+    download phase's, then validation's, then curation's) that hold its rows."""
     recipe = ph.recipe
     rps = {s.name: s.rows_per_shard for s in recipe.sources}
     futures = {}
@@ -84,6 +85,7 @@ def finetune_flow(
     download: DownloadSummary | None,
     validated: ValidateSummary | None,
     run: RunRecord,
+    curated: CurateSummary | None = None,
 ) -> tuple[dict, RunRecord]:
     """Samples (images joined back, tiles, tags, tokens) -> padding and packing -> gates -> release."""
     from tasks.audit.finetune_gate import finetune_gate
@@ -91,7 +93,8 @@ def finetune_flow(
 
     ph = Phase(recipe, run, "finetune", "fine-tuning samples and packs")
     storage, cfg = ph.storage, recipe.finetune
-    image_ledgers = [list(p.ledgers) for p in (download, validated) if p is not None]
+    # Later phases' rows win: an image curation removed has its curation reason.
+    image_ledgers = [list(p.ledgers) for p in (download, validated, curated) if p is not None]
     built = _build_samples(ph, ingests, image_ledgers)
     plan, rows = plan_task.submit(
         storage, [b.table for b in built], cfg, recipe.reshard.samples_per_shard, recipe.reshard.seed

@@ -9,6 +9,7 @@ from prefect import flow
 from prefect_dask import DaskTaskRunner
 
 from flows.audit import GateFailed, new_run
+from flows.curate import curate_flow
 from flows.download import download_flow, run_name
 from flows.finetune_ingest import image_recipe, ingest_flow
 from flows.finetune_packs import finetune_flow
@@ -53,6 +54,10 @@ def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
             out["validate"], record = run_phase(
                 validate_flow, runner, recipe=images, download=out["download"], run=record
             )
+            if images.curate.enabled:
+                out["curate"], record = run_phase(
+                    curate_flow, runner, recipe=images, validated=out["validate"], run=record
+                )
         held.check()
         phases, record = run_phase(
             finetune_flow,
@@ -62,6 +67,7 @@ def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
             download=out.get("download"),
             validated=out.get("validate"),
             run=record,
+            curated=out.get("curate"),
         )
         out.update(phases)
     out["run"] = record.run

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from tasks.formats.recipe import ExecutionConfig
 from tasks.formats.recipe_base import Frozen
+from tasks.formats.recipe_curate import CurateGate, ScoreRule, SemDedupRule
 from tasks.formats.recipe_download import DownloadConfig
 from tasks.formats.recipe_outputs import DownloadGate, ReshardConfig, ValidateGate
 
@@ -65,6 +66,15 @@ class RecipeOverrides(Frozen):
         min_success_rate: download gate, ok / rows at least (``gates.download.min_success_rate``).
         max_reject_rate: validation gate, rejected / rows at most (``gates.validate.max_reject_rate``).
         min_samples: validation gate, accepted samples at least (``gates.validate.min_samples``).
+        alignment_min: curation, keep samples whose image-text alignment is at least this
+            (``curate.alignment.min``).
+        alignment_keep_top: curation, keep this fraction with the best alignment (``curate.alignment.keep_top``).
+        aesthetic_min: curation, keep samples whose aesthetic score is at least this (``curate.heads.aesthetic.min``).
+        nsfw_max: curation, keep samples whose NSFW score is at most this (``curate.heads.nsfw.max``).
+        watermark_max: curation, keep samples whose watermark score is at most this (``curate.heads.watermark.max``).
+        semdedup_threshold: curation, cosine at or above which two images are duplicates
+            (``curate.semdedup.threshold``).
+        curate_max_removed_rate: curation gate, removed / samples in at most (``gates.curate.max_removed_rate``).
         extra: any other recipe key, dotted (``{"validate.image.min_side": 128}``), as ``--set`` takes.
     """
 
@@ -109,6 +119,39 @@ class RecipeOverrides(Frozen):
     )
     min_samples: int | None = _like(
         ValidateGate, "min_samples", "gates.validate.min_samples", "Validation gate: accepted samples at least this."
+    )
+    alignment_min: float | None = _like(
+        ScoreRule,
+        "min",
+        "curate.alignment.min",
+        "Curation: keep samples whose image-text alignment (cosine) is at least this.",
+    )
+    alignment_keep_top: float | None = _like(
+        ScoreRule,
+        "keep_top",
+        "curate.alignment.keep_top",
+        "Curation: keep this fraction of the samples, those with the best image-text alignment (DataComp: 0.3).",
+    )
+    aesthetic_min: float | None = _like(
+        ScoreRule, "min", "curate.heads.aesthetic.min", "Curation: keep samples whose aesthetic score is at least this."
+    )
+    nsfw_max: float | None = _like(
+        ScoreRule, "max", "curate.heads.nsfw.max", "Curation: keep samples whose NSFW score is at most this."
+    )
+    watermark_max: float | None = _like(
+        ScoreRule, "max", "curate.heads.watermark.max", "Curation: keep samples whose watermark score is at most this."
+    )
+    semdedup_threshold: float | None = _like(
+        SemDedupRule,
+        "threshold",
+        "curate.semdedup.threshold",
+        "Curation: cosine similarity at or above which two images are semantic duplicates.",
+    )
+    curate_max_removed_rate: float | None = _like(
+        CurateGate,
+        "max_removed_rate",
+        "gates.curate.max_removed_rate",
+        "Curation gate: samples removed / samples in at most this.",
     )
     extra: dict[Annotated[str, Field(pattern=_DOTTED)], Any] = Field(
         default_factory=dict, description='Other recipe keys, dotted: {"validate.image.min_side": 128}.'

@@ -19,7 +19,7 @@ from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
 
 # Pretraining phases in order (flows.pretraining.PHASES, which imports Prefect).
-PHASES = ("download", "validate", "reshard", "precache", "release")
+PHASES = ("download", "validate", "curate", "reshard", "precache", "release")
 LAST_RUN = "{dataset}/state/last-run.json"
 
 # Up to this many groups of manifest files, together at most this many bytes, are planned in the
@@ -177,7 +177,7 @@ def reshard_tasks(recipe: Recipe, phases: list[str], plans: list[SourcePlan]) ->
     A ``--phase reshard`` right after a validate of 1,000 rows has one output: its cluster
     starts one worker, not one per core, each importing Prefect and the stages (3-4 CPU s).
     """
-    if not set(_upto(phases)) - {"download", "validate"} or not all(p.rows_known for p in plans):
+    if not set(_upto(phases)) - {"download", "validate", "curate"} or not all(p.rows_known for p in plans):
         return None
     rows = sum(p.rows for p in plans)
     return max(1, -(-rows // recipe.reshard.samples_per_shard))

@@ -9,6 +9,7 @@ from prefect import flow
 from prefect_dask import DaskTaskRunner
 
 from flows.audit import new_run
+from flows.curate import curate_flow
 from flows.download import download_flow, run_name
 from flows.params import ClusterChoice, RecipeOverrides, RecipePath, StorageRoot, Workers, recipe_overrides
 from flows.phase import run_phase
@@ -25,8 +26,8 @@ from tasks.formats.recipe_base import RecipeError
 from tasks.formats.storage import Storage
 from tasks.policies.licenses import policy_problems
 
-Phase = Literal["download", "validate", "reshard", "precache", "release"]
-PHASES: tuple[Phase, ...] = ("download", "validate", "reshard", "precache", "release")
+Phase = Literal["download", "validate", "curate", "reshard", "precache", "release"]
+PHASES: tuple[Phase, ...] = ("download", "validate", "curate", "reshard", "precache", "release")
 
 
 @flow(name="pretraining")
@@ -89,10 +90,12 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
             out["validate"], record = run_phase(
                 validate_flow, runner, recipe=recipe, download=out["download"], run=record
             )
+        if last >= PHASES.index("curate") and recipe.curate.enabled:
+            out["curate"], record = run_phase(curate_flow, runner, recipe=recipe, validated=out["validate"], run=record)
+        # Resharding reads the curated shards when there was curation, the validated ones otherwise.
+        kept = out.get("curate") or out.get("validate")
         if last >= PHASES.index("reshard"):
-            out["reshard"], record = run_phase(
-                reshard_flow, runner, recipe=recipe, validated=out["validate"], run=record
-            )
+            out["reshard"], record = run_phase(reshard_flow, runner, recipe=recipe, validated=kept, run=record)
         if last >= PHASES.index("precache"):
             out["precache"], record = run_phase(
                 precache_flow, runner, recipe=recipe, reshard=out["reshard"], run=record
@@ -105,6 +108,7 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
                 recipe=recipe,
                 download=out["download"],
                 validated=out["validate"],
+                curated=out.get("curate"),
                 reshard=out["reshard"],
                 precache=out["precache"],
                 run=record,

@@ -10,6 +10,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.audit import GateFailed, publish, report_dir, run_gate
+from flows.curate import CurateSummary
 from flows.phase import phase_flow
 from flows.precache import PrecacheSummary
 from flows.reshard import ReshardSummary
@@ -32,6 +33,18 @@ from tasks.stages.release import (
     write_tables,
 )
 from tasks.stages.release_tables import release_tables
+
+
+def _extra(
+    latent_shards: list[dict[str, Any]], encodings: dict[str, Any], curated: CurateSummary | None
+) -> dict | None:
+    """index.json's entries of the optional phases: precache's latents, curation's model and cuts."""
+    extra: dict[str, Any] = {}
+    if latent_shards:
+        extra["precache"] = {"shards": latent_shards, "encodings": encodings}
+    if curated is not None:
+        extra["curation"] = {"model_sha256": curated.model, "cuts": curated.cuts, "removed": curated.counts.by_reason}
+    return extra or None
 
 
 class Unreconciled(GateFailed):
@@ -189,12 +202,15 @@ def release_flow(
     reshard: ReshardSummary,
     run: RunRecord,
     precache: PrecacheSummary | None = None,
+    curated: CurateSummary | None = None,
 ) -> tuple[ReleaseResult, RunRecord]:
     """Make ``releases/vNNNN/`` unless the latest release already has the same content.
 
     With ``precache`` (the precache phase's summary), the latent shards go under ``latents/``
     beside the image shards they mirror, each with its DALI index, and index.json records
-    them and their encodings under ``precache``.
+    them and their encodings under ``precache``. With ``curated`` (the curation phase's
+    summary), the rows curation removed get their fate from its ledgers, and index.json
+    records the dual encoder's digest and the cuts under ``curation``.
     """
     storage = Storage(recipe.storage, recipe.storage_options)
     names = [f"shard-{o.index:06d}.tar" for o in reshard.outputs]
@@ -217,6 +233,7 @@ def release_flow(
         validated.ledgers,
         [(n, o.ledger) for n, o in zip(names, reshard.outputs)],
         reshard.incomplete_rows,
+        curated.ledgers if curated is not None else [],
     ).result()
     # The released samples come from the reshard ledgers, the ok rows from the samples table;
     # reconciling the download and validate ledgers' ok rows too would count a row per phase.
@@ -260,7 +277,7 @@ def release_flow(
         sources={name: {"sha256": sha} for name, sha in download.manifests.items()},
         ledger_rows=ledger.num_rows,
         released=reshard.samples,
-        extra={"precache": {"shards": latent_shards, "encodings": encodings}} if latent_shards else None,
+        extra=_extra(latent_shards, encodings, curated),
     )
     text = (
         f"{reshard.samples} samples in {len(shards)} shards "

@@ -41,6 +41,7 @@ class ValidateSummary:
     report: str = ""
     ledgers: list[str] = field(default_factory=list)
     tars: list[str] = field(default_factory=list)
+    chunks: list[tuple[str, int]] = field(default_factory=list)  # (source, chunk index) of each shard
 
 
 @task(name="validate-shard", task_run_name="validate-{source}-{index}")
@@ -159,6 +160,7 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
         samples_per_s=ph.rate(fresh, seconds),
         ledgers=[r.ledger for r in results],
         tars=[r.tar for r in results],
+        chunks=[(r.source, r.index) for r in results],
     )
     ph.record(
         counts,

@@ -12,6 +12,7 @@ import jinja2
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.audit.curation_views import curation_view, read_curation
 from tasks.audit.report_views import (
     as_int,
     duration,
@@ -54,13 +55,16 @@ def _env() -> jinja2.Environment:
 # ----------------------------------------------------------------------------- public API
 
 
-def render_html(run: RunView, samples: pa.Table | None, *, max_thumbnails_per_reason: int = 8) -> str:
+def render_html(
+    run: RunView, samples: pa.Table | None, *, max_thumbnails_per_reason: int = 8, curation: Any = None
+) -> str:
     """The run's audit report as one HTML page with everything inline (CSS, SVG, images).
 
     Args:
         run: the run record (tasks/audit/runrecord.py), or run.json read back.
         samples: one row per sample judged by validation, or ``None``.
         max_thumbnails_per_reason: thumbnails shown per reason group (default 8).
+        curation: the curation phase's views (``tasks.audit.curation_views.read_curation``), or ``None``.
 
     The same input gives the same bytes. Links are only emitted for relative paths (taken
     relative to the report's folder); anything else is shown as text.
@@ -91,6 +95,7 @@ def render_html(run: RunView, samples: pa.Table | None, *, max_thumbnails_per_re
             blocked=run.get("blocked"),
             phases=[phase_view(p) for p in phases_of(run)],
             samples=samples_view(samples, max_thumbnails_per_reason),
+            curation=curation_view(curation),
         )
     )
     return page.strip() + "\n"
@@ -180,7 +185,8 @@ def write_report(storage: Storage, rel_dir: str, run: RunView, samples: pa.Table
     data = run_json(run)
     storage.write_bytes(paths["json"], (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
     # The page last: its presence means its inputs are in place.
-    storage.write_bytes(paths["html"], render_html(data, samples).encode("utf-8"))
+    curation = read_curation(storage, rel_dir)
+    storage.write_bytes(paths["html"], render_html(data, samples, curation=curation).encode("utf-8"))
     return paths
 
 

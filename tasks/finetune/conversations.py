@@ -45,6 +45,17 @@ class Conversation:
     def text_only(self) -> bool:
         return not self.images
 
+    def image_texts(self, placeholder: str) -> list[str]:
+        """Per image, in placeholder order, the text that speaks of it: the reply to the human
+        turn that holds its placeholder (that turn's own text when no reply follows). Curation
+        aligns each image with it."""
+        out = []
+        for j, n in enumerate(self.turn_images):
+            role = self.turns[j][0] if j < len(self.turns) else HUMAN
+            text = self.turns[j + 1][1] if role == HUMAN and j + 1 < len(self.turns) else self.turns[j][1]
+            out += [text.replace(placeholder, " ").strip()] * n
+        return out
+
 
 def _fail(reason: str, detail: str, **kw: Any) -> Conversation:
     return Conversation(reason=reason, detail=detail, **kw)

@@ -234,8 +234,13 @@ def _write_range(
                 out.update(reason=conv.reason, detail=conv.detail, id=conv.id)
                 if conv.ok:
                     lines = [
-                        {"url": resolve_image(ref, root), "license": conv.license or rules.license, "record": key}
-                        for ref in conv.images
+                        {
+                            "url": resolve_image(ref, root),
+                            "caption": text,
+                            "license": conv.license or rules.license,
+                            "record": key,
+                        }
+                        for ref, text in zip(conv.images, conv.image_texts(rules.placeholder))
                     ]
                     image_out.write(b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in lines))
                     out.update(

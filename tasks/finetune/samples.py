@@ -24,12 +24,12 @@ from tasks.finetune.tiling import (
 from tasks.finetune.tokens import TokenCounter, load_counter
 from tasks.formats.ledger import SAMPLE_SCHEMA, read_parquet
 from tasks.formats.names import digest_of
-from tasks.formats.reasons import OK, status_of
+from tasks.formats.reasons import OK, is_curation_reason, status_of
 from tasks.formats.recipe_finetune import FinetuneConfig, TilingConfig, TokensConfig
 from tasks.formats.storage import Storage
 from tasks.stages.runner import ShardResult, Verdict, run_shard
 
-STAGE_VERSION = 2  # bump when ingest or sample building changes, so outputs get new names
+STAGE_VERSION = 3  # bump when ingest or sample building changes, so outputs get new names
 
 
 def image_source_name(source: str) -> str:
@@ -144,6 +144,8 @@ def _build_one(
         if fate is None or fate["status"] != OK:
             reason = "image_failed" if fate is None else fate["reason"]
             row["reason"] = "image_failed" if fate is None or status_of(reason) == "error" else "image_rejected"
+            if fate is not None and is_curation_reason(reason):
+                row["reason"] = reason  # the record's own content was judged: say so, not "image_rejected"
             row["detail"] = f"image {n} ({ikey}): {reason or 'no ledger row'}"
             return None
         data, ext = _read_image(storage, fate, handles)

@@ -49,6 +49,13 @@ COLUMNS: dict[str, pa.DataType] = {
     "position": pa.int64(),
     "aligned": pa.bool_(),
     "finite": pa.bool_(),
+    # curation: the image-text alignment, every score by name, the kept sample a semantic
+    # duplicate is grouped with and their cosine similarity, the run that computed the embeddings
+    "alignment": pa.float32(),
+    "scores": pa.map_(pa.string(), pa.float32()),
+    "duplicate_of": pa.string(),
+    "similarity": pa.float32(),
+    "embedded_by": pa.string(),
     # fine-tuning records (ingest) and samples
     "id": pa.string(),
     "turns": pa.string(),  # JSON [[role, text], ...] of a record that passed the checks
@@ -195,6 +202,11 @@ def read_ledgers(
         return {rel: one(rel) for rel in unique}
     with ThreadPoolExecutor(max_workers=min(threads, len(unique))) as pool:
         return dict(zip(unique, pool.map(one, unique)))
+
+
+def read_tables(storage: Storage, rels: list[str], columns: list[str] | None = None) -> dict[str, pa.Table]:
+    """``read_ledgers`` of files that must all be there (a missing one raises)."""
+    return {rel: t for rel, t in read_ledgers(storage, rels, columns).items() if t is not None}
 
 
 def concat_ledgers(tables: list[pa.Table | None], columns: list[str]) -> pa.Table:

@@ -132,6 +132,14 @@ REASONS: dict[str, tuple[str, str]] = {
         REJECTED,
         "share of junk characters (U+FFFD, private-use, unassigned, control characters, mojibake) above validate.caption.max_non_text_ratio",
     ),
+    # curation (tasks/curate/): scores over the sample's embeddings, against curate.* filters
+    "low_alignment": (
+        REJECTED,
+        "the cosine of the image and caption embeddings (DataComp's CLIP score) is below curate.alignment's cut (min, or the keep_top fraction); score and cut in the detail",
+    ),
+    "low_aesthetic": (REJECTED, "the aesthetic head's score is below curate.heads.aesthetic's cut"),
+    "unsafe_content": (REJECTED, "the NSFW head's score is above curate.heads.nsfw's cut"),
+    "watermark": (REJECTED, "the watermark head's score is above curate.heads.watermark's cut"),
     # fine-tuning records (tasks/finetune/conversations.py, tasks/finetune/samples.py)
     "conversation_schema": (
         REJECTED,
@@ -171,7 +179,32 @@ FAMILIES: dict[str, tuple[str, str]] = {
         REJECTED,
         "an exact or near duplicate of an earlier sample (by source, row), named after the colon",
     ),
+    "semantic_duplicate_of:": (
+        REJECTED,
+        "curation: the image embedding is within curate.semdedup.threshold (cosine) of an earlier kept sample's, named after the colon (crops, flips, re-encodes, overlays of one picture)",
+    ),
+    "low_score:": (REJECTED, "curation: below the cut of the head named after the colon (curate.heads.<name>)"),
+    "high_score:": (REJECTED, "curation: above the cut of the head named after the colon (curate.heads.<name>)"),
 }
+
+
+# What curation (tasks/curate/) decides: about a sample's content as a whole, so a fine-tuning
+# record whose image curation removed carries the reason itself, not ``image_rejected``.
+CURATION_REASONS = frozenset(
+    {
+        "low_alignment",
+        "low_aesthetic",
+        "unsafe_content",
+        "watermark",
+        "semantic_duplicate_of",
+        "low_score",
+        "high_score",
+    }
+)
+
+
+def is_curation_reason(reason: str | None) -> bool:
+    return reason is not None and family(reason).rstrip(":") in CURATION_REASONS
 
 
 def family(reason: str) -> str:

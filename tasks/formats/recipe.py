@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tasks.formats.names import digest_of
 from tasks.formats.recipe_base import NAME_PATTERN, Frozen, RecipeError
+from tasks.formats.recipe_curate import CurateConfig, CurateGate
 from tasks.formats.recipe_download import DownloadConfig, SourceConfig, ValidateConfig
 from tasks.formats.recipe_finetune import FinetuneConfig, FinetuneGate
 from tasks.formats.recipe_outputs import DownloadGate, PrecacheConfig, PrecacheGate, ReshardConfig, ValidateGate
@@ -26,6 +27,7 @@ class GatesConfig(Frozen):
 
     download: DownloadGate = DownloadGate()
     validate_: ValidateGate = Field(default=ValidateGate(), alias="validate")
+    curate: CurateGate = CurateGate()
     precache: PrecacheGate = PrecacheGate()
     finetune: FinetuneGate = FinetuneGate()
 
@@ -61,6 +63,7 @@ class Recipe(Frozen):
             except ``file_mode``: the mode of local files written (default ``0644``, folders
             ``0755``; stricter such as ``0640`` or ``0600``; see ``tasks.formats.storage.file_modes``).
         sources: the URL manifests.
+        curate: curation between validation and resharding (off unless ``curate.model`` is set).
     """
 
     dataset: str = Field(pattern=NAME_PATTERN)
@@ -70,6 +73,7 @@ class Recipe(Frozen):
     sources: tuple[SourceConfig, ...] = Field(min_length=1)
     download: DownloadConfig = DownloadConfig()
     validate_: ValidateConfig = Field(default=ValidateConfig(), alias="validate")
+    curate: CurateConfig = CurateConfig()
     reshard: ReshardConfig = ReshardConfig()
     precache: PrecacheConfig = PrecacheConfig()
     finetune: FinetuneConfig = FinetuneConfig()
@@ -169,6 +173,14 @@ def parse_recipe(data: Any, path: Path | str = "<recipe>", overrides: dict[str, 
             for key in keys:
                 if isinstance(cfg, dict) and isinstance(cfg.get(key), str):
                     cfg[key] = _resolve_local(cfg[key], base)
+    cur = data.get("curate")
+    if isinstance(cur, dict):
+        for key in ("model", "tokenizer"):
+            if isinstance(cur.get(key), str):
+                cur[key] = _resolve_local(cur[key], base)
+        for head in (cur.get("heads") or {}).values() if isinstance(cur.get("heads"), dict) else ():
+            if isinstance(head, dict) and isinstance(head.get("path"), str):
+                head["path"] = _resolve_local(head["path"], base)
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:

@@ -132,7 +132,7 @@ def _stored(t: Any, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return stored.cpu().numpy(), back
 
 
-class _LocalShard:
+class LocalShard:
     """The shard as a local file with a DALI index beside it (DALI reads local paths only)."""
 
     def __init__(self, storage: Storage, shard: PrecacheInput) -> None:
@@ -170,7 +170,7 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     stats = {"image_latents": ChannelStats()} if "image_latents" in encodings else {}
     expected = [r.key for r in shard.records]
     run = ShardRun(storage, tar, ledger, PRECACHE_SCHEMA, order=None)
-    local = _LocalShard(storage, shard)
+    local = LocalShard(storage, shard)
     try:
         with run.writing():
             batches = iter_batches(

@@ -17,13 +17,14 @@ from tasks.stages.precache_models import IMAGE_EXTS, PrecacheError
 # ---------------------------------------------------------------------------------------------
 
 
-def decode_device(cfg: PrecacheConfig) -> str:
-    """``mixed`` (nvJPEG on the GPU) or ``cpu``, from the recipe and what the worker has."""
+def decode_device(cfg: PrecacheConfig | Any, what: str = "precache.decode") -> str:
+    """``mixed`` (nvJPEG on the GPU) or ``cpu``, from the recipe's ``decode`` setting (of the
+    precache or curate config, named by ``what``) and what the worker has."""
     import torch
 
     if cfg.decode == "gpu":
         if not torch.cuda.is_available():
-            raise PrecacheError("precache.decode is gpu but this worker sees no CUDA GPU")
+            raise PrecacheError(f"{what} is gpu but this worker sees no CUDA GPU")
         return "mixed"
     if cfg.decode == "cpu":
         return "cpu"
@@ -40,7 +41,7 @@ class Batch:
     vision_pixels: Any = None
 
 
-def _to_torch(tensor_list: Any) -> Any:
+def to_torch(tensor_list: Any) -> Any:
     """A DALI output as a torch tensor, without a copy where DLPack allows it."""
     import torch
 
@@ -122,20 +123,20 @@ def iter_batches(
         outs = p.run()
         take = min(cfg.batch_size, count - done)
         encoded, txt = outs[0], outs[1]
-        keys = [_member_key(encoded[i].source_info()) for i in range(take)]
+        keys = [member_key(encoded[i].source_info()) for i in range(take)]
         captions = [bytes(np.asarray(txt[i])).decode("utf-8", "replace") for i in range(take)]
         batch = Batch(keys, captions)
         rest = list(outs[2:])
         if res:
-            batch.vae_pixels = _to_torch(rest.pop(0))[:take]
+            batch.vae_pixels = to_torch(rest.pop(0))[:take]
         if vision_size:
-            batch.vision_pixels = _to_torch(rest.pop(0))[:take]
+            batch.vision_pixels = to_torch(rest.pop(0))[:take]
         done += take
         yield batch
     del p
 
 
-def _member_key(source_info: str) -> str:
+def member_key(source_info: str) -> str:
     """``/path/shard.tar:photos-000000036.jpg`` -> ``photos-000000036``."""
     member = source_info.rsplit(":", 1)[-1]
     return member.rsplit("/", 1)[-1].split(".", 1)[0]

@@ -16,6 +16,7 @@ def release_tables(
     validate_ledgers: list[str],
     outputs: list[tuple[str, str]],
     incomplete: list[pa.Table],
+    curate_ledgers: list[str] | None = None,
 ) -> tuple[pa.Table, pa.Table]:
     """(samples, ledger): where each released sample is, and every manifest row's final fate."""
     samples = []
@@ -24,7 +25,11 @@ def release_tables(
         samples.append(t.append_column("shard", pa.array([name] * t.num_rows, pa.string())))
     samples_t = pa.concat_tables(samples) if samples else pa.table({"key": pa.array([], pa.string())})
     parts = []
-    for phase, ledgers in (("download", download_ledgers), ("validate", validate_ledgers)):
+    for phase, ledgers in (
+        ("download", download_ledgers),
+        ("validate", validate_ledgers),
+        ("curate", curate_ledgers or []),
+    ):
         for rel in ledgers:
             t = read_parquet(storage, rel, LEDGER_COLUMNS)
             t = t.filter(pa.compute.not_equal(t.column("status"), "ok"))

@@ -1,0 +1,253 @@
+"""The curation phase: embeddings once per sample, scores, semantic dedup, filters, curated shards, the gate."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask
+import pyarrow as pa
+from prefect import task
+
+from flows.phase import Phase, phase_flow
+from flows.validate import ValidateSummary
+from tasks.audit.runrecord import RunRecord
+from tasks.curate.decide import ShardDecision, ShardInput, decide
+from tasks.curate.embed import EmbedResult, embed_shard, embeddings_path
+from tasks.curate.finalize import curate_shard, curated_paths
+from tasks.curate.scores import Cut, heads_key, reason_for, score_names, score_shard, scores_path
+from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed, read_tables
+from tasks.formats.reasons import family
+from tasks.formats.recipe import Recipe
+from tasks.formats.recipe_curate import CurateConfig
+from tasks.formats.storage import Storage
+from tasks.stages.runner import ShardResult
+
+
+@dataclass
+class CurateSummary:
+    """What curation did, and where its shards and ledgers are (the reshard phase reads them as it
+    reads validation's).
+
+    ``embedded``: samples embedded in this run (0 when every side shard was reused);
+    ``reused``: samples whose stored embeddings were read instead; ``cuts``: each filter's
+    bounds as applied; ``model``: the dual encoder's digest.
+    """
+
+    dataset: str
+    run: str
+    counts: Counts
+    shards: int
+    shards_skipped: int
+    embedded: int
+    reused: int
+    model: str
+    cuts: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    samples_per_s: float = 0.0
+    report: str = ""
+    ledgers: list[str] = field(default_factory=list)
+    tars: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@task(name="curate-digests")
+def digests_task(cfg: CurateConfig) -> tuple[str, list[Any]]:
+    """The dual encoder's digest and the heads' (on a worker: where the models are)."""
+    from tasks.curate.encoder import folder_digest, need_model_dir
+
+    need_model_dir(cfg.model)
+    return folder_digest(cfg.model, cfg.tokenizer), heads_key(cfg)
+
+
+@task(name="curate-embed", task_run_name="embed-{name}")
+def embed_task(
+    storage: Storage, cfg: CurateConfig, shard: ShardInput, run: str, name: str
+) -> tuple[ShardInput, EmbedResult]:
+    """Embed one validated shard (unless its side shard is stored), then score it."""
+    result = embed_shard(storage, cfg, shard.tar, shard.ledger, shard.embeddings, run)
+    score_shard(storage, cfg, shard.embeddings, shard.scores)
+    return shard, result
+
+
+@task(name="curate-decide")
+def decide_task(
+    storage: Storage,
+    dataset: str,
+    cfg: CurateConfig,
+    shards: list[ShardInput],
+    duplicates: dict[str, tuple[str, float]],
+) -> tuple[list[Cut], list[ShardDecision]]:
+    return decide(storage, dataset, cfg, shards, duplicates)
+
+
+@task(name="curate-views")
+def views_task(
+    storage: Storage, shards: list[tuple[str, str, str]], cuts: list[dict[str, Any]], names: list[str], model: str
+) -> tuple[dict[str, Any], pa.Table]:
+    from tasks.audit.curation_views import build_curation_views
+
+    return build_curation_views(storage, shards, cuts, names, model)
+
+
+@task(name="curate-shard", task_run_name="curate-{decision.shard.source}-{decision.shard.index}")
+def curate_task(storage: Storage, decision: ShardDecision, tar_rel: str, ledger_rel: str) -> ShardResult:
+    return curate_shard(storage, decision, tar_rel, ledger_rel)
+
+
+def _embedded_by(storage: Storage, paths: list[str]) -> dict[str, str]:
+    """The run that computed each stored side shard, from its footer."""
+    import pyarrow.parquet as pq
+
+    out = {}
+    for p in paths:
+        with storage.open(p, "rb") as fh:
+            meta = pq.ParquetFile(fh).metadata.metadata or {}
+        out[p] = meta.get(b"shardsmith.run", b"").decode()
+    return out
+
+
+def _embed(
+    ph: Phase, cfg: CurateConfig, shards: list[ShardInput]
+) -> tuple[list[ShardInput], int, int, dict[str, float]]:
+    """Every shard with its side shard and scores: stored ones read back, the others embedded on
+    the cluster (``GPU`` resource on a cuda cluster). Returns the shards, samples embedded now,
+    samples reused, and the encoders' timings."""
+    storage = ph.storage
+    stored = committed(storage, [s.embeddings for s in shards] + [s.scores for s in shards])
+    ready = [s for s in shards if s.embeddings in stored and s.scores in stored]
+    runs = _embedded_by(storage, [s.embeddings for s in ready])
+    out = {s.tar: ShardInput(**{**s.__dict__, "embedded_by": runs[s.embeddings]}) for s in ready}
+    annotations = {"resources": {"GPU": 1}} if ph.recipe.execution.cluster == "cuda" else {}
+    todo = [s for s in shards if s.tar not in out]
+    with dask.annotate(**annotations):
+        futures = {
+            ph.submit(embed_task, storage, cfg, s, ph.run.run, s.embeddings.rsplit("/", 1)[-1]): s.tar for s in todo
+        }
+    embedded = reused = 0
+    timings: dict[str, float] = {}
+    for shard, result in ph.gather(futures, 0.0, 60.0, "embed"):
+        out[shard.tar] = ShardInput(**{**shard.__dict__, "embedded_by": result.run})
+        embedded += result.embedded
+        reused += result.samples - result.embedded
+        for k, v in result.timings.items():
+            timings[k] = round(timings.get(k, 0.0) + v, 3)
+    counted = read_tables(storage, [s.scores for s in ready], ["key"])
+    reused += sum(t.num_rows for t in counted.values() if t is not None)
+    return [out[s.tar] for s in shards], embedded, reused, timings
+
+
+def semantic_duplicates(
+    ph: Phase, cfg: CurateConfig, shards: list[ShardInput], model: str
+) -> dict[str, tuple[str, float]]:
+    """key -> (kept key, cosine) of every semantic duplicate; empty when ``curate.semdedup`` is off."""
+    if cfg.semdedup is None:
+        return {}
+    from flows.semdedup import run_semdedup
+
+    return run_semdedup(ph, cfg, shards, model)
+
+
+@phase_flow(name="curate", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
+def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> tuple[CurateSummary, RunRecord]:
+    """Embed every validated shard once (stored side shards are reused), score, dedup semantically,
+    apply the filters, write the curated shards, gate and report."""
+    from flows.audit import report_dir
+    from tasks.audit.curate_gate import curate_gate
+    from tasks.audit.curation_views import write_curation_files
+
+    ph = Phase(recipe, run, "curate", "curation shards done")
+    storage, cfg = ph.storage, recipe.curate
+    timings = {"start": ph.seconds}
+    mark = time.perf_counter()
+    model, heads = digests_task.submit(cfg).result()
+    shards = []
+    for tar, led, (source, index) in zip(validated.tars, validated.ledgers, validated.chunks):
+        emb = embeddings_path(recipe.dataset, model, led)
+        shards.append(ShardInput(tar, led, source, index, emb, scores_path(recipe.dataset, emb, heads)))
+    shards, embedded, reused, enc_timings = _embed(ph, cfg, shards)
+    timings["embed"] = round(time.perf_counter() - mark, 3)
+    mark = time.perf_counter()
+    duplicates = semantic_duplicates(ph, cfg, shards, model)
+    timings["semdedup"] = round(time.perf_counter() - mark, 3)
+    mark = time.perf_counter()
+    applied, decisions = decide_task.submit(storage, recipe.dataset, cfg, shards, duplicates).result()
+    timings["decide"] = round(time.perf_counter() - mark, 3)
+    mark = time.perf_counter()
+
+    names = {d.shard.tar: curated_paths(recipe.dataset, d) for d in decisions}
+    done = committed(storage, [ledger for _, ledger in names.values()])
+    counted = read_tables(storage, sorted(done), COUNT_COLUMNS)
+    results: list[ShardResult] = []
+    futures = {}
+    for d in decisions:
+        tar_rel, ledger_rel = names[d.shard.tar]
+        if ledger_rel in done:
+            c = Counts.of(counted[ledger_rel])
+            results.append(ShardResult(d.shard.source, d.shard.index, tar_rel, ledger_rel, c, 0.0, True, c.ok))
+        else:
+            futures[ph.submit(curate_task, storage, d, tar_rel, ledger_rel)] = d.shard.tar
+    results += ph.gather(futures, 60.0, 40.0, "curate")
+    results.sort(key=lambda r: (r.source, r.index))
+    timings["write"] = round(time.perf_counter() - mark, 3)
+    mark = time.perf_counter()
+
+    tables = read_tables(storage, [r.ledger for r in results])
+    ledger = pa.concat_tables([tables[r.ledger] for r in results]) if results else None
+    counts = Counts.of(ledger) if ledger is not None else Counts.zero()
+    reasons = sorted(
+        {family(reason_for(c.name, "low")) for c in applied if c.low is not None}
+        | {family(reason_for(c.name, "high")) for c in applied if c.high is not None}
+    )
+    reasons += ["semantic_duplicate_of"] if cfg.semdedup is not None else []
+    empty = pa.table(
+        {"key": pa.array([], pa.string()), "status": pa.array([], pa.string()), "reason": pa.array([], pa.string())}
+    )
+    gate, links = ph.judge(
+        [r.ledger for r in results], (recipe.gates.curate, reasons),
+        lambda: curate_gate(ledger if ledger is not None else empty, recipe.gates.curate, reasons),
+    )  # fmt: skip
+    shown = [(d.shard.tar, d.shard.ledger, d.fates) for d in decisions]
+    data, thumbs = views_task.submit(storage, shown, [c.__dict__ for c in applied], score_names(cfg), model).result()
+    data.update(embedded=embedded, reused=reused)
+    views = write_curation_files(storage, report_dir(recipe, run.run), data, thumbs)
+    timings["gate"] = round(time.perf_counter() - mark, 3)
+    seconds = ph.seconds
+    summary = CurateSummary(
+        dataset=recipe.dataset,
+        run=run.run,
+        counts=counts,
+        shards=len(results),
+        shards_skipped=sum(r.skipped for r in results),
+        embedded=embedded,
+        reused=reused,
+        model=model,
+        cuts=[c.__dict__ for c in applied],
+        seconds=round(seconds, 3),
+        samples_per_s=ph.rate(sum(r.rows for r in results if not r.skipped), seconds),
+        ledgers=[r.ledger for r in results],
+        tars=[r.tar for r in results],
+        timings={**timings, **{f"encoder_{k}": v for k, v in enc_timings.items()}},
+    )
+    ph.record(
+        counts,
+        ledger if ledger is not None else empty,
+        summary.samples_per_s,
+        gate,
+        {**links, **views},
+        seconds=seconds,
+        shards=summary.shards,
+        timings=summary.timings,
+    )
+    summary.report = ph.close(gate)
+    ph.logger.info(
+        "curate: %d in, %d kept, %d removed; embedded %d samples now, %d reused from earlier runs (model %s)",
+        counts.rows,
+        counts.ok,
+        counts.rejected,
+        embedded,
+        reused,
+        model[:16],
+    )
+    return summary, ph.run

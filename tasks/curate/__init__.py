@@ -1,0 +1,1 @@
+"""Curation: embeddings computed once per sample, scores, filters and semantic deduplication."""
