@@ -71,11 +71,12 @@ def decide(
     for s in shards:
         t = tables[s.scores]
         cols = {n: t.column(n).to_pylist() for n in names if n in t.column_names}
+        errors = t.column("error").to_pylist() if "error" in t.column_names else [None] * t.num_rows
         rows = []
         for i, key in enumerate(t.column("key").to_pylist()):
             scored = {n: _finite(cols[n][i]) for n in cols}
             dup = duplicates.get(key)
-            reason, detail = fate(scored, applied, dup)
+            reason, detail = fate(scored, applied, dup, errors[i])
             rows.append(
                 {
                     "key": key,

@@ -62,7 +62,14 @@ def embeddings_path(dataset: str, model_digest: str, ledger: str) -> str:
 def embedding_schema(dim: int, metadata: dict[str, str] | None = None) -> pa.Schema:
     vector = pa.list_(pa.float16(), dim)
     schema = pa.schema(
-        [("key", pa.string()), ("source", pa.string()), ("row", pa.int64()), ("image", vector), ("text", vector)]
+        [
+            ("key", pa.string()),
+            ("source", pa.string()),
+            ("row", pa.int64()),
+            ("image", vector),
+            ("text", vector),
+            ("error", pa.string()),  # why a sample has no image embedding (undecodable), else null
+        ]
     )
     return schema.with_metadata(metadata) if metadata else schema
 
@@ -173,24 +180,27 @@ def embed_shard(storage: Storage, cfg: CurateConfig, tar: str, ledger: str, out:
     rows = sorted(ok.to_pylist(), key=lambda r: r["offset"])
     images: dict[str, np.ndarray] = {}
     texts: dict[str, np.ndarray] = {}
+    failed: dict[str, str] = {}
     if rows:
-        _embed_rows(storage, cfg, enc, tar, rows, images, texts, timings)
+        _embed_rows(storage, cfg, enc, tar, rows, images, texts, failed, timings)
     t = time.perf_counter()
     dim = next(iter(images.values())).shape[0] if images else enc.dim
     keys = ok.column("key").to_pylist()
-    missing = [k for k in keys if k not in images]
+    missing = [k for k in keys if k not in images and k not in failed]
     if missing:
-        raise CurateError(f"{storage.url(tar)}: DALI read no image for {len(missing)} samples, e.g. {missing[:3]}")
-    image = np.stack([images[k] for k in keys]) if keys else np.zeros((0, dim), np.float32)
-    text = np.stack([texts.get(k, np.zeros(dim, np.float32)) for k in keys]) if keys else image
+        raise CurateError(f"{storage.url(tar)}: no image was read for {len(missing)} samples, e.g. {missing[:3]}")
+    zero = np.zeros(dim, np.float32)
+    image = np.stack([images.get(k, zero) for k in keys]) if keys else np.zeros((0, dim), np.float32)
+    text = np.stack([texts.get(k, zero) for k in keys]) if keys else image
     meta = {"shardsmith.model": cfg.model or "", "shardsmith.run": run, "shardsmith.shard": tar}
     side = pa.table(
         {
             "key": ok.column("key"),
             "source": ok.column("source"),
             "row": ok.column("row"),
-            "image": _vectors(image, dim),
+            "image": _vectors(image, dim, [k in images for k in keys]),
             "text": _vectors(text, dim, [k in texts for k in keys]),
+            "error": pa.array([failed.get(k) for k in keys], pa.string()),
         },
         schema=embedding_schema(dim, meta),
     )
@@ -207,9 +217,16 @@ def _embed_rows(
     rows: list[dict[str, Any]],
     images: dict[str, np.ndarray],
     texts: dict[str, np.ndarray],
+    failed: dict[str, str],
     timings: dict[str, float],
 ) -> None:
-    """Fill ``images`` and ``texts`` (key -> embedding) for the shard's ok ``rows``."""
+    """Fill ``images`` and ``texts`` (key -> embedding) for the shard's ok ``rows``.
+
+    DALI decodes the shard; when it fails on an image (a format or variant its decoder does not
+    take, bytes kept as fetched by ``image.skip_reencode``), the shard is read again with Pillow
+    one sample at a time, and a sample neither decodes is named in ``failed`` (its ledger row then
+    says ``undecodable_image``): one bad image never takes its shard down.
+    """
     layout = pa.Table.from_pylist(
         [{k: r[k] for k in ("key", "offset", "length", "members")} for r in rows],
         schema=pa.schema(
@@ -224,17 +241,94 @@ def _embed_rows(
     local = LocalShard(storage, PrecacheInput(tar, "", tuple(records_of_layout(layout))))
     try:
         captions = _captions(local.tar, rows)
+        try:
+            _encode(
+                enc, iter_pixels(local.tar, local.idx, len(rows), enc.preprocess, cfg), captions, images, texts, timings
+            )
+        except RuntimeError:
+            images.clear()
+            texts.clear()
+            _encode(
+                enc,
+                iter_pillow(local.tar, rows, enc.preprocess, cfg.batch_size, failed),
+                captions,
+                images,
+                texts,
+                timings,
+            )
+    finally:
+        local.close()
+
+
+def _encode(
+    enc: DualEncoder,
+    batches: Iterator[tuple[list[str], Any]],
+    captions: dict[str, str | None],
+    images: dict[str, np.ndarray],
+    texts: dict[str, np.ndarray],
+    timings: dict[str, float],
+) -> None:
+    """Both towers over ``batches`` of (keys, pixels); the decode wait and the encoding timed apart."""
+    t = time.perf_counter()
+    for keys, pixels in batches:
+        timings["decode_s"] += time.perf_counter() - t
         t = time.perf_counter()
-        for keys, pixels in iter_pixels(local.tar, local.idx, len(rows), enc.preprocess, cfg):
-            timings["decode_s"] += time.perf_counter() - t
-            t = time.perf_counter()
+        if keys:
             for key, vec in zip(keys, enc.images(pixels)):
                 images[key] = vec
             with_text = [k for k in keys if captions.get(k)]
             if with_text:
                 for key, vec in zip(with_text, enc.texts([captions[k] or "" for k in with_text])):
                     texts[key] = vec
-            timings["encode_s"] += time.perf_counter() - t
-            t = time.perf_counter()
-    finally:
-        local.close()
+        timings["encode_s"] += time.perf_counter() - t
+        t = time.perf_counter()
+
+
+def iter_pillow(
+    tar_path: str, rows: list[dict[str, Any]], pre: Preprocess, batch: int, failed: dict[str, str]
+) -> Iterator[tuple[list[str], Any]]:
+    """(keys, pixels) batches decoded by Pillow, one sample at a time; a sample that does not
+    decode goes into ``failed`` with the error, and the others go on."""
+    import torch
+
+    # The bytes passed validation's caps (pixels read from the header before any decode).
+    keys: list[str] = []
+    arrays: list[np.ndarray] = []
+    mean = np.array(pre.mean, np.float32)[:, None, None]
+    std = np.array(pre.std, np.float32)[:, None, None]
+    with open(tar_path, "rb") as fh:
+        for r in rows:
+            member = next((m for m in r["members"] if m["name"].rsplit(".", 1)[-1] in IMAGE_EXTS.split(";")), None)
+            try:
+                if member is None:
+                    raise ValueError("the sample has no image member")
+                fh.seek(member["offset"])
+                arrays.append((_pillow_pixels(fh.read(member["size"]), pre) - mean) / std)
+                keys.append(r["key"])
+            except Exception as err:  # noqa: BLE001 - one sample's failure is its own row
+                failed[r["key"]] = f"{type(err).__name__}: {err}"
+            if len(keys) == batch:
+                yield keys, torch.from_numpy(np.stack(arrays))
+                keys, arrays = [], []
+    if keys:
+        yield keys, torch.from_numpy(np.stack(arrays))
+
+
+def _pillow_pixels(data: bytes, pre: Preprocess) -> np.ndarray:
+    """(3, S, S) float32 in [0, 1], resized (and cropped) as the encoder wants."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as src:
+        img = src.convert("RGB")
+    s = pre.size
+    if pre.center_crop:
+        scale = s / min(img.size)
+        w, h = max(s, round(img.width * scale)), max(s, round(img.height * scale))
+        img = img.resize((w, h), Image.Resampling.BILINEAR, reducing_gap=None)
+        left, top = (w - s) // 2, (h - s) // 2
+        img = img.crop((left, top, left + s, top + s))
+    else:
+        img = img.resize((s, s), Image.Resampling.BILINEAR)
+    return np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0

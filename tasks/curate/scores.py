@@ -75,19 +75,24 @@ def score_shard(storage: Storage, cfg: CurateConfig, embeddings: str, out: str) 
     except (FileNotFoundError, OSError, pa.ArrowInvalid):
         pass
     side = read_parquet(storage, embeddings)
-    image = _matrix(side.column("image"))
+    image_col = side.column("image").combine_chunks()
     text_col = side.column("text").combine_chunks()
-    text = _matrix(text_col)
-    columns: dict[str, Any] = {c: side.column(c) for c in ("key", "source", "row")}
+    image, text = _matrix(image_col), _matrix(text_col)
+    columns: dict[str, Any] = {c: side.column(c) for c in ("key", "source", "row", "error")}
+    has_image = _valid(image_col)
     align = (image * text).sum(axis=1) if len(image) else np.zeros(0, np.float32)
-    valid = text_col.is_valid().to_numpy(zero_copy_only=False) if len(image) else np.zeros(0, bool)
-    columns[ALIGNMENT] = pa.array(align.astype(np.float32), pa.float32(), mask=~valid)
+    columns[ALIGNMENT] = pa.array(align.astype(np.float32), pa.float32(), mask=~(has_image & _valid(text_col)))
     dim = image.shape[1] if image.ndim == 2 and image.shape[1] else None
     for name, head_cfg in cfg.heads.items():
         head = load_head(name, head_cfg, dim)
-        columns[name] = pa.array(head(image) if len(image) else np.zeros(0, np.float32), pa.float32())
+        values = head(image) if len(image) else np.zeros(0, np.float32)
+        columns[name] = pa.array(values, pa.float32(), mask=~has_image)
     write_parquet(storage, out, pa.table(columns))
     return out
+
+
+def _valid(arr: pa.Array) -> np.ndarray:
+    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _matrix(col: Any) -> np.ndarray:
@@ -157,9 +162,14 @@ def cuts(cfg: CurateConfig, scores: pa.Table) -> list[Cut]:
     return out
 
 
-def fate(row: dict[str, Any], applied: list[Cut], duplicate: tuple[str, float] | None) -> tuple[str | None, str | None]:
-    """(reason, detail) of a sample: the first filter it fails, in recipe order, then semantic
-    dedup; ``(None, None)`` when it is kept."""
+def fate(
+    row: dict[str, Any], applied: list[Cut], duplicate: tuple[str, float] | None, error: str | None = None
+) -> tuple[str | None, str | None]:
+    """(reason, detail) of a sample: ``undecodable_image`` when no decoder read its image
+    (``error``), else the first filter it fails, in recipe order, then semantic dedup;
+    ``(None, None)`` when it is kept."""
+    if error is not None:
+        return "undecodable_image", f"curation could not decode the image (DALI, then Pillow): {error}"
     for cut in applied:
         side = cut.failed(row.get(cut.name))
         if side is not None:
