@@ -50,6 +50,7 @@ class CurateSummary:
     ledgers: list[str] = field(default_factory=list)
     tars: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    side_shards: dict[str, str] = field(default_factory=dict)  # curated tar -> its samples' embeddings
 
 
 @task(name="curate-digests")
@@ -228,6 +229,7 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
         samples_per_s=ph.rate(sum(r.rows for r in results if not r.skipped), seconds),
         ledgers=[r.ledger for r in results],
         tars=[r.tar for r in results],
+        side_shards={names[d.shard.tar][0]: d.shard.embeddings for d in decisions},
         timings={**timings, **{f"encoder_{k}": v for k, v in enc_timings.items()}},
     )
     ph.record(

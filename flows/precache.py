@@ -49,8 +49,34 @@ def precache_task(
     return precache_shard(storage, cfg, shard, prefix)
 
 
+def _side_shards(storage: Storage, cfg: PrecacheConfig, reshard: ReshardSummary, curated: Any) -> list[tuple[str, ...]]:
+    """Per output shard, curation's side shards that hold its samples, when curation embedded them
+    with ``precache.image_embedding``'s very model (the same folder digest); else none."""
+    from tasks.curate.encoder import folder_digest
+    from tasks.formats.ledger import read_tables
+
+    none: list[tuple[str, ...]] = [() for _ in reshard.outputs]
+    if cfg.image_embedding is None or curated is None or folder_digest(cfg.image_embedding.model) != curated.model:
+        return none
+    tables = read_tables(storage, [o.ledger for o in reshard.outputs], ["input_shard"])
+    return [
+        tuple(
+            sorted(
+                {
+                    curated.side_shards[t]
+                    for t in tables[o.ledger].column("input_shard").to_pylist()
+                    if t in curated.side_shards
+                }
+            )
+        )
+        for o in reshard.outputs
+    ]
+
+
 @phase_flow(name="precache", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
-def precache_flow(recipe: Recipe, reshard: ReshardSummary, run: RunRecord) -> tuple[PrecacheSummary | None, RunRecord]:
+def precache_flow(
+    recipe: Recipe, reshard: ReshardSummary, run: RunRecord, curated: Any = None
+) -> tuple[PrecacheSummary | None, RunRecord]:
     """Encode every resharded shard with the recipe's frozen encoders, then gate the latents.
 
     Returns ``None`` for the summary when the recipe configures no encoder. On a ``cuda``
@@ -66,7 +92,8 @@ def precache_flow(recipe: Recipe, reshard: ReshardSummary, run: RunRecord) -> tu
     check_models(cfg)
     ph = Phase(recipe, run, "precache", "precache")
     storage = ph.storage
-    inputs = [PrecacheInput(o.tar, o.sha256, tuple(o.records)) for o in reshard.outputs]
+    sides = _side_shards(storage, cfg, reshard, curated)
+    inputs = [PrecacheInput(o.tar, o.sha256, tuple(o.records), side) for o, side in zip(reshard.outputs, sides)]
     prefix = f"{recipe.dataset}/precache"
     names = {shard.tar: output_names(cfg, prefix, shard) for shard in inputs}
     done = committed(
@@ -96,7 +123,7 @@ def precache_flow(recipe: Recipe, reshard: ReshardSummary, run: RunRecord) -> tu
     seconds = ph.seconds
     timings = {
         k: round(sum(r.timings.get(k, 0.0) for r in results if not r.skipped), 3)
-        for k in ("load_s", "decode_s", "encode_s", "write_s", "total_s")
+        for k in ("load_s", "embed_s", "decode_s", "encode_s", "write_s", "total_s")
     }
     summary = PrecacheSummary(
         dataset=recipe.dataset,

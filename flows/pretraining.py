@@ -98,7 +98,7 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
             out["reshard"], record = run_phase(reshard_flow, runner, recipe=recipe, validated=kept, run=record)
         if last >= PHASES.index("precache"):
             out["precache"], record = run_phase(
-                precache_flow, runner, recipe=recipe, reshard=out["reshard"], run=record
+                precache_flow, runner, recipe=recipe, reshard=out["reshard"], run=record, curated=out.get("curate")
             )
         if last >= PHASES.index("release"):
             held.check()

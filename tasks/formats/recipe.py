@@ -168,7 +168,13 @@ def parse_recipe(data: Any, path: Path | str = "<recipe>", overrides: dict[str, 
             src["manifest"] = _resolve_local(src["manifest"], base)
     pre = data.get("precache")
     if isinstance(pre, dict):
-        for stage, keys in (("image_latents", ("model",)), ("text", ("model", "tokenizer")), ("vision", ("model",))):
+        stages = (
+            ("image_latents", ("model",)),
+            ("text", ("model", "tokenizer")),
+            ("vision", ("model",)),
+            ("image_embedding", ("model",)),
+        )
+        for stage, keys in stages:
             cfg = pre.get(stage)
             for key in keys:
                 if isinstance(cfg, dict) and isinstance(cfg.get(key), str):

@@ -80,6 +80,19 @@ class VisionFeaturesConfig(Frozen):
     resolution: int | None = Field(default=None, ge=8, le=4096)
 
 
+class ImageEmbeddingConfig(Frozen):
+    """Pooled image embeddings of a CLIP-family dual encoder (one L2-normalised vector per sample).
+
+    When the recipe's curation uses the same model (the same folder digest), the embeddings it
+    stored are read back instead of encoded again.
+
+    Args:
+        model: local folder of the dual encoder, as ``curate.model`` takes it; never downloaded.
+    """
+
+    model: str = Field(min_length=1)
+
+
 class PrecacheConfig(Frozen):
     """Outputs of frozen encoders computed once per resharded shard (phase ``precache``).
 
@@ -89,6 +102,8 @@ class PrecacheConfig(Frozen):
         image_latents: VAE latents of the images.
         text: caption embeddings with their attention mask.
         vision: vision-encoder features.
+        image_embedding: a dual encoder's pooled image embedding (``image_emb.npy``), reused
+            from curation when it embedded the samples with the same model.
         dtype: storage dtype of the arrays (``bf16`` is stored as its raw 16 bits, ``<u2``).
         batch_size: images per decode and encode batch.
         prefetch: batches DALI prepares ahead.
@@ -99,6 +114,7 @@ class PrecacheConfig(Frozen):
     image_latents: ImageLatentsConfig | None = None
     text: TextEmbeddingsConfig | None = None
     vision: VisionFeaturesConfig | None = None
+    image_embedding: ImageEmbeddingConfig | None = None
     dtype: Literal["fp16", "bf16", "fp32"] = "fp16"
     batch_size: int = Field(default=16, ge=1, le=4096)
     prefetch: int = Field(default=2, ge=1, le=64)
@@ -107,7 +123,7 @@ class PrecacheConfig(Frozen):
 
     @property
     def enabled(self) -> bool:
-        return any((self.image_latents, self.text, self.vision))
+        return any((self.image_latents, self.text, self.vision, self.image_embedding))
 
 
 class DownloadGate(Frozen):

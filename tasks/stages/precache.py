@@ -41,11 +41,14 @@ class PrecacheInput:
         tar: the shard's path under the storage root.
         sha256: its checksum (part of the output name, so a changed shard is precached again).
         records: the writer's sample records, in order (keys, and the DALI index built from them).
+        side_shards: curation's stored embeddings that hold this shard's samples, when they are
+            of ``precache.image_embedding``'s model (read instead of encoding again).
     """
 
     tar: str
     sha256: str
     records: tuple[SampleRecord, ...]
+    side_shards: tuple[str, ...] = ()
 
 
 @dataclass
@@ -171,7 +174,15 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     expected = [r.key for r in shard.records]
     run = ShardRun(storage, tar, ledger, PRECACHE_SCHEMA, order=None)
     local = LocalShard(storage, shard)
+    vectors = None
     try:
+        if cfg.image_embedding is not None:
+            from tasks.curate.precache_embed import image_embeddings
+
+            t = time.perf_counter()
+            vectors, reused = image_embeddings(storage, cfg, shard, local)
+            timings["embed_s"] = time.perf_counter() - t
+            encodings["image_embedding"]["reused_from_curation"] = reused
         with run.writing():
             batches = iter_batches(
                 local.tar,
@@ -192,6 +203,10 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
                     arrays.update(enc.encode_text(batch.captions))
                 if enc.vision is not None:
                     arrays.update(enc.encode_vision(batch.vision_pixels))
+                if vectors is not None:
+                    import torch
+
+                    arrays["image_emb.npy"] = torch.from_numpy(np.stack([vectors[k] for k in batch.keys]))
                 stored = {m: _stored(a, cfg.dtype) for m, a in arrays.items()}
                 timings["encode_s"] += time.perf_counter() - t
                 t = time.perf_counter()
@@ -255,6 +270,7 @@ def _record_shapes(encodings: dict[str, dict[str, Any]], stored: dict[str, tuple
         "image_latents": ("latent_mean.npy", "latent.npy"),
         "text": ("text_emb.npy",),
         "vision": ("vision_emb.npy",),
+        "image_embedding": ("image_emb.npy",),
     }
     for name, info in encodings.items():
         member = next(m for m in first[name] if m in stored)

@@ -47,6 +47,8 @@ def check_models(cfg: PrecacheConfig) -> None:
         _need_dir(cfg.text.tokenizer or cfg.text.model, "precache.text.tokenizer")
     if cfg.vision:
         _need_dir(cfg.vision.model, "precache.vision.model")
+    if cfg.image_embedding:
+        _need_dir(cfg.image_embedding.model, "precache.image_embedding.model")
 
 
 def resolve_device(cfg: PrecacheConfig) -> str:
@@ -196,6 +198,13 @@ class Encoders:
                 "mask_dtype": "uint8",
                 "max_length": self.cfg.text.max_length,
                 "model": Path(self.cfg.text.model).name,
+            }
+        if self.cfg.image_embedding is not None:
+            out["image_embedding"] = {
+                "members": ["image_emb.npy"],
+                "dtype": dtype,
+                "normalized": True,
+                "model": Path(self.cfg.image_embedding.model).name,
             }
         if self.vision is not None:
             out["vision"] = {
