@@ -199,3 +199,25 @@ def test_a_head_that_does_not_fit_the_model_is_named(tmp_path):
         load_head("nsfw", HeadConfig(path=str(path)), 16)
     with pytest.raises(CurateError, match="no file at"):
         load_head("nsfw", HeadConfig(path=str(tmp_path / "missing.pth")), 16)
+
+
+@pytest.mark.parametrize("name", ["quickgelu", "gelu"])
+def test_checkpoints_made_by_open_clip_give_open_clips_outputs(name):
+    """tests/data/open_clip_tiny was made by open_clip 3.3.0 itself (tools/make_open_clip_fixture.py)."""
+    from pathlib import Path
+
+    from tasks.curate.openclip import load_open_clip
+
+    base = Path(__file__).parent / "data" / "open_clip_tiny"
+    expected = json.loads((base / "expected.json").read_text())["models"][name]
+    model, pre = load_open_clip(base / name)
+    model.float().eval()
+    pixels = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(expected["pixels_seed"]))
+    with torch.no_grad():
+        image = model.get_image_features(pixel_values=pixels)
+        text = model.get_text_features(input_ids=torch.tensor(expected["ids"]))
+    image = torch.nn.functional.normalize(getattr(image, "pooler_output", image), dim=-1).numpy()
+    text = torch.nn.functional.normalize(getattr(text, "pooler_output", text), dim=-1).numpy()
+    np.testing.assert_allclose(image, np.array(expected["image"]), atol=1e-5)
+    np.testing.assert_allclose(text, np.array(expected["text"]), atol=1e-5)
+    assert pre.size == 32 and pre.center_crop
