@@ -62,4 +62,4 @@ for name, quick in (("quickgelu", True), ("gelu", False)):
         txt = model.encode_text(ids, normalize=True)
     results["models"][name] = {"pixels_seed": 1, "ids": ids.tolist(), "image": img.tolist(), "text": txt.tolist()}
 (out / "expected.json").write_text(json.dumps(results, indent=1))
-print(results["open_clip"], [k for k in model.state_dict()][:5])
+print("open_clip", results["open_clip"], "->", out)
