@@ -11,6 +11,7 @@ import pyarrow as pa
 from prefect import task
 
 from flows.phase import Phase, phase_flow
+from flows.semdedup import run_semdedup
 from flows.validate import ValidateSummary
 from tasks.audit.runrecord import RunRecord
 from tasks.curate.decide import ShardDecision, ShardInput, decide
@@ -51,6 +52,7 @@ class CurateSummary:
     tars: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     side_shards: dict[str, str] = field(default_factory=dict)  # curated tar -> its samples' embeddings
+    semdedup: dict[str, int] = field(default_factory=dict)  # what semantic dedup computed now
 
 
 @task(name="curate-digests")
@@ -78,9 +80,12 @@ def decide_task(
     dataset: str,
     cfg: CurateConfig,
     shards: list[ShardInput],
-    duplicates: dict[str, tuple[str, float]],
+    dedup: list[str],
 ) -> tuple[list[Cut], list[ShardDecision]]:
-    return decide(storage, dataset, cfg, shards, duplicates)
+    """The cuts and every shard's fates; ``dedup``: semantic dedup's decision files."""
+    from tasks.curate.semdedup import read_duplicates
+
+    return decide(storage, dataset, cfg, shards, read_duplicates(storage, dedup))
 
 
 @task(name="curate-views")
@@ -139,17 +144,6 @@ def _embed(
     return [out[s.tar] for s in shards], embedded, reused, timings
 
 
-def semantic_duplicates(
-    ph: Phase, cfg: CurateConfig, shards: list[ShardInput], model: str
-) -> dict[str, tuple[str, float]]:
-    """key -> (kept key, cosine) of every semantic duplicate; empty when ``curate.semdedup`` is off."""
-    if cfg.semdedup is None:
-        return {}
-    from flows.semdedup import run_semdedup
-
-    return run_semdedup(ph, cfg, shards, model)
-
-
 @phase_flow(name="curate", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
 def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> tuple[CurateSummary, RunRecord]:
     """Embed every validated shard once (stored side shards are reused), score, dedup semantically,
@@ -170,10 +164,10 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
     shards, embedded, reused, enc_timings = _embed(ph, cfg, shards)
     timings["embed"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
-    duplicates = semantic_duplicates(ph, cfg, shards, model)
+    dedup, dedup_done = run_semdedup(ph, cfg, shards, model)
     timings["semdedup"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
-    applied, decisions = decide_task.submit(storage, recipe.dataset, cfg, shards, duplicates).result()
+    applied, decisions = decide_task.submit(storage, recipe.dataset, cfg, shards, dedup).result()
     timings["decide"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
 
@@ -231,6 +225,7 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
         tars=[r.tar for r in results],
         side_shards={names[d.shard.tar][0]: d.shard.embeddings for d in decisions},
         timings={**timings, **{f"encoder_{k}": v for k, v in enc_timings.items()}},
+        semdedup=dedup_done,
     )
     ph.record(
         counts,

@@ -29,6 +29,8 @@ def curated_recipe(demo, tmp_path_factory):
         "decode": "cpu",
         "alignment": {"keep_top": 0.8},
         "heads": {"watermark": {"path": str(head), "output": "sigmoid"}},
+        # Only identical embeddings: the demo corpus of this module has no planted copies.
+        "semdedup": {"threshold": 1.0},
     }
     data["precache"]["image_embedding"] = {"model": str(clip)}
     path = models / "curated.yaml"
@@ -58,6 +60,12 @@ def test_curation_to_a_release_then_a_new_threshold_embeds_nothing(
     kept = math.ceil(0.8 * cur.counts.rows)
     assert cur.counts.ok == kept and cur.counts.by_reason == {"low_alignment": cur.counts.rows - kept}
     assert cur.embedded == cur.counts.rows and cur.reused == 0
+    assert cur.semdedup == {
+        "fitted": 1,
+        "assigned": len(cur.ledgers),
+        "compared": cur.semdedup["compared"],
+        "incremental": 0,
+    }
     rows = [r for p in cur.ledgers for r in pq.read_table(store / p).to_pylist()]
     low = [r for r in rows if r["reason"] == "low_alignment"]
     ok = [r for r in rows if r["status"] == "ok"]
@@ -96,6 +104,7 @@ def test_curation_to_a_release_then_a_new_threshold_embeds_nothing(
     again = _run(recipe, **{"curate.alignment.keep_top": 0.5})
     cur2 = again["curate"]
     assert cur2.embedded == 0 and cur2.reused == cur.counts.rows
+    assert cur2.semdedup == {"fitted": 0, "assigned": 0, "compared": 0, "incremental": 1}
     assert cur2.counts.ok == math.ceil(0.5 * cur.counts.rows)
     rows2 = [r for p in cur2.ledgers for r in pq.read_table(store / p).to_pylist()]
     assert {r["embedded_by"] for r in rows2} == {out["run"]}
