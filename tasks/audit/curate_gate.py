@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.audit.gate_checks import Check, check_count, key_checks, mostly_of, share_unexpected
 from tasks.audit.gate_results import GateResult, fmt_number
@@ -73,7 +74,7 @@ def curate_gate(ledger: pa.Table, cfg: CurateGate, reasons: list[str]) -> GateRe
     gx = import_gx()
     frame = to_frame(ledger, ["key", "status", "reason"], "curate ledger")
     frame["reason"] = reason_families(frame["reason"])
-    kept = ledger.filter(pa.compute.equal(ledger.column("status"), OK)) if ledger.num_rows else ledger
+    kept = ledger.filter(pc.equal(ledger.column("status"), OK)) if ledger.num_rows else ledger
     aligned = "alignment" in kept.column_names and kept.column("alignment").null_count < kept.num_rows
     kept_cols = ["key", "alignment"] if aligned else ["key"]
     kept_frame = to_frame(kept, kept_cols, "curated samples")

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.curate.encoder import CurateError, DualEncoder, Preprocess, load_encoder, resolve_device
@@ -169,7 +170,7 @@ def embed_shard(storage: Storage, cfg: CurateConfig, tar: str, ledger: str, out:
     """Embed the ok samples of one validated shard into the side shard ``out``; a side shard
     already there with one row per sample is returned as it is (``embedded`` 0)."""
     table = read_parquet(storage, ledger, LEDGER_COLUMNS)
-    ok = table.filter(pa.compute.equal(table.column("status"), OK))
+    ok = table.filter(pc.equal(table.column("status"), OK))
     done = stored_side_shard(storage, out, ok.num_rows)
     if done is not None:
         return done

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.curate.embed import iter_pixels
 from tasks.curate.encoder import load_encoder, resolve_device
@@ -32,7 +32,7 @@ def image_embeddings(
             table = read_parquet(storage, side, ["key", "image"])
         except FileNotFoundError:
             continue
-        table = table.filter(pa.compute.is_valid(table.column("image")))
+        table = table.filter(pc.is_valid(table.column("image")))
         for key, vec in zip(table.column("key").to_pylist(), _rows(table.column("image"))):
             if key in wanted:
                 found[key] = vec

@@ -4,7 +4,7 @@ The steps are Prefect-free functions over stored side shards (``tasks/curate/emb
 the flow maps over the cluster:
 
 1. ``fit_centroids``: spherical k-means on a uniform sample of the embeddings (at most
-   ``SAMPLE_PER_CLUSTER`` per centroid, as faiss trains), read file by file; one task.
+   ``SAMPLE_PER_CLUSTER`` per centroid; faiss trains on at most 256), read file by file; one task.
 2. ``assign_file``: every row of one side shard to its nearest centroid, written out by bucket
    of clusters (``parts/.../bucket-NNN.parquet``): one task per side shard.
 3. ``dedup_bucket``: one bucket's rows from every part, cluster by cluster, in the recipe's
@@ -31,16 +31,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.formats.ledger import read_parquet, write_parquet
 from tasks.formats.names import digest_of
 from tasks.formats.storage import Storage
 
-SAMPLE_PER_CLUSTER = 256
+SAMPLE_PER_CLUSTER = 64  # k-means trains on at most this many samples per centroid
 ROWS_PER_BUCKET = 65_536  # about 128 MB of float32 512-d embeddings per bucket task
 BLOCK = 2048  # rows compared at once against the rest of their cluster
-ITERATIONS = 20
+ITERATIONS = 10
 DECISION_SCHEMA = pa.schema(
     [("key", pa.string()), ("duplicate_of", pa.string()), ("similarity", pa.float32()), ("cluster", pa.int32())]
 )
@@ -78,7 +79,7 @@ def space_root(dataset: str, model: str, clusters: int | None, seed: int) -> str
 def _read_images(storage: Storage, path: str) -> tuple[pa.Table, np.ndarray]:
     """A side shard's rows with an image embedding, and those embeddings as float32 (N, D)."""
     table = read_parquet(storage, path, ["key", "source", "row", "image"])
-    table = table.filter(pa.compute.is_valid(table.column("image")))
+    table = table.filter(pc.is_valid(table.column("image")))
     col = table.column("image").combine_chunks()
     if len(col) == 0:
         return table, np.zeros((0, 0), np.float32)
