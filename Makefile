@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: setup demo test lint system-deps bench-download energon-venv clean
+.PHONY: setup demo examples test lint system-deps bench-download energon-venv clean
 ENERGON := .bench/energon-venv
 
 # uv installs what pip would, a few times faster (tools/install.py hands it pip's configuration);
@@ -27,6 +27,11 @@ demo: setup
 	$(VENV)/bin/shardsmith demo
 	$(VENV)/bin/python -m tasks.demo.finetune shardsmith-demo > /dev/null
 	SHARDSMITH_DEMO_DIR=$(CURDIR)/shardsmith-demo $(VENV)/bin/shardsmith run recipes/demo-finetune.yaml
+
+# The example recipes (recipes/example-*.yaml: img2dataset's output, a Hugging Face parquet
+# export) on inputs made from the demo's pictures, each to a release.
+examples: setup
+	$(VENV)/bin/shardsmith demo --examples
 
 # Lint, format and type checks (configured in pyproject.toml); .ci/run runs them before the tests.
 lint: setup

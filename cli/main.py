@@ -11,6 +11,21 @@ from cli.ops import alerts, serve
 from cli.releases import diff, releases, report
 from cli.running import demo, run
 
+
+def _no_type_for_flags() -> None:
+    """``--json``, ``--force``, ``--help`` in ``--help`` without ``<bool>`` after them: a flag
+    takes no value (typer 0.2x prints its Python type there as for options that do)."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_no_type_for_flags()
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build release-gated multimodal training datasets.")
 for command in (run, demo, report, releases, diff, serve, alerts):
     app.command()(command)

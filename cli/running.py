@@ -192,12 +192,22 @@ def demo(
     images: Annotated[int, typer.Option(help="Images in the generated corpus.")] = 300,
     workers: Annotated[int | None, typer.Option(help="Worker processes of the local cluster.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect's and Dask's INFO logs.")] = False,
+    examples: Annotated[
+        bool,
+        typer.Option(
+            "--examples",
+            help="Instead: make the example recipes' inputs from the demo's pictures and run every recipes/example-*.yaml to a release.",
+        ),
+    ] = False,
 ) -> None:
     """Generate a demo corpus, serve it on loopback, and run the demo recipe on it."""
     quiet_logs(verbose)
     from tasks.demo.corpus import prepare_demo
 
     directory = directory.resolve()
+    if examples:
+        run_examples(directory, images, workers)
+        return
     typer.echo(f"demo corpus: {directory}")
     server, expected = prepare_demo(directory, n=images)
     try:
@@ -213,9 +223,58 @@ def demo(
     print_summary(result)
     got = result["download"].counts
     same = (got.rows, got.ok, got.by_reason) == (expected["rows"], expected["ok"], expected["by_reason"])
-    verdict = "matches" if same else "DIFFERS from"
+    problems = demo_curation_problems(result, expected, directory / "store")
+    verdict = "matches" if same and not problems else "DIFFERS from"
     typer.echo(
-        f"\nThe outcome {verdict} what the corpus generator expected ({expected['rows']} rows, {expected['ok']} ok): {directory / 'manifests' / 'EXPECTED.json'}"
+        f"\nThe outcome {verdict} what the corpus generator expected ({expected['rows']} rows, {expected['ok']} ok; "
+        f"curation removed {len(expected['curation'])} planted rows): {directory / 'manifests' / 'EXPECTED.json'}"
     )
-    if not same:
+    for p in problems:
+        typer.echo(f"  {p}")
+    if not same or problems:
         raise typer.Exit(1)
+
+
+def run_examples(directory: Path, images: int, workers: int | None) -> None:
+    """The example recipes on inputs made from the demo's pictures (``SHARDSMITH_EXAMPLE_DIR`` is
+    ``directory/examples``), each to a release; a summary and where each release is."""
+    from flows.params import explicit_overrides
+    from flows.preflight import PHASES
+    from tasks.demo.examples import make_example_inputs
+    from tasks.demo.images import ensure_images
+
+    pictures = ensure_images(directory, max(images, 60))
+    made = make_example_inputs(directory / "examples", pictures, directory / "images")
+    typer.echo(f"example inputs: {', '.join(f'{k} {v}' for k, v in made.items())}")
+    os.environ["SHARDSMITH_EXAMPLE_DIR"] = str(directory / "examples")
+    released = []
+    for recipe in sorted(RECIPES.glob("example-*.yaml")):
+        typer.secho(f"\n{recipe.name}", bold=True)
+        with live_progress(True):
+            result = run_recipe(recipe, list(PHASES), explicit_overrides({}, workers=workers))
+        print_summary(result)
+        rel = result.get("release")
+        released.append(
+            f"  {recipe.name}: {rel.version} at {rel.path}" if rel is not None else f"  {recipe.name}: no release"
+        )
+    typer.echo("\nreleases:\n" + "\n".join(released))
+
+
+def demo_curation_problems(result: dict, expected: dict, store: Path) -> list[str]:
+    """Where the demo's curation differs from the rows its corpus planted (captions of another
+    picture, copies, watermarks): each must go with its reason, and nothing else may."""
+    import pyarrow.parquet as pq
+
+    from tasks.demo.curation_rows import curation_problems
+
+    def reasons(ledgers: list[str]) -> dict[str, str | None]:
+        return {
+            r["key"]: r["reason"]
+            for p in ledgers
+            for r in pq.read_table(store / p, columns=["key", "reason"]).to_pylist()
+        }
+
+    curate = result.get("curate")
+    if curate is None:
+        return ["the demo recipe ran no curation"]
+    return curation_problems(expected["curation"], reasons(result["validate"].ledgers), reasons(curate.ledgers))

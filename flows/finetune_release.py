@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 
 from flows.release import NewRelease, announce, commit_new_release, reconcile, unchanged
@@ -25,6 +27,7 @@ def release_finetune(
     run: RunRecord,
 ) -> tuple[ReleaseResult, RunRecord]:
     """Make ``releases/vNNNN/`` of the packed shards unless the latest release has the same content."""
+    started = time.perf_counter()
     outputs = summary.outputs
     names = [shard_name(o) for o in outputs]
     shards = [{"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, outputs)]
@@ -34,7 +37,7 @@ def release_finetune(
     if same is not None:
         return same, run
     # Packs hold the ok records; the fine-tuning gate checked each is in exactly one pack.
-    reconciled = reconcile(storage, recipe, run, ledger, None, sum(i.rows for i in ingests))
+    reconciled, run = reconcile(storage, recipe, run, ledger, None, sum(i.rows for i in ingests), len(shards), started)
 
     new = NewRelease.next(storage, recipe, fp, head, shards, reconciled)
     base = new.base

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,25 +57,42 @@ release_tables_task = task(name="release-tables")(release_tables)
 
 
 def reconcile(
-    storage: Storage, recipe: Recipe, run: RunRecord, ledger: pa.Table, outputs: pa.Table | None, manifest_rows: int
-) -> dict:
+    storage: Storage,
+    recipe: Recipe,
+    run: RunRecord,
+    ledger: pa.Table,
+    outputs: pa.Table | None,
+    manifest_rows: int,
+    shards: int | None = None,
+    started: float | None = None,
+) -> tuple[dict, RunRecord]:
     """Gate the release on reconciliation (rows in = ok + rejected + error, no duplicate rows,
     no output without an ok ledger row); raise ``Unreconciled`` after writing the report.
 
-    Returns the gate's entry for index.json.
+    Returns the gate's entry for index.json, and the run with its ``release`` phase: every
+    manifest row's final fate (``ledger``), the released ``shards``, the seconds since ``started``
+    (a ``time.perf_counter()``) and this gate; the report's phase table ends with it.
     """
+    import time
+
+    from flows.audit import phase_record
     from tasks.audit.reconcile import Reconciliation, release_gate
+    from tasks.formats.ledger import Counts
 
     tally = Reconciliation(manifest_rows)
     tally.add_ledger(ledger)
     if outputs is not None:
         tally.add_outputs(outputs)
     gate = release_gate(tally, check_outputs=outputs is not None)
-    run_gate(storage, recipe, run, gate)
+    links = run_gate(storage, recipe, run, gate)
+    counts = Counts.of(ledger)
+    seconds = time.perf_counter() - started if started is not None else 0.0
+    rate = round(counts.ok / seconds, 1) if seconds else 0.0
+    run = run.with_phase(phase_record("release", counts, ledger, seconds, rate, gate, links, shards))
     if not gate.success:
         run, url = publish(storage, recipe, run.blocked_by(gate.failure_message()))
         raise Unreconciled(f"ledgers do not reconcile; nothing released: {run.blocked}\nreport: {url}", run)
-    return {"success": True, "outcomes": [o.__dict__ for o in gate.outcomes]}
+    return {"success": True, "outcomes": [o.__dict__ for o in gate.outcomes]}, run
 
 
 def copy_audit(storage: Storage, recipe: Recipe, run: RunRecord, base: str, reconciled: dict) -> dict:
@@ -212,6 +230,7 @@ def release_flow(
     summary), the rows curation removed get their fate from its ledgers, and index.json
     records the dual encoder's digest and the cuts under ``curation``.
     """
+    started = time.perf_counter()
     storage = Storage(recipe.storage, recipe.storage_options)
     names = [f"shard-{o.index:06d}.tar" for o in reshard.outputs]
     shards = [
@@ -237,7 +256,9 @@ def release_flow(
     ).result()
     # The released samples come from the reshard ledgers, the ok rows from the samples table;
     # reconciling the download and validate ledgers' ok rows too would count a row per phase.
-    reconciled = reconcile(storage, recipe, run, ledger, samples.select(["source", "row"]), download.counts.rows)
+    reconciled, run = reconcile(
+        storage, recipe, run, ledger, samples.select(["source", "row"]), download.counts.rows, len(shards), started
+    )
 
     new = NewRelease.next(storage, recipe, fp, head, shards, reconciled)
     base = new.base

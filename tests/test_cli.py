@@ -26,6 +26,15 @@ def test_help_lists_the_commands():
     assert "run" in out.stdout and "demo" in out.stdout
 
 
+def test_flags_in_help_take_no_value():
+    out = cli("run", "--help", env={"COLUMNS": "200"})
+    assert out.returncode == 0
+    assert "--force" in out.stdout and "--json" in out.stdout and "curate" in out.stdout
+    assert "<bool>" not in out.stdout
+    # Options that take a value still say which.
+    assert re.search(r"--workers\s+<int>", out.stdout)
+
+
 def test_bad_recipe_exits_2_naming_file_and_key(tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text(

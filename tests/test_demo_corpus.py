@@ -204,14 +204,44 @@ def test_manifests_are_readable_and_match_expected(corpus):
         # The special rows sit inside the manifest, not bunched at an end.
         special = [i for i, r in enumerate(rows) if classify(r) is not None]
         assert special and min(special) > 0
-    assert expected["rows"] == N + sum(1 for r in BAD_ROWS if r.url is None or "{name}" not in r.url)
+    planted = expected["curation"]
+    assert expected["rows"] == N + sum(1 for r in BAD_ROWS if r.url is None or "{name}" not in r.url) + len(planted)
     assert expected["by_reason"] == dict(sorted(total.items()))
     assert expected["ok"] + expected["rejected"] + expected["error"] == expected["rows"]
     assert expected["ok"] == expected["rows"] - sum(total.values())
     assert expected["error"] == total["http_404"]
     assert sum(expected["ok_by_license"].values()) == expected["ok"]
-    # Every image has exactly one row, under its own name.
-    assert seen_images == Counter({i.name: 1 for i in infos})
+    # Every image has exactly one row, under its own name (the planted ones too).
+    assert seen_images == Counter({i.name: 1 for i in infos} | {e["image"]: 1 for e in planted})
+
+
+def test_rows_planted_for_curation_end_their_manifests_after_their_originals(corpus):
+    from tasks.demo.curation_rows import ALLOWED
+    from tasks.policies.licenses import normalize_license
+
+    out, infos = corpus
+    paths = write_manifests(out, infos, "http://127.0.0.1:9/")
+    planted = expected_outcomes(out)["curation"]
+    kinds = Counter(e["kind"] for e in planted)
+    assert kinds["mismatch"] == 10 and kinds["watermark"] == 4 and kinds["copy"] >= 8
+    assert {e["augmentation"] for e in planted if e["kind"] == "copy"} == {"crop", "flip", "resize", "overlay"}
+    by_name = {i.name: i for i in infos}
+    for source in SOURCES:
+        rows = read_manifest(paths[source])
+        mine = [e for e in planted if e["source"] == source]
+        # At the very end of the manifest, in the order EXPECTED lists them.
+        assert [e["row"] for e in mine] == list(range(len(rows) - len(mine), len(rows)))
+        for e in mine:
+            row = rows[e["row"]]
+            assert e["key"] == f"{source}-{e['row']:09d}" and row["url"].endswith("/" + e["image"])
+            assert normalize_license(row["license"]) in ALLOWED and (out / "images" / e["image"]).is_file()
+            if e["kind"] == "copy":
+                # The original is an earlier, ordinary row of the same manifest, with an allowed license.
+                first = next(i for i, r in enumerate(rows) if r and (r.get("url") or "").endswith("/" + e["original"]))
+                assert first < e["row"] and normalize_license(by_name[e["original"]].license) in ALLOWED
+                assert row["caption"] == by_name[e["original"]].caption
+            if e["kind"] == "mismatch":
+                assert row["caption"] == by_name[e["original"]].caption
 
 
 def test_manifest_sizes_split_half_third_rest(corpus):

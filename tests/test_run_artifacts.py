@@ -155,3 +155,46 @@ def test_the_later_report_keeps_the_samples(run_ids):
     html = storage.read_bytes(f"demo/reports/{record.run}/report.html").decode()
     assert 'data-hist="width"' in html and "No per-sample table" not in html
     assert 'data-phase="reshard"' in html
+
+
+def _tables(markdown: str) -> list[list[list[str]]]:
+    """Every table of the markdown as a UI renders it (GFM tables): rows of cell texts, header first."""
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("commonmark").enable("table").parse(markdown)
+    tables, row, rows = [], None, None
+    for t in tokens:
+        if t.type == "table_open":
+            rows = []
+        elif t.type == "tr_open":
+            row = []
+        elif t.type == "inline" and row is not None:
+            row.append(t.content)
+        elif t.type == "tr_close" and rows is not None:
+            rows.append(row)
+            row = None
+        elif t.type == "table_close":
+            tables.append(rows)
+            rows = None
+    return tables
+
+
+def test_every_markdown_artifact_renders_its_tables(run_ids):
+    """The summary's phase table had a separator of 10 columns under a header of 9: GFM then
+    renders no table at all, only text. Each table must parse with every row as wide as its header."""
+    ids, *_ = run_ids
+    seen = 0
+    for run in ids.values():
+        for key, art in artifacts(run).items():
+            if art.type != "markdown":
+                continue
+            lines = [line for line in art.data.splitlines() if line.startswith("|")]
+            tables = _tables(art.data)
+            assert bool(lines) == bool(tables), f"{key}: table lines that render as text"
+            for table in tables:
+                assert all(len(r) == len(table[0]) for r in table), f"{key}: ragged table"
+                seen += 1
+    summary = _tables(artifacts(ids["top"])["demo-summary"].data)[0]
+    assert summary[0][:3] == ["phase", "rows", "ok"] and summary[0][-1] == "gate"
+    assert [r[0] for r in summary[1:]] == ["validate", "reshard"]
+    assert seen >= 3

@@ -77,7 +77,8 @@ def summary_table(rows: Sequence[SummaryRow], datasets: Sequence[str] | None = N
     """Summary rows as the lines of a markdown table (``datasets``: a first column naming each
     row's dataset, as the nightly's table has); a failed gate in bold."""
     lead = ["dataset"] if datasets is not None else []
-    align = ["---", *(["---:"] * 8), "---"]
+    # Phase and gate left, the counts and rates between them right: one per column.
+    align = ["---", *(["---:"] * (len(SUMMARY_COLUMNS) - 2)), "---"]
     lines = [
         "| " + " | ".join([*lead, *SUMMARY_COLUMNS]) + " |",
         "|" + "|".join(["---"] * len(lead) + align) + "|",

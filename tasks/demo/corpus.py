@@ -218,11 +218,51 @@ def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write(path, buf.getvalue().to_pybytes())
 
 
-def write_manifests(out_dir: Path, images: list[ImageInfo], base_url: str) -> dict[str, Path]:
+def _add_curation_rows(
+    out_dir: Path, images: list[ImageInfo], plan: dict[str, list[tuple[dict[str, Any] | str, BadRow | None]]], seed: int
+) -> list[dict[str, Any]]:
+    """Append the rows curation must remove to the end of their manifests; EXPECTED.json's
+    ``curation`` entries for them (source, row, key, kind, the reasons that may remove it, the
+    original picture, the augmentation)."""
+    from tasks.demo.curation_rows import ALLOWED, curation_rows
+    from tasks.policies.licenses import normalize_license
+
+    plain = {
+        s: [
+            item["image"]
+            for item, special in rows
+            if special is None
+            and isinstance(item, dict)
+            and "image" in item
+            and normalize_license(item["image"].license) in ALLOWED
+        ]
+        for s, rows in plan.items()
+    }
+    out = []
+    for row in curation_rows(out_dir, images, plain, seed):
+        rows = plan[row.source]
+        out.append(
+            {
+                "source": row.source,
+                "row": len(rows),
+                "key": f"{row.source}-{len(rows):09d}",
+                "kind": row.kind,
+                "reasons": list(row.reasons),
+                "image": row.image.name,
+                "original": row.original,
+                "augmentation": row.augmentation,
+            }
+        )
+        rows.append(({"image": row.image}, None))
+    return out
+
+
+def write_manifests(out_dir: Path, images: list[ImageInfo], base_url: str, seed: int = 0) -> dict[str, Path]:
     """Write photos.csv, art.jsonl.gz and scans.parquet under ``out_dir/manifests/``, and EXPECTED.json.
 
     Every image gets exactly one row; the rows in ``BAD_ROWS`` and ``TRICKY_ROWS`` either take
-    over an image's row (their URL has ``{name}``) or are added. Returns source -> path.
+    over an image's row (their URL has ``{name}``) or are added; the rows curation must remove
+    (``tasks.demo.curation_rows``) end each manifest. Returns source -> path.
     """
     out_dir = Path(out_dir)
     if len(images) < MIN_IMAGES:
@@ -231,6 +271,7 @@ def write_manifests(out_dir: Path, images: list[ImageInfo], base_url: str) -> di
     manifests = out_dir / "manifests"
     manifests.mkdir(parents=True, exist_ok=True)
     plan = _plan(images, out_dir / "images")
+    curated = _add_curation_rows(out_dir, images, plan, seed)
 
     expected: dict[str, Any] = {
         "images": len(images),
@@ -270,6 +311,7 @@ def write_manifests(out_dir: Path, images: list[ImageInfo], base_url: str) -> di
                 expected["by_reason"][reason] = expected["by_reason"].get(reason, 0) + 1
         expected["by_source"][source] = per
         expected["rows"] += per["rows"]
+    expected["curation"] = curated
     expected["by_reason"] = dict(sorted(expected["by_reason"].items()))
     expected["ok_by_license"] = dict(sorted(expected["ok_by_license"].items()))
     atomic_write(manifests / EXPECTED_NAME, (json.dumps(expected, indent=2, ensure_ascii=False) + "\n").encode())
@@ -297,10 +339,12 @@ def prepare_demo(out_dir: Path, n: int = 300, seed: int = 0, port: int = 18765) 
 
     out_dir = Path(out_dir)
     images = ensure_images(out_dir, n, seed)
-    make_all(out_dir / "models", ("vae", "clip-text"))  # tiny random-weight encoders for the precache phase
+    # Tiny random-weight encoders for the precache phase; the dual encoder curation uses was
+    # trained on the demo's own scenes (tasks/demo/train_clip.py).
+    make_all(out_dir / "models", ("vae", "clip-text", "clip"))
     server = ImageWeb(out_dir / "images", port=port).start()
     try:
-        write_manifests(out_dir, images, server.base_url)
+        write_manifests(out_dir, images, server.base_url, seed)
         expected = expected_outcomes(out_dir)
     except BaseException:
         server.stop()

@@ -109,8 +109,11 @@ def write_finetune_corpus(out_dir: Path, n: int = 60, seed: int = 0, text_only: 
     (and writes to ``finetune/EXPECTED.json``) the records per file and the conversation-level
     reasons the run must report.
     """
+    from tasks.demo.models import make_all
+
     out_dir = Path(out_dir)
     images = ensure_images(out_dir, n, seed)
+    make_all(out_dir / "models", ("clip",))  # the dual encoder recipes/demo-finetune.yaml curates with
     (out_dir / "finetune").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed + 7)
     lines: list[str] = []
@@ -125,12 +128,64 @@ def write_finetune_corpus(out_dir: Path, n: int = 60, seed: int = 0, text_only: 
                 rec, reason = item
                 lines.append(rec if isinstance(rec, str) else json.dumps(rec).replace("{img}", info.name))
                 expected["by_reason"][reason] = expected["by_reason"].get(reason, 0) + 1
+    expected["curation"] = _curation_records(out_dir, images, lines, seed)
     atomic_write(out_dir / RECORDS_FILE, ("\n".join(lines) + "\n").encode())
     texts = [_text_record(i, rng) for i in range(text_only)]
     atomic_write(out_dir / TEXT_FILE, json.dumps(texts, indent=1).encode())
     expected["records"] = {"chat": len(lines), "text": len(texts)}
     atomic_write(out_dir / EXPECTED_FILE, json.dumps(expected, indent=2, sort_keys=True).encode())
     return expected
+
+
+def _curation_records(out_dir: Path, images: list[ImageInfo], lines: list[str], seed: int) -> list[dict[str, Any]]:
+    """Records curation must remove, appended to ``lines``: replies that describe another picture,
+    and copies of earlier records' pictures (crop, flip, overlay). Returns their EXPECTED entries."""
+    import io
+
+    from PIL import Image
+
+    from tasks.demo.copies import make_copy
+    from tasks.demo.curation_rows import ALLOWED, content_words, rgb, save_jpeg
+    from tasks.demo.images import render_image
+    from tasks.policies.licenses import normalize_license
+
+    rng = np.random.default_rng([seed, 33])
+    out: list[dict[str, Any]] = []
+
+    def add(rec: dict[str, Any], kind: str, reasons: list[str], original: str | None) -> None:
+        out.append({"id": rec["id"], "row": len(lines), "kind": kind, "reasons": reasons, "original": original})
+        lines.append(json.dumps(rec))
+
+    def record(rid: str, name: str, answer: str) -> dict[str, Any]:
+        turns = [{"from": "human", "value": "<image>\nDescribe this image."}, {"from": "gpt", "value": answer}]
+        return {"id": rid, "image": f"images/{name}", "conversations": turns, "license": "CC0-1.0"}
+
+    for n in range(3):
+        _, data, meta = render_image(seed, 950_000 + n)
+        other = next(
+            i for i in images[n * 5 :] + images if not (content_words(i.caption) & content_words(meta["caption"]))
+        )
+        with Image.open(io.BytesIO(data)) as src:
+            info = save_jpeg(
+                out_dir / "images", f"cur-ft-mismatch-{n:02d}.jpg", rgb(src), {**meta, "caption": other.caption}, 0
+            )
+        add(record(f"mismatch-{n}", info.name, other.caption), "mismatch", ["low_alignment"], other.name)
+    # Copies of pictures earlier single-image records show with an allowed license.
+    shown = [i for k, i in enumerate(images) if k % 7 != 3 and normalize_license(i.license) in ALLOWED]
+    for n, (info, kind) in enumerate(zip(shown[1::4], ("crop", "flip", "overlay"))):
+        with Image.open(out_dir / "images" / info.name) as src:
+            img = make_copy(rgb(src), kind, rng)
+        copy = save_jpeg(
+            out_dir / "images",
+            f"cur-ft-copy-{n:02d}.jpg",
+            img,
+            {"caption": info.caption, "license": "CC0-1.0", "author": info.author},
+            0,
+        )
+        add(
+            record(f"copy-{n}", copy.name, info.caption), "copy", ["image_rejected", "semantic_duplicate_of"], info.name
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -160,17 +160,36 @@ def make_clip_vision(path: str | Path, seed: int = 0, image_size: int = 64) -> P
     return path
 
 
-MAKERS = {"vae": make_vae, "clip-text": make_clip_text, "t5": make_t5_encoder, "clip-vision": make_clip_vision}
+# The demo's trained dual encoder and its heads (tasks/demo/train_clip.py), committed in the package.
+TRAINED = Path(__file__).resolve().parent / "data"
+
+
+def make_clip(path: str | Path, seed: int = 0) -> Path:
+    """The demo's tiny CLIP (trained on the demo's scenes, committed), copied to ``path``, with its
+    heads in ``path/heads`` (``watermark.safetensors``: LAION's linear format, ``output: sigmoid``)."""
+    path = Path(path)
+    shutil.copytree(TRAINED / "tiny-clip", path)
+    shutil.copytree(TRAINED / "tiny-clip-heads", path / "heads")
+    return path
+
+
+MAKERS = {
+    "vae": make_vae,
+    "clip-text": make_clip_text,
+    "t5": make_t5_encoder,
+    "clip-vision": make_clip_vision,
+    "clip": make_clip,
+}
 
 
 def make_all(root: str | Path, names: tuple[str, ...] = tuple(MAKERS)) -> dict[str, Path]:
-    """The tiny models ``names`` (default all: ``vae``, ``clip-text``, ``t5``, ``clip-vision``)
-    under ``root``; a model already there is kept."""
+    """The tiny models ``names`` (default all: ``vae``, ``clip-text``, ``t5``, ``clip-vision``,
+    ``clip``) under ``root``; a model already there is kept."""
     from tasks.stages.precache_models import quiet_model_loading
 
     root = Path(root)
     todo = [name for name in names if not (root / name / "config.json").exists()]
-    if todo:  # models kept from before need no library at all
+    if set(todo) - {"clip"}:  # models kept from before (and copied ones) need no library at all
         quiet_model_loading(diffusers="vae" in todo)
     out = {}
     for name in names:

@@ -88,7 +88,7 @@ def _polygon(shape: str, cx: float, cy: float, r: float, rot: float) -> list[tup
     ]
 
 
-def _draw_shape(
+def draw_shape(
     draw: ImageDraw.ImageDraw,
     shape: str,
     colour: tuple[int, ...],
@@ -170,7 +170,7 @@ def draw_scene(rng: np.random.Generator, w: int, h: int, transparent: bool) -> t
             r = min(w, h) * rng.uniform(0.04, 0.13)
             cx = rng.uniform(r, w - r)
             cy = rng.uniform(r, max(r + 1, horizon - r)) if not transparent else rng.uniform(r, h - r)
-            _draw_shape(draw, shape, fill, cx, cy, r, rng)
+            draw_shape(draw, shape, fill, cx, cy, r, rng)
     return img, {"sky": sky_key, "ground": ground_key, "groups": groups}
 
 
