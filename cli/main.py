@@ -22,7 +22,7 @@ def _no_type_for_flags() -> None:
     def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
         return None if self.is_flag else shown(self, ctx)
 
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign,assignment]
 
 
 _no_type_for_flags()

@@ -42,20 +42,25 @@ SEED = 20261203  # far from the demo corpus's seeds (0 and small integers)
 # ------------------------------------------------------------------------------ data
 
 
-def render(
-    rng: np.random.Generator, sibling: bool = False
-) -> tuple[Image.Image, str] | tuple[Image.Image, str, Image.Image, str]:
-    """One training scene at a small size, composited as validation stores it, and its caption.
+def render(rng: np.random.Generator) -> tuple[Image.Image, str]:
+    """One training scene at a small size, composited as validation stores it, and its caption."""
+    return _scenes(rng, sibling=False)[0]
 
-    ``sibling``: also the same picture with one more small shape and its caption: a different
-    picture that looks almost the same, the hard negative semantic dedup must keep apart.
-    """
+
+def render_pair(rng: np.random.Generator) -> tuple[Image.Image, str, Image.Image, str]:
+    """A scene and its sibling: the same picture with one more small shape, and their captions:
+    a different picture that looks almost the same, the hard negative semantic dedup must keep apart."""
+    (a, ca), (b, cb) = _scenes(rng, sibling=True)
+    return a, ca, b, cb
+
+
+def _scenes(rng: np.random.Generator, sibling: bool) -> list[tuple[Image.Image, str]]:
     kind = ["jpeg", "jpeg", "jpeg", "jpeg", "jpeg-gray", "png-rgba", "png"][int(rng.integers(7))]
     short = int(rng.integers(72, 160))
     aspect = float(rng.uniform(0.5, 2.5))
     w, h = (int(short * aspect), short) if aspect >= 1 else (short, int(short / aspect))
     img, drawn = draw_scene(rng, w, h, transparent=(kind == "png-rgba"))
-    extra = None
+    todo: list[tuple[Image.Image, dict[str, Any]]] = [(img, drawn)]
     if sibling:
         extra = img.copy()
         colour, shape = str(rng.choice(list(COLOURS))), str(rng.choice(SHAPES))
@@ -63,11 +68,9 @@ def render(
         cx, cy = rng.uniform(r, w - r), rng.uniform(r, max(r + 1, h * 0.4))
         fill = COLOURS[colour] + ((255,) if kind == "png-rgba" else ())
         draw_shape(ImageDraw.Draw(extra), shape, fill, cx, cy, r, rng)
-        more = {**drawn, "groups": [*drawn["groups"], (1, colour, shape)]}
+        todo.append((extra, {**drawn, "groups": [*drawn["groups"], (1, colour, shape)]}))
     out = []
-    for picture, what in ((img, drawn), (extra, more if sibling else None)):
-        if picture is None:
-            continue
+    for picture, what in todo:
         if kind == "png-rgba":  # alpha composited on white, as validation does
             white = Image.new("RGB", picture.size, (255, 255, 255))
             white.paste(picture, (0, 0), picture)
@@ -76,8 +79,10 @@ def render(
             picture = picture.convert("L").convert("RGB")
         if kind.startswith("jpeg"):
             picture = add_grain(np.random.default_rng(int(rng.integers(1 << 31))), picture.convert("RGB"), 4)
-        out += [picture.convert("RGB"), write_caption(np.random.default_rng(int(rng.integers(1 << 31))), what, kind)]
-    return tuple(out)  # type: ignore[return-value]
+        out.append(
+            (picture.convert("RGB"), write_caption(np.random.default_rng(int(rng.integers(1 << 31))), what, kind))
+        )
+    return out
 
 
 def pixels(img: Image.Image) -> np.ndarray:
@@ -202,7 +207,7 @@ def train(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.05)
     pool = [render(rng) for _ in range(pool_size)]
-    pairs = [render(rng, sibling=True) for _ in range(pool_size // 4 if siblings else 0)]
+    pairs = [render_pair(rng) for _ in range(pool_size // 4 if siblings else 0)]
     start = time.perf_counter()
     for step in range(steps):
         if step and step % 400 == 0:  # fresh scenes now and then: the generator is the dataset
@@ -314,7 +319,7 @@ def evaluate(model_dir: Path, head: Path | None = None, n: int = 400, seed: int 
 
     img = embed([s[0] for s in scenes])
     copies = embed([augment(s[0], rng) for s in scenes])
-    sibs = [render(rng, sibling=True) for _ in range(n // 2)]
+    sibs = [render_pair(rng) for _ in range(n // 2)]
     sa, sb = embed([p[0] for p in sibs]), embed([p[2] for p in sibs])
     with torch.no_grad():
         t = tok([s[1] for s in scenes], padding=True, return_tensors="pt")
