@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: setup demo examples test lint system-deps bench-download energon-venv clean
+.PHONY: setup demo examples docs test lint system-deps bench-download energon-venv clean
 ENERGON := .bench/energon-venv
 
 # uv installs what pip would, a few times faster (tools/install.py hands it pip's configuration);
@@ -32,6 +32,11 @@ demo: setup
 # export) on inputs made from the demo's pictures, each to a release.
 examples: setup
 	$(VENV)/bin/shardsmith demo --examples
+
+# The documentation site (MkDocs Material) into site/, warnings as errors: every internal link
+# resolves; the recipe, reasons and CLI references are generated from the code (docs/hooks/).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Lint, format and type checks (configured in pyproject.toml); .ci/run runs them before the tests.
 lint: setup
@@ -79,4 +84,4 @@ bench-download: setup
 	$(VENV)/bin/python bench/bench_download.py
 
 clean:
-	rm -rf $(VENV) shardsmith-demo .bench
+	rm -rf $(VENV) shardsmith-demo .bench site

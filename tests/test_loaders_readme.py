@@ -1,4 +1,4 @@
-"""The README's "Reading a release in training" blocks run verbatim against tiny releases of each kind."""
+"""The "Reading a release in training" page's blocks (docs/howto/training.md) run verbatim against tiny releases of each kind."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from release_fixtures import finetuning_release, pretraining_release
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "howto" / "training.md"
 MARKER = "<!-- loaders-example -->"
 
 
