@@ -39,7 +39,7 @@ def parse_sets(values: list[str]) -> dict[str, object]:
 
 def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], force: bool = True) -> dict:
     # Prefect, Dask and the flows are imported only once there is something to run.
-    from flows.preflight import phases_problem, up_to_date, work_ahead
+    from flows.preflight import phases_problem, storage_gaps, up_to_date, work_ahead
     from tasks.formats.manifests import ManifestError
     from tasks.formats.recipe import load_recipe
     from tasks.formats.recipe_base import RecipeError
@@ -74,6 +74,15 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
             raise fail(f"{type(err).__name__}: {err}", 1) from None
         if last is not None:
             return {"up_to_date": last, "storage": recipe.storage, "dataset": recipe.dataset}
+        gaps = [] if force or pending != 0 else storage_gaps(recipe, phases)
+        if gaps:
+            more = f"\n  ... and {len(gaps) - 10} more" if len(gaps) > 10 else ""
+            typer.echo(
+                "the last run's outputs are not all stored; this run makes them again:\n  "
+                + "\n  ".join(gaps[:10])
+                + more,
+                err=True,
+            )
         from flows.session import Session, stop_on_signals
 
         ex = recipe.execution

@@ -18,7 +18,7 @@ from tasks.curate.decide import ShardDecision, ShardInput, decide
 from tasks.curate.embed import EmbedResult, embed_shard, embeddings_path
 from tasks.curate.finalize import curate_shard, curated_paths
 from tasks.curate.scores import Cut, heads_key, reason_for, score_names, score_shard, scores_path
-from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed, read_tables
+from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed, committed_pairs, read_tables
 from tasks.formats.reasons import family
 from tasks.formats.recipe import Recipe
 from tasks.formats.recipe_curate import CurateConfig
@@ -172,7 +172,7 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
     mark = time.perf_counter()
 
     names = {d.shard.tar: curated_paths(recipe.dataset, d) for d in decisions}
-    done = committed(storage, [ledger for _, ledger in names.values()])
+    done = committed_pairs(storage, list(names.values()))
     counted = read_tables(storage, sorted(done), COUNT_COLUMNS)
     results: list[ShardResult] = []
     futures = {}

@@ -14,7 +14,7 @@ from flows.preflight import combine_groups, list_groups, plan_here, small, take_
 from flows.runtime import leave_dask_slot
 from tasks.audit.download_summary import DownloadSummary, summary_markdown, write_summary
 from tasks.audit.runrecord import RunRecord
-from tasks.formats.ledger import Counts, committed, concat_ledgers, read_ledgers
+from tasks.formats.ledger import Counts, committed_pairs, concat_ledgers, read_ledgers
 from tasks.formats.manifests import SourcePlan, plan_files
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
@@ -91,7 +91,13 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
     both = chunk_paths(recipe, storage, refs)
     paths = {ref: down for ref, (down, _) in both.items()}
     cand_paths = {ref: cand for ref, (_, cand) in both.items()} if fuse_validation else {}
-    done = committed(storage, [p[1] for p in paths.values()] + [p[1] for p in cand_paths.values()])
+    # What is stored decides: a ledger whose shard is gone commits nothing (a lean download,
+    # download.keep_raw false, has no raw shard to ask for).
+    raw_tar = recipe.download.keep_raw or not fuse_validation
+    done = committed_pairs(
+        storage,
+        [(p[0] if raw_tar else None, p[1]) for p in paths.values()] + [(p[0], p[1]) for p in cand_paths.values()],
+    )
     futures = {}
     for ref in refs:
         tar_rel, ledger_rel = paths[ref]

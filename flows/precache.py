@@ -11,7 +11,7 @@ from prefect import get_run_logger, task
 from flows.phase import Phase, phase_flow
 from flows.reshard import ReshardSummary
 from tasks.audit.runrecord import RunRecord
-from tasks.formats.ledger import Counts, committed
+from tasks.formats.ledger import Counts, committed, committed_pairs
 from tasks.formats.recipe import Recipe
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.formats.storage import Storage
@@ -96,15 +96,14 @@ def precache_flow(
     inputs = [PrecacheInput(o.tar, o.sha256, tuple(o.records), side) for o, side in zip(reshard.outputs, sides)]
     prefix = f"{recipe.dataset}/precache"
     names = {shard.tar: output_names(cfg, prefix, shard) for shard in inputs}
-    done = committed(
-        storage, [summary_name(ledger) for _, ledger in names.values()] + [ledger for _, ledger in names.values()]
-    )
+    # A latent shard is committed when its ledger, its record and the shard itself are stored.
+    stored = committed_pairs(storage, list(names.values()))
+    records = committed(storage, [summary_name(ledger) for _, ledger in names.values()])
+    done = {ledger for ledger in stored if summary_name(ledger) in records}
     results: list[PrecacheResult] = [
-        recorded(storage, summary_name(names[s.tar][1]))
-        for s in inputs
-        if {names[s.tar][1], summary_name(names[s.tar][1])} <= done
+        recorded(storage, summary_name(names[s.tar][1])) for s in inputs if names[s.tar][1] in done
     ]
-    todo = [s for s in inputs if not {names[s.tar][1], summary_name(names[s.tar][1])} <= done]
+    todo = [s for s in inputs if names[s.tar][1] not in done]
     annotations = {"resources": {"GPU": 1}} if recipe.execution.cluster == "cuda" else {}
     with dask.annotate(**annotations):
         futures = {

@@ -95,15 +95,23 @@ def _inputs_digest(ledgers: list[str]) -> str:
 
 
 def remember_run(
-    storage: Storage, recipe: Recipe, phases: list[str], download_ledgers: list[str], run: str, release: str | None
+    storage: Storage,
+    recipe: Recipe,
+    phases: list[str],
+    download_ledgers: list[str],
+    run: str,
+    release: str | None,
+    outputs: list[str] | None = None,
 ) -> None:
-    """What a complete run covered: the phases, over which inputs, and the release it left."""
+    """What a complete run covered: the phases, over which inputs, the release it left, and the
+    files (``outputs``) a later run would skip on, which ``up_to_date`` then looks for."""
     record = {
         "recipe_hash": recipe.recipe_hash(),
         "phases": phases,
         "inputs": _inputs_digest(download_ledgers),
         "run": run,
         "release": release,
+        "outputs": sorted(outputs or []),
     }
     storage.write_bytes(
         LAST_RUN.format(dataset=recipe.dataset), json.dumps(record, sort_keys=True).encode(), fsync=False
@@ -187,7 +195,6 @@ def up_to_date(recipe: Recipe, phases: list[str], pending: int | None = None) ->
     """The last run's record when it covered ``phases`` over exactly today's inputs and its
     release is still the latest: then there is nothing to do. ``pending``: what
     ``work_ahead`` already said for this run (computed here when not given)."""
-    from tasks.stages.release import latest
 
     if pending is None and recipe.kind == "pretraining":
         pending = work_ahead(recipe, phases)
@@ -197,6 +204,34 @@ def up_to_date(recipe: Recipe, phases: list[str], pending: int | None = None) ->
     last = _last_run(storage, recipe)
     if last is None:
         return None
-    if "release" in phases and (last.get("release") is None or latest(storage, recipe.dataset) != last["release"]):
-        return None
-    return last
+    return last if not stored_problems(storage, recipe, phases, last) else None
+
+
+def storage_gaps(recipe: Recipe, phases: list[str]) -> list[str]:
+    """What the last run left that the storage no longer holds, when that run covered these
+    phases with this recipe (then this run is a repair, and says so); empty otherwise."""
+    storage = Storage(recipe.storage, recipe.storage_options)
+    last = _last_run(storage, recipe)
+    if last is None or last["recipe_hash"] != recipe.recipe_hash() or not set(_upto(phases)) <= set(last["phases"]):
+        return []
+    return stored_problems(storage, recipe, phases, last)
+
+
+def stored_problems(storage: Storage, recipe: Recipe, phases: list[str], last: dict[str, Any]) -> list[str]:
+    """Why the storage no longer holds what the last run left (its record is a note, the storage
+    the truth): a file of a covered phase gone, the release it made gone or not whole, or no
+    longer the latest. Empty when a run would find everything and do nothing."""
+    from tasks.formats.ledger import committed
+    from tasks.stages.release import latest, release_problems
+
+    outputs = last.get("outputs")
+    if not isinstance(outputs, list):
+        return ["the last run recorded no outputs (an older version): run again to check them"]
+    problems = [f"{rel} is missing" for rel in sorted(set(outputs) - committed(storage, outputs))]
+    if "release" in phases:
+        head = latest(storage, recipe.dataset)
+        if last.get("release") is None or head != last["release"]:
+            problems.append(f"release {last.get('release')} is not the latest ({head or 'none is'})")
+        else:
+            problems += release_problems(storage, recipe.dataset, head)
+    return problems

@@ -53,6 +53,22 @@ def pretraining_flow(
     return run_phases(recipe, list(phases or PHASES))
 
 
+def stored_outputs(out: dict) -> list[str]:
+    """Every file the phases of a run left for the next run to skip on: what the next run's
+    up-to-date check finds stored, or runs again (the download's raw shards are not needed)."""
+    files: list[str] = list(out["download"].ledgers)
+    for phase in ("validate", "curate"):
+        if out.get(phase) is not None:
+            files += [*out[phase].ledgers, *out[phase].tars]
+    if out.get("curate") is not None:
+        files += list(out["curate"].side_shards.values())
+    if out.get("reshard") is not None:
+        files += [f for o in out["reshard"].outputs for f in (o.tar, o.ledger)]
+    if out.get("precache") is not None:
+        files += [f for r in out["precache"].results for f in (r.tar, r.ledger)]
+    return files
+
+
 def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None) -> dict:
     """Run phases in pipeline order; a phase needs the ones before it (done now or earlier:
     their committed shards are skipped, so rerunning them is cheap).
@@ -121,6 +137,7 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
             out["download"].ledgers,
             record.run,
             release.version if release else None,
+            stored_outputs(out),
         )
     out["record"] = record
     return out

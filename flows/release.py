@@ -29,6 +29,7 @@ from tasks.stages.release import (
     next_version,
     place_file,
     read_index,
+    release_problems,
     releases_dir,
     set_latest,
     write_tables,
@@ -125,6 +126,14 @@ def unchanged(
     content ``fp``: then the run records it and publishes its report, and nothing new is released)."""
     head = latest(storage, recipe.dataset)
     if head is None or read_index(storage, recipe.dataset, head).get("fingerprint") != fp:
+        return head, run, None
+    damaged = release_problems(storage, recipe.dataset, head)
+    if damaged:
+        # The same content, but not all of it is stored any more: release it again, whole, under
+        # the next number (a release folder is never rewritten).
+        get_run_logger().warning(
+            "release: %s has this content but is damaged (%s); releasing it again", head, "; ".join(damaged[:5])
+        )
         return head, run, None
     get_run_logger().info("release: unchanged since %s; no new release", head)
     run, _ = publish(storage, recipe, run.with_release(ReleaseRecord(head, created=False)), report)

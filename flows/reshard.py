@@ -13,7 +13,7 @@ from flows.phase import Phase, phase_flow
 from flows.runtime import default_workers
 from flows.validate import ValidateSummary
 from tasks.audit.runrecord import RunRecord
-from tasks.formats.ledger import Counts, committed
+from tasks.formats.ledger import Counts, committed_pairs
 from tasks.formats.recipe import Recipe
 from tasks.formats.recipe_outputs import ReshardConfig
 from tasks.formats.storage import Storage
@@ -93,7 +93,7 @@ def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> 
     mark = time.perf_counter()
     # Outputs an earlier run committed (same plan, so same names) are read back here, in the
     # flow; only the rest go to the cluster, which a rerun with nothing new never needs.
-    done = committed(storage, [o.ledger for o in plan.outputs])
+    done = committed_pairs(storage, [(o.name, o.ledger) for o in plan.outputs])
     outputs: list[OutputResult] = [recorded_output(storage, o) for o in plan.outputs if o.ledger in done]
     todo = [o for o in plan.outputs if o.ledger not in done]
     if todo:

@@ -11,7 +11,7 @@ from flows.phase import Phase, phase_flow
 from tasks.audit.download_summary import DownloadSummary
 from tasks.audit.runrecord import RunRecord
 from tasks.audit.validate_samples import gate_samples, report_samples
-from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed, read_ledgers
+from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed_pairs, read_ledgers
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
 from tasks.stages.download import ShardResult
@@ -102,7 +102,7 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
     wanted = []
     for tar, ledger, (source, index) in zip(download.tars, download.ledgers, download.chunks):
         wanted.append((source, index, tar, ledger, *candidate_paths(recipe.dataset, source, index, tar, chash)))
-    done = committed(storage, [w[5] for w in wanted if w[5] not in fused])
+    done = committed_pairs(storage, [(w[4], w[5]) for w in wanted if w[5] not in fused])
     counted = read_ledgers(storage, sorted(done), COUNT_COLUMNS)
     cands: list[CandidateResult] = []
     futures = {}

@@ -146,7 +146,10 @@ def test_download_gate_duplicate_keys_fail():
         "element_count": 6,
         "examples": ["web-000000002"],
     }
-    assert "key unique, expected no duplicates (observed 2 of 6 rows, e.g. web-000000002)" in result.failure_message()
+    assert (
+        "key unique, expected no duplicates (observed 2 of 6 rows unexpected, e.g. web-000000002)"
+        in result.failure_message()
+    )
 
 
 def test_download_gate_unknown_and_null_status_fail():
@@ -193,25 +196,26 @@ def test_validate_gate_passes_on_good_data():
         (
             {"license": ["MIT"] * 7 + ["GPL-3.0"]},
             {"license in allowlist"},
-            "license in allowlist, expected in CC-BY-4.0, CC0-1.0, MIT (observed 1 of 8 rows, e.g. GPL-3.0)",
+            "license in allowlist, expected in CC-BY-4.0, CC0-1.0, MIT (observed 1 of 8 rows unexpected, e.g. GPL-3.0)",
         ),
         # In-set checks skip nulls: a null license is caught by its own check.
         (
             {"license": ["MIT"] * 7 + [None]},
             {"license not null"},
-            "license not null, expected no nulls (observed 1 of 8 rows)",
+            "license not null, expected no nulls (observed 1 of 8 rows unexpected)",
         ),
         (
             {"pixel_sha256": ["a" * 64, "a" * 64] + [f"{i:064x}" for i in range(6)]},
             {"pixel_sha256 unique"},
-            "pixel_sha256 unique, expected no duplicate pixel hashes (observed 2 of 8 rows, e.g. " + "a" * 64,
+            "pixel_sha256 unique, expected no duplicate pixel hashes (observed 2 of 8 rows unexpected, e.g. "
+            + "a" * 64,
         ),
-        ({"aspect": [1.0] * 7 + [4.5]}, {"aspect <= 4"}, "aspect <= 4 (observed 1 of 8 rows, e.g. 4.5)"),
-        ({"width": [128] * 7 + [32]}, {"width >= 64"}, "width >= 64 (observed 1 of 8 rows, e.g. 32)"),
+        ({"aspect": [1.0] * 7 + [4.5]}, {"aspect <= 4"}, "aspect <= 4 (observed 1 of 8 rows unexpected, e.g. 4.5)"),
+        ({"width": [128] * 7 + [32]}, {"width >= 64"}, "width >= 64 (observed 1 of 8 rows unexpected, e.g. 32)"),
         (
             {"key": [f"web-{i:09d}" for i in range(7)] + ["web-000000000"]},
             {"key unique"},
-            "key unique, expected no duplicates (observed 2 of 8 rows, e.g. web-000000000)",
+            "key unique, expected no duplicates (observed 2 of 8 rows unexpected, e.g. web-000000000)",
         ),
     ],
     ids=["license-not-allowed", "license-null", "duplicate-pixels", "aspect", "too-narrow", "duplicate-keys"],

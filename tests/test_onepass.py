@@ -132,7 +132,11 @@ def test_without_raw_shards_a_chunk_keeps_its_ledger_and_the_same_candidates(chu
     assert _comparable(a, cand_a[1]) == _comparable(b, cand_b[1])
     assert _samples(a, cand_a[0]) == _samples(b, cand_b[0])
     assert got_cand.counts.rows == got_dl.counts.ok
-    # Its candidates deleted by hand: nothing to judge again from; the error says what to do.
+    # Its candidates deleted by hand: with no raw shard to judge again from, the chunk is fetched
+    # again, and the same candidates come back.
     b.rm(cand_b[1])
-    with pytest.raises(FileNotFoundError, match="raw shard is missing.*keep_raw: false.*delete its download ledger"):
-        download_and_validate(ref, b, DL.model_copy(update={"keep_raw": False}), CFG, dl_b, cand_b)
+    b.rm(cand_b[0])
+    again_dl, again_cand = download_and_validate(ref, b, DL.model_copy(update={"keep_raw": False}), CFG, dl_b, cand_b)
+    assert again_cand.counts == got_cand.counts and again_dl.counts == got_dl.counts
+    assert _comparable(a, cand_a[1]) == _comparable(b, cand_b[1])
+    assert _samples(a, cand_a[0]) == _samples(b, cand_b[0])

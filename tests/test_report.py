@@ -529,3 +529,24 @@ def test_run_summary_markdown_escapes_and_counts(samples):
         ("validate", "duplicate_of", 11),
     ]
     assert [g["result"] for g in gate_rows(run)] == ["PASS", "FAIL", "PASS"]
+
+
+def test_observed_values_read_as_sentences_and_numbers():
+    """Great Expectations' raw result ({"element_count": ..., "unexpected_count": ...}) is never
+    shown: the report and the terminal say "0 of 306 rows unexpected"."""
+    run = make_run()
+    run["phases"][0]["gate"]["outcomes"].append(
+        {
+            "name": "key unique",
+            "expectation": "expect_column_values_to_be_unique",
+            "column": "key",
+            "threshold": "no duplicates",
+            "observed": {"element_count": 306, "examples": [], "unexpected_count": 0},
+            "success": True,
+        }
+    )
+    html = render_html(run, None)
+    text = summary_text(run)
+    for out in (html, text):
+        assert "0 of 306 rows unexpected" in out
+        assert "element_count" not in out and "unexpected_count" not in out

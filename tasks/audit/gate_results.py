@@ -14,11 +14,11 @@ def fmt_number(x: float) -> str:
 
 
 def observed_text(observed: Any) -> str:
-    """An outcome's observed value for people: ``0.31``, ``2 of 10 rows, e.g. web-000000002``."""
+    """An outcome's observed value for people: ``0.31``, ``2 of 10 rows unexpected, e.g. web-000000002``."""
     if observed is None:
         return "n/a, no rows"
     if isinstance(observed, dict) and "unexpected_count" in observed:
-        text = f"{observed['unexpected_count']} of {observed['element_count']} rows"
+        text = f"{observed['unexpected_count']:,} of {observed['element_count']:,} rows unexpected"
         if observed.get("examples"):
             text += ", e.g. " + ", ".join(str(v) for v in observed["examples"])
         return text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import http
-import json
 import re
 from collections.abc import Mapping
 from datetime import datetime
@@ -113,8 +112,14 @@ def fmt_num(x: Any) -> str:
 
 
 def fmt_observed(x: Any) -> str:
-    if isinstance(x, (dict, list, tuple)):
-        text = json.dumps(x, sort_keys=True, default=str)
+    """A gate outcome's observed value as people read it: ``3 of 306 rows unexpected, e.g. ...``,
+    a share or a count as a number; never the expectation's raw result."""
+    from tasks.audit.gate_results import observed_text
+
+    if isinstance(x, dict):
+        return observed_text(x)
+    if isinstance(x, (list, tuple)):
+        text = ", ".join(fmt_num(v) for v in x)
         return text if len(text) <= 200 else text[:197] + "..."
     return fmt_num(x)
 

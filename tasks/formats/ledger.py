@@ -231,6 +231,15 @@ def committed(storage: Storage, rels: list[str]) -> set[str]:
     return out
 
 
+def committed_pairs(storage: Storage, pairs: list[tuple[str | None, str]]) -> set[str]:
+    """The ledgers of ``pairs`` (shard, ledger) that commit a shard still stored: the ledger is
+    there and so is its shard (``None``: a ledger that commits no shard). A ledger whose shard is
+    gone (deleted by hand, a lifecycle rule, a lost disk) is not committed: its shard is made
+    again. One listing per folder, as ``committed``."""
+    present = committed(storage, [ledger for _, ledger in pairs] + [tar for tar, _ in pairs if tar])
+    return {ledger for tar, ledger in pairs if ledger in present and (tar is None or tar in present)}
+
+
 # The columns Counts.of reads: enough to count a ledger without loading it whole.
 COUNT_COLUMNS = ["status", "reason", "bytes"]
 

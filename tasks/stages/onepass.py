@@ -48,14 +48,10 @@ def download_and_validate(
     """
     start = time.perf_counter()
     (tar_rel, ledger_rel), (cand_tar, cand_ledger) = download, candidates
+    # A download whose raw shard is there is validated from it; one whose raw shard is gone (or
+    # never kept: download.keep_raw false) cannot make candidates again, so it is fetched again.
     got = committed_shard(storage, tar_rel, ledger_rel, ref.source, ref.index)
     if got is not None:
-        if not storage.exists(tar_rel):
-            raise FileNotFoundError(
-                f"{storage.url(tar_rel)}: chunk {ref.source}/{ref.name} has a committed download ledger but its "
-                f"raw shard is missing (a download with download.keep_raw: false keeps none), so its candidates "
-                f"({cand_ledger}) cannot be made from it; delete its download ledger ({ledger_rel}) to fetch it again"
-            )
         cand = validate_shard(storage, ref.source, ref.index, tar_rel, ledger_rel, vcfg, cand_tar, cand_ledger)
         return got, cand
     rows, results = (rows_from or fetched_rows)(ref, storage, dcfg, s3_options)

@@ -164,7 +164,7 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     """
     tar, ledger = output_names(cfg, prefix, shard)
     summary = summary_name(ledger)
-    if storage.exists(ledger) and storage.exists(summary):
+    if storage.exists(ledger) and storage.exists(summary) and storage.exists(tar):
         return recorded(storage, summary)
     timings = {"load_s": 0.0, "decode_s": 0.0, "encode_s": 0.0, "write_s": 0.0, "total_s": 0.0}
     start = time.perf_counter()

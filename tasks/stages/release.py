@@ -14,6 +14,7 @@ from typing import Any, BinaryIO, cast
 import pyarrow as pa
 
 from tasks.formats.faults import fault_point
+from tasks.formats.indexes import dali_index_name
 from tasks.formats.ledger import read_parquet, write_parquet
 from tasks.formats.storage import Storage
 
@@ -54,12 +55,58 @@ def list_versions(storage: Storage, dataset: str) -> list[str]:
     return sorted(out, key=lambda n: int(n[1:]))  # VERSION_RE: "v" then the number
 
 
-def latest(storage: Storage, dataset: str) -> str | None:
+def latest_named(storage: Storage, dataset: str) -> str | None:
+    """The version LATEST names, whether or not that release is still there."""
     rel = f"{releases_dir(dataset)}/LATEST"
     if not storage.exists(rel):
         return None
     name = storage.read_bytes(rel).decode().strip()
     return name if VERSION_RE.match(name) else None
+
+
+def latest(storage: Storage, dataset: str) -> str | None:
+    """The latest release: the one LATEST names, when it is there (its index.json is stored);
+    ``None`` when LATEST names a release that was deleted, so it is never reported as the latest."""
+    name = latest_named(storage, dataset)
+    if name is None or not storage.exists(f"{releases_dir(dataset)}/{name}/{INDEX}"):
+        return None
+    return name
+
+
+def release_problems(storage: Storage, dataset: str, version: str) -> list[str]:
+    """What is missing from a committed release: its index.json, or a file it lists (every shard
+    and latent shard, with its recorded size; a DALI index per shard, the wids index, Energon's
+    metadata, the tables). Sizes come from one listing per folder; checksums are not read
+    again (that would read every byte). Empty when the release is whole."""
+    base = f"{releases_dir(dataset)}/{version}"
+    try:
+        index = json.loads(storage.read_bytes(f"{base}/{INDEX}"))
+    except FileNotFoundError:
+        return [f"{base}/{INDEX} is missing"]
+    files = [(s["name"], s.get("bytes")) for s in index.get("shards", [])]
+    files += [(s["name"], s.get("bytes")) for s in (index.get("precache") or {}).get("shards", [])]
+    files += [(dali_index_name(name), None) for name, _ in files]
+    files += (
+        [(name, None) for name in ("samples.parquet", "ledger.parquet")] if index.get("kind") == "pretraining" else []
+    )
+    if (index.get("indexes") or {}).get("wids"):
+        files.append((index["indexes"]["wids"], None))
+    sizes: dict[str, int] = {}
+    for folder in sorted({posixpath.dirname(f"{base}/{name}") for name, _ in files}):
+        try:
+            listing = storage.fs.ls(storage.path(folder), detail=True)
+        except FileNotFoundError:
+            continue
+        for e in listing:
+            sizes[f"{folder}/{posixpath.basename(str(e['name']).rstrip('/'))}"] = int(e.get("size") or 0)
+    problems = []
+    for name, size in files:
+        got = sizes.get(f"{base}/{name}")
+        if got is None:
+            problems.append(f"{name} is missing")
+        elif size is not None and got != size:
+            problems.append(f"{name} is {got} bytes, index.json records {size}")
+    return problems
 
 
 def read_index(storage: Storage, dataset: str, version: str) -> dict[str, Any]:
@@ -72,10 +119,14 @@ def read_index(storage: Storage, dataset: str, version: str) -> dict[str, Any]:
 
 
 def next_version(storage: Storage, dataset: str) -> str:
-    """One past the highest version folder, committed or not: an abandoned attempt's number is
-    never reused, so a half-written folder can never be mistaken for a later release."""
+    """One past the highest version folder, committed or not, and past the one LATEST names: an
+    abandoned attempt's number is never reused, so a half-written folder can never be mistaken
+    for a later release, nor a release made after one was deleted for the deleted one (a reader
+    may still hold its index)."""
     base = releases_dir(dataset)
     numbers = [int(m.group(1)) for n in storage.listdir(base) if (m := VERSION_RE.match(n))]
+    named = latest_named(storage, dataset)
+    numbers += [int(named[1:])] if named else []
     return f"v{(max(numbers) + 1) if numbers else 1:04d}"
 
 

@@ -215,8 +215,10 @@ class LedgerRun(ShardRun):
 def committed_shard(
     storage: Storage, tar: str, ledger: str, source: str = "", index: int = 0, columns: list[str] = COUNT_COLUMNS
 ) -> ShardResult | None:
-    """The result of a shard an earlier run committed (its ledger exists), counted from its ledger; else ``None``."""
-    if not storage.exists(ledger):
+    """The result of a shard an earlier run committed (its ledger exists, and its shard: a ledger
+    whose shard is gone commits nothing, and the shard is made again), counted from its ledger;
+    else ``None``."""
+    if not storage.exists(ledger) or not storage.exists(tar):
         return None
     return counted_shard(source, index, tar, ledger, read_ledger(storage, ledger, columns))
 
