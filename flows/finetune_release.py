@@ -9,7 +9,7 @@ import pyarrow as pa
 from flows.release import NewRelease, announce, commit_new_release, reconcile, unchanged
 from tasks.audit.runrecord import RunRecord
 from tasks.finetune.ingest import IngestResult
-from tasks.finetune.outcome import FinetuneSummary, records_in, release_packs, shard_name
+from tasks.finetune.outcome import FinetuneSummary, records_in, release_packs, shard_names
 from tasks.finetune.tiling import all_tags
 from tasks.formats.indexes import ENERGON_CRUDE_TYPE, ShardIndexInput, all_indexes
 from tasks.formats.recipe import Recipe
@@ -29,7 +29,8 @@ def release_finetune(
     """Make ``releases/vNNNN/`` of the packed shards unless the latest release has the same content."""
     started = time.perf_counter()
     outputs = summary.outputs
-    names = [shard_name(o) for o in outputs]
+    by_tar = shard_names(outputs)
+    names = [by_tar[o.tar] for o in outputs]
     shards = [{"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, outputs)]
     n_samples = records_in(outputs)
     fp = fingerprint(shards, recipe.recipe_hash())

@@ -30,6 +30,7 @@ from tasks.stages.release import (
     place_file,
     read_index,
     release_problems,
+    release_shard_names,
     releases_dir,
     set_latest,
     write_tables,
@@ -241,7 +242,7 @@ def release_flow(
     """
     started = time.perf_counter()
     storage = Storage(recipe.storage, recipe.storage_options)
-    names = [f"shard-{o.index:06d}.tar" for o in reshard.outputs]
+    names = release_shard_names([o.sha256 for o in reshard.outputs])
     shards = [
         {"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, reshard.outputs)
     ]

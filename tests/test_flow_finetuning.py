@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -137,7 +138,10 @@ def test_packs_hold_every_accepted_sample_once_within_limits(released):
     assert index["gates"]["finetune"]["success"] and index["gates"]["validate"]["success"]
     html = (base / "report.html").read_text()
     assert 'data-hist="tokens_text"' in html and 'data-hist="tokens_image"' in html and 'data-hist="images"' in html
-    assert (base / ".nv-meta" / "dataset.yaml").is_file() and (base / "shard-000000.idx").is_file()
+    first = index["shards"][0]["name"]
+    assert (base / ".nv-meta" / "dataset.yaml").is_file() and (base / first.replace(".tar", ".idx")).is_file()
+    # Release shard names carry a digest of the content: unique across releases.
+    assert re.fullmatch(r"shard-[0-9a-f]{8}-000000\.tar", first)
 
 
 def test_unpacked_release_is_a_new_version_with_one_sample_per_record(released):

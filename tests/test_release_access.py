@@ -217,3 +217,13 @@ def test_the_file_mode_never_reaches_fsspec_and_survives_pickling(tmp_path):
     again.write_bytes("a/b.bin", b"1")
     assert stat.S_IMODE((tmp_path / "s" / "a" / "b.bin").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "s" / "a").stat().st_mode) == 0o700
+
+
+def test_release_shard_names_differ_between_contents_and_repeat_for_the_same():
+    from tasks.stages.release import release_shard_names
+
+    a = release_shard_names(["1" * 64, "2" * 64])
+    assert a == release_shard_names(["1" * 64, "2" * 64])
+    b = release_shard_names(["1" * 64, "3" * 64])
+    assert len(set(a)) == 2 and not set(a) & set(b)
+    assert all(n.startswith("shard-") and n.endswith(("-000000.tar", "-000001.tar")) for n in a + b)

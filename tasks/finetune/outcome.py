@@ -56,9 +56,12 @@ def records_in(outputs: list[PackShardResult]) -> int:
     return sum(p["samples"] for o in outputs for p in o.packs)
 
 
-def shard_name(output: PackShardResult) -> str:
-    """The name of a packed output shard in its release."""
-    return f"shard-{output.index:06d}.tar"
+def shard_names(outputs: list[PackShardResult]) -> dict[str, str]:
+    """The name of each packed output shard (by its work path) in its release (``release_shard_names``)."""
+    from tasks.stages.release import release_shard_names
+
+    ordered = sorted(outputs, key=lambda o: o.index)
+    return dict(zip([o.tar for o in ordered], release_shard_names([o.sha256 for o in ordered])))
 
 
 def chunk_ledgers(ledgers: list[str], source: str, first: int, end: int, rows_per_shard: int) -> list[str]:
@@ -78,10 +81,11 @@ def final_tables(rows: pa.Table, plan: PackPlan, outputs: list[PackShardResult])
     """(ledger: every record's fate; samples: one row per accepted sample, for the gate; report rows)."""
     verdict = {v["key"]: v for v in plan.verdicts.to_pylist()}
     where = {}
+    names = shard_names(outputs)
     for o in outputs:
         for p in o.packs:
             for k in p["members"]:
-                where[k] = (p["key"], shard_name(o))
+                where[k] = (p["key"], names[o.tar])
     led, smp = [], []
     for r in rows.select(["key", "source", "row", "id", "tags_ok", "text_only", "images", "tokens_total"]).to_pylist():
         v = verdict[r["key"]]
@@ -136,10 +140,11 @@ def packs_table(outputs: list[PackShardResult]) -> pa.Table:
 
 def release_packs(outputs: list[PackShardResult]) -> pa.Table:
     """The release's ``samples`` table of a fine-tuning release: where each pack is, what it holds."""
+    names = shard_names(outputs)
     rows = [
         {
             "key": p["key"],
-            "shard": shard_name(o),
+            "shard": names[o.tar],
             "offset": r.offset,
             "length": r.length,
             "tokens": p["tokens"],

@@ -130,6 +130,17 @@ def next_version(storage: Storage, dataset: str) -> str:
     return f"v{(max(numbers) + 1) if numbers else 1:04d}"
 
 
+def release_shard_names(shas: list[str]) -> list[str]:
+    """The names of a release's shards, unique across releases: ``shard-{tag}-{n:06d}.tar``, the
+    tag a digest of every shard's content. A reader's cache keyed by file name (webdataset's and
+    wids' ``cache_dir``) then never mixes two releases' samples; the same content (a release
+    made again whole) gets the same names."""
+    from tasks.formats.names import digest_of
+
+    tag = digest_of(shas)[:8]
+    return [f"shard-{tag}-{i:06d}.tar" for i in range(len(shas))]
+
+
 def fingerprint(shards: list[dict[str, Any]], recipe_hash: str) -> str:
     """What makes two releases the same: their shards' bytes and the recipe."""
     blob = json.dumps([recipe_hash, [(s["sha256"], s["samples"]) for s in shards]])
