@@ -4,7 +4,7 @@ import pytest
 
 from tasks.formats.recipe_download import CaptionRules
 from tasks.policies.captions import caption_verdict, clean_caption, count_words, non_text_ratio
-from tasks.policies.verdict import Verdict
+from tasks.policies.ruling import Ruling
 
 CLEANUP = [
     # HTML references
@@ -65,14 +65,14 @@ def rules(**kw):
 
 
 def test_missing_when_required_only():
-    assert caption_verdict(None, rules()) == Verdict(None, "caption_missing", "no caption after cleanup")
-    assert caption_verdict(" <br> ", rules()) == Verdict(None, "caption_missing", "no caption after cleanup")
-    assert caption_verdict(None, rules(required=False)) == Verdict(None)
+    assert caption_verdict(None, rules()) == Ruling(None, "caption_missing", "no caption after cleanup")
+    assert caption_verdict(" <br> ", rules()) == Ruling(None, "caption_missing", "no caption after cleanup")
+    assert caption_verdict(None, rules(required=False)) == Ruling(None)
 
 
 def test_min_chars_boundary():
     r = rules(min_chars=5, min_words=0)
-    assert caption_verdict("abcde", r) == Verdict("abcde")
+    assert caption_verdict("abcde", r) == Ruling("abcde")
     short = caption_verdict("abcd", r)
     assert (short.value, short.reason) == ("abcd", "caption_too_short")
     assert short.detail == "4 characters, 1 words (min_chars 5, min_words 0)"
@@ -91,7 +91,7 @@ def test_min_words_boundary():
 def test_max_chars_boundary():
     r = rules(max_chars=10)
     assert caption_verdict("x" * 10, r).reason is None
-    assert caption_verdict("x" * 11, r) == Verdict("x" * 11, "caption_too_long", "11 characters > max_chars 10")
+    assert caption_verdict("x" * 11, r) == Ruling("x" * 11, "caption_too_long", "11 characters > max_chars 10")
     assert caption_verdict("x" * 10 + "   \n", r).reason is None  # trailing whitespace is not counted
 
 
@@ -119,7 +119,7 @@ MULTILINGUAL = [
 
 @pytest.mark.parametrize("caption", MULTILINGUAL)
 def test_any_script_passes_even_with_zero_tolerance(caption):
-    assert caption_verdict(caption, rules(max_non_text_ratio=0.0)) == Verdict(caption)
+    assert caption_verdict(caption, rules(max_non_text_ratio=0.0)) == Ruling(caption)
     assert non_text_ratio(caption) == 0.0
 
 

@@ -11,7 +11,7 @@ import pytest
 from tasks.demo.webserver import ImageWeb
 from tasks.formats.recipe_download import DownloadConfig, NetworkConfig
 from tasks.policies.robots import RobotsRules
-from tasks.policies.verdict import Verdict
+from tasks.policies.ruling import Ruling
 from tasks.stages.fetch import Fetcher
 from tasks.stages.fetched import judge
 
@@ -229,7 +229,7 @@ def test_an_unresolvable_name_is_dns_error():
 def test_robots_longest_match_wins():
     rules = RobotsRules.parse(b"User-agent: *\nDisallow: /img/\nAllow: /img/public/\n", "http://h/robots.txt")
     assert rules.verdict("http://h/img/public/a.jpg", "shardsmith").ok
-    assert rules.verdict("http://h/img/private/a.jpg", "shardsmith") == Verdict(
+    assert rules.verdict("http://h/img/private/a.jpg", "shardsmith") == Ruling(
         "http://h/img/private/a.jpg",
         "robots_disallowed",
         "http://h/robots.txt disallows /img/private/a.jpg for shardsmith",

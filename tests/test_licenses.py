@@ -17,7 +17,7 @@ from tasks.policies.licenses import (
     policy_problems,
     review_problem,
 )
-from tasks.policies.verdict import Verdict
+from tasks.policies.ruling import Ruling
 
 SPELLINGS = [
     # exact ids, any case
@@ -160,12 +160,12 @@ def policy(**kw):
     return LicensePolicy(**kw)
 
 
-def _value_reason(verdict: Verdict) -> tuple:
+def _value_reason(verdict: Ruling) -> tuple:
     return verdict.value, verdict.reason
 
 
 def test_allowed_license_passes_with_its_id():
-    assert license_verdict("CC BY 4.0", "web", policy()) == Verdict("CC-BY-4.0")
+    assert license_verdict("CC BY 4.0", "web", policy()) == Ruling("CC-BY-4.0")
 
 
 def test_license_outside_allowlist_is_not_allowed_and_named():
@@ -190,8 +190,8 @@ def test_missing_without_default_is_license_missing():
 
 def test_missing_takes_the_source_default_normalised():
     p = policy(source_defaults={"wiki": "CC BY-SA 4.0"})
-    assert license_verdict(None, "wiki", p) == Verdict("CC-BY-SA-4.0")
-    assert license_verdict("n/a", "wiki", p) == Verdict("CC-BY-SA-4.0")
+    assert license_verdict(None, "wiki", p) == Ruling("CC-BY-SA-4.0")
+    assert license_verdict("n/a", "wiki", p) == Ruling("CC-BY-SA-4.0")
     # only for the source it names
     assert license_verdict(None, "other", p).reason == "license_missing"
     # a present license wins over the default
@@ -211,15 +211,15 @@ def test_source_default_is_judged_like_any_license():
 def test_allowlist_entries_may_be_aliases():
     p = policy(allow=("CC BY 4.0", "https://creativecommons.org/publicdomain/zero/1.0/", "apache 2", "Public domain"))
     assert license_verdict("cc-by-4.0", "s", p).reason is None
-    assert license_verdict("CC0", "s", p) == Verdict("CC0-1.0")
+    assert license_verdict("CC0", "s", p) == Ruling("CC0-1.0")
     assert license_verdict("Apache-2.0", "s", p).reason is None
-    assert license_verdict("PD-US", "s", p) == Verdict(PUBLIC_DOMAIN)
+    assert license_verdict("PD-US", "s", p) == Ruling(PUBLIC_DOMAIN)
     assert license_verdict("MIT", "s", p).reason == "license_not_allowed"
 
 
 def test_default_allowlist_accepts_the_public_domain_mark():
     # the default lists "PDM-1.0"; SPDX's id is CC-PDM-1.0, and the alias bridges them
-    assert license_verdict("https://creativecommons.org/publicdomain/mark/1.0/", "s", policy()) == Verdict("CC-PDM-1.0")
+    assert license_verdict("https://creativecommons.org/publicdomain/mark/1.0/", "s", policy()) == Ruling("CC-PDM-1.0")
 
 
 def test_unknown_rejected_by_default_with_the_raw_value():
@@ -235,7 +235,7 @@ def test_unknown_detail_is_cut_short():
 
 def test_unknown_allowed_when_policy_says_so():
     p = policy(unknown="allow")
-    assert license_verdict("Foo Public License", "s", p) == Verdict(UNKNOWN)
+    assert license_verdict("Foo Public License", "s", p) == Ruling(UNKNOWN)
     # a recognised license outside the allowlist is still rejected
     assert license_verdict("CC BY-NC 4.0", "s", p).reason == "license_not_allowed"
     # and missing is still missing
@@ -310,7 +310,7 @@ def test_listed_ids_beyond_the_alias_table_come_from_the_spdx_list():
 
 def test_or_passes_when_one_alternative_is_allowed():
     p = policy(allow=("MIT",))
-    assert license_verdict("MIT OR Apache-2.0", "s", p) == Verdict("MIT OR Apache-2.0")
+    assert license_verdict("MIT OR Apache-2.0", "s", p) == Ruling("MIT OR Apache-2.0")
     assert license_verdict("GPL-3.0-only OR MIT", "s", p).reason is None
     verdict = license_verdict("GPL-3.0-only OR Apache-2.0", "s", p)
     assert (verdict.value, verdict.reason) == ("GPL-3.0-only OR Apache-2.0", "license_not_allowed")
@@ -350,24 +350,24 @@ def test_unknown_parts_follow_the_unknown_policy():
     reject = policy(allow=("MIT",))
     allow = policy(allow=("MIT",), unknown="allow")
     # An allowed alternative is enough whatever the other one is.
-    assert license_verdict("Foo-1.0 OR MIT", "s", reject) == Verdict("LicenseRef-Unknown OR MIT")
+    assert license_verdict("Foo-1.0 OR MIT", "s", reject) == Ruling("LicenseRef-Unknown OR MIT")
     verdict = license_verdict("Foo-1.0 AND MIT", "s", reject)
     assert (verdict.value, verdict.reason) == ("LicenseRef-Unknown AND MIT", "license_not_allowed")
     assert (
         "an unrecognised license (validate.license.unknown: reject)" in verdict.detail
         and "'Foo-1.0 AND MIT'" in verdict.detail
     )
-    assert license_verdict("Foo-1.0 AND MIT", "s", allow) == Verdict("LicenseRef-Unknown AND MIT")
+    assert license_verdict("Foo-1.0 AND MIT", "s", allow) == Ruling("LicenseRef-Unknown AND MIT")
     exception = "MIT WITH Our-Own-Exception"
     assert "an unrecognised exception" in license_verdict(exception, "s", reject).detail
-    assert license_verdict(exception, "s", allow) == Verdict("MIT WITH AdditionRef-Unknown")
+    assert license_verdict(exception, "s", allow) == Ruling("MIT WITH AdditionRef-Unknown")
     # A recognised part outside the allowlist still fails under unknown: allow.
     assert license_verdict("Foo-1.0 AND GPL-3.0-only", "s", allow).reason == "license_not_allowed"
 
 
 def test_a_source_default_may_be_an_expression():
     p = policy(allow=("CC0-1.0",), source_defaults={"scans": "CC0-1.0 OR CC-BY-4.0"})
-    assert license_verdict(None, "scans", p) == Verdict("CC0-1.0 OR CC-BY-4.0")
+    assert license_verdict(None, "scans", p) == Ruling("CC0-1.0 OR CC-BY-4.0")
     assert policy_problems(p) == []
 
 

@@ -7,7 +7,7 @@ import re
 import unicodedata
 
 from tasks.formats.recipe_download import CaptionRules
-from tasks.policies.verdict import Verdict
+from tasks.policies.ruling import Ruling
 
 # Only a named or numeric reference closed by ";" is decoded. html.unescape alone would also
 # decode HTML5's legacy forms without ";", turning "see &notes" into "see ¬es".
@@ -155,7 +155,7 @@ def non_text_ratio(raw: str | None) -> float:
     return min(1.0, junk / total) if total else 0.0
 
 
-def caption_verdict(raw: str | None, rules: CaptionRules) -> Verdict[str]:
+def caption_verdict(raw: str | None, rules: CaptionRules) -> Ruling[str]:
     """Clean a caption and judge it against the recipe's caption rules.
 
     Args:
@@ -163,12 +163,12 @@ def caption_verdict(raw: str | None, rules: CaptionRules) -> Verdict[str]:
         rules: the recipe's ``validate.caption``.
 
     Returns:
-        A :class:`Verdict` whose value is the cleaned caption (also when rejected, for the
+        A :class:`Ruling` whose value is the cleaned caption (also when rejected, for the
         report; None when nothing is left), and no reason, or the first failing reason in this
         order, with a detail that sets the caption's length against the bound:
 
         - ``caption_missing``: nothing left after cleanup and ``rules.required``; without
-          ``required`` an empty caption passes as ``Verdict(None)``.
+          ``required`` an empty caption passes as ``Ruling(None)``.
         - ``caption_charset``: the share of junk characters exceeds
           ``rules.max_non_text_ratio``. Junk is U+FFFD, private-use, unassigned (except
           code points later Unicode versions use for emoji and CJK) and surrogate
@@ -181,16 +181,16 @@ def caption_verdict(raw: str | None, rules: CaptionRules) -> Verdict[str]:
     text, junk, removed = _scrub(raw)
     if text is None:
         if rules.required:
-            return Verdict(None, "caption_missing", "no caption after cleanup")
-        return Verdict(None)
+            return Ruling(None, "caption_missing", "no caption after cleanup")
+        return Ruling(None)
     n = len(text)
     total = n + removed
     if junk and junk / total > rules.max_non_text_ratio:
-        return Verdict(text, "caption_charset", f"{n} characters")
+        return Ruling(text, "caption_charset", f"{n} characters")
     if n < rules.min_chars or count_words(text) < rules.min_words:
         # The detail's word count is whitespace-split, as ledgers have always shown it.
         detail = f"{n} characters, {len(text.split())} words (min_chars {rules.min_chars}, min_words {rules.min_words})"
-        return Verdict(text, "caption_too_short", detail)
+        return Ruling(text, "caption_too_short", detail)
     if n > rules.max_chars:
-        return Verdict(text, "caption_too_long", f"{n} characters > max_chars {rules.max_chars}")
-    return Verdict(text)
+        return Ruling(text, "caption_too_long", f"{n} characters > max_chars {rules.max_chars}")
+    return Ruling(text)

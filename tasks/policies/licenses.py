@@ -19,6 +19,7 @@ from tasks.policies.license_names import (  # noqa: F401 - re-exported: the name
     SPDX_KNOWN,
     SPDX_LISTED,
 )
+from tasks.policies.ruling import Ruling
 from tasks.policies.spdx import (
     UNKNOWN,
     UNKNOWN_EXCEPTION,
@@ -29,7 +30,6 @@ from tasks.policies.spdx import (
     looks_like_expression,
     normalize_expression,
 )
-from tasks.policies.verdict import Verdict
 
 _BY_LOWER = {i.lower(): i for i in SPDX_KNOWN}
 
@@ -281,7 +281,7 @@ def _shown(raw: str, limit: int = 80) -> str:
     return repr(raw if len(raw) <= limit else raw[:limit] + "...")
 
 
-def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> Verdict[str]:
+def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> Ruling[str]:
     """Judge one sample's license against the policy.
 
     Args:
@@ -290,7 +290,7 @@ def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> Verd
         policy: the recipe's ``validate.license``.
 
     Returns:
-        A :class:`Verdict` whose value is the SPDX id. Accepted: ``Verdict(id)``. Rejected with
+        A :class:`Ruling` whose value is the SPDX id. Accepted: ``Ruling(id)``. Rejected with
         ``license_missing`` (no value and no source default) or ``license_not_allowed`` (an id
         outside ``policy.allow``, with that id as the value; or an unrecognised value under
         ``unknown: reject``, with no value; or a value that is not a string, such as a
@@ -302,7 +302,7 @@ def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> Verd
     """
     if raw is not None and not isinstance(raw, str) and normalize_license(raw) is not None:
         # The manifest readers refuse such values first; a list is never one of its elements.
-        return Verdict(
+        return Ruling(
             None, "license_not_allowed", f"license value is a {type(raw).__name__}, not a string: {_shown(repr(raw))}"
         )
     spdx = normalize_license(raw)
@@ -311,22 +311,22 @@ def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> Verd
     if spdx is None:
         default = policy.source_defaults.get(source)
         if default is None:
-            return Verdict(
+            return Ruling(
                 None, "license_missing", f"no license and no validate.license.source_defaults entry for {source!r}"
             )
         spdx = normalize_license(default)
         shown_raw = default
         origin = f" (source default for {source!r})"
         if spdx is None:
-            return Verdict(None, "license_missing", f"source default for {source!r} is empty")
+            return Ruling(None, "license_missing", f"source default for {source!r} is empty")
     if spdx == UNKNOWN:
         if policy.unknown == "allow":
-            return Verdict(UNKNOWN)
-        return Verdict(None, "license_not_allowed", f"unrecognised license: {_shown(str(shown_raw))}{origin}")
+            return Ruling(UNKNOWN)
+        return Ruling(None, "license_not_allowed", f"unrecognised license: {_shown(str(shown_raw))}{origin}")
     if is_expression(spdx):
         why = blockers(spdx, _allowed(tuple(policy.allow)), policy.unknown == "allow")
         if not why:
-            return Verdict(spdx)
+            return Ruling(spdx)
         parts = [
             f"{b} (validate.license.unknown: reject)"
             if b.startswith("an unrecognised")
@@ -334,10 +334,10 @@ def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> Verd
             for b in why
         ]
         detail = f"{spdx} (from {_shown(str(shown_raw))}): {'; '.join(parts)}{origin}"
-        return Verdict(spdx, "license_not_allowed", detail)
+        return Ruling(spdx, "license_not_allowed", detail)
     if spdx not in _allowed(tuple(policy.allow)):
-        return Verdict(spdx, "license_not_allowed", f"{spdx} is not in validate.license.allow{origin}")
-    return Verdict(spdx)
+        return Ruling(spdx, "license_not_allowed", f"{spdx} is not in validate.license.allow{origin}")
+    return Ruling(spdx)
 
 
 def policy_problems(policy: LicensePolicy) -> list[str]:

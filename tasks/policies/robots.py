@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 from protego import Protego
 
-from tasks.policies.verdict import Verdict
+from tasks.policies.ruling import Ruling
 
 _DIRECTIVES_WITH_ARGS = frozenset({"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"})
 
@@ -39,21 +39,21 @@ class RobotsRules:
     def parse(cls, body: bytes, where: str) -> RobotsRules:
         return cls(Protego.parse(body.decode("utf-8", "replace")), True, where)
 
-    def verdict(self, url: str, ua_token: str) -> Verdict[str]:
+    def verdict(self, url: str, ua_token: str) -> Ruling[str]:
         """Whether robots.txt lets the user agent ``ua_token`` fetch ``url`` (the verdict's value);
         refused as ``robots_disallowed``, the detail naming the file and the path."""
         if self.parser is None:
-            return Verdict(url) if self.allow else Verdict(url, "robots_disallowed", self.why)
+            return Ruling(url) if self.allow else Ruling(url, "robots_disallowed", self.why)
         if self.parser.can_fetch(url, ua_token):
-            return Verdict(url)
+            return Ruling(url)
         parts = urlsplit(url)
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
-        return Verdict(url, "robots_disallowed", f"{self.why} disallows {path} for {ua_token}")
+        return Ruling(url, "robots_disallowed", f"{self.why} disallows {path} for {ua_token}")
 
 
-def x_robots_verdict(values: list[str], directives: frozenset[str], ua_token: str) -> Verdict[str]:
+def x_robots_verdict(values: list[str], directives: frozenset[str], ua_token: str) -> Ruling[str]:
     """Whether ``X-Robots-Tag`` header values carry an opt-out directive that applies to us.
 
     Refused as ``opted_out``, the value being the first directive that applies and the detail
@@ -73,5 +73,5 @@ def x_robots_verdict(values: list[str], directives: frozenset[str], ua_token: st
             if scope not in (None, "*", ua_token):
                 continue
             if part in directives:
-                return Verdict(part, "opted_out", "X-Robots-Tag: " + "; ".join(values))
-    return Verdict()
+                return Ruling(part, "opted_out", "X-Robots-Tag: " + "; ".join(values))
+    return Ruling()

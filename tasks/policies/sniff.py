@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.policies.verdict import Verdict
+from tasks.policies.ruling import Ruling
 
 EXTENSIONS = {
     "jpeg": "jpg",
@@ -96,22 +96,22 @@ def is_truncated(fmt: str, data: bytes) -> bool:
     return truncation(fmt, data) is not None
 
 
-def bytes_verdict(data: bytes, allowed_formats: tuple[str, ...], content_type: str | None = None) -> Verdict[str]:
+def bytes_verdict(data: bytes, allowed_formats: tuple[str, ...], content_type: str | None = None) -> Ruling[str]:
     """Fetched bytes judged: sniffed format (the verdict's value, once known), allowlist, truncation.
 
     The detail says what the bytes are and what the server called them (``Content-Type``).
     """
     served = f"Content-Type {content_type}" if content_type else "no Content-Type"
     if not data:
-        return Verdict(None, "empty_body", f"0 bytes ({served})")
+        return Ruling(None, "empty_body", f"0 bytes ({served})")
     fmt = sniff_format(data)
     if fmt is None:
-        return Verdict(None, "not_an_image", f"{describe_start(data)} ({len(data)} bytes, {served})")
+        return Ruling(None, "not_an_image", f"{describe_start(data)} ({len(data)} bytes, {served})")
     if fmt not in allowed_formats:
-        return Verdict(
+        return Ruling(
             fmt, "format_not_allowed", f"{fmt} is not in allowed_formats ({', '.join(allowed_formats)}; {served})"
         )
     cut = truncation(fmt, data)
     if cut is not None:
-        return Verdict(fmt, "truncated_image", f"{cut} ({served})")
-    return Verdict(fmt)
+        return Ruling(fmt, "truncated_image", f"{cut} ({served})")
+    return Ruling(fmt)

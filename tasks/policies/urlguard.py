@@ -14,7 +14,7 @@ from aiohttp.resolver import ThreadedResolver
 from yarl import URL
 
 from tasks.formats.recipe_download import NetworkConfig
-from tasks.policies.verdict import Verdict
+from tasks.policies.ruling import Ruling
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -137,7 +137,7 @@ def _short(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def check_url(url: str, network: NetworkConfig, policy: AddressPolicy) -> Verdict[str]:
+def check_url(url: str, network: NetworkConfig, policy: AddressPolicy) -> Ruling[str]:
     """Whether ``url`` may be fetched, judged before any connection; the verdict's value is ``url``.
 
     http(s) URLs are parsed by yarl, as aiohttp will request them, so the checks and the
@@ -146,75 +146,75 @@ def check_url(url: str, network: NetworkConfig, policy: AddressPolicy) -> Verdic
     checked here.
     """
     if len(url) > network.max_url_chars:
-        return Verdict(
+        return Ruling(
             url,
             "url_too_long",
             f"URL is {len(url)} characters, over download.network.max_url_chars ({network.max_url_chars})",
         )
     if any(ord(c) < 32 or ord(c) == 127 for c in url):
-        return Verdict(url, "invalid_url", "control character in the URL")
+        return Ruling(url, "invalid_url", "control character in the URL")
     scheme = url.partition(":")[0].lower() if ":" in url else ""
     if scheme in ("http", "https"):
         return _check_web_url(url, network, policy)
     try:
         return _check_object_url(url, scheme, network)
     except ValueError as err:  # urlsplit: "Invalid IPv6 URL" and the like
-        return Verdict(url, "invalid_url", f"cannot parse the URL: {err}")
+        return Ruling(url, "invalid_url", f"cannot parse the URL: {err}")
 
 
-def _check_object_url(url: str, scheme: str, network: NetworkConfig) -> Verdict[str]:
+def _check_object_url(url: str, scheme: str, network: NetworkConfig) -> Ruling[str]:
     if scheme == "file":
         if network.file_root is None:
-            return Verdict(url, "blocked_scheme", "file:// URLs need download.network.file_root")
+            return Ruling(url, "blocked_scheme", "file:// URLs need download.network.file_root")
         if resolve_file_url(url, network.file_root) is None:
-            return Verdict(
+            return Ruling(
                 url, "blocked_scheme", f"file:// URL outside download.network.file_root ({network.file_root})"
             )
-        return Verdict(url)
+        return Ruling(url)
     if scheme == "s3":
         bucket = urlsplit(url).netloc
         if bucket not in network.s3_buckets:
-            return Verdict(url, "blocked_scheme", f"s3 bucket {_short(bucket)!r} is not in download.network.s3_buckets")
-        return Verdict(url)
-    return Verdict(
+            return Ruling(url, "blocked_scheme", f"s3 bucket {_short(bucket)!r} is not in download.network.s3_buckets")
+        return Ruling(url)
+    return Ruling(
         url,
         "unsupported_scheme",
         f"scheme {_short(scheme)!r} is not http, https, file or s3" if scheme else "no scheme",
     )
 
 
-def _check_web_url(url: str, network: NetworkConfig, policy: AddressPolicy) -> Verdict[str]:
+def _check_web_url(url: str, network: NetworkConfig, policy: AddressPolicy) -> Ruling[str]:
     try:
         parsed = URL(url)
         port = parsed.port
         host = parsed.raw_host
     except (ValueError, UnicodeError) as err:
         # yarl encodes non-ASCII host names with IDNA here: a bad one is a UnicodeError.
-        return Verdict(url, "invalid_url", f"cannot parse the URL: {type(err).__name__}: {err}")
+        return Ruling(url, "invalid_url", f"cannot parse the URL: {type(err).__name__}: {err}")
     if parsed.user is not None or parsed.password is not None:
-        return Verdict(
+        return Ruling(
             url, "credentials_in_url", "the URL carries a user name or password before '@'; credentials are never sent"
         )
     if not host:
-        return Verdict(url, "invalid_url", "the URL has no host")
+        return Ruling(url, "invalid_url", "the URL has no host")
     ip = literal_ip(host)
     if ip is None:
         if ":" in host:
-            return Verdict(url, "invalid_url", f"{_short(host)!r} is not a valid IPv6 address")
+            return Ruling(url, "invalid_url", f"{_short(host)!r} is not a valid IPv6 address")
         problem = host_problem(host)
         if problem is not None:
-            return Verdict(url, "invalid_url", problem)
+            return Ruling(url, "invalid_url", problem)
     elif not policy.allows(ip):
-        return Verdict(
+        return Ruling(
             url, "blocked_address", f"refused address {ip} ({address_kind(ip)}); download.network does not allow it"
         )
     if port is None or port == 0:
-        return Verdict(url, "invalid_url", "port 0")
+        return Ruling(url, "invalid_url", "port 0")
     if not network.any_port and port not in _ALWAYS_ALLOWED_PORTS and port not in network.allowed_ports:
-        return Verdict(
+        return Ruling(
             url, "port_not_allowed", f"port {port} is not allowed (80, 443 and download.network.allowed_ports)"
         )
-    return Verdict(url)
+    return Ruling(url)
 
 
 def resolve_file_url(url: str, root: str) -> str | None:

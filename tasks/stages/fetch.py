@@ -14,8 +14,8 @@ from yarl import URL
 
 from tasks.formats.recipe_download import DownloadConfig
 from tasks.policies.robots import RobotsRules, x_robots_verdict
+from tasks.policies.ruling import Ruling
 from tasks.policies.urlguard import AddressPolicy, GuardedResolver, check_url, resolve_file_url
-from tasks.policies.verdict import Verdict
 from tasks.stages.fetched import Fetched, classify, exception_detail, failure
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
@@ -110,7 +110,7 @@ class Fetcher:
             sem = self._hosts[host] = asyncio.Semaphore(self.cfg.per_host)
         return sem
 
-    def _check(self, url: str) -> Verdict[str]:
+    def _check(self, url: str) -> Ruling[str]:
         return check_url(url, self.cfg.network, self.policy)
 
     async def fetch(self, url: str) -> Fetched:
@@ -219,15 +219,15 @@ class Fetcher:
             detail=f"more than download.max_redirects ({self.cfg.max_redirects}); the last to {_shown(url)}",
         )
 
-    def _redirect_target(self, url: str, location: str) -> Verdict[str]:
+    def _redirect_target(self, url: str, location: str) -> Ruling[str]:
         """The absolute redirect target (the verdict's value), judged by the same checks as any URL."""
         try:
             target = urljoin(url, location)
             scheme = urlsplit(target).scheme.lower()
         except ValueError as err:
-            return Verdict(location, "invalid_url", f"cannot parse the Location: {err}")
+            return Ruling(location, "invalid_url", f"cannot parse the Location: {err}")
         if scheme not in ("http", "https"):
-            return Verdict(
+            return Ruling(
                 target, "blocked_scheme", f"a redirect to {scheme or 'no'} scheme; only http and https are followed"
             )
         return self._check(target)
@@ -253,7 +253,7 @@ class Fetcher:
             raise aiohttp.ClientPayloadError(f"received {total} of {expected} bytes ({err})") from err
         return b"".join(parts), None
 
-    async def _robots_verdict(self, url: str) -> Verdict[str]:
+    async def _robots_verdict(self, url: str) -> Ruling[str]:
         parts = urlsplit(url)
         origin = f"{parts.scheme}://{parts.netloc}"
         fut = self._robots.get(origin)

@@ -1,4 +1,8 @@
-"""The one answer every policy check gives: what it made of a value, and a stable reason with a detail when it refuses."""
+"""The one answer every policy check gives (a ruling): what it made of a value, and a stable reason with a detail when it refuses.
+
+Not to be confused with ``tasks.stages.runner.Verdict``: a sample's whole outcome (its ledger
+row and what to write), which a stage builds from one or more rulings.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict(Generic[T]):
+class Ruling(Generic[T]):
     """What a policy check decided about one sample's value.
 
     Args:
