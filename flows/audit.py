@@ -199,6 +199,7 @@ def post_run_artifacts(
     naming the top-level run and updating the same artifacts after each phase keeps one
     current set there, whichever phase wrote last.
     """
+    from tasks.audit.curation_views import read_curation
     from tasks.audit.report_markdown import gate_rows, reason_rows, run_summary
     from tasks.audit.report_web import link_markdown, report_link
 
@@ -218,7 +219,7 @@ def post_run_artifacts(
             f"{key}-summary",
             "markdown",
             f"{key}: the run, every phase, reasons, gates, plots",
-            run_summary(run, samples, links),
+            run_summary(run, samples, links, read_curation(storage, report_dir(recipe, run.run))),
         ),
         (
             f"{key}-reasons",

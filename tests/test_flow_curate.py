@@ -99,6 +99,13 @@ def test_curation_to_a_release_then_a_new_threshold_embeds_nothing(
     assert 'id="curation"' in html and 'data-score="alignment"' in html and 'class="cut"' in html
     views = json.loads((report / "curation.json").read_text())
     assert [s["name"] for s in views["scores"]] == ["alignment", "watermark"]
+    # The run's summary in the Prefect UI carries the scores' histograms with their cuts.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as c:
+        summary = c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["demo-summary"])))
+    assert any("![curation alignment](data:image/svg+xml;base64," in a.data for a in summary)
 
     # A new threshold: the stored embeddings decide again; nothing is embedded.
     again = _run(recipe, **{"curate.alignment.keep_top": 0.5})

@@ -101,9 +101,10 @@ def render_html(
     return page.strip() + "\n"
 
 
-def plot_svgs(run: RunView, samples: pa.Table | None) -> dict[str, str]:
+def plot_svgs(run: RunView, samples: pa.Table | None, curation: Any = None) -> dict[str, str]:
     """The report's key plots as standalone SVG files, for places that show images only (the
-    Prefect UI): rows by status per phase, then the histograms of accepted samples."""
+    Prefect UI): rows by status per phase, the histograms of accepted samples, then each
+    curation score's histogram with its cut (``curation``: as ``render_html`` takes it)."""
     plots: Any = _env().get_template("plots.svg.j2").module  # its macros are attributes
     out = {}
     for p in phases_of(run_json(run)):
@@ -116,6 +117,10 @@ def plot_svgs(run: RunView, samples: pa.Table | None) -> dict[str, str]:
     for h in histograms(samples):
         if h["n"]:
             out[f"hist-{h['column']}"] = str(plots.histogram(h, standalone=True))
+    view = curation_view(curation)
+    for score in view["scores"] if view else []:
+        if score["hist"]["n"]:
+            out[f"curation-{score['name']}"] = str(plots.histogram(score["hist"], standalone=True))
     return out
 
 

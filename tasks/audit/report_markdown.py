@@ -98,7 +98,7 @@ def image(svg: str, alt: str) -> str:
     return f"![{alt}](data:image/svg+xml;base64,{base64.b64encode(svg.encode('utf-8')).decode('ascii')})"
 
 
-def run_summary(run: RunView, samples: pa.Table | None, links: dict[str, str]) -> str:
+def run_summary(run: RunView, samples: pa.Table | None, links: dict[str, str], curation: Any = None) -> str:
     """The run so far in one markdown page: verdict, links, every phase's summary row,
     reasons, failed checks, and the report's key plots as images.
 
@@ -106,6 +106,7 @@ def run_summary(run: RunView, samples: pa.Table | None, links: dict[str, str]) -
         run: the run record (tasks/audit/runrecord.py), or run.json read back.
         samples: the report's samples table (histograms), or None.
         links: label -> markdown of a link (tasks.audit.report_web.link_markdown), in order.
+        curation: the run's curation views (its scores' histograms join the plots), or None.
     """
     rows = summary_rows(run)
     run = run_json(run)
@@ -140,7 +141,7 @@ def run_summary(run: RunView, samples: pa.Table | None, links: dict[str, str]) -
         lines += [
             f"| {md(g['phase'])} | {md(g['check'])} | {md(g['threshold'])} | {md(g['observed'])} |" for g in failed
         ]
-    plots = plot_svgs(run, samples)
+    plots = plot_svgs(run, samples, curation)
     if plots:
         lines += ["", "## Plots", ""]
         for name, svg in plots.items():
