@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.audit.gate_checks import Check, check_count, key_checks, mostly_of, share_unexpected
+from tasks.audit.gate_checks import Check, check_count, key_checks, mostly_of, reason_share_check, share_unexpected
 from tasks.audit.gate_results import GateResult, fmt_number
 from tasks.audit.ge_runner import expectation_stats, import_gx, ledger_stats, reason_families, run_suites, to_frame
 from tasks.formats.reasons import OK
@@ -25,17 +25,7 @@ def _ledger_checks(cfg: CurateGate, reasons: list[str]) -> list[Check]:
     ]
     # One check per filter: its share of the samples in, against its own limit (the phase's
     # limit by default), so the report shows what each filter removed.
-    for reason in reasons:
-        limit = cfg.max_reason_rate.get(reason, cfg.max_removed_rate)
-        checks.append(
-            Check(
-                f"{reason} share <= {fmt_number(limit)}",
-                f"<= {fmt_number(limit)}",
-                "ExpectColumnValuesToNotBeInSet",
-                {"column": "reason", "value_set": [reason], "mostly": mostly_of(1.0 - limit)},
-                share_unexpected,
-            )
-        )
+    checks += [reason_share_check(r, cfg.max_reason_rate.get(r, cfg.max_removed_rate)) for r in reasons]
     return checks
 
 

@@ -86,3 +86,17 @@ def key_checks(prefix: str = "") -> list[Check]:
             check_rows,
         ),
     ]
+
+
+def reason_share_check(reason: str, limit: float, word: str = "share") -> Check:
+    """A check that rows of the reason family ``reason`` are at most ``limit`` of all rows
+    (named ``{reason} {word} <= {limit}``)."""
+    from tasks.audit.gate_results import fmt_number
+
+    return Check(
+        f"{reason} {word} <= {fmt_number(limit)}",
+        f"<= {fmt_number(limit)}",
+        "ExpectColumnValuesToNotBeInSet",
+        {"column": "reason", "value_set": [reason], "mostly": mostly_of(1.0 - limit)},
+        share_unexpected,
+    )

@@ -11,6 +11,7 @@ from tasks.audit.gate_checks import (
     check_rows,
     key_checks,
     mostly_of,
+    reason_share_check,
     share_expected,
     share_unexpected,
 )
@@ -43,16 +44,7 @@ def _download_checks(manifest_rows: int, cfg: DownloadGate) -> list[Check]:
             share_expected,
         )
     )
-    for reason, limit in sorted(cfg.max_reason_rate.items()):
-        checks.append(
-            Check(
-                f"{reason} rate <= {fmt_number(limit)}",
-                f"<= {fmt_number(limit)}",
-                "ExpectColumnValuesToNotBeInSet",
-                {"column": "reason", "value_set": [reason], "mostly": mostly_of(1.0 - limit)},
-                share_unexpected,
-            )
-        )
+    checks += [reason_share_check(reason, limit, "rate") for reason, limit in sorted(cfg.max_reason_rate.items())]
     return checks
 
 

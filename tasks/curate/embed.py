@@ -8,7 +8,6 @@ same shard with the same model, whatever the thresholds.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from tasks.formats.reasons import OK
 from tasks.formats.recipe_curate import CurateConfig
 from tasks.formats.storage import Storage
 from tasks.stages.precache import LocalShard, PrecacheInput
-from tasks.stages.precache_batches import decode_device, member_key, to_torch
+from tasks.stages.precache_batches import decode_device, member_key, pipeline_options, read_shard, to_torch
 from tasks.stages.precache_models import IMAGE_EXTS
 from tasks.stages.runner import records_of_layout
 
@@ -119,24 +118,9 @@ def iter_pixels(
     device = decode_device(cfg, "curate.decode")
     size = pre.size
 
-    @pipeline_def(
-        batch_size=cfg.batch_size,
-        # Half the cores at most: on a CPU worker the encoder needs the rest.
-        num_threads=max(1, min(4, (os.cpu_count() or 2) // 2)),
-        device_id=0 if device == "mixed" else None,
-        prefetch_queue_depth=cfg.prefetch,
-        exec_dynamic=True,
-    )
+    @pipeline_def(**pipeline_options(cfg.batch_size, cfg.prefetch, device))
     def pipe():
-        encoded = fn.readers.webdataset(
-            paths=[tar_path],
-            index_paths=[idx_path],
-            ext=[IMAGE_EXTS],
-            missing_component_behavior="error",
-            random_shuffle=False,
-            pad_last_batch=True,
-            name="reader",
-        )
+        encoded = read_shard(tar_path, idx_path, [IMAGE_EXTS])
         images = fn.decoders.image(encoded, device=device, output_type=types.RGB)
         if pre.center_crop:
             images = fn.resize(images, resize_shorter=size, antialias=True)

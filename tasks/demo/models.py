@@ -18,13 +18,14 @@ _WORDS = (
 ).split()
 
 
-def make_tokenizer(path: str | Path, max_length: int = 77) -> Path:
-    """A word-level tokenizer saved in transformers' layout (``tokenizer.json`` + config)."""
+def make_tokenizer(path: str | Path, max_length: int = 77, words: list[str] | None = None) -> Path:
+    """A word-level tokenizer of ``words`` (default: enough for the demo captions) saved in
+    transformers' layout (``tokenizer.json`` + config)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     specials = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
-    vocab = {tok: i for i, tok in enumerate(specials + sorted(set(_WORDS)))}
+    vocab = {tok: i for i, tok in enumerate(specials + sorted(set(_WORDS if words is None else words)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

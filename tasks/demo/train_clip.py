@@ -112,27 +112,12 @@ def render_caption_only(rng: np.random.Generator) -> tuple[None, str]:
 
 
 def make_tokenizer(path: Path, words: list[str]) -> Any:
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    """The word-level tokenizer of ``words`` (tasks.demo.models.make_tokenizer), saved and loaded."""
+    from transformers import AutoTokenizer
 
-    specials = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
-    vocab = {tok: i for i, tok in enumerate(specials + words)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[BOS] $A [EOS]", special_tokens=[("[BOS]", vocab["[BOS]"]), ("[EOS]", vocab["[EOS]"])]
-    )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="[PAD]",
-        unk_token="[UNK]",
-        bos_token="[BOS]",
-        eos_token="[EOS]",
-        model_max_length=CONTEXT,
-    )
-    fast.save_pretrained(path)
-    return fast
+    from tasks.demo.models import make_tokenizer as save_tokenizer
+
+    return AutoTokenizer.from_pretrained(save_tokenizer(path, CONTEXT, words))
 
 
 def make_model(tok: Any) -> Any:

@@ -54,6 +54,34 @@ def to_torch(tensor_list: Any) -> Any:
     return torch.from_numpy(np.asarray(dense))
 
 
+def pipeline_options(batch_size: int, prefetch: int, device: str) -> dict[str, Any]:
+    """The settings of a DALI pipeline over one shard, decoding on ``device`` (``mixed``/``cpu``)."""
+    return {
+        "batch_size": batch_size,
+        # Half the cores at most: on a CPU worker the encoders need the rest.
+        "num_threads": max(1, min(4, (os.cpu_count() or 2) // 2)),
+        "device_id": 0 if device == "mixed" else None,
+        "prefetch_queue_depth": prefetch,
+        "exec_dynamic": True,
+    }
+
+
+def read_shard(tar_path: str, idx_path: str, exts: list[str]) -> Any:
+    """DALI's webdataset reader over one shard through its index, in shard order (the last batch
+    padded); one output per entry of ``exts`` (``;``-separated alternatives)."""
+    from nvidia.dali import fn
+
+    return fn.readers.webdataset(
+        paths=[tar_path],
+        index_paths=[idx_path],
+        ext=exts,
+        missing_component_behavior="error",
+        random_shuffle=False,
+        pad_last_batch=True,
+        name="reader",
+    )
+
+
 def iter_batches(
     tar_path: str,
     idx_path: str,
@@ -73,24 +101,9 @@ def iter_batches(
     want_images = cfg.image_latents is not None or vision_size is not None
     res = cfg.image_latents.resolution if cfg.image_latents else None
 
-    @pipeline_def(
-        batch_size=cfg.batch_size,
-        # Half the cores at most: on a CPU worker the encoders need the rest.
-        num_threads=max(1, min(4, (os.cpu_count() or 2) // 2)),
-        device_id=0 if device == "mixed" else None,
-        prefetch_queue_depth=cfg.prefetch,
-        exec_dynamic=True,
-    )
+    @pipeline_def(**pipeline_options(cfg.batch_size, cfg.prefetch, device))
     def pipe():
-        encoded, txt = fn.readers.webdataset(
-            paths=[tar_path],
-            index_paths=[idx_path],
-            ext=[IMAGE_EXTS, "txt"],
-            missing_component_behavior="error",
-            random_shuffle=False,
-            pad_last_batch=True,
-            name="reader",
-        )
+        encoded, txt = read_shard(tar_path, idx_path, [IMAGE_EXTS, "txt"])
         outs = [encoded, txt]
         if want_images:
             images = fn.decoders.image(encoded, device=device, output_type=types.RGB)
