@@ -103,15 +103,19 @@ def curate_task(storage: Storage, decision: ShardDecision, tar_rel: str, ledger_
 
 
 def _embedded_by(storage: Storage, paths: list[str]) -> dict[str, str]:
-    """The run that computed each stored side shard, from its footer."""
+    """The run that computed each stored side shard, from its footer (footers read side by side:
+    on object stores each is a request)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow.parquet as pq
 
-    out = {}
-    for p in paths:
+    def one(p: str) -> str:
         with storage.open(p, "rb") as fh:
             meta = pq.ParquetFile(fh).metadata.metadata or {}
-        out[p] = meta.get(b"shardsmith.run", b"").decode()
-    return out
+        return meta.get(b"shardsmith.run", b"").decode()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(paths)))) as pool:
+        return dict(zip(paths, pool.map(one, paths)))
 
 
 def _embed(
