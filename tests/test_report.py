@@ -550,3 +550,37 @@ def test_observed_values_read_as_sentences_and_numbers():
     for out in (html, text):
         assert "0 of 306 rows unexpected" in out
         assert "element_count" not in out and "unexpected_count" not in out
+
+
+def test_curation_section_shows_scores_deciles_and_duplicate_groups():
+    """The curation section as a run with planted copies makes it: each duplicate group shows
+    the kept sample first, then each copy with its similarity and its reason."""
+    data = {
+        "model": "ab" * 32,
+        "samples": 3,
+        "scores": [
+            {
+                "name": "alignment",
+                "n": 3,
+                "mean": 0.3,
+                "values": [0.1, 0.3, 0.5],
+                "low": 0.2,
+                "high": None,
+                "rule": "min 0.2",
+                "removed": 1,
+            },
+        ],
+        "deciles": {
+            "alignment": [
+                {"decile": 1, "lo": 0.1, "hi": 0.1, "samples": [{"key": "c", "value": 0.1, "reason": "low_alignment"}]}
+            ]
+        },
+        "groups": [{"kept": "a", "members": [{"key": "b", "similarity": 0.97, "reason": "semantic_duplicate"}]}],
+    }
+    thumbs = pa.table({"key": ["a", "b"], "caption": ["<b>a red cat</b>", None], "thumbnail": [jpeg(), None]})
+    page = render_html(make_run(), None, curation=(data, thumbs))
+    group = re.search(r'<div class="dup-group" data-kept="a">(.*?)</div></div>', page, re.S).group(1)
+    figs = re.findall(r'<figure class="thumb" data-key="(\w)"(?: data-reason="(\w+)")?', group)
+    assert figs == [("a", ""), ("b", "semantic_duplicate")]
+    assert "cos 0.97" in group and "&lt;b&gt;a red cat&lt;/b&gt;" in group and "no image" in group
+    assert 'data-score="alignment" data-removed="1"' in page and 'data-reason="low_alignment"' in page

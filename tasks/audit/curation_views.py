@@ -171,7 +171,7 @@ def curation_view(curation: tuple[dict[str, Any], pa.Table] | None) -> dict[str,
         caption = p.get("caption")
         if isinstance(caption, str) and len(caption) > 120:
             caption = caption[:120] + "..."
-        return {"key": key, "uri": uri, "caption": caption, **extra}
+        return {"key": key, "uri": uri, "caption": caption, "reason": None, "value": None, **extra}
 
     scores = []
     for s in data["scores"]:
