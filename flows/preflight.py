@@ -229,9 +229,7 @@ def stored_problems(storage: Storage, recipe: Recipe, phases: list[str], last: d
         return ["the last run recorded no outputs (an older version): run again to check them"]
     problems = [f"{rel} is missing" for rel in sorted(set(outputs) - committed(storage, outputs))]
     if "release" in phases:
-        head = latest(storage, recipe.dataset)
-        if last.get("release") is None or head != last["release"]:
-            problems.append(f"release {last.get('release')} is not the latest ({head or 'none is'})")
-        else:
-            problems += release_problems(storage, recipe.dataset, head)
+        head, rel = latest(storage, recipe.dataset), last.get("release")
+        gone = release_problems(storage, recipe.dataset, rel) if rel else ["the last run made no release"]
+        problems += gone or ([] if head == rel else [f"release {rel} is not the latest ({head or 'none is'})"])
     return problems

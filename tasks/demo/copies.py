@@ -65,8 +65,8 @@ def augment(img: Image.Image, rng: np.random.Generator) -> Image.Image:
 def make_copy(img: Image.Image, kind: str, rng: np.random.Generator) -> Image.Image:
     """One augmented copy of ``kind`` (``COPY_KINDS``): what the demo's duplicate rows hold."""
     img = img.convert("RGB")
-    if kind == "crop":  # 80..88% of each side, off centre
-        f = rng.uniform(0.80, 0.88)
+    if kind == "crop":  # 88..94% of each side, off centre
+        f = rng.uniform(0.88, 0.94)
         cw, ch = int(img.width * f), int(img.height * f)
         x, y = int(rng.integers(0, img.width - cw + 1)), int(rng.integers(0, img.height - ch + 1))
         return img.crop((x, y, x + cw, y + ch))

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from tasks.demo.scenes import add_grain, draw_scene, pick, write_caption
+from tasks.demo.scenes import add_grain, draw_scene, pick, scene_combos, write_caption
 
 # Bump when the generator's output changes, so a stamp from an older version is not reused.
 GENERATOR_VERSION = 1
@@ -116,13 +116,21 @@ def _size(rng: np.random.Generator, index: int) -> tuple[int, int]:
     return short, int(round(short / aspect))
 
 
+def scene_combo(seed: int, index: int) -> tuple[str, str, str]:
+    """Picture ``index``'s sky, ground and first colour: a shuffle of every combination per
+    ``seed``, so the first ``len(scene_combos())`` (360) pictures each have their own."""
+    combos = scene_combos()
+    order = np.random.default_rng([seed, 0x5CE7E]).permutation(len(combos))
+    return combos[int(order[index % len(combos)])]
+
+
 def render_image(seed: int, index: int) -> tuple[str, bytes, dict[str, Any]]:
     """Make image ``index`` of the corpus for ``seed``: its file name, bytes and metadata."""
     rng = np.random.default_rng([seed, index])
     kind = _FORCED_KINDS.get(index) or pick(rng, list(KINDS), [k[0] for k in KINDS.values()])
     _, fmt, ext, mode = KINDS[kind]
     w, h = _size(rng, index)
-    img, drawn = draw_scene(rng, w, h, transparent=(mode == "RGBA"))
+    img, drawn = draw_scene(rng, w, h, transparent=(mode == "RGBA"), combo=scene_combo(seed, index))
     if mode == "L":
         img = img.convert("L")
     photo = fmt in ("JPEG", "WEBP")

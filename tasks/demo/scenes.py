@@ -115,10 +115,21 @@ def _gradient(a: tuple[int, int, int], b: tuple[int, int, int], n: int) -> np.nd
     return (np.asarray(a, np.float32) + (np.asarray(b, np.float32) - np.asarray(a, np.float32)) * t).astype(np.uint8)
 
 
-def draw_scene(rng: np.random.Generator, w: int, h: int, transparent: bool) -> tuple[Image.Image, dict[str, Any]]:
-    """Draw a scene at (w, h); return it and what was drawn, for the caption."""
-    sky_key = pick(rng, list(SKIES))
-    ground_key = pick(rng, list(GROUNDS))
+def scene_combos() -> list[tuple[str, str, str]]:
+    """Every (sky, ground, colour of the first shapes) a scene can have."""
+    return [(s, g, c) for s in SKIES for g in GROUNDS for c in COLOURS]
+
+
+def draw_scene(
+    rng: np.random.Generator, w: int, h: int, transparent: bool, combo: tuple[str, str, str] | None = None
+) -> tuple[Image.Image, dict[str, Any]]:
+    """Draw a scene at (w, h); return it and what was drawn, for the caption.
+
+    ``combo``: the sky, ground and colour of the first shapes (``scene_combos``), else drawn at
+    random; the demo corpus gives each picture its own, so no two of its pictures are the same
+    scene told twice (a semantic duplicate nobody planted)."""
+    sky_key = combo[0] if combo else pick(rng, list(SKIES))
+    ground_key = combo[1] if combo else pick(rng, list(GROUNDS))
     _, top, bottom = SKIES[sky_key]
     _, _, near, far = GROUNDS[ground_key]
     horizon = int(h * rng.uniform(0.45, 0.8))
@@ -157,8 +168,12 @@ def draw_scene(rng: np.random.Generator, w: int, h: int, transparent: bool) -> t
 
     groups: list[tuple[int, str, str]] = []
     seen: set[tuple[str, str]] = set()
-    for _ in range(int(rng.integers(1, 4))):
+    for n in range(int(rng.integers(1, 4))):
         colour, shape = pick(rng, list(COLOURS)), pick(rng, SHAPES)
+        if combo and n == 0:
+            colour = combo[2]
+        elif combo and colour == combo[2]:
+            continue  # the first colour is this picture's own
         if (colour, shape) in seen:
             continue
         seen.add((colour, shape))

@@ -31,8 +31,8 @@ from PIL import Image, ImageDraw
 from tasks.demo.copies import augment, watermark
 from tasks.demo.scenes import COLOURS, SHAPES, add_grain, draw_scene, draw_shape, write_caption
 
-SIZE = 96  # the vision tower's input: whole pictures squashed to SIZE x SIZE (no crop)
-PATCH = 12  # 8 x 8 patches: the cost of 64 px at patch 8, with finer detail in each
+SIZE = 64  # the vision tower's input: whole pictures squashed to SIZE x SIZE (no crop)
+PATCH = 8
 MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
 CONTEXT = 40

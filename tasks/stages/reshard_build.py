@@ -111,8 +111,9 @@ def build_output(
     The sha256 is computed from the bytes as they are written; the written tar's header blocks
     are then checked against the layout (``tasks.stages.reshard_check``) before it is renamed into
     place. The ledger, written after the tar, commits it and records the digest and the check.
-    When the ledger exists already, nothing is written and the recorded result is returned,
-    its check made again from the committed tar's headers, so a rerun converges.
+    When the output is committed already (its ledger and its tar are stored), nothing is written
+    and the recorded result is returned, its check made again from the committed tar's headers,
+    so a rerun converges; a ledger whose tar is gone is written again with the tar.
     """
     return write_output(storage, output, window_bytes=window_bytes, ledgers=ledgers).commit()
 
@@ -122,7 +123,7 @@ def write_output(
 ) -> _Written:
     """``build_output`` up to its commit: the tar written and checked under a temp name, not yet durable."""
     start = time.perf_counter()
-    if storage.exists(output.ledger):
+    if storage.exists(output.ledger) and storage.exists(output.name):  # committed: tar and its ledger
         return _Written(storage, output, recorded=_recorded(storage, output, start))
     if window_bytes < 1:
         raise ValueError(f"window_bytes must be positive, not {window_bytes!r}")
