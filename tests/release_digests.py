@@ -43,6 +43,16 @@ VOLATILE_KEYS = frozenset(
 _LOOPBACK = re.compile(rb"http://127\.0\.0\.1:\d+")
 # Work folders are named by a hash of their inputs, which include the manifests (the port).
 _WORK_KEY = re.compile(rb"/[0-9a-f]{12}/")
+# Release shards are named by a digest of their content (shard-{digest8}-NNNNNN.tar), which
+# holds the samples' .json, so the port too.
+_SHARD_DIGEST = re.compile(r"shard-[0-9a-f]{8}-(?=\d{6}|\{)")
+
+
+def _name(rel: str) -> str:
+    """A release file's path with its shard digest normalised out."""
+    return _SHARD_DIGEST.sub("shard-<digest>-", rel)
+
+
 # The report shows the run id, the recipe hash, times and durations; and thumbnails of
 # rejected samples, which validation takes for the first few rejects per reason to finish in
 # its thread pool (tasks/stages/validate.py), so which ones differs from run to run.
@@ -118,6 +128,7 @@ def normalised(path: Path, root: Path, raw_digests: dict[str, str]) -> bytes:
         data = data.replace(digest.encode(), f"<sha256 of {name}>".encode())
     data = _LOOPBACK.sub(b"http://127.0.0.1:PORT", data)
     data = _WORK_KEY.sub(b"/<work key>/", data)
+    data = re.compile(_SHARD_DIGEST.pattern.encode()).sub(b"shard-<digest>-", data)
     return data.replace(str(root).encode(), b"<root>")
 
 
@@ -128,7 +139,7 @@ def release_digests(release: Path, root: Path) -> dict[str, str]:
     raw.update(
         {f"manifests/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for p in (root / "manifests").iterdir()}
     )
-    return {str(p.relative_to(release)): hashlib.sha256(normalised(p, root, raw)).hexdigest() for p in files}
+    return {_name(str(p.relative_to(release))): hashlib.sha256(normalised(p, root, raw)).hexdigest() for p in files}
 
 
 # Torch does not promise the same float bits on every CPU: its kernels (oneDNN's convolutions,
@@ -175,8 +186,8 @@ def release_floats(release: Path) -> dict[str, float]:
         for name, _, array in _latent_members(tar):
             if array is not None:
                 values = array.astype(np.float64)
-                out[f"latents/{tar.name}/{name}:mean"] = float(values.mean())
-                out[f"latents/{tar.name}/{name}:rms"] = float(np.sqrt((values**2).mean()))
+                out[_name(f"latents/{tar.name}/{name}:mean")] = float(values.mean())
+                out[_name(f"latents/{tar.name}/{name}:rms")] = float(np.sqrt((values**2).mean()))
     for path in sorted(release.rglob("*.json")):
         _scrub(json.loads(path.read_bytes()), where=str(path.relative_to(release)), floats=out)
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -97,8 +98,15 @@ def test_curation_to_a_release_then_a_new_threshold_embeds_nothing(
     report = store / "demo" / "reports" / out["run"]
     html = (report / "report.html").read_text()
     assert 'id="curation"' in html and 'data-score="alignment"' in html and 'class="cut"' in html
+    # Links that work: every relative link of the page names a stored file (gate pages, data docs).
+    links = {h.split("#")[0] for h in re.findall(r'href="([^"#][^"]*)"', html)}
+    assert links and all((report / h).resolve().is_file() for h in links if "://" not in h), links
     views = json.loads((report / "curation.json").read_text())
     assert [s["name"] for s in views["scores"]] == ["alignment", "watermark"]
+    # Each decile's thumbnails start at its lowest value: the first is the lowest score of all.
+    first = views["deciles"]["alignment"][0]["samples"]
+    assert first[0]["value"] == pytest.approx(min(r["alignment"] for r in rows), abs=1e-4)
+    assert [x["value"] for x in first] == sorted(x["value"] for x in first)
     # The run's summary in the Prefect UI carries the scores' histograms with their cuts.
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey

@@ -17,11 +17,19 @@ def ledgers(root: Path):
 
 
 def read_api():
+    """The download task runs and the artifacts, newest first. The session's API holds every
+    test's runs: unfiltered, the default page may end before this test's."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.sorting import ArtifactSort
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.sorting import ArtifactSort, TaskRunSort
 
     with get_client(sync_client=True) as client:
-        return client.read_task_runs(), client.read_artifacts(sort=ArtifactSort.CREATED_DESC)
+        runs = client.read_task_runs(
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="download-")),
+            sort=TaskRunSort.EXPECTED_START_TIME_DESC,
+            limit=200,
+        )
+        return runs, client.read_artifacts(sort=ArtifactSort.CREATED_DESC)
 
 
 def run(recipe_path, **kw):

@@ -240,7 +240,7 @@ def test_release_ships_latents_and_embeddings_aligned_key_for_key(released):
         assert mean.shape == (4, 32, 32) and np.isfinite(mean).all()
     assert index["gates"]["precache"]["success"]
     phases = [p.phase for p in first["record"].phases]
-    assert phases == ["download", "validate", "reshard", "precache"]
+    assert phases == ["download", "validate", "reshard", "precache", "release"]
 
 
 def test_a_nan_latent_fails_the_precache_gate_and_blocks_the_release(released, tmp_path, shared_cluster, monkeypatch):
@@ -317,7 +317,8 @@ def test_the_final_report_keeps_the_validation_plots_and_thumbnails(released):
     for page in (run_dir / "report.html", store / "releases" / "v0001" / "report.html"):
         html = page.read_text(encoding="utf-8")
         assert "No per-sample table" not in html
-        assert [p for p in re.findall(r'data-phase="(\w+)"', html) if p != ""][-1] == "precache"
+        phases = list(dict.fromkeys(p for p in re.findall(r'data-phase="(\w*)"', html) if p))
+        assert phases == ["download", "validate", "reshard", "precache", "release"]
         for column in ("width", "height", "caption_chars"):
             n = re.search(rf'<div class="hist" data-hist="{column}" data-n="(\d+)"', html)
             assert n and int(n.group(1)) == first["validate"].counts.ok, column

@@ -19,6 +19,7 @@ def ledger(rows: list[tuple[str, int, str]]) -> pa.Table:
             "source": [s for s, _, _ in rows],
             "row": [r for _, r, _ in rows],
             "status": [st for _, _, st in rows],
+            "reason": [None if st == "ok" else f"planted_{st}" for _, _, st in rows],
         }
     )
 
@@ -111,7 +112,10 @@ def test_a_failed_reconciliation_blocks_the_release_and_says_why(tmp_path, prefe
         "no duplicate ledger rows"
         in json.loads((tmp_path / "ds" / "reports" / "r1" / "run.json").read_text())["blocked"]
     )
-    assert reconcile(storage, recipe, new_run(recipe, "r2"), pa.concat_tables(CLEAN), OUTPUTS, 7)["success"] is True
+    entry, after = reconcile(storage, recipe, new_run(recipe, "r2"), pa.concat_tables(CLEAN), OUTPUTS, 7)
+    assert entry["success"] is True
+    # The run gains its release phase: the report's phase table ends with it.
+    assert after.phases[-1].phase == "release" and after.phases[-1].rows == 7
 
 
 def test_reconciliation_memory_is_flags_not_keys():

@@ -40,8 +40,8 @@ def build_curation_views(
 ) -> tuple[dict[str, Any], pa.Table]:
     """The report's curation data and its thumbnails, from each shard's (validated tar, ledger, fates).
 
-    Deciles: per score, ``PER_DECILE`` samples of each tenth of the scored samples (the first
-    by key, so the same data gives the same page). Groups: the largest semantic-duplicate
+    Deciles: per score, ``PER_DECILE`` samples of each tenth of the scored samples, spread over
+    it by value from its lowest (ties ordered by key, so the same data gives the same page). Groups: the largest semantic-duplicate
     groups, the kept sample first.
     """
     fates = read_tables(storage, [f for _, _, f in shards])
@@ -77,7 +77,9 @@ def build_curation_views(
             part = scored[d * len(scored) // 10 : (d + 1) * len(scored) // 10]
             if not part:
                 continue
-            shown = sorted(part, key=lambda r: r["key"])[:PER_DECILE]
+            # spread over the decile by value, lowest first: the first decile's first thumbnails
+            # are the lowest scores, where a low cut bites
+            shown = [part[i * len(part) // PER_DECILE] for i in range(min(PER_DECILE, len(part)))]
             wanted.update(r["key"] for r in shown)
             deciles.append(
                 {
