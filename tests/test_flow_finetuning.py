@@ -200,3 +200,25 @@ def test_both_fine_tuning_releases_read_back_with_our_loaders(released):
     online = list(OnlinePacker(finetuning_samples(plain, shuffle=False, even="pad"), budget, cap))
     assert all(p["tokens"] <= budget and p["images"] <= cap for p in online)
     assert sorted(s["key"] for p in online for s in p["samples"]) == in_packs
+
+
+def test_curation_removes_the_planted_records_and_no_other(released):
+    """Replies that describe another picture end low_alignment, copies of earlier records'
+    pictures as duplicates (semantic, or pixel-level when pHash catches them first), each with
+    its score or original in the detail; curation removes no other record."""
+    from tasks.formats.reasons import family
+
+    store, packed, _, expected = released
+    ledger = pq.read_table(store / "releases" / packed["release"].version / "ledger.parquet").to_pylist()
+    chat = {r["row"]: r for r in ledger if r["source"] == "chat"}
+    planted = {e["row"]: e for e in expected["curation"]}
+    assert {e["kind"] for e in planted.values()} == {"mismatch", "copy"}
+    for row, e in planted.items():
+        got = chat[row]
+        assert family(got["reason"]) in e["reasons"], (e, got)
+        if got["reason"] == "low_alignment":
+            assert re.search(r"alignment -?\d\.\d{4} < ", got["detail"]), got
+        elif got["reason"].startswith("semantic_duplicate_of:"):
+            assert re.search(r"cosine 0\.9\d+ to chat-img-", got["detail"]), got
+    curated = {"low_alignment", "semantic_duplicate_of"}
+    assert [r["row"] for r in chat.values() if family(r["reason"] or "") in curated and r["row"] not in planted] == []

@@ -29,7 +29,7 @@ from tasks.formats.recipe_finetune import FinetuneConfig, TilingConfig, TokensCo
 from tasks.formats.storage import Storage
 from tasks.stages.runner import ShardResult, Verdict, run_shard
 
-STAGE_VERSION = 3  # bump when ingest or sample building changes, so outputs get new names
+STAGE_VERSION = 4  # bump when ingest or sample building changes, so outputs get new names
 
 
 def image_source_name(source: str) -> str:
@@ -68,7 +68,7 @@ def build_paths(
 def _image_fates(storage: Storage, ledgers: list[str], keys: set[str]) -> dict[str, dict[str, Any]]:
     """Final fate of each image key: the validate ledger's row where there is one, else the download's."""
     fates: dict[str, dict[str, Any]] = {}
-    cols = ["key", "status", "reason", "shard", "members"]
+    cols = ["key", "status", "reason", "detail", "shard", "members"]
     for rel in ledgers:  # download ledgers first, then validate ones overwrite them
         t = read_parquet(storage, rel, cols)
         t = t.filter(pc.is_in(t.column("key"), value_set=pa.array(sorted(keys), pa.string())))
@@ -147,6 +147,8 @@ def _build_one(
             if fate is not None and is_curation_reason(reason):
                 row["reason"] = reason  # the record's own content was judged: say so, not "image_rejected"
             row["detail"] = f"image {n} ({ikey}): {reason or 'no ledger row'}"
+            if fate is not None and fate.get("detail"):
+                row["detail"] += f" ({fate['detail']})"  # the score and threshold, the duplicate's original
             return None
         data, ext = _read_image(storage, fate, handles)
         try:
