@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 WIDTH = 32
+
+
+def _tower(**extra: Any) -> dict[str, Any]:
+    """One tower's config: two layers of width WIDTH, two heads."""
+    return dict(hidden_size=WIDTH, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, **extra)
 
 
 def _tokenizer(path: Path, max_length: int) -> int:
@@ -29,22 +35,14 @@ def make_clip(path: Path, seed: int = 0, image_size: int = 32, max_length: int =
     torch.manual_seed(seed)
     cfg = CLIPConfig(
         projection_dim=16,
-        text_config=dict(
-            hidden_size=WIDTH,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
+        text_config=_tower(
             vocab_size=vocab,
             max_position_embeddings=max_length,
             pad_token_id=tok.pad_token_id,
             bos_token_id=tok.bos_token_id,
             eos_token_id=tok.eos_token_id,
         ),
-        vision_config=dict(
-            hidden_size=WIDTH,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
+        vision_config=_tower(
             image_size=image_size,
             patch_size=16,
         ),
@@ -62,19 +60,11 @@ def make_siglip(path: Path, seed: int = 0, image_size: int = 32, max_length: int
     vocab = _tokenizer(path, max_length)
     torch.manual_seed(seed)
     cfg = SiglipConfig(
-        text_config=dict(
-            hidden_size=WIDTH,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
+        text_config=_tower(
             vocab_size=vocab,
             max_position_embeddings=max_length,
         ),
-        vision_config=dict(
-            hidden_size=WIDTH,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
+        vision_config=_tower(
             image_size=image_size,
             patch_size=16,
         ),
