@@ -126,6 +126,16 @@ def test_curation_to_a_release_then_a_new_threshold_embeds_nothing(
     assert np.isclose(sorted(r["alignment"] for r in rows2), sorted(r["alignment"] for r in rows)).all()
     assert again["release"].version != rel.version and again["release"].samples == cur2.counts.ok
 
+    # Another fraction that keeps the same samples: the removed rows' details name it, so the
+    # curated shards and the reshard plan are new, their content the same. The latents, named
+    # by content, are read back (nothing encoded) for this run's inputs.
+    same = (cur2.counts.ok - 0.5) / cur.counts.rows
+    third = _run(recipe, **{"curate.alignment.keep_top": same})
+    assert third["curate"].counts.ok == cur2.counts.ok
+    assert [r.image_shard for r in third["precache"].results] == [o.tar for o in third["reshard"].outputs]
+    assert all(r.skipped for r in third["precache"].results)
+    assert third["reshard"].outputs[0].tar != again["reshard"].outputs[0].tar
+
 
 @pytest.mark.slow
 def test_a_curation_that_removes_too_much_is_blocked_by_its_gate(
