@@ -6,7 +6,7 @@ import hashlib
 import io
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -186,7 +186,14 @@ def plan_packs(tables: list[pa.Table], cfg: FinetuneConfig, per_shard: int, seed
 
 # One written output shard of packs: enough for the release indexes without reading it again;
 # ``packs`` has one row per pack (or per sample when unpacked): key, tokens, images, tiles, samples.
-PackShardResult = ShardResult
+@dataclass(frozen=True)
+class PackShardResult(ShardResult):
+    """A shard of packs: the shared fields, and ``packs``: one row per pack (or sample when
+    unpacked): key, tokens, images, tiles, samples, members."""
+
+    packs: list[dict[str, Any]] = field(default_factory=list)
+
+
 # Fields of the result kept in the pack ledger's metadata (what a rerun returns), in this order.
 META_FIELDS = ("index", "tar", "ledger", "samples", "bytes", "sha256", "packs")
 
@@ -215,13 +222,13 @@ def _load_sample(fh, ref: SampleRef) -> dict[str, bytes]:
 
 def write_pack_shard(
     storage: Storage, spec: OutputSpec, cfg: FinetuneConfig, tar_rel: str, ledger_rel: str
-) -> ShardResult:
+) -> PackShardResult:
     """Write one output shard of packs (or of single samples when unpacked), then its ledger."""
     start = time.perf_counter()
     if storage.exists(ledger_rel):
         t = read_parquet(storage, ledger_rel)
         data = json.loads(t.schema.metadata[META_KEY])
-        return ShardResult(**data, sample_records=records_of_layout(t), skipped=True)
+        return PackShardResult(**data, sample_records=records_of_layout(t), skipped=True)
     handles: dict[str, Any] = {}
     pack_rows = []
     run = ShardRun(storage, tar_rel, ledger_rel, PACK_SCHEMA, order=None)
@@ -246,7 +253,7 @@ def write_pack_shard(
     finally:
         for fh in handles.values():
             fh.close()
-    result = ShardResult(
+    result = PackShardResult(
         index=spec.index,
         tar=tar_rel,
         ledger=ledger_rel,

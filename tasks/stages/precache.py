@@ -95,7 +95,26 @@ class ChannelStats:
 # "shape", "dtype", ...}`` as index.json records it; ``stats``, channel sums of the scaled image
 # latents (``{"image_latents": ...}``) for the gate; ``timings``, seconds spent loading models,
 # decoding (waiting for DALI), encoding and writing.
-PrecacheResult = ShardResult
+@dataclass(frozen=True)
+class PrecacheResult(ShardResult):
+    """A latent shard: the shared fields, and
+
+    Args:
+        image_shard: the resharded shard it encodes.
+        encodings: per encoding its members, shape and dtype.
+        stats: channel sums for the gate.
+        timings: seconds per step.
+        nonfinite, misaligned: rows with non-finite values, or keys out of line with the input.
+    """
+
+    image_shard: str = ""
+    encodings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    nonfinite: int = 0
+    misaligned: int = 0
+
+
 # The result's fields in the JSON record beside the ledger (what a rerun returns).
 SUMMARY_FIELDS = (
     *("image_shard", "tar", "ledger", "samples", "bytes", "sha256", "records"),
@@ -227,7 +246,7 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     if len(rows) != len(expected):
         raise PrecacheError(f"{storage.url(shard.tar)}: DALI read {len(rows)} samples, the shard holds {len(expected)}")
     timings["total_s"] = time.perf_counter() - start
-    result = ShardResult(
+    result = PrecacheResult(
         image_shard=shard.tar,
         tar=tar,
         ledger=ledger,
@@ -321,7 +340,7 @@ def recorded(storage: Storage, summary: str) -> PrecacheResult:
     ]
     d["stats"] = {k: ChannelStats(**v) for k, v in d["stats"].items()}
     d["skipped"] = True
-    return ShardResult(**d)
+    return PrecacheResult(**d)
 
 
 # The gate's tables: per (encoding, channel) over all shards, and per latent shard.

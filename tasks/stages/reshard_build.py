@@ -8,7 +8,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,12 +17,13 @@ import pyarrow.compute as pc
 
 from tasks.formats.ledger import MEMBER_TYPE, read_parquet, write_parquet
 from tasks.formats.reasons import OK
+from tasks.formats.shards import SampleRecord
 from tasks.formats.storage import StagedFile, Storage
 from tasks.formats.tar_format import BLOCK
 from tasks.stages.reshard import METADATA_KEY, RESHARD_SCHEMA, InputShard, OutputPlan, complete_mask, read_input_ledger
 from tasks.stages.reshard_check import Layout, check_file
 from tasks.stages.reshard_copy import DEFAULT_WINDOW_BYTES, Inputs, Sink, copy_samples
-from tasks.stages.runner import ShardResult
+from tasks.stages.runner import ShardResult, records_of_layout
 
 # Input ledgers a build task keeps after use: consecutive outputs share their boundary inputs.
 LEDGERS_KEPT = 4
@@ -32,7 +34,27 @@ LAYOUT_COLUMNS = ["key", "source", "bytes", "offset", "length", "members"]
 # What one output reports: references, counts, where its samples lie (``layout``: the output
 # ledger's LAYOUT_COLUMNS, what the release indexes and the phase's counts need, so that neither
 # reads the tars again), and its gate row (``check``).
-OutputResult = ShardResult
+@dataclass(frozen=True)
+class OutputResult(ShardResult):
+    """A reshard output: the shared fields, and
+
+    Args:
+        layout: the ledger's key, source, bytes, offset, length and members columns, an Arrow
+            table that crosses to the flow far cheaper than a record per sample.
+        check: the gate's row for this output (``tasks.stages.reshard_check.check_row``).
+        ledger_seconds: seconds of ``seconds`` spent on the ledger.
+    """
+
+    layout: pa.Table | None = None
+    check: dict[str, Any] = field(default_factory=dict)
+    ledger_seconds: float = 0.0
+
+    @property
+    def records(self) -> list[SampleRecord]:
+        """The samples in tar order (from ``layout`` when that is all there is)."""
+        if self.sample_records is not None:
+            return self.sample_records
+        return records_of_layout(self.layout) if self.layout is not None else []
 
 
 def build_outputs(
@@ -200,7 +222,7 @@ class _Written:
         )
         write_parquet(storage, output.ledger, table)
         done = time.perf_counter()
-        return ShardResult(
+        return OutputResult(
             index=output.index,
             tar=output.name,
             ledger=output.ledger,
@@ -346,7 +368,7 @@ def _recorded(storage: Storage, output: OutputPlan, start: float) -> OutputResul
         from tasks.stages.release import verify_shard
 
         check = verify_shard(storage, output.name, meta["sha256"], output.required)
-    return ShardResult(
+    return OutputResult(
         index=output.index,
         tar=output.name,
         ledger=output.ledger,

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Generic, TypeVar, cast
 
 import numpy as np
@@ -26,7 +26,10 @@ DECIDE_FAILED = "fetch_failed"
 class ShardResult:
     """What one shard task reports to the flow: references and counts, never samples.
 
-    Every phase returns this record and fills the fields it has; the others keep their defaults.
+    The fields every phase shares. A phase that reports more returns a subclass that says so:
+    reshard's ``OutputResult`` (tasks/stages/reshard_build.py), fine-tuning's
+    ``PackShardResult`` (tasks/finetune/packs.py), precache's ``PrecacheResult``
+    (tasks/stages/precache.py).
 
     Args:
         source, index: the source and the number of the input chunk (download, validate,
@@ -39,15 +42,6 @@ class ShardResult:
         samples, bytes, sha256: samples in the shard, its size and digest (the release index's;
             0 and "" where a phase does not hash its shards).
         sample_records: the writer's records of the samples, in tar order (``records``).
-        layout: reshard: the ledger's key, source, bytes, offset, length and members columns,
-            an Arrow table that crosses to the flow far cheaper than a record per sample.
-        check: reshard: the gate's row for this output (``tasks.stages.reshard_check.check_row``).
-        ledger_seconds: reshard: seconds of ``seconds`` spent on the ledger.
-        packs: fine-tuning: one row per pack (or sample when unpacked): key, tokens, images,
-            tiles, samples, members.
-        image_shard, encodings, stats, timings, nonfinite, misaligned: precache: the input
-            shard, per encoding its members, shape and dtype, channel sums for the gate,
-            seconds per step, and rows with non-finite values or misaligned keys.
     """
 
     source: str = ""
@@ -61,16 +55,6 @@ class ShardResult:
     bytes: int = 0
     sha256: str = ""
     sample_records: list[SampleRecord] | None = None
-    layout: pa.Table | None = None
-    check: dict[str, Any] = field(default_factory=dict)
-    ledger_seconds: float = 0.0
-    packs: list[dict[str, Any]] = field(default_factory=list)
-    image_shard: str = ""
-    encodings: dict[str, dict[str, Any]] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    nonfinite: int = 0
-    misaligned: int = 0
 
     @property
     def table(self) -> str:
@@ -88,12 +72,8 @@ class ShardResult:
 
     @property
     def records(self) -> list[SampleRecord]:
-        """The samples as the shard writer records them, in tar order (from ``layout`` when that is all there is)."""
-        if self.sample_records is not None:
-            return self.sample_records
-        if self.layout is None:
-            return []
-        return records_of_layout(self.layout)
+        """The samples as the shard writer records them, in tar order."""
+        return self.sample_records if self.sample_records is not None else []
 
 
 def records_of_layout(layout: pa.Table) -> list[SampleRecord]:
