@@ -88,7 +88,11 @@ def test_deleted_phase_outputs_are_made_again_and_the_release_stands(env):
         p.unlink()
     curated = sorted((store / "curate").glob("*/*.tar"))[0]
     curated.unlink()
-    side = sorted((store / "curate" / "embeddings").rglob("*.parquet"))[0]
+    # The side shard of the same validated shard: its embeddings are computed again, so the
+    # curated shard is made again under a new name (its ledger names the run that embedded).
+    source, chunk = curated.parent.name, curated.name.split("-")[0]
+    (validated,) = (store / "validate" / source).glob(f"{chunk}-*.ledger.parquet")
+    (side,) = (store / "curate" / "embeddings").rglob(validated.name.removesuffix(".ledger.parquet") + "-*.parquet")
     side.unlink()
     ledger = sorted((store / "download").rglob("*.ledger.parquet"))[0]
     ledger.unlink()
@@ -96,7 +100,10 @@ def test_deleted_phase_outputs_are_made_again_and_the_release_stands(env):
     assert {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((store / "reshard").rglob("*.tar"))
     } == before
-    assert curated.exists() and side.exists() and ledger.exists()
+    assert side.exists() and ledger.exists()
+    # Every curated shard the run names is stored, the deleted one's successor among them.
+    assert out["curate"].tars and all((store.parent / t).is_file() for t in out["curate"].tars)
+    assert [t for t in out["curate"].tars if t.startswith(f"demo/curate/{source}/{chunk}-")]
     # Only the deleted side shard was embedded again.
     assert 0 < out["curate"].embedded < out["curate"].counts.rows
     # The same content is the latest release already: nothing new is released.
