@@ -39,7 +39,7 @@ def parse_sets(values: list[str]) -> dict[str, object]:
 
 def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], force: bool = True) -> dict:
     # Prefect, Dask and the flows are imported only once there is something to run.
-    from flows.preflight import phases_problem, storage_gaps, up_to_date, work_ahead
+    from flows.preflight import phases_problem, up_to_date, work_ahead
     from tasks.formats.manifests import ManifestError
     from tasks.formats.recipe import load_recipe
     from tasks.formats.recipe_base import RecipeError
@@ -69,12 +69,11 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
         try:
             # Nothing changed since the last run covered these phases: say so, start nothing more.
             pending = work_ahead(recipe, phases)
-            last = None if force else up_to_date(recipe, phases, pending)
+            last, gaps = (None, []) if force else up_to_date(recipe, phases, pending)
         except ManifestError as err:
             raise fail(f"{type(err).__name__}: {err}", 1) from None
         if last is not None:
             return {"up_to_date": last, "storage": recipe.storage, "dataset": recipe.dataset}
-        gaps = [] if force or pending != 0 else storage_gaps(recipe, phases)
         if gaps:
             more = f"\n  ... and {len(gaps) - 10} more" if len(gaps) > 10 else ""
             typer.echo(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,12 +100,8 @@ def precache_flow(
     stored = committed_pairs(storage, list(names.values()))
     records = committed(storage, [summary_name(ledger) for _, ledger in names.values()])
     done = {ledger for ledger in stored if summary_name(ledger) in records}
-    # Named by the input's content: a record may come from a run whose reshard folder differed
-    # (another plan of the same samples), so it is told which input it now stands for.
     results: list[PrecacheResult] = [
-        dataclasses.replace(recorded(storage, summary_name(names[s.tar][1])), image_shard=s.tar)
-        for s in inputs
-        if names[s.tar][1] in done
+        recorded(storage, summary_name(names[s.tar][1]), s.tar) for s in inputs if names[s.tar][1] in done
     ]
     todo = [s for s in inputs if names[s.tar][1] not in done]
     annotations = {"resources": {"GPU": 1}} if recipe.execution.cluster == "cuda" else {}

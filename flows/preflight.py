@@ -191,30 +191,25 @@ def reshard_tasks(recipe: Recipe, phases: list[str], plans: list[SourcePlan]) ->
     return max(1, -(-rows // recipe.reshard.samples_per_shard))
 
 
-def up_to_date(recipe: Recipe, phases: list[str], pending: int | None = None) -> dict[str, Any] | None:
-    """The last run's record when it covered ``phases`` over exactly today's inputs and its
-    release is still the latest: then there is nothing to do. ``pending``: what
-    ``work_ahead`` already said for this run (computed here when not given)."""
-
+def up_to_date(
+    recipe: Recipe, phases: list[str], pending: int | None = None
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """Whether this run has nothing to do: ``(the last run's record, [])`` when that run covered
+    ``phases`` over exactly today's inputs with this recipe and the storage still holds all it
+    left, its release the latest; ``(None, what the storage lost of it)`` when only the storage
+    differs (this run is a repair, and says so); ``(None, [])`` when there is other work.
+    ``pending``: what ``work_ahead`` already said for this run (computed here when not given;
+    0 means the last run covered these phases over these inputs with this recipe)."""
     if pending is None and recipe.kind == "pretraining":
         pending = work_ahead(recipe, phases)
     if recipe.kind != "pretraining" or pending != 0:
-        return None
+        return None, []
     storage = Storage(recipe.storage, recipe.storage_options)
     last = _last_run(storage, recipe)
     if last is None:
-        return None
-    return last if not stored_problems(storage, recipe, phases, last) else None
-
-
-def storage_gaps(recipe: Recipe, phases: list[str]) -> list[str]:
-    """What the last run left that the storage no longer holds, when that run covered these
-    phases with this recipe (then this run is a repair, and says so); empty otherwise."""
-    storage = Storage(recipe.storage, recipe.storage_options)
-    last = _last_run(storage, recipe)
-    if last is None or last["recipe_hash"] != recipe.recipe_hash() or not set(_upto(phases)) <= set(last["phases"]):
-        return []
-    return stored_problems(storage, recipe, phases, last)
+        return None, []
+    problems = stored_problems(storage, recipe, phases, last)
+    return (None, problems) if problems else (last, [])
 
 
 def stored_problems(storage: Storage, recipe: Recipe, phases: list[str], last: dict[str, Any]) -> list[str]:

@@ -75,8 +75,6 @@ def reconcile(
     manifest row's final fate (``ledger``), the released ``shards``, the seconds since ``started``
     (a ``time.perf_counter()``) and this gate; the report's phase table ends with it.
     """
-    import time
-
     from flows.audit import phase_record
     from tasks.audit.reconcile import Reconciliation, release_gate
     from tasks.formats.ledger import Counts

@@ -41,8 +41,8 @@ def build_curation_views(
     """The report's curation data and its thumbnails, from each shard's (validated tar, ledger, fates).
 
     Deciles: per score, ``PER_DECILE`` samples of each tenth of the scored samples, spread over
-    it by value from its lowest (ties ordered by key, so the same data gives the same page). Groups: the largest semantic-duplicate
-    groups, the kept sample first.
+    it by value from its lowest (ties ordered by key, so the same data gives the same page).
+    Groups: the largest semantic-duplicate groups, the kept sample first.
     """
     fates = read_tables(storage, [f for _, _, f in shards])
     ledgers = read_tables(storage, [led for _, led, _ in shards], ["key", "status", "members"])

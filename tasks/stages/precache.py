@@ -184,7 +184,7 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     tar, ledger = output_names(cfg, prefix, shard)
     summary = summary_name(ledger)
     if storage.exists(ledger) and storage.exists(summary) and storage.exists(tar):
-        return recorded(storage, summary)
+        return recorded(storage, summary, shard.tar)
     timings = {"load_s": 0.0, "decode_s": 0.0, "encode_s": 0.0, "write_s": 0.0, "total_s": 0.0}
     start = time.perf_counter()
     enc, timings["load_s"] = load_encoders(cfg)
@@ -326,9 +326,13 @@ def summary_name(ledger: str) -> str:
     return ledger.removesuffix(".ledger.parquet") + ".json"
 
 
-def recorded(storage: Storage, summary: str) -> PrecacheResult:
-    """The result of a committed latent shard, from its JSON record."""
+def recorded(storage: Storage, summary: str, image_shard: str) -> PrecacheResult:
+    """The result of a committed latent shard, from its JSON record, for the input
+    ``image_shard``. Latent shards are named by their input's content, so the record may come
+    from a run whose reshard folder differed (another plan of the same samples): the result
+    names this run's input, not the one recorded."""
     d = json.loads(storage.read_bytes(summary))
+    d["image_shard"] = image_shard
     d["sample_records"] = [
         SampleRecord(
             s["key"],
