@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from cli.ops import alerts, serve
+from cli.ops import alerts, serve, warm
 from cli.releases import diff, releases, report
 from cli.running import demo, run
 
@@ -27,11 +27,18 @@ def _no_type_for_flags() -> None:
 
 _no_type_for_flags()
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build release-gated multimodal training datasets.")
-for command in (run, demo, report, releases, diff, serve, alerts):
+for command in (run, demo, report, releases, diff, serve, alerts, warm):
     app.command()(command)
 
 
 def main() -> None:
+    from cli import warm
+
+    if warm.eligible(sys.argv):
+        status = warm.forward(sys.argv)  # the run, in the warm service (cli/warm.py)
+        if status is not None:
+            exit_now(status)
+
     def stopped_by() -> int | None:
         # Only a run that got as far as flows.session has our signal handlers.
         session = sys.modules.get("flows.session")
@@ -46,6 +53,8 @@ def main() -> None:
         code = 128 + signum if signum is not None else stop.code
     except KeyboardInterrupt:
         code = 128 + (stopped_by() or 2)
+    if stopped_by() is None:
+        warm.after_run()
     exit_now(code)
 
 

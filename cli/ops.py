@@ -86,3 +86,31 @@ def alerts(
     typer.echo(
         f"automation {cfg.name} ({ids['automation']}): {', '.join(cfg.states)} runs of {', '.join(cfg.flows)} -> {cfg.webhook_url}"
     )
+
+
+def warm(
+    stop: Annotated[bool, typer.Option("--stop", help="Stop them (each finishes the runs it has first).")] = False,
+) -> None:
+    """List the warm services that keep a Prefect server and a Dask cluster between runs.
+
+    The first `shardsmith run` starts one for its environment; it stops by itself after
+    $SHARDSMITH_WARM_IDLE_S seconds without a command (default 1200). SHARDSMITH_WARM=0 runs
+    every command without one.
+    """
+    import time
+
+    from cli import warm as service
+
+    found = service.running()
+    if stop:
+        for pid in service.stop_all():
+            typer.echo(f"stopping warm service {pid}")
+        return
+    if not found:
+        typer.echo("no warm service runs")
+    for info in found:
+        age = time.time() - info["started"]
+        typer.echo(
+            f"{info['pid']}: up {age / 60:.0f} min, {info.get('commands', 0)} commands, Prefect API {info['api']}, "
+            f"stops after {info['idle_s']:.0f} s idle ({info['socket']})"
+        )

@@ -63,6 +63,15 @@ class LocalServer:
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.process: subprocess.Popen | None = None
 
+    @classmethod
+    def at(cls, api_url: str) -> LocalServer:
+        """One that runs already (the warm service's): ``wait()`` works, ``stop()`` does nothing."""
+        from urllib.parse import urlsplit
+
+        server = cls(urlsplit(api_url).port)
+        server.api_url = api_url
+        return server
+
     def env(self) -> dict[str, str]:
         """The server process's environment: this process's, less its API URL, plus a one-run
         server's settings."""
@@ -143,8 +152,8 @@ def early_server() -> LocalServer | None:
     when ``PREFECT_API_URL`` is set in the environment. An API URL set only in a Prefect
     profile is seen later, by :class:`flows.session.Session`, which stops this server unused.
     """
-    if os.environ.get("PREFECT_API_URL"):
-        return None
+    if os.environ.get("PREFECT_API_URL") or os.environ.get("SHARDSMITH_WARM_API"):
+        return None  # a configured server, or the warm service's (flows/warm.py)
     return LocalServer().start()
 
 
@@ -152,6 +161,21 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def read_when_written(path: str, timeout: float) -> str:
+    """The text of ``path`` once it exists (written whole, then renamed into place)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the warm service's Dask cluster did not start within {timeout:.0f} s ({path})"
+                ) from None
+            time.sleep(0.05)
 
 
 def startup_timeout() -> float:

@@ -19,10 +19,12 @@ from flows.runtime import (
     drain_prefect_workers,
     local_api_settings,
     log,
+    read_when_written,
     start_cluster,
     startup_timeout,
     worker_env,
 )
+from flows.warm import API_ENV, CLUSTER_ENV
 
 
 class Session:
@@ -47,10 +49,15 @@ class Session:
         self.choice = cluster
         self.server: LocalServer | None = None
         configured = get_current_settings().api.url
-        if configured:
+        warm_api = os.environ.get(API_ENV)
+        if configured or warm_api:
             if server is not None:  # started early (runtime.early_server); a profile names an API
                 server.stop()
+        if configured:
             self.api_url = str(configured)
+        elif warm_api:  # the warm service's server (flows/warm.py): waited for, never stopped here
+            self.server = LocalServer.at(warm_api)
+            self.api_url = warm_api
         else:
             self.server = server or LocalServer().start()
             self.api_url = self.server.api_url
@@ -59,6 +66,11 @@ class Session:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._spec = (cluster, workers, threads_per_worker)
+        # The warm service's cluster, when it is the one the recipe asks for (one single-threaded
+        # worker per core); a cluster shared with other commands, so never ours to stop.
+        warm = os.environ.get(CLUSTER_ENV)
+        fits = cluster == "local" and workers in (None, default_workers()) and threads_per_worker == 1
+        self.warm_cluster: str | None = warm if warm and fits else None
 
     def start_cluster(self, workers: int | None = None) -> None:
         """Start our cluster in the background now (idempotent); a run that turns out to have
@@ -66,7 +78,7 @@ class Session:
         one chunk to fetch starts one worker, not one per core)."""
         choice, configured, threads = self._spec
         workers = min(configured or default_workers(), workers) if workers else configured
-        if choice not in ("local", "cuda"):
+        if choice not in ("local", "cuda") or self.warm_cluster:
             return
         with self._lock:
             if self._thread is not None:
@@ -106,6 +118,8 @@ class Session:
         """The scheduler address, once the cluster we start is up (or the configured one)."""
         if self.choice not in ("local", "cuda"):
             return self.choice
+        if self.warm_cluster:
+            return read_when_written(self.warm_cluster, startup_timeout())
         self.start_cluster()
         self._thread.join()
         if self._error is not None:
@@ -114,7 +128,7 @@ class Session:
 
     @property
     def owns_cluster(self) -> bool:
-        return self.choice in ("local", "cuda")
+        return self.choice in ("local", "cuda") and not self.warm_cluster
 
     def stop_workers(self) -> None:
         """Kill our cluster's worker processes now, and keep their nannies from restarting them.

@@ -15,6 +15,9 @@ os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(_PREFECT_TMP, "r
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+# Each command in its own process, as before the warm service (cli/warm.py): tests that start
+# `shardsmith run` would each leave one behind. tests/test_warm.py turns it on for its own.
+os.environ["SHARDSMITH_WARM"] = "0"
 
 import io  # noqa: E402
 from collections.abc import Iterator  # noqa: E402

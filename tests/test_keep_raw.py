@@ -89,7 +89,7 @@ def test_the_download_phase_alone_is_refused_without_raw_shards(tmp_path, prefec
     with pytest.raises(RecipeError, match="download.keep_raw is false"):
         pretraining_flow(recipe_path=str(RECIPE), phases=["download"], storage=str(tmp_path), overrides={"extra": LEAN})
     # The CLI says so before it starts anything, and exits 2.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDSMITH_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDSMITH_") or k == "SHARDSMITH_WARM"}
     env["SHARDSMITH_DEMO_DIR"] = str(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "cli", "run", str(RECIPE), "--phase", "download", "--set", "download.keep_raw=false"],

@@ -94,7 +94,7 @@ def corpus(tmp_path_factory, prefect_harness):
 
 def run_cli(recipe: Path, store: Path, api_url: str, fault: str | None) -> subprocess.CompletedProcess:
     """``shardsmith run`` in its own process group; a ``killgroup`` fault SIGKILLs all of it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDSMITH_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDSMITH_") or k == "SHARDSMITH_WARM"}
     env["PREFECT_API_URL"] = api_url  # the session's test server: no server start per run
     if fault:
         env["SHARDSMITH_FAULT"] = fault
