@@ -84,6 +84,29 @@ REASONS: dict[str, tuple[str, str]] = {
     "animated_image": (REJECTED, "an animated image while validate.image.animated is reject"),
     "image_too_small": (REJECTED, "the short side is below validate.image.min_side"),
     "aspect_ratio": (REJECTED, "long side / short side is above validate.image.max_aspect_ratio"),
+    # video (tasks/video/probe.py): all from the container's headers, before a frame is decoded
+    "not_a_video": (
+        REJECTED,
+        "the bytes are no video container shardsmith reads (sniffed, whatever the name or Content-Type says: an image named .mp4 is this); the detail names what they are",
+    ),
+    "video_unsupported_container": (REJECTED, "a container outside video.containers (the detail names it)"),
+    "video_unsupported_codec": (REJECTED, "the video stream's codec is outside video.codecs (the detail names it)"),
+    "video_no_video_stream": (REJECTED, "the container holds no video stream (audio only, subtitles only, or none)"),
+    "video_too_many_streams": (REJECTED, "more streams than video.max_streams are declared"),
+    "video_too_large": (
+        REJECTED,
+        "declared width x height over video.max_width, video.max_height or video.max_pixels; never decoded",
+    ),
+    "video_too_long": (
+        REJECTED,
+        "declared duration over video.max_duration_s, or declared frames over video.max_frames; never decoded",
+    ),
+    "video_too_short": (REJECTED, "declared duration below video.min_duration_s (zero, or none declared)"),
+    "video_truncated": (
+        REJECTED,
+        "the container's index is missing (an mp4 without moov) or fewer frames are present than it declares (a cut download)",
+    ),
+    "undecodable_video": (REJECTED, "the demuxer or the decoder failed on the bytes (the detail says how)"),
     # reshard (tasks/stages/reshard.py), and ingested shards (tasks/sources/)
     "incomplete_sample": (
         REJECTED,

@@ -1,0 +1,195 @@
+"""Untrusted video bytes probed from their container's headers, under limits, before any frame is decoded.
+
+Decisions (tests/test_video_probe.py pins each, on files PyAV writes and on their hostile edits):
+
+- The container is sniffed from the bytes (ISO BMFF ``ftyp``, Matroska/WebM's EBML magic, RIFF
+  AVI), never from the URL's extension or the Content-Type: a video named ``.jpg`` is probed as
+  a video, an image named ``.mp4`` is ``not_a_video`` with what it is in the detail.
+- FFmpeg's demuxer (through PyAV) reads the headers only: how many bytes it may read to find
+  the streams is capped (``probe_bytes``), and it is told the container, so it never guesses.
+- Every limit is checked on what the headers declare: stream count, the video stream's codec,
+  width x height, duration and frame count. A file that declares 100,000 x 100,000 pixels, a
+  billion frames or ten thousand streams is refused here, with no frame decoded.
+- Truncation: an mp4 without its index (``moov``) cannot be opened at all; one whose index
+  is whole but whose media data is cut holds fewer packets than the index declares. Packets
+  are counted by demuxing (no decoding), which costs a read of the bytes already in memory.
+  An index at the end of the file (no "faststart") is a valid file and passes.
+- Rotation (a display matrix in the stream's side data) is reported, not applied: the clip
+  cutter applies it when it decodes.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.policies.ruling import Ruling
+from tasks.policies.sniff import describe_start, sniff_format
+
+# Container names as FFmpeg's demuxers call them, and the sniffed families they read.
+CONTAINERS = {"mp4": "mov", "webm": "matroska", "mkv": "matroska", "avi": "avi"}
+
+
+class VideoLimits(BaseModel):
+    """What a video may declare before shardsmith decodes any of it.
+
+    Args:
+        containers: sniffed families accepted (``mp4`` also covers mov and m4v). Default mp4,
+            webm, mkv.
+        codecs: FFmpeg codec names accepted for the video stream. Default h264, hevc, vp8, vp9,
+            av1, mpeg4.
+        max_width, max_height: declared frame size. Default 3840 x 2160.
+        max_pixels: declared width x height. Default 3840 * 2160.
+        max_duration_s: declared duration. Default 3600.
+        min_duration_s: declared duration below this is ``video_too_short``. Default 0.1.
+        max_frames: declared frames of the video stream. Default 216,000 (an hour at 60 fps).
+        max_streams: streams of every kind. Default 16.
+        probe_bytes: how far FFmpeg may read to find the streams. Default 5 MB.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    containers: tuple[str, ...] = ("mp4", "webm", "mkv")
+    codecs: tuple[str, ...] = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4")
+    max_width: int = Field(3840, gt=0)
+    max_height: int = Field(2160, gt=0)
+    max_pixels: int = Field(3840 * 2160, gt=0)
+    max_duration_s: float = Field(3600.0, gt=0)
+    min_duration_s: float = Field(0.1, ge=0)
+    max_frames: int = Field(216_000, gt=0)
+    max_streams: int = Field(16, gt=0)
+    probe_bytes: int = Field(5_000_000, ge=32)
+
+
+@dataclass(frozen=True, slots=True)
+class VideoInfo:
+    """What a video's headers say, once they passed the limits (the ledger and report show it)."""
+
+    container: str
+    codec: str
+    width: int
+    height: int
+    fps: float
+    duration_s: float
+    frames: int
+    rotation: int
+    audio: bool
+    streams: int
+
+
+def sniff_container(data: bytes) -> str | None:
+    """``mp4``, ``webm``/``mkv`` (Matroska's DocType), ``avi``, or None."""
+    if len(data) >= 12 and data[4:8] == b"ftyp":
+        return "mp4"
+    if data[:4] == b"\x1a\x45\xdf\xa3":
+        return "webm" if b"webm" in data[:64] else "mkv"
+    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
+        return "avi"
+    return None
+
+
+def probe(data: bytes, limits: VideoLimits) -> Ruling[VideoInfo]:
+    """The video's header facts, or the first limit it breaks (a stable reason and a detail)."""
+    image = sniff_format(data)  # first: AVIF and HEIF images are ISO BMFF files too
+    container = None if image else sniff_container(data)
+    if container is None:
+        return Ruling(reason="not_a_video", detail=f"a {image} image" if image else describe_start(data))
+    if container not in limits.containers:
+        return Ruling(
+            reason="video_unsupported_container", detail=f"{container}; allowed: {', '.join(limits.containers)}"
+        )
+    import av
+
+    try:
+        with av.open(
+            io.BytesIO(data),
+            format=CONTAINERS[container],
+            options={"probesize": str(limits.probe_bytes), "analyzeduration": "0"},
+        ) as box:
+            return _check(box, container, limits)
+    except av.error.InvalidDataError as err:
+        if container == "mp4" and b"moov" not in data:
+            return Ruling(reason="video_truncated", detail="no moov box: the index of an mp4 is missing")
+        return Ruling(reason="undecodable_video", detail=f"{container}: {err.strerror or err}")
+    except (av.error.FFmpegError, OSError, ValueError) as err:
+        return Ruling(reason="undecodable_video", detail=f"{container}: {type(err).__name__}: {err}")
+
+
+def _check(box, container: str, limits: VideoLimits) -> Ruling[VideoInfo]:
+    streams = box.streams
+    if len(streams) > limits.max_streams:
+        return Ruling(reason="video_too_many_streams", detail=f"{len(streams)} streams (limit {limits.max_streams})")
+    if not streams.video:
+        kinds = sorted({s.type for s in streams}) or ["none"]
+        return Ruling(reason="video_no_video_stream", detail=f"streams: {', '.join(kinds)}")
+    video = streams.video[0]
+    ctx = video.codec_context
+    codec = ctx.name or "unknown"
+    if codec not in limits.codecs:
+        return Ruling(reason="video_unsupported_codec", detail=f"{codec}; allowed: {', '.join(limits.codecs)}")
+    w, h = int(ctx.width or 0), int(ctx.height or 0)
+    if w > limits.max_width or h > limits.max_height or w * h > limits.max_pixels:
+        return Ruling(
+            reason="video_too_large",
+            detail=f"{w}x{h} declared (limits {limits.max_width}x{limits.max_height}, {limits.max_pixels:,} pixels)",
+        )
+    if w <= 0 or h <= 0:
+        return Ruling(reason="undecodable_video", detail=f"{w}x{h} declared: no frame size")
+    duration = _duration(box, video)
+    fps = float(video.average_rate or video.guessed_rate or 0)
+    declared = int(video.frames or 0)
+    if duration > limits.max_duration_s:
+        return Ruling(reason="video_too_long", detail=f"{duration:.1f} s declared (limit {limits.max_duration_s:g} s)")
+    if declared > limits.max_frames:
+        return Ruling(reason="video_too_long", detail=f"{declared:,} frames declared (limit {limits.max_frames:,})")
+    if duration < limits.min_duration_s:
+        return Ruling(
+            reason="video_too_short", detail=f"{duration:.3f} s declared (minimum {limits.min_duration_s:g} s)"
+        )
+    present = sum(1 for packet in box.demux(video) if packet.size)
+    if declared and present < declared:
+        return Ruling(reason="video_truncated", detail=f"{present} of {declared} declared frames present")
+    frames = declared or present
+    info = VideoInfo(
+        container=container,
+        codec=codec,
+        width=w,
+        height=h,
+        fps=round(fps, 3),
+        duration_s=round(duration, 3),
+        frames=frames,
+        rotation=_rotation(video),
+        audio=bool(streams.audio),
+        streams=len(streams),
+    )
+    return Ruling(value=info)
+
+
+def _duration(box, video) -> float:
+    """The video stream's declared duration in seconds, else the container's; 0 when none."""
+    if video.duration is not None and video.time_base is not None:
+        return float(video.duration * video.time_base)
+    if box.duration is not None:
+        return box.duration / 1_000_000  # AV_TIME_BASE
+    return 0.0
+
+
+def _rotation(video) -> int:
+    """Degrees a player turns the frames (a display matrix, or the old ``rotate`` tag)."""
+    tag = (video.metadata or {}).get("rotate")
+    if tag is not None:
+        try:
+            return int(float(tag)) % 360
+        except ValueError:
+            return 0
+    side = getattr(video, "side_data", None)
+    if side:
+        for key, value in dict(side).items():
+            if "DISPLAYMATRIX" in str(key).upper():
+                try:
+                    return int(round(float(value))) % 360
+                except (TypeError, ValueError):
+                    return 0
+    return 0
