@@ -21,6 +21,7 @@ def make_video(
     video: bool = True,
     faststart: bool = True,
     extra_streams: int = 0,
+    draw=None,
 ) -> bytes:
     """A square moving across a background; at ``cut_at`` seconds the scene changes (colours and motion)."""
     fmt = {"mp4": "mp4", "webm": "webm", "mkv": "matroska"}[container]
@@ -29,14 +30,30 @@ def make_video(
     handle, path = tempfile.mkstemp(suffix=f".{container}")
     os.close(handle)
     try:
-        _write(path, fmt, options, seconds, fps, size, codec, cut_at, audio, video, extra_streams)
+        _write(path, fmt, options, seconds, fps, size, codec, cut_at, audio, video, extra_streams, draw)
         with open(path, "rb") as f:
             return f.read()
     finally:
         os.unlink(path)
 
 
-def _write(path, fmt, options, seconds, fps, size, codec, cut_at, audio, video, extra_streams) -> None:
+def scene(kind: str, i: int, size: tuple[int, int]):
+    """A frame of one of the test scenes: ``a`` (a red square moving right on blue), ``b`` (a blue
+    square moving left on yellow), ``black``, ``still`` (a square that does not move)."""
+    w, h = size
+    if kind == "black":
+        return np.zeros((h, w, 3), np.uint8)
+    side = max(8, min(w, h) // 3)
+    background, colour = ((30, 90, 160), (240, 40, 40)) if kind in ("a", "still") else ((200, 180, 40), (20, 20, 200))
+    img = np.full((h, w, 3), background, np.uint8)
+    span = max(1, w - side)
+    x = {"a": (i * 9) % span, "b": span - (i * 7) % span, "still": span // 2}[kind]
+    y = h // 4 if kind != "b" else h // 2
+    img[y : y + side, x : x + side] = colour
+    return img
+
+
+def _write(path, fmt, options, seconds, fps, size, codec, cut_at, audio, video, extra_streams, draw) -> None:
     with av.open(path, mode="w", format=fmt, options=options) as box:
         vs = None
         if video:
@@ -50,15 +67,13 @@ def _write(path, fmt, options, seconds, fps, size, codec, cut_at, audio, video, 
             extra.width, extra.height = 16, 16
             extra.pix_fmt = "yuv420p"
         a = box.add_stream("aac", rate=8000) if audio else None
-        w, h = size
         n = int(seconds * fps)
         for i in range(n if vs else 0):
             t = i / fps
-            second = cut_at is not None and t >= cut_at
-            img = np.full((h, w, 3), (30, 90, 160) if not second else (200, 180, 40), np.uint8)
-            x = int((i * 5) % max(1, w - 16)) if not second else int(w - 16 - (i * 3) % max(1, w - 16))
-            y = h // 3 if not second else h // 2
-            img[y : y + 16, x : x + 16] = (240, 40, 40) if not second else (20, 20, 200)
+            if draw is not None:
+                img = draw(i, t)
+            else:
+                img = scene("b" if cut_at is not None and t >= cut_at else "a", i, size)
             frame = av.VideoFrame.from_ndarray(img, format="rgb24")
             for packet in vs.encode(frame):
                 box.mux(packet)

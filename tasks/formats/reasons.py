@@ -107,6 +107,9 @@ REASONS: dict[str, tuple[str, str]] = {
         "the container's index is missing (an mp4 without moov) or fewer frames are present than it declares (a cut download)",
     ),
     "undecodable_video": (REJECTED, "the demuxer or the decoder failed on the bytes (the detail says how)"),
+    # clips (tasks/video/clips.py)
+    "clip_static": (REJECTED, "the clip barely moves: its mean frame difference is below video.clips.min_motion"),
+    "clip_black": (REJECTED, "the clip is (nearly) black: its mean level is below video.clips.min_luma"),
     # reshard (tasks/stages/reshard.py), and ingested shards (tasks/sources/)
     "incomplete_sample": (
         REJECTED,

@@ -1,0 +1,259 @@
+"""A probed video cut into clips: scene cuts from frame differences, windows, static and black checks, frame hashes, transcoding.
+
+One decode pass reads every frame once at a small size (64 x 36 grey, FFmpeg's scaler): the
+mean absolute difference between neighbours finds scene cuts (a content detector, as
+PySceneDetect's) and motion, the mean level finds black, and a 256-bit difference hash of each
+clip's frames at a quarter, half and three quarters finds near duplicates between clips. Spans are then cut at scene changes
+(``split: scenes``) or only by time (``fixed``), into windows of at most ``max_s`` seconds;
+a remainder shorter than ``min_s`` is not a clip. Each kept span is transcoded on its own
+(H.264 in mp4, its index first, no audio), scaled so its long side is at most ``max_side``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.video.probe import CONTAINERS, VideoInfo
+
+SMALL = (64, 36)  # the analysis size: enough for cuts, motion, luminance and the hashes
+HASH_AT = (0.25, 0.5, 0.75)  # where in a clip its frames are hashed
+
+
+class ClipConfig(BaseModel):
+    """How a video becomes clips.
+
+    Args:
+        split: ``scenes`` (windows inside the scenes a content detector finds) or ``fixed``
+            (windows over the whole video). Default scenes.
+        min_s, max_s: a clip's shortest and longest length in seconds. Default 1 and 10.
+        scene_threshold: mean absolute difference of neighbouring frames (0..1 of full scale)
+            that starts a new scene. Default 0.2.
+        min_motion: a clip whose mean difference between neighbouring frames is below this is
+            ``clip_static``. Default 0.002.
+        min_luma: a clip whose mean level is below this (0..1) is ``clip_black``. Default 0.06.
+        max_side: the transcoded clip's long side in pixels (never upscaled). Default 640.
+        fps: the transcoded clip's frame rate; None keeps the source's. Default None.
+        crf: x264's constant rate factor. Default 23.
+        near_bits: clips whose 256-bit difference hashes, of the frames at a quarter, half and
+            three quarters of each, differ in at most this many bits each are near duplicates.
+            Default 16.
+        near_level: and whose frames there differ in level by at most this on average (0..1).
+            Default 0.04.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    split: Literal["scenes", "fixed"] = "scenes"
+    min_s: float = Field(1.0, gt=0)
+    max_s: float = Field(10.0, gt=0)
+    scene_threshold: float = Field(0.2, gt=0, le=1)
+    min_motion: float = Field(0.002, ge=0)
+    min_luma: float = Field(0.06, ge=0, le=1)
+    max_side: int = Field(640, ge=16)
+    fps: float | None = Field(None, gt=0)
+    crf: int = Field(23, ge=0, le=51)
+    near_bits: int = Field(16, ge=0, le=256)
+    near_level: float = Field(0.04, ge=0, le=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """Per decoded frame: its time, its difference to the frame before (0..1) and its mean level (0..1)."""
+
+    times: np.ndarray
+    diffs: np.ndarray
+    luma: np.ndarray
+    small: np.ndarray  # frames x 18 x 32, uint8
+
+
+@dataclass(frozen=True, slots=True)
+class Clip:
+    """One span of a source video: frames [first, end), seconds [start_s, end_s), and its fate."""
+
+    index: int
+    first: int
+    end: int
+    start_s: float
+    end_s: float
+    scene: int
+    motion: float
+    luma: float
+    hashes: tuple[int, ...]
+    reason: str | None = None
+    detail: str | None = None
+
+
+def signals(data: bytes, info: VideoInfo) -> Signals:
+    """Decode every frame once, at the analysis size."""
+    import av
+
+    times, frames = [], []
+    with av.open(io.BytesIO(data), format=CONTAINERS[info.container]) as box:
+        stream = box.streams.video[0]
+        stream.thread_type = "AUTO"
+        for frame in box.decode(stream):
+            small = frame.reformat(width=SMALL[0], height=SMALL[1], format="gray").to_ndarray()
+            frames.append(small[:, : SMALL[0]])
+            times.append(float(frame.time) if frame.time is not None else len(times) / (info.fps or 1.0))
+    small = np.stack(frames) if frames else np.zeros((0, SMALL[1], SMALL[0]), np.uint8)
+    diffs = np.zeros(len(frames), np.float32)
+    if len(frames) > 1:
+        diffs[1:] = np.abs(np.diff(small.astype(np.int16), axis=0)).mean(axis=(1, 2)) / 255.0
+    luma = small.mean(axis=(1, 2)).astype(np.float32) / 255.0 if len(frames) else np.zeros(0, np.float32)
+    return Signals(np.asarray(times, np.float64), diffs, luma, small)
+
+
+def scene_starts(sig: Signals, threshold: float) -> list[int]:
+    """Frame indexes that start a scene (always 0 for a non-empty video)."""
+    if not len(sig.times):
+        return []
+    return [0] + [int(i) for i in np.nonzero(sig.diffs > threshold)[0] if i > 0]
+
+
+def dhash(small: np.ndarray) -> int:
+    """A 256-bit difference hash of one analysis frame (17 x 16 samples, left-right gradients)."""
+    rows = np.linspace(0, small.shape[0] - 1, 16).astype(int)
+    cols = np.linspace(0, small.shape[1] - 1, 17).astype(int)
+    grid = small[np.ix_(rows, cols)].astype(np.int16)
+    bits = (grid[:, 1:] > grid[:, :-1]).flatten()
+    return int(sum(1 << i for i, b in enumerate(bits) if b))
+
+
+def _hashes(sig: Signals, first: int, end: int) -> tuple[int, ...]:
+    return tuple(dhash(sig.small[first + int((end - 1 - first) * at)]) for at in HASH_AT)
+
+
+def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """The largest Hamming distance between two clips' hashes, frame by frame."""
+    return max(bin(x ^ y).count("1") for x, y in zip(a, b, strict=True))
+
+
+def _frames(sig: Signals, first: int, end: int) -> np.ndarray:
+    return sig.small[[first + int((end - 1 - first) * at) for at in HASH_AT]].astype(np.int16)
+
+
+def cut(sig: Signals, info: VideoInfo, cfg: ClipConfig) -> list[Clip]:
+    """The clips of a video, each with its fate: kept (reason None), ``clip_static``,
+    ``clip_black`` or ``duplicate_of:<clip index>`` (an earlier clip of the same video)."""
+    n = len(sig.times)
+    if n == 0:
+        return []
+    step = 1.0 / info.fps if info.fps else float(np.median(np.diff(sig.times))) if n > 1 else 0.0
+    ends = sig.times + step
+    starts = scene_starts(sig, cfg.scene_threshold) if cfg.split == "scenes" else [0]
+    bounds = list(zip(starts, starts[1:] + [n], strict=True))
+    clips: list[Clip] = []
+    seen: list[tuple[tuple[int, ...], np.ndarray, int]] = []  # (hashes, frames, index) of kept clips
+    for scene, (lo, hi) in enumerate(bounds):
+        first = lo
+        while first < hi:
+            limit = sig.times[first] + cfg.max_s
+            end = first
+            while end < hi and ends[end] <= limit + 1e-9:
+                end += 1
+            length = float(ends[end - 1] - sig.times[first])
+            if length + 1e-9 >= cfg.min_s:
+                clips.append(_judge(sig, cfg, len(clips), first, end, scene, float(ends[end - 1]), seen))
+            first = end
+    return clips
+
+
+def _judge(sig: Signals, cfg: ClipConfig, index: int, first: int, end: int, scene: int, end_s: float, seen) -> Clip:
+    motion = float(sig.diffs[first + 1 : end].mean()) if end - first > 1 else 0.0
+    luma = float(sig.luma[first:end].mean())
+    hashes = _hashes(sig, first, end)
+    reason = detail = None
+    if luma < cfg.min_luma:
+        reason, detail = "clip_black", f"mean level {luma:.3f} (minimum {cfg.min_luma:g})"
+    elif motion < cfg.min_motion:
+        reason, detail = "clip_static", f"mean frame difference {motion:.4f} (minimum {cfg.min_motion:g})"
+    else:
+        # The hashes see edges only: a square on blue and one on yellow hash alike, so the
+        # frames' levels must agree too.
+        frames = _frames(sig, first, end)
+        near = next(
+            (
+                (h, i, level)
+                for h, f, i in seen
+                if _distance(h, hashes) <= cfg.near_bits
+                and (level := float(np.abs(f - frames).mean()) / 255.0) <= cfg.near_level
+            ),
+            None,
+        )
+        if near is not None:
+            bits = _distance(near[0], hashes)
+            reason = f"duplicate_of:{near[1]}"
+            detail = f"frame hashes differ in at most {bits} of 256 bits, levels by {near[2]:.3f}"
+        else:
+            seen.append((hashes, frames, index))
+    start_s = round(float(sig.times[first]), 3)
+    return Clip(index, first, end, start_s, round(end_s, 3), scene, motion, luma, hashes, reason, detail)
+
+
+def transcode(data: bytes, info: VideoInfo, clip: Clip, cfg: ClipConfig) -> bytes:
+    """The clip's frames as H.264 in an mp4 whose index comes first (readers can stream it)."""
+    import av
+
+    scale = min(1.0, cfg.max_side / max(info.width, info.height))
+    w, h = max(2, int(info.width * scale) // 2 * 2), max(2, int(info.height * scale) // 2 * 2)
+    rate = cfg.fps or info.fps or 25.0
+    handle, path = tempfile.mkstemp(suffix=".mp4")
+    os.close(handle)
+    try:
+        with (
+            av.open(io.BytesIO(data), format=CONTAINERS[info.container]) as src,
+            av.open(path, mode="w", format="mp4", options={"movflags": "+faststart"}) as out,
+        ):
+            tick = 1 / _fraction(rate)
+            stream = out.add_stream("libx264", rate=_fraction(rate))
+            stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+            stream.options = {"crf": str(cfg.crf), "preset": "veryfast"}
+            written = 0
+            for i, frame in enumerate(src.decode(src.streams.video[0])):
+                if i < clip.first:
+                    continue
+                if i >= clip.end:
+                    break
+                t = (i - clip.first) / (info.fps or rate)
+                if t * rate + 1e-6 < written:  # a lower output rate drops frames evenly
+                    continue
+                picture = frame.reformat(width=w, height=h, format="yuv420p")
+                picture.pts, picture.time_base = written, tick  # numbered at the output rate
+                written += 1
+                for packet in stream.encode(picture):
+                    out.mux(packet)
+            for packet in stream.encode():
+                out.mux(packet)
+        with open(path, "rb") as f:
+            return f.read()
+    finally:
+        os.unlink(path)
+
+
+def thumbnail(data: bytes, info: VideoInfo, clip: Clip, side: int = 160) -> bytes:
+    """A JPEG of the clip's middle frame, its long side ``side`` pixels, for the report."""
+    import av
+
+    middle = (clip.first + clip.end) // 2
+    scale = side / max(info.width, info.height)
+    with av.open(io.BytesIO(data), format=CONTAINERS[info.container]) as src:
+        for i, frame in enumerate(src.decode(src.streams.video[0])):
+            if i == middle:
+                image = frame.to_image(width=max(1, int(info.width * scale)), height=max(1, int(info.height * scale)))
+                out = io.BytesIO()
+                image.save(out, "JPEG", quality=85)
+                return out.getvalue()
+    raise ValueError(f"frame {middle} is past the end of the video")
+
+
+def _fraction(rate: float):
+    from fractions import Fraction
+
+    return Fraction(rate).limit_denominator(1001)

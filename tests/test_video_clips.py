@@ -1,0 +1,77 @@
+"""Clips: scene cuts, windows, static, black and duplicate clips, and the transcoded clip, on videos PyAV writes."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+from video_fixtures import make_video, scene
+
+from tasks.formats.reasons import status_of
+from tasks.video.clips import ClipConfig, cut, signals, thumbnail, transcode
+from tasks.video.probe import VideoLimits, probe
+
+SIZE = (160, 96)
+FPS = 10
+
+
+def _clips(data: bytes, **cfg):
+    info = probe(data, VideoLimits()).value
+    return info, cut(signals(data, info), info, ClipConfig(**cfg))
+
+
+def _video(*parts: tuple[str, float]) -> bytes:
+    """Scenes one after another: (kind, seconds) each; each scene starts from its first frame."""
+    frames = [(kind, i) for kind, seconds in parts for i in range(int(seconds * FPS))]
+    return make_video(seconds=len(frames) / FPS, fps=FPS, size=SIZE, draw=lambda n, t: scene(*frames[n], SIZE))
+
+
+def test_a_scene_cut_starts_a_clip_and_windows_keep_to_max_s():
+    _, clips = _clips(_video(("a", 3.0), ("b", 3.5)), max_s=2.0, min_s=1.0)
+    spans = [(c.start_s, c.end_s, c.scene) for c in clips]
+    # Scene a: 0-2, 2-3; scene b from the cut at 3 s: 3-5, 5-6.5 (nothing crosses the cut).
+    assert spans == [(0.0, 2.0, 0), (2.0, 3.0, 0), (3.0, 5.0, 1), (5.0, 6.5, 1)]
+    assert all(c.reason is None for c in clips), [(c.reason, c.detail) for c in clips]
+
+
+def test_fixed_windows_ignore_scenes_and_drop_a_short_remainder():
+    _, clips = _clips(_video(("a", 3.0), ("b", 3.5)), split="fixed", max_s=2.0, min_s=1.0)
+    assert [(c.start_s, c.end_s) for c in clips] == [(0.0, 2.0), (2.0, 4.0), (4.0, 6.0)]  # 6-6.5 s is too short
+
+
+def test_black_and_static_clips_are_rejected_with_their_measure():
+    _, clips = _clips(_video(("a", 2.0), ("black", 2.0), ("still", 2.0)), max_s=2.0)
+    assert [c.reason for c in clips] == [None, "clip_black", "clip_static"]
+    assert "mean level" in clips[1].detail and "mean frame difference" in clips[2].detail
+    assert all(status_of(c.reason) == "rejected" for c in clips[1:])
+
+
+def test_a_scene_shown_again_is_a_duplicate_of_its_first_clip():
+    _, clips = _clips(_video(("a", 2.0), ("b", 2.0), ("a", 2.0)), max_s=2.0)
+    assert [c.reason for c in clips] == [None, None, "duplicate_of:0"]
+    assert "bits" in clips[2].detail
+
+
+@pytest.mark.parametrize("fps, frames", [(None, 20), (5.0, 10)])
+def test_a_clip_is_transcoded_to_its_span_rate_and_size(fps, frames):
+    data = _video(("a", 3.0), ("b", 3.0))
+    info, clips = _clips(data, max_s=2.0)
+    out = transcode(data, info, clips[2], ClipConfig(fps=fps, max_side=80))
+    clip = probe(out, VideoLimits()).value
+    assert (clip.container, clip.codec, clip.width, clip.height) == ("mp4", "h264", 80, 48)
+    assert (clip.frames, clip.duration_s) == (frames, 2.0)
+    assert out[4:8] == b"ftyp" and out.index(b"moov") < out.index(b"mdat")  # index first: streamable
+    # It is the second scene's picture: yellow background.
+    info2 = probe(out, VideoLimits()).value
+    first = cut(signals(out, info2), info2, ClipConfig(min_s=0.1))[0]
+    assert first.luma > 0.5
+
+
+def test_a_thumbnail_is_the_clips_middle_frame():
+    data = _video(("a", 2.0), ("b", 2.0))
+    info, clips = _clips(data, max_s=2.0)
+    image = Image.open(io.BytesIO(thumbnail(data, info, clips[1], side=80)))
+    assert image.format == "JPEG" and image.size == (80, 48)
+    r, g, b = image.convert("RGB").getpixel((2, 2))
+    assert r > 150 and g > 150 and b < 100  # scene b's yellow
