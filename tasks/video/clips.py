@@ -94,8 +94,9 @@ def signals(data: bytes, info: VideoInfo) -> Signals:
     """Decode every frame once, at the analysis size."""
     import av
 
-    times, frames = [], []
-    with av.open(io.BytesIO(data), format=CONTAINERS[info.container]) as box:
+    times: list[float] = []
+    frames: list[np.ndarray] = []
+    with av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as box:
         stream = box.streams.video[0]
         stream.thread_type = "AUTO"
         for frame in box.decode(stream):
@@ -208,7 +209,7 @@ def transcode(data: bytes, info: VideoInfo, clip: Clip, cfg: ClipConfig) -> byte
     os.close(handle)
     try:
         with (
-            av.open(io.BytesIO(data), format=CONTAINERS[info.container]) as src,
+            av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as src,
             av.open(path, mode="w", format="mp4", options={"movflags": "+faststart"}) as out,
         ):
             tick = 1 / _fraction(rate)
@@ -243,7 +244,7 @@ def thumbnail(data: bytes, info: VideoInfo, clip: Clip, side: int = 160) -> byte
 
     middle = (clip.first + clip.end) // 2
     scale = side / max(info.width, info.height)
-    with av.open(io.BytesIO(data), format=CONTAINERS[info.container]) as src:
+    with av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as src:
         for i, frame in enumerate(src.decode(src.streams.video[0])):
             if i == middle:
                 image = frame.to_image(width=max(1, int(info.width * scale)), height=max(1, int(info.height * scale)))
