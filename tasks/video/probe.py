@@ -92,6 +92,8 @@ def sniff_container(data: bytes) -> str | None:
 
 def probe(data: bytes, limits: VideoLimits) -> Ruling[VideoInfo]:
     """The video's header facts, or the first limit it breaks (a stable reason and a detail)."""
+    if not data:
+        return Ruling(reason="not_a_video", detail="no bytes")
     image = sniff_format(data)  # first: AVIF and HEIF images are ISO BMFF files too
     container = None if image else sniff_container(data)
     if container is None:

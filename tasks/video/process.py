@@ -1,0 +1,84 @@
+"""One source video to its ledger rows: a row for the video, a row for every clip cut from it, and the kept clips' files.
+
+Nothing is lost between videos and clips: every video ends as exactly one row (``ok`` with its
+facts and how many clips it gave, or refused with the probe's reason), and every clip as one row
+that names its source video's key and its time span (kept, or ``clip_static``, ``clip_black``,
+``duplicate_of:<clip key>``). A decoder failure after the probe passed refuses the video
+(``undecodable_video``); it never raises out of here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tasks.formats.reasons import status_of
+from tasks.video.clips import ClipConfig, cut, signals, thumbnail, transcode
+from tasks.video.probe import VideoInfo, VideoLimits, probe
+
+
+@dataclass(frozen=True, slots=True)
+class ClipOut:
+    """A clip's ledger row, and for a kept clip its mp4 and thumbnail."""
+
+    row: dict[str, Any]
+    mp4: bytes | None = None
+    jpg: bytes | None = None
+
+
+def clip_key(video_key: str, index: int) -> str:
+    return f"{video_key}.c{index:03d}"
+
+
+def process_video(key: str, data: bytes, limits: VideoLimits, cfg: ClipConfig) -> tuple[dict[str, Any], list[ClipOut]]:
+    """The video's row and its clips (none when the video is refused)."""
+    ruling = probe(data, limits)
+    if ruling.reason is not None or ruling.value is None:
+        return _video_row(key, len(data), None, ruling.reason, ruling.detail), []
+    info = ruling.value
+    try:
+        sig = signals(data, info)
+        clips = cut(sig, info, cfg)
+        outs = [_clip(key, data, info, clip, cfg) for clip in clips]
+    except Exception as err:  # noqa: BLE001 - FFmpeg's errors, whatever they are: the video's reason
+        return _video_row(key, len(data), info, "undecodable_video", f"{type(err).__name__}: {err}"), []
+    kept = sum(o.row["status"] == "ok" for o in outs)
+    return _video_row(key, len(data), info, None, None, clips=len(outs), kept=kept), outs
+
+
+def _video_row(
+    key: str, size: int, info: VideoInfo | None, reason: str | None, detail: str | None, clips: int = 0, kept: int = 0
+) -> dict[str, Any]:
+    facts = asdict(info) if info is not None else dict.fromkeys(VideoInfo.__slots__)
+    return {
+        "key": key,
+        "status": status_of(reason),
+        "reason": reason,
+        "detail": detail,
+        "bytes": size,
+        **facts,
+        "clips": clips,
+        "clips_kept": kept,
+    }
+
+
+def _clip(key: str, data: bytes, info: VideoInfo, clip, cfg: ClipConfig) -> ClipOut:
+    reason = clip.reason
+    if reason and reason.startswith("duplicate_of:"):
+        reason = f"duplicate_of:{clip_key(key, int(reason.split(':', 1)[1]))}"
+    row = {
+        "key": clip_key(key, clip.index),
+        "video": key,
+        "status": status_of(reason),
+        "reason": reason,
+        "detail": clip.detail,
+        "start_s": clip.start_s,
+        "end_s": clip.end_s,
+        "scene": clip.scene,
+        "motion": round(clip.motion, 5),
+        "luma": round(clip.luma, 4),
+        "hashes": [f"{h:064x}" for h in clip.hashes],
+    }
+    if reason is not None:
+        return ClipOut(row)
+    return ClipOut(row, transcode(data, info, clip, cfg), thumbnail(data, info, clip))
