@@ -5,50 +5,32 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
-import os
-import platform
 import shutil
-import signal
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_download import (  # noqa: E402  (corpus server, processes, CPU accounting, report helpers)
-    BENCH_DIR,
-    I2D_REQUIREMENT,
-    I2D_VENV,
-    SHARDSMITH,
-    Children,
-    _fmt,
-    _interrupt,
-    _med,
-    _revision,
-    child_env,
-    ensure_img2dataset,
-    start_image_server,
-    start_prefect_server,
-    wait_for_quiet,
-)
-from bench_validate import (  # noqa: E402  (the unique image pool, recipe and timed runs)
+from harness.photos import ensure_unique_pool, write_manifest
+from harness.procs import Children, Session, Timed, default_role, settle, timed
+from harness.report import alternated, command, emit, fmt, in_turn, machine, med, ratio, revision, table
+from harness.servers import prefect_env, start_image_server, start_prefect_server
+from harness.tools import (
     I2D_ENCODE_QUALITY,
     I2D_IMAGE_SIZE,
+    I2D_REQUIREMENT,
     I2D_RESIZE_MODE,
-    LICENSE,
-    Timed,
-    _role,
-    ensure_unique_pool,
+    REPO,
+    ensure_img2dataset,
     first_image_size,
-    timed,
-    write_manifest,
+    i2d_command,
+    i2d_env,
+    i2d_outputs,
+    run_command,
+    summary,
     write_recipe,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = ("validate", "faulty", "download", "fixed")
 FAULT_KINDS = ("404", "500", "slow", "timeout", "truncated", "corrupt", "html", "empty")
 I2D_TIMEOUT_S = 10  # img2dataset 1.47's default --timeout, and the faulty scenario's equal setting
@@ -184,22 +166,13 @@ def write_faulty_manifest(
     """The clean manifest's rows with ``share`` of them turned faulty, the kinds in equal parts
     at seeded random rows; a ``kind`` column says which. Returns rows per kind."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     n = len(names)
     kinds = ["ok"] * n
     for j, row in enumerate(np.random.default_rng([seed, 13]).choice(n, size=round(n * share), replace=False)):
         kinds[int(row)] = FAULT_KINDS[j % len(FAULT_KINDS)]
-    table = pa.table(
-        {
-            "url": [base_url + fault_path(k, name, i, slow_ms) for i, (k, name) in enumerate(zip(kinds, names))],
-            "caption": [f"synthetic photo number {i}" for i in range(n)],
-            "license": [LICENSE] * n,
-            "kind": kinds,
-        }
-    )
-    pq.write_table(table, path)
+    urls = [base_url + fault_path(k, name, i, slow_ms) for i, (k, name) in enumerate(zip(kinds, names))]
+    write_manifest(path, urls, kind=kinds)
     return {k: kinds.count(k) for k in ("ok", *FAULT_KINDS)}
 
 
@@ -249,7 +222,7 @@ class Roles:
             # Prefect's own `prefect server start`, or the CLI's (`python -m flows.local_server`).
             if ("uvicorn" in cmd or "flows.local_server" in cmd) and "prefect" in cmd:
                 return "prefect-server"
-        return _role(p, root)
+        return default_role(p, root)
 
     def stop_leftovers(self) -> list[str]:
         """Kill what of the run's tree is still alive after the command ended (same pid and start time)."""
@@ -268,22 +241,27 @@ class Roles:
 @dataclass
 class Context:
     args: argparse.Namespace
-    children: Children
-    work: Path
-    home: Path  # PREFECT_HOME of every shardsmith run (its database persists, as a user's does)
+    session: Session
     watch: dict[str, int]  # image server, and the pre-started Prefect server if any
     api: str | None  # the pre-started Prefect server's API; None: each CLI starts its own
 
+    @property
+    def children(self) -> Children:
+        return self.session.children
 
-def _json(stdout: str) -> dict:
-    start = stdout.rfind("\n{\n")  # anything a library printed before the summary
-    return json.loads(stdout[start + 1 :] if start >= 0 else stdout)
+    @property
+    def work(self) -> Path:
+        return self.session.work
+
+    @property
+    def home(self) -> Path:  # PREFECT_HOME of every shardsmith run (its database persists, as a user's does)
+        return self.session.work / "prefect-home"
 
 
 def _measure(
     ctx: Context, run: Run, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, prefect: bool
 ) -> Timed | None:
-    """Run and fill the run's times; on failure record the error and return None.
+    """Run and fill the run's times; on failure record the error, keep the folders, return None.
 
     ``prefect``: the command uses Prefect, so a pre-started server's CPU meanwhile is its cost
     (img2dataset's runs leave it out: that server idles for shardsmith's sake).
@@ -293,6 +271,7 @@ def _measure(
         t = timed(ctx.children, cmd, env, cwd, log, ctx.watch, timeout=ctx.args.run_timeout, role=roles)
     except SystemExit as err:
         run.error = str(err).splitlines()[0]
+        ctx.session.keep = True  # its log
         print(f"  FAILED {run.scenario} {run.tool} round {run.round}: {err}", flush=True)
         return None
     finally:
@@ -300,7 +279,7 @@ def _measure(
         if left:
             print(f"  warning: {run.tool} left processes behind, killed: {left}", flush=True)
     run.wall_s, run.cpu_s = t.wall_s, t.cpu_s + (t.watched.get("prefect", 0.0) if prefect else 0.0)
-    run.server_cpu_s, run.other_cpu_s = t.watched.get("server", 0.0), t.watched["other"]
+    run.server_cpu_s, run.other_cpu_s = t.watched.get("server", 0.0), t.other_s
     if prefect:
         run.prefect_cpu_s = (
             t.watched["prefect"] if "prefect" in t.watched else t.sampler.by_role().get("prefect-server")
@@ -313,20 +292,13 @@ def run_shardsmith(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: P
     folder.mkdir(parents=True, exist_ok=True)
     store, recipe = folder / "store", folder / "recipe.yaml"
     if not recipe.exists():
-        write_recipe(recipe, store, manifest, ctx.args)
-    cmd = [str(SHARDSMITH), "run", str(recipe), "--phase", tool.phase, "--json"]
-    for item in tool.sets:
-        cmd += ["--set", item]
-    # The checkout this script is in, not whatever the venv's editable install points at.
-    env = child_env(PYTHONPATH=str(REPO), PREFECT_HOME=str(ctx.home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    env.pop("PREFECT_API_URL", None)
-    if ctx.api:
-        env["PREFECT_API_URL"] = ctx.api
-    t = _measure(ctx, run, cmd, env, REPO, folder / f"{run.tool}-{run.round}.log", prefect=True)
+        write_recipe(recipe, store, manifest, ctx.args.rows_per_shard, ctx.args.workers)
+    cmd = run_command(recipe, tool.phase, *tool.sets)
+    t = _measure(ctx, run, cmd, prefect_env(ctx.home, ctx.api), REPO, folder / f"{run.tool}-{run.round}.log", True)
     if t is None:
         return run
     try:
-        result = _json(t.stdout)
+        result = summary(t.stdout)
         if "up_to_date" in result:  # the last run covered these phases over the same inputs
             run.reasons = {"up to date: nothing to do": 1}
             return run
@@ -348,39 +320,24 @@ def run_shardsmith(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: P
 
 
 def run_img2dataset(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: Path, kinds: bool) -> Run:
-    import pyarrow.parquet as pq
-
     folder.mkdir(parents=True, exist_ok=True)
     a = ctx.args
-    cmd = [
-        str(I2D_VENV / "bin" / "img2dataset"), "--url_list", str(manifest), "--input_format", "parquet",
-        "--url_col", "url", "--caption_col", "caption", "--output_format", "webdataset", "--output_folder", str(folder / "out"),
-        "--processes_count", str(a.workers), "--thread_count", str(a.threads), "--number_sample_per_shard", str(a.rows_per_shard),
-        "--enable_wandb", "False", *tool.i2d,
-    ]  # fmt: skip
+    cmd = i2d_command(manifest, folder / "out", a.workers, a.threads, a.rows_per_shard, *tool.i2d)
     if kinds:
         cmd += ["--save_additional_columns", '["kind"]']
-    env = child_env(WANDB_MODE="disabled", WANDB_SILENT="true", NO_ALBUMENTATIONS_UPDATE="1")
-    if _measure(ctx, run, cmd, env, folder, folder / "stderr.log", prefect=False) is None:
+    if _measure(ctx, run, cmd, i2d_env(), folder, folder / "stderr.log", prefect=False) is None:
         return run
-    starts, ends = [], []
-    for stats in (folder / "out").glob("*_stats.json"):
-        s = json.loads(stats.read_text())
-        starts.append(s["start_time"])
-        ends.append(s["end_time"])
-    run.phase_s = (max(ends) - min(starts)) if starts else None
-    for meta in sorted((folder / "out").glob("*.parquet")):
-        t = pq.read_table(meta).to_pydict()
-        run.rows += len(t["status"])
-        run.ok += sum(s == "success" for s in t["status"])
-        for status, message in zip(t["status"], t.get("error_message", [None] * len(t["status"]))):
-            if status != "success":
-                key = (message or status).split(":", 1)[0][:60]
-                run.reasons[key] = run.reasons.get(key, 0) + 1
-        for status, kind in zip(t["status"], t.get("kind", [])):
-            run.by_kind.setdefault(kind, [0, 0])
-            run.by_kind[kind][0] += status == "success"
-            run.by_kind[kind][1] += 1
+    t, run.phase_s = i2d_outputs(folder / "out")
+    statuses = t.get("status", [])
+    run.rows, run.ok = len(statuses), sum(s == "success" for s in statuses)
+    for status, message in zip(statuses, t.get("error_message", [None] * len(statuses))):
+        if status != "success":
+            key = (message or status).split(":", 1)[0][:60]
+            run.reasons[key] = run.reasons.get(key, 0) + 1
+    for status, kind in zip(statuses, t.get("kind", [])):
+        run.by_kind.setdefault(kind, [0, 0])
+        run.by_kind[kind][0] += status == "success"
+        run.by_kind[kind][1] += 1
     run.first_size = first_image_size(list((folder / "out").glob("*.tar")))
     return run
 
@@ -396,13 +353,7 @@ def run_tool(
     key: str | None = None,
 ) -> Run:
     """One timed run, after waiting for the machine to go quiet; prints its line."""
-    if ctx.args.quiet_wait > 0:
-        load = wait_for_quiet(ctx.args.quiet_wait)
-        if load >= 0.3:
-            print(
-                f"  (other work still uses {load:.1f} cores after {ctx.args.quiet_wait:g} s; running anyway)",
-                flush=True,
-            )
+    settle(ctx.args.quiet_wait)
     run = Run(scenario, key or tool.name, rnd)
     if tool.shardsmith:
         run_shardsmith(ctx, run, tool, manifest, folder)
@@ -419,46 +370,27 @@ def run_tool(
     return run
 
 
-def _rounds(args) -> range:
-    return range(1, args.repeats + 1)
-
-
-def _clean(ctx: Context, folder: Path, run: Run) -> None:
-    if not ctx.args.keep and run.error is None:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def alternated(ctx: Context, scenario: str, tools: list[Tool], manifest: Path, kinds: bool = False) -> list[Run]:
+def rounds_of(ctx: Context, scenario: str, tools: list[Tool], manifest: Path, kinds: bool = False) -> list[Run]:
     """``--repeats`` rounds of every tool in turn; even rounds run them in reverse order."""
     runs = []
-    for rnd in _rounds(ctx.args):
-        for tool in tools if rnd % 2 else tools[::-1]:
-            folder = ctx.work / f"{scenario}-{tool.name}-{rnd}"
-            runs.append(run_tool(ctx, scenario, tool, rnd, manifest, folder, kinds))
-            _clean(ctx, folder, runs[-1])
+    for rnd, tool in alternated(tools, ctx.args.repeats):
+        folder = ctx.work / f"{scenario}-{tool.name}-{rnd}"
+        runs.append(run_tool(ctx, scenario, tool, rnd, manifest, folder, kinds))
+        if not ctx.args.keep and runs[-1].error is None:
+            shutil.rmtree(folder, ignore_errors=True)
     return runs
 
 
 def fixed(ctx: Context, small: Path, big: Path) -> list[Run]:
     """Per round: 20 rows end to end (img2dataset beside it) and again; then a full
     ``--phase validate``, ``--phase reshard`` on its store, and that reshard again."""
-    ss, i2d = scenario_tools("validate", ctx.args)
+    ss, i2d = scenario_tools("validate", ctx.args)[::2]
     reshard = Tool("shardsmith", "shardsmith --phase reshard", True, phase="reshard")
     runs: list[Run] = []
-    for rnd in _rounds(ctx.args):
-        small_dir, big_dir = ctx.work / f"fixed-small-{rnd}", ctx.work / f"fixed-big-{rnd}"
-        for key, tool in [("small", ss), ("small-i2d", i2d)][:: 1 if rnd % 2 else -1]:
-            runs.append(
-                run_tool(
-                    ctx,
-                    "fixed",
-                    tool,
-                    rnd,
-                    small,
-                    small_dir if tool.shardsmith else ctx.work / f"fixed-i2d-{rnd}",
-                    key=key,
-                )
-            )
+    for rnd in range(1, ctx.args.repeats + 1):
+        small_dir, big_dir, i2d_dir = (ctx.work / f"fixed-{k}-{rnd}" for k in ("small", "big", "i2d"))
+        for key, tool in in_turn([("small", ss), ("small-i2d", i2d)], rnd):
+            runs.append(run_tool(ctx, "fixed", tool, rnd, small, small_dir if tool.shardsmith else i2d_dir, key=key))
         if next(r for r in runs if r.round == rnd and r.tool == "small").error is None:
             runs.append(run_tool(ctx, "fixed", ss, rnd, small, small_dir, key="noop-small"))
         runs.append(run_tool(ctx, "fixed", ss, rnd, big, big_dir, key="big-validate"))
@@ -467,7 +399,7 @@ def fixed(ctx: Context, small: Path, big: Path) -> list[Run]:
             if runs[-1].error is None:
                 runs.append(run_tool(ctx, "fixed", reshard, rnd, big, big_dir, key="noop-reshard"))
         if not ctx.args.keep and not any(r.error for r in runs if r.round == rnd):
-            for folder in (small_dir, big_dir, ctx.work / f"fixed-i2d-{rnd}"):
+            for folder in (small_dir, big_dir, i2d_dir):
                 shutil.rmtree(folder, ignore_errors=True)
     return runs
 
@@ -479,7 +411,7 @@ def _ok(runs: list[Run]) -> list[Run]:
     return [r for r in runs if r.error is None]
 
 
-def summary(runs: list[Run]) -> dict[str, dict]:
+def summarize(runs: list[Run]) -> dict[str, dict]:
     """Medians over the successful rounds of each tool (or fixed step)."""
     out: dict[str, dict] = {}
     for name in dict.fromkeys(r.tool for r in runs):
@@ -491,27 +423,23 @@ def summary(runs: list[Run]) -> dict[str, dict]:
         out[name] = {
             "n": len(rs),
             "failed": failed,
-            "wall": _med([r.wall_s for r in rs]),
+            "wall": med(r.wall_s for r in rs),
             "wall_min": min(r.wall_s for r in rs),
-            "rate": _med([r.rate for r in rs]),
+            "rate": med(r.rate for r in rs),
             "rate_max": max(r.rate for r in rs),
-            "phase": _med([r.phase_s for r in rs]),
-            "reshard": _med([r.reshard_s for r in rs]),
-            "cpu": _med([r.cpu_s for r in rs]),
-            "cpu_1k": _med([r.cpu_per_1k for r in rs]),
+            "phase": med(r.phase_s for r in rs),
+            "reshard": med(r.reshard_s for r in rs),
+            "cpu": med(r.cpu_s for r in rs),
+            "cpu_1k": med(r.cpu_per_1k for r in rs),
             "cpu_1k_min": min(r.cpu_per_1k for r in rs),
-            "prefect_1k": _med(
-                [1000 * r.prefect_cpu_s / max(r.ok, 1) if r.prefect_cpu_s is not None else None for r in rs]
+            "prefect_1k": med(
+                1000 * r.prefect_cpu_s / max(r.ok, 1) if r.prefect_cpu_s is not None else None for r in rs
             ),
             "ok": sorted({r.ok for r in rs}),
             "rows": rs[0].rows,
-            "disk_mb": _med([r.disk_mb for r in rs]),
+            "disk_mb": med(r.disk_mb for r in rs),
         }
     return out
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 def _verdict(value: float | None, target: float, at_least: bool) -> str:
@@ -521,40 +449,46 @@ def _verdict(value: float | None, target: float, at_least: bool) -> str:
 
 
 def per_run_table(runs: list[Run]) -> list[str]:
-    lines = [
-        "| tool | round | wall s | phase s | ok / rows | samples/s (wall) | CPU s | CPU s / 1k ok | of which Prefect server, CPU s / 1k | "
-        "image server CPU s / 1k | other load, cores | first image |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    rows = []
     for r in runs:
         if r.error:
-            lines.append(f"| {r.tool} | {r.round} | failed: {r.error[:120]} |" + " |" * 9)
+            rows.append([r.tool, r.round, f"failed: {r.error[:120]}", *[""] * 9])
             continue
-        pre = _fmt(1000 * r.prefect_cpu_s / max(r.ok, 1), ".2f") if r.prefect_cpu_s is not None else "-"
-        phase = _fmt(r.phase_s) + (f" (reshard {r.reshard_s:.1f})" if r.reshard_s is not None else "")
         size = "x".join(map(str, r.first_size)) if r.first_size else "-"
-        lines.append(
-            f"| {r.tool} | {r.round} | {r.wall_s:.1f} | {phase} | {r.ok} / {r.rows} | {r.rate:.1f} | {r.cpu_s:.1f} | {r.cpu_per_1k:.2f} | {pre} | "
-            f"{1000 * r.server_cpu_s / max(r.ok, 1):.2f} | {r.other_cpu_s / r.wall_s:.2f} | {size} |"
-        )
-    return lines
+        rows.append(
+            [r.tool, r.round, f"{r.wall_s:.1f}", fmt(r.phase_s) + (f" (reshard {r.reshard_s:.1f})" if r.reshard_s is not None else ""),
+             f"{r.ok} / {r.rows}", f"{r.rate:.1f}", f"{r.cpu_s:.1f}", f"{r.cpu_per_1k:.2f}",
+             fmt(1000 * r.prefect_cpu_s / max(r.ok, 1), ".2f") if r.prefect_cpu_s is not None else "-",
+             f"{1000 * r.server_cpu_s / max(r.ok, 1):.2f}", f"{r.other_cpu_s / r.wall_s:.2f}", size]
+        )  # fmt: skip
+    head = ["tool", "round", "wall s", "phase s", "ok / rows", "samples/s (wall)", "CPU s", "CPU s / 1k ok",
+            "of which Prefect server, CPU s / 1k", "image server CPU s / 1k", "other load, cores", "first image"]  # fmt: skip
+    return table(head, rows, align="l" + "r" * 10 + "l")
 
 
 def summary_table(s: dict[str, dict], labels: dict[str, str]) -> list[str]:
-    lines = [
-        "| tool | runs | wall s | samples/s (wall) | CPU s / 1k ok | of which Prefect server | ok | MB on disk |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name, v in s.items():
         if not v["n"]:
-            lines.append(f"| {labels.get(name, name)} | 0 ({v['failed']} failed) | - | - | - | - | - | - |")
+            rows.append([labels.get(name, name), f"0 ({v['failed']} failed)", *["-"] * 6])
             continue
         failed = f" ({v['failed']} failed)" if v["failed"] else ""
-        lines.append(
-            f"| {labels.get(name, name)} | {v['n']}{failed} | {v['wall']:.1f} ({v['wall_min']:.1f}) | {v['rate']:.1f} ({v['rate_max']:.1f}) | "
-            f"{v['cpu_1k']:.2f} ({v['cpu_1k_min']:.2f}) | {_fmt(v['prefect_1k'], '.2f')} | {'/'.join(map(str, v['ok']))} of {v['rows']} | {_fmt(v['disk_mb'], '.0f')} |"
-        )
-    return lines
+        rows.append(
+            [labels.get(name, name), f"{v['n']}{failed}", f"{v['wall']:.1f} ({v['wall_min']:.1f})",
+             f"{v['rate']:.1f} ({v['rate_max']:.1f})", f"{v['cpu_1k']:.2f} ({v['cpu_1k_min']:.2f})",
+             fmt(v["prefect_1k"], ".2f"), f"{'/'.join(map(str, v['ok']))} of {v['rows']}", fmt(v["disk_mb"], ".0f")]
+        )  # fmt: skip
+    head = [
+        "tool",
+        "runs",
+        "wall s",
+        "samples/s (wall)",
+        "CPU s / 1k ok",
+        "of which Prefect server",
+        "ok",
+        "MB on disk",
+    ]
+    return table(head, rows)
 
 
 def compare(
@@ -564,7 +498,7 @@ def compare(
     a, b = s.get(tool, {}), s.get(base, {})
     if not a.get("n") or not b.get("n"):
         return [f"- {tool} vs {base}: no ratio (a tool has no successful run)"], []
-    rate, cpu = _ratio(a["rate"], b["rate"]), _ratio(a["cpu_1k"], b["cpu_1k"])
+    rate, cpu = ratio(a["rate"], b["rate"]), ratio(a["cpu_1k"], b["cpu_1k"])
     aim_rate = f"; target >= {rate_target:g}x: {_verdict(rate, rate_target, True)}" if rate_target else ""
     aim_cpu = f"; target <= {cpu_target:g}x: {_verdict(cpu, cpu_target, False)}" if cpu_target else ""
     lines = [
@@ -648,7 +582,7 @@ def report(runs: list[Run], meta: dict, scenarios: list[str], args) -> str:
         rs = [r for r in runs if r.scenario == scenario]
         if not rs:
             continue
-        s = summary(rs)
+        s = summarize(rs)
         if scenario == "fixed":
             labels = {k: v.format(rows=meta["rows"], small=args.small_rows) for k, v in FIXED_STEPS.items()}
         else:
@@ -689,9 +623,7 @@ def report(runs: list[Run], meta: dict, scenarios: list[str], args) -> str:
             "",
             "#### Against issue 13's targets (ratios are shardsmith / img2dataset, medians)",
             "",
-            "| figure | shardsmith | img2dataset | ratio | target | |",
-            "|---|---:|---:|---:|---|---|",
-            *(f"| {' | '.join(row)} |" for row in targets),
+            *table(["figure", "shardsmith", "img2dataset", "ratio", "target", ""], targets, align="lrrrll"),
         ]
     return "\n".join(lines) + "\n"
 
@@ -712,15 +644,15 @@ def fixed_summary(s: dict[str, dict], args) -> tuple[list[str], list[tuple]]:
         ("--phase reshard after validate: wall less the reshard phase, s", overhead, TARGET_NOOP_S),
     ):
         base = f"{wall('small-i2d'):.1f}" if label.startswith(f"{args.small_rows} rows") and wall("small-i2d") else "-"
-        rows.append((label, _fmt(value), base, "-", f"<= {target:g} s", _verdict(value, target, False)))
-        lines.append(f"- {label}: {_fmt(value)} (target <= {target:g} s: {_verdict(value, target, False)})")
+        rows.append((label, fmt(value), base, "-", f"<= {target:g} s", _verdict(value, target, False)))
+        lines.append(f"- {label}: {fmt(value)} (target <= {target:g} s: {_verdict(value, target, False)})")
     if rs.get("n"):
         lines.append(
-            f"- --phase reshard after validate: {rs['wall']:.1f} s wall, of which the reshard phase {_fmt(rs['reshard'])} s (JSON `reshard.seconds`)"
+            f"- --phase reshard after validate: {rs['wall']:.1f} s wall, of which the reshard phase {fmt(rs['reshard'])} s (JSON `reshard.seconds`)"
         )
     if s.get("small", {}).get("n"):
         lines.append(
-            f"- {args.small_rows} rows end to end: {s['small']['cpu']:.1f} CPU s (img2dataset: {_fmt(s.get('small-i2d', {}).get('cpu'))})"
+            f"- {args.small_rows} rows end to end: {s['small']['cpu']:.1f} CPU s (img2dataset: {fmt(s.get('small-i2d', {}).get('cpu'))})"
         )
     return lines, rows
 
@@ -818,37 +750,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _machine() -> str:
-    import psutil
-
-    return f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, {platform.machine()}, Python {platform.python_version()}"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)  # through the finally below, which stops every child
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     started = dt.datetime.now().astimezone()
     pool_dir, sizes = ensure_unique_pool(max(args.rows, args.small_rows), args.seed)
     names = list(sizes)
     ensure_img2dataset()
-    work_root = BENCH_DIR / "web" / "runs"
-    work_root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=dt.datetime.now().strftime("%Y%m%dT%H%M%S-"), dir=work_root))
-    children = Children()
     runs: list[Run] = []
     faults: dict[str, int] = {}
-    try:
-        server, base_url = start_image_server(children, pool_dir)
-        ctx = Context(args, children, work, work / "prefect-home", {"server": server.pid}, None)
+    with Session("web", args.keep) as s:
+        server, base_url = start_image_server(s.children, pool_dir)
+        ctx = Context(args, s, {"server": server.pid}, None)
         ctx.home.mkdir()
         if args.prefect == "server":
             print("starting a Prefect server (not timed) ...", flush=True)
-            prefect, ctx.api = start_prefect_server(children, ctx.home, work / "prefect-server.log")
+            prefect, ctx.api = start_prefect_server(s.children, ctx.home, s.work / "prefect-server.log")
             ctx.watch["prefect"] = prefect.pid
-        clean, small = work / "manifest.parquet", work / "manifest-small.parquet"
-        write_manifest(clean, base_url, names[: args.rows])
-        write_manifest(small, base_url, names[: args.small_rows])
+        clean, small = s.work / "manifest.parquet", s.work / "manifest-small.parquet"
+        write_manifest(clean, [f"{base_url}/img/{name}" for name in names[: args.rows]])
+        write_manifest(small, [f"{base_url}/img/{name}" for name in names[: args.small_rows]])
         print(
             f"{args.rows} URLs at {base_url}; scenarios {', '.join(args.scenarios)}; {args.repeats} round(s); Prefect {args.prefect}",
             flush=True,
@@ -856,40 +776,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup:
             print(f"warm-up (not timed): each tool on {args.small_rows} rows ...", flush=True)
             for tool in scenario_tools("validate", args):
-                run = run_tool(ctx, "warm-up", tool, 0, small, work / f"warmup-{tool.name}")
+                run = run_tool(ctx, "warm-up", tool, 0, small, s.work / f"warmup-{tool.name}")
                 if run.error:
                     raise SystemExit(f"warm-up of {tool.name} failed: {run.error}")
         for scenario in args.scenarios:
             print(f"{scenario}:", flush=True)
             if scenario == "faulty":
-                manifest = work / "manifest-faulty.parquet"
+                manifest = s.work / "manifest-faulty.parquet"
                 faults = write_faulty_manifest(
                     manifest, base_url, names[: args.rows], args.faulty_share, args.slow_ms, args.seed
                 )
-                runs += alternated(ctx, scenario, scenario_tools(scenario, args), manifest, kinds=True)
+                runs += rounds_of(ctx, scenario, scenario_tools(scenario, args), manifest, kinds=True)
             elif scenario == "fixed":
                 runs += fixed(ctx, small, clean)
             else:
-                runs += alternated(ctx, scenario, scenario_tools(scenario, args), clean)
-    except KeyboardInterrupt:
-        print("interrupted; stopping child processes", file=sys.stderr)
-        return 130
-    finally:
-        children.stop_all()
-        failed = any(r.error for r in runs)
-        if args.keep or failed:
-            print(f"run folders (logs of failed runs) kept in {work}", flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+                runs += rounds_of(ctx, scenario, scenario_tools(scenario, args), clean)
     exts = [n.rsplit(".", 1)[1] for n in names[: args.rows]]
     meta = {
-        "revision": _revision(),
-        "command": "python bench/bench_web.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "revision": revision(),
+        "command": command("bench_web.py", argv),
         # when the rounds ran: from the start of the invocation (pool and img2dataset checks
         # included) to the report
         "date": started.strftime("%Y-%m-%d %H:%M") + dt.datetime.now().astimezone().strftime("-%H:%M %Z"),
-        "machine": _machine(),
-        "load_before": load_before,
+        "machine": machine(memory=True),
+        "load_before": s.load_before,
         "prefect": metadata.version("prefect"),
         "prefect_mode": "each command starts its own Prefect server (no PREFECT_API_URL), inside its process tree"
         if args.prefect == "embedded"
@@ -902,10 +812,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "faults": faults,
     }
-    text = report(runs, meta, args.scenarios, args)
-    print("\n" + text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    emit(report(runs, meta, args.scenarios, args), args.markdown)
     return 1 if any(r.error for r in runs) else 0
 
 
