@@ -38,7 +38,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.photos import ensure_pool
+from harness.procs import REPO, clock
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -310,8 +312,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bench.bench_download import ensure_pool
-
     folder, sizes = ensure_pool(args.pool, args.seed)
     pool: dict[str, list[bytes]] = {fmt: [] for fmt in MIX}
     for name in sorted(sizes):
@@ -345,9 +345,9 @@ def main(argv: list[str] | None = None) -> int:
             steps[fmt].append(step_costs(fmt, pool[fmt]))
         for key, run in jobs.items():
             images = pool[key[1]]
-            wall0, cpu0 = time.perf_counter(), time.process_time()
-            done = run(images, args.threads)
-            wall, used = time.perf_counter() - wall0, time.process_time() - cpu0
+            with clock() as lap:
+                done = run(images, args.threads)
+            wall, used = lap.wall, lap.cpu
             if done != len(images):
                 raise RuntimeError(f"{key} produced {done} of {len(images)} images")
             cpu[key].append(1000 * used / len(images))

@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -36,7 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.procs import REPO, clock, peak_rss_mb, process_cpu, run_json
+from harness.report import in_turn
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -145,18 +146,11 @@ def child(method: str, path: Path, out: Path, workers: int, rows_per_shard: int)
 
     shutil.rmtree(out, ignore_errors=True)
 
-    def cpu() -> float:
-        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-    start, cpu0 = time.perf_counter(), cpu()
-    rows = run_new(path, out, workers, rows_per_shard) if method == "new" else run_old(path, out, rows_per_shard)
-    seconds, cpu_s = time.perf_counter() - start, cpu() - cpu0
-    peak = max(
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    )
+    with clock(process_cpu) as lap:
+        rows = run_new(path, out, workers, rows_per_shard) if method == "new" else run_old(path, out, rows_per_shard)
+    peak = max(peak_rss_mb(), peak_rss_mb(children=True))
     shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({"rows": rows, "seconds": seconds, "cpu": cpu_s, "peak_mb": peak / 1024}))
+    print(json.dumps({"rows": rows, "seconds": lap.wall, "cpu": lap.cpu, "peak_mb": peak}))
 
 
 def parse_only(path: Path) -> dict[str, float]:
@@ -221,25 +215,10 @@ def main() -> None:
         smallest = gb == min(g for p, g in files if p.suffix == path.suffix)
         here = [m for m in methods if m != "old" or gb <= args.old_max_gb]
         for r in range(args.repeats if smallest else args.large_repeats):
-            for m in here if r % 2 == 0 else list(reversed(here)):
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    m,
-                    str(path),
-                    "--workers",
-                    str(args.workers),
-                    "--rows-per-shard",
-                    str(args.rows_per_shard),
-                ]
-                res = json.loads(
-                    subprocess.run(
-                        cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
-                    )
-                    .stdout.strip()
-                    .splitlines()[-1]
-                )
+            for m in in_turn(here, r, first=0):
+                cmd = [sys.executable, __file__, "--child", m, str(path), "--workers", str(args.workers)]
+                cmd += ["--rows-per-shard", str(args.rows_per_shard)]
+                res = run_json(cmd, {**os.environ, "PYTHONPATH": str(REPO)})
                 if res["rows"] != counts[path]:
                     raise SystemExit(f"{m} on {path.name}: {res['rows']} rows, the file has {counts[path]} records")
                 results.setdefault((path.name, m), []).append(res)

@@ -30,25 +30,20 @@ import argparse
 import importlib.util
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.procs import REPO, children_cpu, clock, peak_rss_mb, run_json
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 BENCH_DIR = REPO / ".bench" / "manifests"
 FILE_ROWS = 100_000
 BASELINE_COMMIT = "54abba3"  # the last commit with tasks/formats/manifests.py as one row-at-a-time module
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
 def _table(start: int, n: int):
@@ -141,8 +136,6 @@ def _slice(manifest: Path, rows: int) -> Path:
 
 def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
     """Plan one manifest in this process; seconds, CPU seconds, rows and peak RSS."""
-
-    from tasks.formats.recipe_download import SourceConfig
     from tasks.formats.storage import Storage
 
     if kind == "old":
@@ -152,70 +145,49 @@ def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
         spec.loader.exec_module(module)
     else:
         from tasks.formats import manifests as module
-    base_mb = peak_mb()
+    base_mb = peak_rss_mb()
     root = tempfile.mkdtemp(prefix="plan-", dir=BENCH_DIR)
     try:
         storage = Storage(root)
-        start, cpu = time.perf_counter(), time.process_time()
-        if kind == "old":  # one file at a time: it reads single files only
-            files = sorted(Path(manifest).glob("part-*.parquet")) if Path(manifest).is_dir() else [Path(manifest)]
-            rows = sum(
-                module.plan_source(
-                    SourceConfig(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b"
-                ).rows
-                for i, f in enumerate(files)
-            )
-        elif kind == "new x2":
-            import concurrent.futures
-
-            src = SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard)
-            files = module.list_manifest_files(src)
-            with concurrent.futures.ProcessPoolExecutor(2) as pool:
-                plans = list(
-                    pool.map(
-                        module.plan_file,
-                        [src] * len(files),
-                        files,
-                        [storage] * len(files),
-                        ["b"] * len(files),
-                        chunksize=4,
-                    )
-                )
-            rows = module.combine(src, plans).rows
-        else:
-            rows = module.plan_source(
-                SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard), storage, "b"
-            ).rows
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        peak = peak_mb()
+        with clock() as lap:
+            rows = plan(module, kind, manifest, storage, rows_per_shard)
+        seconds, cpu = lap.wall, lap.cpu
+        peak = peak_rss_mb()
         if kind == "new x2":  # the workers do the work: their CPU, and the largest worker's peak
-            children = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu += children.ru_utime + children.ru_stime
-            peak = children.ru_maxrss / 1024.0
+            cpu += children_cpu()
+            peak = peak_rss_mb(children=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"rows": rows, "seconds": seconds, "cpu": cpu, "base_mb": base_mb, "peak_mb": peak}
 
 
+def plan(module, kind: str, manifest: str, storage, rows_per_shard: int) -> int:
+    """Plan the manifest with the reader ``kind`` names; returns its rows."""
+    from tasks.formats.recipe_download import SourceConfig
+
+    if kind == "old":  # one file at a time: it reads single files only
+        files = sorted(Path(manifest).glob("part-*.parquet")) if Path(manifest).is_dir() else [Path(manifest)]
+        return sum(
+            module.plan_source(
+                SourceConfig(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b"
+            ).rows
+            for i, f in enumerate(files)
+        )
+    src = SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard)
+    if kind == "new x2":
+        import concurrent.futures
+
+        files = module.list_manifest_files(src)
+        n = len(files)
+        with concurrent.futures.ProcessPoolExecutor(2) as pool:
+            plans = list(pool.map(module.plan_file, [src] * n, files, [storage] * n, ["b"] * n, chunksize=4))
+        return module.combine(src, plans).rows
+    return module.plan_source(src, storage, "b").rows
+
+
 def run_child(kind: str, manifest: Path, args: argparse.Namespace) -> dict:
-    done = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            kind,
-            str(manifest),
-            "--rows-per-shard",
-            str(args.rows_per_shard),
-            "--baseline-commit",
-            args.baseline_commit,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        raise SystemExit(f"{kind} {manifest}: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    common = ["--rows-per-shard", str(args.rows_per_shard), "--baseline-commit", args.baseline_commit]
+    return run_json([sys.executable, __file__, "--child", kind, str(manifest), *common])
 
 
 def main() -> None:
@@ -246,22 +218,8 @@ def main() -> None:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     # Made in a child: Linux carries a parent's peak RSS into the children it starts, so this
     # process stays small (no pyarrow) for the children's peaks to be their own.
-    prepare = [
-        sys.executable,
-        __file__,
-        "--prepare",
-        "--sizes",
-        args.sizes,
-        "--old-rows",
-        str(args.old_rows),
-        "--baseline-commit",
-        args.baseline_commit,
-    ]
-    made = json.loads(
-        subprocess.run(
-            prepare + (["--skip-old"] if args.skip_old else []), capture_output=True, text=True, check=True
-        ).stdout.splitlines()[-1]
-    )
+    prepare = [sys.executable, __file__, "--prepare", "--sizes", args.sizes, "--old-rows", str(args.old_rows)]
+    made = run_json(prepare + ["--baseline-commit", args.baseline_commit] + (["--skip-old"] if args.skip_old else []))
     results: dict[tuple[str, str, int], dict] = {}
     for n in sizes:
         folder, csv_path = made[str(n)]
