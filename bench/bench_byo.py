@@ -34,9 +34,9 @@ from pathlib import Path
 import bench_validate
 from harness.photos import ensure_unique_pool, write_manifest
 from harness.procs import BENCH_DIR, Children, Session, settle, timed
-from harness.report import command, emit, in_turn, machine, med, now, revision, table
-from harness.servers import child_env, prefect_env, start_image_server, start_prefect_server
-from harness.tools import I2D_REQUIREMENT, REPO, ensure_img2dataset, run_command, write_recipe
+from harness.report import add_round_flags, command, emit, in_turn, machine, med, now, revision, table
+from harness.servers import child_env, prefect_env, serve
+from harness.tools import I2D_REQUIREMENT, REPO, add_tool_flags, ensure_img2dataset, run_command, write_recipe
 
 PARTS = {"a": ("cp", "keep"), "b": ("ingest", "download")}
 LABELS = {
@@ -228,23 +228,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="samples per shard (img2dataset number_sample_per_shard; the download path's rows_per_shard)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of bench_validate.py's image pool")
-    p.add_argument(
-        "--repeats", type=int, default=2, help="rounds; each round runs every tool once, the order flipping every round"
-    )
     p.add_argument("--image-size", type=int, default=224, help="part b's resize target (border mode)")
-    p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
-    p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count when it makes the shards")
+    add_round_flags(p, "byo", repeats=2, quiet_wait=60.0)
+    add_tool_flags(p, rows_per_shard=None)  # img2dataset's threads: when it makes the shards
     p.add_argument(
         "--tools", default="cp,keep,ingest,download", help="comma-separated subset of cp,keep,ingest,download"
     )
-    p.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=60.0,
-        help="before each run, wait up to this many seconds for other work to drop under 0.3 cores (0: don't wait)",
-    )
-    p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
-    p.add_argument("--keep", action="store_true", help="keep each run's output under .bench/byo/runs/")
     args = p.parse_args(argv)
     args.tools = {t.strip() for t in args.tools.split(",") if t.strip()}
     if not args.tools or args.tools - set(LABELS):
@@ -259,18 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     pool_dir, sizes = ensure_unique_pool(args.shards * args.per_shard, args.seed)
     results: list[Result] = []
     with Session("byo", args.keep) as s:
-        server, base_url = start_image_server(s.children, pool_dir)
+        loop = serve(s, pool_dir, prefect=True)
         manifest = s.work / "manifest.parquet"
-        write_manifest(manifest, [f"{base_url}/img/{name}" for name in sizes])
-        shards = ensure_i2d_output(s.children, args, manifest, server.pid)
+        write_manifest(manifest, [f"{loop.base_url}/img/{name}" for name in sizes])
+        shards = ensure_i2d_output(s.children, args, manifest, loop.watch["server"])
         samples = json.loads((shards / ".complete").read_text())["samples"]
-        (s.work / "prefect-home").mkdir()
-        print("starting a Prefect server (not timed) ...", flush=True)
-        prefect, api = start_prefect_server(s.children, s.work / "prefect-home", s.work / "prefect-server.log")
         ctx = {
-            "args": args, "session": s, "api": api, "manifest": manifest,
+            "args": args, "session": s, "api": loop.api, "manifest": manifest, "watch": loop.watch,
             "shards": shards, "samples": samples, "shard_bytes": folder_bytes(shards), "pool_bytes": sum(sizes.values()),
-            "watch": {"server": server.pid, "prefect": prefect.pid},
         }  # fmt: skip
         for rnd in range(1, args.repeats + 1):
             for part in PARTS:

@@ -25,14 +25,25 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.photos import ensure_pool, write_manifest
 from harness.procs import Session, settle, timed
-from harness.report import alternated, command, emit, fmt, machine, med, now, per_1k, revision, table
-from harness.servers import prefect_env, start_image_server, start_prefect_server
-from harness.tools import REPO, ensure_img2dataset, i2d_command, i2d_env, i2d_outputs, run_command, summary
+from harness.report import add_round_flags, alternated, command, emit, fmt, machine, med, now, per_1k, revision, table
+from harness.servers import prefect_env, serve
+from harness.tools import (
+    REPO,
+    ToolRun,
+    add_tool_flags,
+    ensure_img2dataset,
+    i2d_command,
+    i2d_env,
+    i2d_outputs,
+    run_command,
+    spread,
+    summary,
+)
 
 TOOLS = ("shardsmith", "i2d-reencode", "i2d-raw")
 TOOL_LABELS = {
@@ -40,6 +51,15 @@ TOOL_LABELS = {
     "i2d-reencode": "img2dataset resize_mode=no (decode + re-encode)",
     "i2d-raw": "img2dataset resize_mode=no, disable_all_reencoding (bytes as fetched)",
 }
+
+
+@dataclass
+class Run(ToolRun):
+    bytes: int = 0  # of the samples kept, as fetched
+
+    @property
+    def mb_s(self) -> float:
+        return self.bytes / 1e6 / self.wall_s
 
 
 def write_urls(path: Path, base_url: str, sizes: dict[str, int], rows: int, seed: int) -> int:
@@ -53,39 +73,7 @@ def write_urls(path: Path, base_url: str, sizes: dict[str, int], rows: int, seed
     return int(sum(sizes[names[k]] for k in picks))
 
 
-@dataclass
-class Run:
-    tool: str
-    round: int
-    wall_s: float
-    cpu_s: float
-    ok: int
-    rows: int
-    bytes: int
-    phase_s: float | None = None
-    server_cpu_s: float = 0.0  # the image server, during the run
-    prefect_cpu_s: float | None = None  # the Prefect server, during the run (shardsmith only)
-    other_cpu_s: float = 0.0  # everything else on the machine during the run (other users' work)
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.ok / self.wall_s
-
-    @property
-    def phase_rate(self) -> float | None:
-        return self.ok / self.phase_s if self.phase_s else None
-
-    @property
-    def mb_s(self) -> float:
-        return self.bytes / 1e6 / self.wall_s
-
-    @property
-    def cpu_per_1k(self) -> float:
-        return 1000 * self.cpu_s / max(self.ok, 1)
-
-
-def run_shardsmith(s: Session, args, rnd: int, manifest: Path, api: str, watch: dict[str, int]) -> Run:
+def run_shardsmith(s: Session, args, rnd: int, manifest: Path, api: str | None, watch: dict[str, int]) -> Run:
     out_dir = s.work / f"shardsmith-{rnd}"
     out_dir.mkdir(parents=True)
     recipe = out_dir / "recipe.yaml"
@@ -102,11 +90,10 @@ def run_shardsmith(s: Session, args, rnd: int, manifest: Path, api: str, watch: 
     c = dl["counts"]
     if c["ok"] != c["rows"]:
         print(f"  warning: shardsmith: {c['rows'] - c['ok']} rows not ok: {c['by_reason']}", flush=True)
-    return Run(
-        "shardsmith", rnd, t.wall_s, t.cpu_s, c["ok"], c["rows"], c["bytes"], phase_s=dl["seconds"],
-        server_cpu_s=t.watched.get("server", 0.0), prefect_cpu_s=t.watched.get("prefect"), other_cpu_s=t.other_s,
-        extra={"by_reason": c["by_reason"], "shards": dl["shards"], "json_samples_per_s": dl["samples_per_s"]},
-    )  # fmt: skip
+    run = Run("shardsmith", rnd, ok=c["ok"], rows=c["rows"], bytes=c["bytes"], phase_s=dl["seconds"])
+    run.took(t)
+    run.extra = {"by_reason": c["by_reason"], "shards": dl["shards"], "json_samples_per_s": dl["samples_per_s"]}
+    return run
 
 
 def run_img2dataset(s: Session, args, tool: str, rnd: int, manifest: Path, sizes: dict, watch: dict[str, int]) -> Run:
@@ -120,10 +107,9 @@ def run_img2dataset(s: Session, args, tool: str, rnd: int, manifest: Path, sizes
     meta, phase = i2d_outputs(out_dir / "out", ["url", "status"])
     ok = [url for url, status in zip(meta.get("url", []), meta.get("status", [])) if status == "success"]
     nbytes = sum(sizes[url.rsplit("/", 1)[1].split("?", 1)[0]] for url in ok)
-    return Run(
-        tool, rnd, t.wall_s, t.cpu_s, len(ok), len(meta.get("status", [])), nbytes, phase_s=phase,
-        server_cpu_s=t.watched.get("server", 0.0), other_cpu_s=t.other_s,
-    )  # fmt: skip
+    run = Run(tool, rnd, ok=len(ok), rows=len(meta.get("status", [])), bytes=nbytes, phase_s=phase)
+    run.took(t, prefect=False)
+    return run
 
 
 def report(runs: list[Run], tools: list[str], meta: dict) -> str:
@@ -145,39 +131,21 @@ def report(runs: list[Run], tools: list[str], meta: dict) -> str:
          "CPU s / 1k", "image server CPU s / 1k", "Prefect server CPU s / 1k", "other load, cores"],
         [[r.tool, r.round, f"{r.wall_s:.1f}", fmt(r.phase_s), f"{r.ok} / {r.rows}", f"{r.rate:.1f}", fmt(r.phase_rate),
           f"{r.mb_s:.1f}", f"{r.cpu_per_1k:.2f}", f"{per_1k(r.server_cpu_s, r.ok):.2f}",
-          fmt(per_1k(r.prefect_cpu_s, r.ok), ".2f"), f"{r.other_cpu_s / r.wall_s:.2f}"] for r in runs],
+          fmt(per_1k(r.prefect_cpu_s, r.ok), ".2f"), f"{r.other_load:.2f}"] for r in runs],
     )  # fmt: skip
-    s: dict[str, dict] = {}
-    rows = []
-    for tool in tools:
-        rs = [r for r in runs if r.tool == tool]
-        if not rs:
-            continue
-        v = s[tool] = {
-            "rate": med(r.rate for r in rs),
-            "phase_rate": med(r.phase_rate for r in rs),
-            "cpu_1k": med(r.cpu_per_1k for r in rs),
-            "ok": sorted({r.ok for r in rs}),
-        }
-        best_phase = max((r.phase_rate for r in rs if r.phase_rate), default=None)
-        rows.append(
-            [TOOL_LABELS[tool], len(rs), f"{med(r.wall_s for r in rs):.1f} ({min(r.wall_s for r in rs):.1f})",
-             f"{v['rate']:.1f} ({max(r.rate for r in rs):.1f})", f"{fmt(v['phase_rate'])} ({fmt(best_phase)})",
-             f"{med(r.mb_s for r in rs):.1f}", f"{v['cpu_1k']:.2f} ({min(r.cpu_per_1k for r in rs):.2f})",
-             f"{'/'.join(map(str, v['ok']))} of {rs[0].rows}"]
-        )  # fmt: skip
+    s = {
+        tool: spread(rs) | {"mb_s": med(r.mb_s for r in rs)}
+        for tool in tools
+        if (rs := [r for r in runs if r.tool == tool])
+    }
     lines += ["", "Summary (median over rounds; best in brackets):", ""]
-    head = [
-        "tool",
-        "runs",
-        "wall s",
-        "samples/s (wall)",
-        "samples/s (phase)",
-        "MB/s (wall)",
-        "CPU s / 1k samples",
-        "ok",
-    ]
-    lines += table(head, rows)
+    lines += table(
+        ["tool", "runs", "wall s", "samples/s (wall)", "samples/s (phase)", "MB/s (wall)", "CPU s / 1k samples", "ok"],
+        [[TOOL_LABELS[tool], v["n"], f"{v['wall']:.1f} ({v['wall_best']:.1f})", f"{v['rate']:.1f} ({v['rate_best']:.1f})",
+          f"{fmt(v['phase_rate'])} ({fmt(v['phase_rate_best'])})", f"{v['mb_s']:.1f}",
+          f"{v['cpu_1k']:.2f} ({v['cpu_1k_best']:.2f})", f"{'/'.join(map(str, v['ok']))} of {v['rows']}"]
+         for tool, v in s.items()],
+    )  # fmt: skip
     if "shardsmith" in s:
         a = s["shardsmith"]
         lines += [
@@ -209,26 +177,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=10_000, help="URLs in the manifest (e.g. 500 for a smoke run)")
     p.add_argument("--pool", type=int, default=400, help="distinct image files behind the URLs")
     p.add_argument("--seed", type=int, default=0, help="seed of the image pool and of the URL-to-image mapping")
-    p.add_argument(
-        "--repeats", type=int, default=3, help="rounds; each runs every tool once, in turn (reversed in even rounds)"
-    )
-    p.add_argument(
-        "--rows-per-shard",
-        type=int,
-        default=500,
-        help="shardsmith rows_per_shard = img2dataset number_sample_per_shard",
-    )
-    p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
-    p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count per process")
+    add_round_flags(p, "download", repeats=3)
+    add_tool_flags(p, rows_per_shard=500)
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
-    p.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=90.0,
-        help="before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't wait)",
-    )
-    p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
-    p.add_argument("--keep", action="store_true", help="keep each run's output folder under .bench/download/runs/")
     args = p.parse_args(argv)
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     unknown = set(args.tools) - set(TOOLS)
@@ -246,31 +197,24 @@ def main(argv: list[str] | None = None) -> int:
         ensure_img2dataset()
     runs: list[Run] = []
     with Session("download", args.keep) as s:
-        server, base_url = start_image_server(s.children, pool_dir)
+        loop = serve(s, pool_dir, prefect="shardsmith" in args.tools)
         manifest = s.work / "manifest.parquet"
-        url_bytes = write_urls(manifest, base_url, sizes, args.rows, args.seed)
-        watch = {"server": server.pid}
-        api = ""
-        if "shardsmith" in args.tools:
-            (s.work / "prefect-home").mkdir()
-            print("starting a Prefect server (not timed) ...", flush=True)
-            prefect, api = start_prefect_server(s.children, s.work / "prefect-home", s.work / "prefect-server.log")
-            watch["prefect"] = prefect.pid
+        url_bytes = write_urls(manifest, loop.base_url, sizes, args.rows, args.seed)
         print(
-            f"{args.rows} URLs at {base_url}, {url_bytes / 1e6:.0f} MB; {args.repeats} round(s) of {', '.join(args.tools)}",
+            f"{args.rows} URLs at {loop.base_url}, {url_bytes / 1e6:.0f} MB; {args.repeats} round(s) of {', '.join(args.tools)}",
             flush=True,
         )
         for rnd, tool in alternated(args.tools, args.repeats):
             settle(args.quiet_wait)
             if tool == "shardsmith":
-                run = run_shardsmith(s, args, rnd, manifest, api, watch)
+                run = run_shardsmith(s, args, rnd, manifest, loop.api, loop.watch)
             else:
-                run = run_img2dataset(s, args, tool, rnd, manifest, sizes, {"server": server.pid})
+                run = run_img2dataset(s, args, tool, rnd, manifest, sizes, {"server": loop.watch["server"]})
             runs.append(run)
             phase = f", phase {run.phase_s:.1f} s = {run.phase_rate:.1f} samples/s" if run.phase_s else ""
             print(
                 f"  round {rnd} {tool:<12} {run.wall_s:6.1f} s wall = {run.rate:6.1f} samples/s{phase}; "
-                f"{run.mb_s:.1f} MB/s; {run.cpu_per_1k:.2f} CPU s/1k; {run.ok}/{run.rows} ok; other load {run.other_cpu_s / run.wall_s:.2f} cores",
+                f"{run.mb_s:.1f} MB/s; {run.cpu_per_1k:.2f} CPU s/1k; {run.ok}/{run.rows} ok; other load {run.other_load:.2f} cores",
                 flush=True,
             )
             if not args.keep:

@@ -36,20 +36,23 @@ from pathlib import Path
 
 from harness.photos import ensure_unique_pool, write_manifest
 from harness.procs import SAMPLE_S, Children, Session, run_json, settle, timed
-from harness.report import alternated, command, emit, fmt, machine, med, now, per_1k, revision, table
-from harness.servers import VENV_PY, child_env, prefect_env, start_image_server, start_prefect_server
+from harness.report import add_round_flags, alternated, command, emit, fmt, machine, med, now, per_1k, revision, table
+from harness.servers import VENV_PY, child_env, prefect_env, serve
 from harness.tools import (
     I2D_ENCODE_QUALITY,
     I2D_IMAGE_SIZE,
     I2D_RESIZE_MODE,
     I2D_VENV,
     REPO,
+    ToolRun,
+    add_tool_flags,
     ensure_img2dataset,
     first_image_size,
     i2d_command,
     i2d_env,
     i2d_outputs,
     run_command,
+    spread,
     summary,
     write_recipe,
 )
@@ -95,41 +98,18 @@ def flow_marks(log: Path, started: float) -> dict[str, float]:
 
 
 @dataclass
-class Run:
-    tool: str
-    round: int
-    wall_s: float
-    cpu_s: float
-    ok: int
-    rows: int
-    out_bytes: int
-    phase_s: float | None = None
+class Run(ToolRun):
+    out_bytes: int = 0
     download_s: float | None = None
     validate_s: float | None = None
-    server_cpu_s: float = 0.0
-    prefect_cpu_s: float | None = None
-    other_cpu_s: float = 0.0
     cpu_by_role: dict[str, float] = field(default_factory=dict)
     cpu_by_phase: dict[str, float] = field(default_factory=dict)
     main_cpu_by_phase: dict[str, float] = field(default_factory=dict)
     wall_by_phase: dict[str, float] = field(default_factory=dict)
     sample_size: tuple[int, int] | None = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.ok / self.wall_s
-
-    @property
-    def phase_rate(self) -> float | None:
-        return self.ok / self.phase_s if self.phase_s else None
-
-    @property
-    def cpu_per_1k(self) -> float:
-        return 1000 * self.cpu_s / max(self.ok, 1)
 
 
-def run_shardsmith(s: Session, args, rnd: int, manifest: Path, api: str, watch: dict[str, int]) -> Run:
+def run_shardsmith(s: Session, args, rnd: int, manifest: Path, api: str | None, watch: dict[str, int]) -> Run:
     out_dir = s.work / f"shardsmith-{rnd}"
     out_dir.mkdir(parents=True)
     store, recipe, log = out_dir / "store", out_dir / "recipe.yaml", out_dir / "stderr.log"
@@ -139,12 +119,12 @@ def run_shardsmith(s: Session, args, rnd: int, manifest: Path, api: str, watch: 
     dl, val = result["download"], result["validate"]
     tars = [store / rel for rel in val["tars"]]
     run = Run(
-        "shardsmith", rnd, t.wall_s, t.cpu_s, val["counts"]["ok"], dl["counts"]["rows"], sum(p.stat().st_size for p in tars),
+        "shardsmith", rnd, ok=val["counts"]["ok"], rows=dl["counts"]["rows"], out_bytes=sum(p.stat().st_size for p in tars),
         phase_s=dl["seconds"] + val["seconds"], download_s=dl["seconds"], validate_s=val["seconds"],
-        server_cpu_s=t.watched.get("server", 0.0), prefect_cpu_s=t.watched.get("prefect"), other_cpu_s=t.other_s,
         cpu_by_role=t.sampler.by_role(), sample_size=first_image_size(tars),
         extra={"download_by_reason": dl["counts"]["by_reason"], "validate_by_reason": val["counts"]["by_reason"], "duplicates": val["duplicates"]},
     )  # fmt: skip
+    run.took(t)
     marks = flow_marks(log, t.started)
     if all(f"{p}_{e}" in marks for p in ("download", "validate") for e in ("start", "end")):
         bounds = [t.started, *(marks[f"{p}_{e}"] for p in ("download", "validate") for e in ("start", "end"))]
@@ -176,11 +156,13 @@ def run_img2dataset(children: Children, work: Path, args, rnd: int, manifest: Pa
     meta, phase = i2d_outputs(out_dir / "out", ["status"])
     statuses = meta.get("status", [])
     tars = sorted((out_dir / "out").glob("*.tar"))
-    return Run(
-        "i2d-default", rnd, t.wall_s, t.cpu_s, sum(x == "success" for x in statuses), len(statuses),
-        sum(p.stat().st_size for p in tars), phase_s=phase, server_cpu_s=t.watched.get("server", 0.0),
-        other_cpu_s=t.other_s, cpu_by_role=t.sampler.by_role(), sample_size=first_image_size(tars),
+    run = Run(
+        "i2d-default", rnd, ok=sum(x == "success" for x in statuses), rows=len(statuses),
+        out_bytes=sum(p.stat().st_size for p in tars), phase_s=phase, cpu_by_role=t.sampler.by_role(),
+        sample_size=first_image_size(tars),
     )  # fmt: skip
+    run.took(t, prefect=False)
+    return run
 
 
 # Each tool's per-image work (decode, resize to 256 px with a border, JPEG re-encode), timed in
@@ -242,21 +224,11 @@ def summarize(runs: list[Run], tools: list[str]) -> dict[str, dict]:
             continue
         roles = sorted({k for r in rs for k in r.cpu_by_role})
         phases = [k for k in PHASE_PARTS if any(k in r.cpu_by_phase for r in rs)]
-        out[tool] = {
-            "n": len(rs),
-            "wall_med": med(r.wall_s for r in rs),
-            "wall_min": min(r.wall_s for r in rs),
-            "rate_med": med(r.rate for r in rs),
-            "rate_max": max(r.rate for r in rs),
-            "phase_rate_med": med(r.phase_rate for r in rs),
-            "cpu_1k_med": med(r.cpu_per_1k for r in rs),
-            "cpu_1k_min": min(r.cpu_per_1k for r in rs),
+        out[tool] = spread(rs) | {
             "roles": {k: med(per_1k(r.cpu_by_role.get(k), r.ok) for r in rs) for k in roles},
             "phases": {k: med(per_1k(r.cpu_by_phase.get(k), r.ok) for r in rs) for k in phases},
             "phase_walls": {k: med(r.wall_by_phase.get(k) for r in rs) for k in phases},
             "phase_mains": {k: med(per_1k(r.main_cpu_by_phase.get(k), r.ok) for r in rs) for k in phases},
-            "ok": sorted({r.ok for r in rs}),
-            "rows": rs[0].rows,
             "sizes": sorted({r.sample_size for r in rs if r.sample_size}),
         }
     return out
@@ -287,13 +259,13 @@ def report(runs: list[Run], tools: list[str], meta: dict, kernels: dict | None =
           f"{r.ok} / {r.rows}", f"{r.rate:.1f}", fmt(r.phase_rate), f"{r.cpu_per_1k:.2f}",
           fmt(per_1k(r.prefect_cpu_s, r.ok), ".2f"), f"{per_1k(r.server_cpu_s, r.ok):.2f}",
           f"{r.out_bytes / max(r.ok, 1) / 1e3:.1f}", "x".join(map(str, r.sample_size)) if r.sample_size else "-",
-          f"{r.other_cpu_s / r.wall_s:.2f}"] for r in runs],
+          f"{r.other_load:.2f}"] for r in runs],
     )  # fmt: skip
     lines += ["", "Summary (median over rounds; best in brackets):", ""]
     lines += table(
         ["tool", "runs", "wall s", "samples/s (wall)", "samples/s (phase)", "CPU s / 1k samples", "ok"],
-        [[TOOL_LABELS[tool], v["n"], f"{v['wall_med']:.1f} ({v['wall_min']:.1f})", f"{v['rate_med']:.1f} ({v['rate_max']:.1f})",
-          fmt(v["phase_rate_med"]), f"{v['cpu_1k_med']:.2f} ({v['cpu_1k_min']:.2f})",
+        [[TOOL_LABELS[tool], v["n"], f"{v['wall']:.1f} ({v['wall_best']:.1f})", f"{v['rate']:.1f} ({v['rate_best']:.1f})",
+          fmt(v["phase_rate"]), f"{v['cpu_1k']:.2f} ({v['cpu_1k_best']:.2f})",
           f"{'/'.join(map(str, v['ok']))} of {v['rows']}"] for tool, v in s.items()],
     )  # fmt: skip
     lines += [
@@ -333,14 +305,14 @@ def report(runs: list[Run], tools: list[str], meta: dict, kernels: dict | None =
         )  # fmt: skip
     if "shardsmith" in s and "i2d-default" in s:
         a, b = s["shardsmith"], s["i2d-default"]
-        phase = a["phase_rate_med"] / b["phase_rate_med"] if a["phase_rate_med"] and b["phase_rate_med"] else None
+        phase = a["phase_rate"] / b["phase_rate"] if a["phase_rate"] and b["phase_rate"] else None
         lines += [
             "",
             "Ratios, shardsmith / img2dataset default (medians; > 1 means shardsmith is faster or, for CPU, cheaper):",
             "",
-            f"- samples/s, whole command: {a['rate_med'] / b['rate_med']:.2f}x ({a['rate_med']:.1f} vs {b['rate_med']:.1f}; target 1.5x)",
-            f"- samples/s, phases only: {fmt(phase, '.2f')}x ({fmt(a['phase_rate_med'])} vs {fmt(b['phase_rate_med'])})",
-            f"- CPU per sample: {b['cpu_1k_med'] / a['cpu_1k_med']:.2f}x ({a['cpu_1k_med']:.2f} vs {b['cpu_1k_med']:.2f} CPU s / 1k)",
+            f"- samples/s, whole command: {a['rate'] / b['rate']:.2f}x ({a['rate']:.1f} vs {b['rate']:.1f}; target 1.5x)",
+            f"- samples/s, phases only: {fmt(phase, '.2f')}x ({fmt(a['phase_rate'])} vs {fmt(b['phase_rate'])})",
+            f"- CPU per sample: {b['cpu_1k'] / a['cpu_1k']:.2f}x ({a['cpu_1k']:.2f} vs {b['cpu_1k']:.2f} CPU s / 1k)",
         ]
         oks = sorted({ok for v in s.values() for ok in v["ok"]})
         if oks and oks[-1] - oks[0] > 5:
@@ -361,34 +333,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rows", type=int, default=4000, help="URLs in the manifest, each a distinct image (e.g. 300 for a smoke run)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the image pool")
-    p.add_argument(
-        "--repeats", type=int, default=2, help="rounds; each runs every tool once, in turn (reversed in even rounds)"
-    )
-    p.add_argument(
-        "--rows-per-shard",
-        type=int,
-        default=500,
-        help="shardsmith rows_per_shard = img2dataset number_sample_per_shard",
-    )
-    p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
-    p.add_argument(
-        "--threads", type=int, default=64, help="img2dataset thread_count per process (as bench_download.py)"
-    )
+    add_round_flags(p, "validate", repeats=2)
+    add_tool_flags(p, rows_per_shard=500)
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
-    p.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=90.0,
-        help="before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't wait)",
-    )
     p.add_argument(
         "--kernel-images",
         type=int,
         default=300,
         help="after the runs, time each tool's per-image work alone on this many of the images (0: skip)",
     )
-    p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
-    p.add_argument("--keep", action="store_true", help="keep each run's output folder under .bench/validate/runs/")
     args = p.parse_args(argv)
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     unknown = set(args.tools) - set(TOOLS)
@@ -407,31 +360,24 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     kernels = None
     with Session("validate", args.keep) as s:
-        server, base_url = start_image_server(s.children, pool_dir)
+        loop = serve(s, pool_dir, prefect="shardsmith" in args.tools)
         manifest = s.work / "manifest.parquet"
-        write_manifest(manifest, [f"{base_url}/img/{name}" for name in sizes])
-        watch = {"server": server.pid}
-        api = ""
-        if "shardsmith" in args.tools:
-            (s.work / "prefect-home").mkdir()
-            print("starting a Prefect server (not timed) ...", flush=True)
-            prefect, api = start_prefect_server(s.children, s.work / "prefect-home", s.work / "prefect-server.log")
-            watch["prefect"] = prefect.pid
+        write_manifest(manifest, [f"{loop.base_url}/img/{name}" for name in sizes])
         print(
-            f"{args.rows} URLs at {base_url}, {sum(sizes.values()) / 1e6:.0f} MB; {args.repeats} round(s) of {', '.join(args.tools)}",
+            f"{args.rows} URLs at {loop.base_url}, {sum(sizes.values()) / 1e6:.0f} MB; {args.repeats} round(s) of {', '.join(args.tools)}",
             flush=True,
         )
         for rnd, tool in alternated(args.tools, args.repeats):
             settle(args.quiet_wait)
             if tool == "shardsmith":
-                run = run_shardsmith(s, args, rnd, manifest, api, watch)
+                run = run_shardsmith(s, args, rnd, manifest, loop.api, loop.watch)
             else:
-                run = run_img2dataset(s.children, s.work, args, rnd, manifest, {"server": server.pid})
+                run = run_img2dataset(s.children, s.work, args, rnd, manifest, {"server": loop.watch["server"]})
             runs.append(run)
             phase = f", phase {run.phase_s:.1f} s = {run.phase_rate:.1f} samples/s" if run.phase_s else ""
             print(
                 f"  round {rnd} {tool:<12} {run.wall_s:6.1f} s wall = {run.rate:6.1f} samples/s{phase}; "
-                f"{run.cpu_per_1k:.2f} CPU s/1k; {run.ok}/{run.rows} ok; other load {run.other_cpu_s / run.wall_s:.2f} cores",
+                f"{run.cpu_per_1k:.2f} CPU s/1k; {run.ok}/{run.rows} ok; other load {run.other_load:.2f} cores",
                 flush=True,
             )
             if not args.keep:

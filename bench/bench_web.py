@@ -13,20 +13,35 @@ from pathlib import Path
 
 from harness.photos import ensure_unique_pool, write_manifest
 from harness.procs import Children, Session, Timed, default_role, settle, timed
-from harness.report import alternated, command, emit, fmt, in_turn, machine, med, ratio, revision, table
-from harness.servers import prefect_env, start_image_server, start_prefect_server
+from harness.report import (
+    add_round_flags,
+    alternated,
+    command,
+    emit,
+    fmt,
+    in_turn,
+    machine,
+    med,
+    ratio,
+    revision,
+    table,
+)
+from harness.servers import prefect_env, serve
 from harness.tools import (
     I2D_ENCODE_QUALITY,
     I2D_IMAGE_SIZE,
     I2D_REQUIREMENT,
     I2D_RESIZE_MODE,
     REPO,
+    ToolRun,
+    add_tool_flags,
     ensure_img2dataset,
     first_image_size,
     i2d_command,
     i2d_env,
     i2d_outputs,
     run_command,
+    spread,
     summary,
     write_recipe,
 )
@@ -180,32 +195,17 @@ def write_faulty_manifest(
 
 
 @dataclass
-class Run:
-    scenario: str
-    tool: str
-    round: int
-    wall_s: float = 0.0
-    cpu_s: float = 0.0  # the tool's process tree, plus a pre-started Prefect server's CPU meanwhile
-    ok: int = 0
-    rows: int = 0
-    phase_s: float | None = None
+class Run(ToolRun):
+    """A run of a scenario. Its ``cpu_s`` includes a pre-started Prefect server's CPU meanwhile;
+    ``prefect_cpu_s`` is that server's share of it (sampled when embedded in the CLI)."""
+
+    scenario: str = ""
     reshard_s: float | None = None
-    prefect_cpu_s: float | None = None  # the Prefect server's share of cpu_s (sampled when embedded)
-    server_cpu_s: float = 0.0  # the image server, apart
-    other_cpu_s: float = 0.0  # other work on the machine meanwhile
     reasons: dict[str, int] = field(default_factory=dict)
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # img2dataset, faulty: kind -> [ok, rows]
     first_size: tuple[int, int] | None = None
     disk_mb: float | None = None  # what the run left on disk: shards, ledgers, reports (logs apart)
     error: str | None = None
-
-    @property
-    def rate(self) -> float:
-        return self.ok / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def cpu_per_1k(self) -> float:
-        return 1000 * self.cpu_s / max(self.ok, 1)
 
 
 class Roles:
@@ -354,7 +354,7 @@ def run_tool(
 ) -> Run:
     """One timed run, after waiting for the machine to go quiet; prints its line."""
     settle(ctx.args.quiet_wait)
-    run = Run(scenario, key or tool.name, rnd)
+    run = Run(key or tool.name, rnd, scenario=scenario)
     if tool.shardsmith:
         run_shardsmith(ctx, run, tool, manifest, folder)
     else:
@@ -364,7 +364,7 @@ def run_tool(
         extra = f", reshard {run.reshard_s:.1f} s" if run.reshard_s is not None else ""
         print(
             f"  {scenario} round {rnd} {run.tool:<20} {run.wall_s:7.1f} s wall = {run.rate:6.1f} samples/s{extra}; "
-            f"{run.cpu_per_1k:.2f} CPU s/1k; {run.ok}/{run.rows} ok; other load {run.other_cpu_s / max(run.wall_s, 1e-9):.2f} cores",
+            f"{run.cpu_per_1k:.2f} CPU s/1k; {run.ok}/{run.rows} ok; other load {run.other_load:.2f} cores",
             flush=True,
         )
     return run
@@ -420,23 +420,14 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
         if not rs:
             out[name] = {"n": 0, "failed": failed}
             continue
-        out[name] = {
-            "n": len(rs),
+        out[name] = spread(rs) | {
             "failed": failed,
-            "wall": med(r.wall_s for r in rs),
-            "wall_min": min(r.wall_s for r in rs),
-            "rate": med(r.rate for r in rs),
-            "rate_max": max(r.rate for r in rs),
             "phase": med(r.phase_s for r in rs),
             "reshard": med(r.reshard_s for r in rs),
             "cpu": med(r.cpu_s for r in rs),
-            "cpu_1k": med(r.cpu_per_1k for r in rs),
-            "cpu_1k_min": min(r.cpu_per_1k for r in rs),
             "prefect_1k": med(
                 1000 * r.prefect_cpu_s / max(r.ok, 1) if r.prefect_cpu_s is not None else None for r in rs
             ),
-            "ok": sorted({r.ok for r in rs}),
-            "rows": rs[0].rows,
             "disk_mb": med(r.disk_mb for r in rs),
         }
     return out
@@ -459,7 +450,7 @@ def per_run_table(runs: list[Run]) -> list[str]:
             [r.tool, r.round, f"{r.wall_s:.1f}", fmt(r.phase_s) + (f" (reshard {r.reshard_s:.1f})" if r.reshard_s is not None else ""),
              f"{r.ok} / {r.rows}", f"{r.rate:.1f}", f"{r.cpu_s:.1f}", f"{r.cpu_per_1k:.2f}",
              fmt(1000 * r.prefect_cpu_s / max(r.ok, 1), ".2f") if r.prefect_cpu_s is not None else "-",
-             f"{1000 * r.server_cpu_s / max(r.ok, 1):.2f}", f"{r.other_cpu_s / r.wall_s:.2f}", size]
+             f"{1000 * r.server_cpu_s / max(r.ok, 1):.2f}", f"{r.other_load:.2f}", size]
         )  # fmt: skip
     head = ["tool", "round", "wall s", "phase s", "ok / rows", "samples/s (wall)", "CPU s", "CPU s / 1k ok",
             "of which Prefect server, CPU s / 1k", "image server CPU s / 1k", "other load, cores", "first image"]  # fmt: skip
@@ -474,8 +465,8 @@ def summary_table(s: dict[str, dict], labels: dict[str, str]) -> list[str]:
             continue
         failed = f" ({v['failed']} failed)" if v["failed"] else ""
         rows.append(
-            [labels.get(name, name), f"{v['n']}{failed}", f"{v['wall']:.1f} ({v['wall_min']:.1f})",
-             f"{v['rate']:.1f} ({v['rate_max']:.1f})", f"{v['cpu_1k']:.2f} ({v['cpu_1k_min']:.2f})",
+            [labels.get(name, name), f"{v['n']}{failed}", f"{v['wall']:.1f} ({v['wall_best']:.1f})",
+             f"{v['rate']:.1f} ({v['rate_best']:.1f})", f"{v['cpu_1k']:.2f} ({v['cpu_1k_best']:.2f})",
              fmt(v["prefect_1k"], ".2f"), f"{'/'.join(map(str, v['ok']))} of {v['rows']}", fmt(v["disk_mb"], ".0f")]
         )  # fmt: skip
     head = [
@@ -699,33 +690,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--slow-ms", type=int, default=3000, help="how long a slow row takes to arrive (complete)")
     p.add_argument("--seed", type=int, default=0, help="seed of the image pool and of the faulty rows")
-    p.add_argument(
-        "--repeats", type=int, default=3, help="rounds; each runs every tool once, in turn (reversed in even rounds)"
-    )
-    p.add_argument(
-        "--rows-per-shard",
-        type=int,
-        default=1000,
-        help="shardsmith rows_per_shard = img2dataset number_sample_per_shard",
-    )
-    p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=64,
-        help="img2dataset thread_count per process (= shardsmith max_inflight and per_host in the faulty equal-settings run)",
-    )
+    add_round_flags(p, "web", repeats=3)
+    add_tool_flags(p, rows_per_shard=1000)
     p.add_argument(
         "--prefect",
         choices=("embedded", "server"),
         default="embedded",
         help="embedded: each shardsmith command starts its own Prefect server (its CPU is in the tool's tree); server: one started beforehand, its CPU during each run added and shown apart",
-    )
-    p.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=90.0,
-        help="before each run, wait up to this many seconds for other work to drop under 0.3 cores (0: don't wait)",
     )
     p.add_argument(
         "--run-timeout",
@@ -739,8 +710,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_false",
         help="skip the untimed --small-rows run of each tool before the rounds (it fills caches and the Prefect database)",
     )
-    p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
-    p.add_argument("--keep", action="store_true", help="keep each run's folder under .bench/web/runs/")
     args = p.parse_args(argv)
     args.scenarios = [s for s in SCENARIOS if args.all or getattr(args, s)]
     if not args.scenarios:
@@ -759,13 +728,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     faults: dict[str, int] = {}
     with Session("web", args.keep) as s:
-        server, base_url = start_image_server(s.children, pool_dir)
-        ctx = Context(args, s, {"server": server.pid}, None)
-        ctx.home.mkdir()
-        if args.prefect == "server":
-            print("starting a Prefect server (not timed) ...", flush=True)
-            prefect, ctx.api = start_prefect_server(s.children, ctx.home, s.work / "prefect-server.log")
-            ctx.watch["prefect"] = prefect.pid
+        loop = serve(s, pool_dir, prefect=args.prefect == "server")
+        base_url = loop.base_url
+        ctx = Context(args, s, loop.watch, loop.api)
+        ctx.home.mkdir(exist_ok=True)
         clean, small = s.work / "manifest.parquet", s.work / "manifest-small.parquet"
         write_manifest(clean, [f"{base_url}/img/{name}" for name in names[: args.rows]])
         write_manifest(small, [f"{base_url}/img/{name}" for name in names[: args.small_rows]])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import platform
@@ -56,6 +57,25 @@ def table(head: Sequence[str], rows: Iterable[Sequence[object]], align: str | No
     lines = ["| " + " | ".join(head) + " |", "|" + "".join("---|" if a == "l" else "---:|" for a in align)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return lines
+
+
+def add_round_flags(p: argparse.ArgumentParser, name: str, repeats: int, quiet_wait: float = 90.0) -> None:
+    """The flags every benchmark that runs tools in rounds takes: --repeats, --quiet-wait,
+    --markdown and --keep (its run folders under ``.bench/NAME/runs/``)."""
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=repeats,
+        help="rounds; each runs every tool once, in turn (reversed in even rounds)",
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=quiet_wait,
+        help="before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't wait)",
+    )
+    p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
+    p.add_argument("--keep", action="store_true", help=f"keep each run's folder under .bench/{name}/runs/")
 
 
 # ----------------------------------------------------------------------------------- provenance

@@ -8,9 +8,10 @@ import socket
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
-from harness.procs import REPO, Children
+from harness.procs import REPO, Children, Session
 
 VENV_PY = REPO / ".venv" / "bin" / "python"
 PREFECT = REPO / ".venv" / "bin" / "prefect"
@@ -83,3 +84,27 @@ def start_prefect_server(children: Children, home: Path, log: Path) -> tuple[sub
                     return proc, api
         time.sleep(0.5)
     raise SystemExit(f"prefect server did not answer {api}/health within 180 s; see {log}")
+
+
+@dataclass
+class Loopback:
+    """The servers of a web benchmark: the image server's base URL, a Prefect server's API
+    (None: not started), and their pids by name for ``timed``'s ``watch``."""
+
+    base_url: str
+    api: str | None
+    watch: dict[str, int]
+
+
+def serve(session: Session, pool: Path, prefect: bool) -> Loopback:
+    """Serve ``pool`` on loopback and, when ``prefect``, start a Prefect server (not timed) whose
+    home is the session's ``prefect-home``."""
+    server, base_url = start_image_server(session.children, pool)
+    loop = Loopback(base_url, None, {"server": server.pid})
+    if prefect:
+        home = session.work / "prefect-home"
+        home.mkdir(exist_ok=True)
+        print("starting a Prefect server (not timed) ...", flush=True)
+        proc, loop.api = start_prefect_server(session.children, home, session.work / "prefect-server.log")
+        loop.watch["prefect"] = proc.pid
+    return loop

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.procs import BENCH_DIR, REPO
+from harness.procs import BENCH_DIR, REPO, Timed
 from harness.servers import child_env
 
 SHARDSMITH = REPO / ".venv" / "bin" / "shardsmith"
@@ -21,6 +23,92 @@ I2D_RESIZE_MODE = "border"
 I2D_IMAGE_SIZE = 256
 I2D_ENCODE_QUALITY = 95
 LICENSE = "CC-BY-4.0"
+
+
+@dataclass
+class ToolRun:
+    """One timed command of a tool: what it kept and what it cost.
+
+    Args:
+        tool: the tool's key in the tables.
+        round: the round (0: a warm-up).
+        wall_s, cpu_s: wall seconds of the whole command, CPU seconds of its process tree.
+        ok, rows: samples kept, rows it was given.
+        phase_s: the tool's own account of its working time (None: not known).
+        server_cpu_s: the image server's CPU during the run.
+        prefect_cpu_s: a Prefect server's CPU during the run (None: none counted).
+        other_cpu_s: CPU that other work on the machine used meanwhile.
+        extra: whatever else a benchmark keeps.
+    """
+
+    tool: str
+    round: int
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    ok: int = 0
+    rows: int = 0
+    phase_s: float | None = None
+    server_cpu_s: float = 0.0
+    prefect_cpu_s: float | None = None
+    other_cpu_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def took(self, t: Timed, prefect: bool = True) -> None:
+        """Take the times of a finished command (a watched Prefect server's CPU when ``prefect``)."""
+        self.wall_s, self.cpu_s, self.other_cpu_s = t.wall_s, t.cpu_s, t.other_s
+        self.server_cpu_s = t.watched.get("server", 0.0)
+        if prefect:
+            self.prefect_cpu_s = t.watched.get("prefect")
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def phase_rate(self) -> float | None:
+        return self.ok / self.phase_s if self.phase_s else None
+
+    @property
+    def cpu_per_1k(self) -> float:
+        return 1000 * self.cpu_s / max(self.ok, 1)
+
+    @property
+    def other_load(self) -> float:
+        """Cores that other work used, on average, during the run."""
+        return self.other_cpu_s / self.wall_s if self.wall_s else 0.0
+
+
+def spread(runs: list[ToolRun]) -> dict:
+    """Medians over runs of one tool (best in ``*_best``): wall, samples/s, phase samples/s, CPU
+    per 1k samples; the numbers kept (``ok``, sorted) and the rows given."""
+    from harness.report import med
+
+    return {
+        "n": len(runs),
+        "wall": med(r.wall_s for r in runs),
+        "wall_best": min(r.wall_s for r in runs),
+        "rate": med(r.rate for r in runs),
+        "rate_best": max(r.rate for r in runs),
+        "phase_rate": med(r.phase_rate for r in runs),
+        "phase_rate_best": max((r.phase_rate for r in runs if r.phase_rate), default=None),
+        "cpu_1k": med(r.cpu_per_1k for r in runs),
+        "cpu_1k_best": min(r.cpu_per_1k for r in runs),
+        "ok": sorted({r.ok for r in runs}),
+        "rows": runs[0].rows,
+    }
+
+
+def add_tool_flags(p: argparse.ArgumentParser, rows_per_shard: int | None) -> None:
+    """--workers and --threads, and --rows-per-shard unless None: the settings both tools get alike."""
+    if rows_per_shard is not None:
+        p.add_argument(
+            "--rows-per-shard",
+            type=int,
+            default=rows_per_shard,
+            help="shardsmith rows_per_shard = img2dataset number_sample_per_shard",
+        )
+    p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
+    p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count per process")
 
 
 def ensure_img2dataset() -> Path:
