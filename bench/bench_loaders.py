@@ -130,7 +130,12 @@ def count_loader(loader, field) -> int:
 
 
 def run_method(method: str, release, args) -> tuple[int, float, float]:
-    """(samples read, wall seconds, CPU seconds, this process and its DataLoader workers) for one pass over the release."""
+    """(samples read, wall seconds, CPU seconds of this process and its DataLoader workers) for one
+    pass over the release; imports and a DALI pipeline's build are set-up, outside the clock."""
+    from torch.utils.data import DataLoader
+
+    from loaders.dataset import ReleaseDataset
+
     if method.startswith("dali-"):
         from loaders.dali import DaliLoader
 
@@ -143,39 +148,30 @@ def run_method(method: str, release, args) -> tuple[int, float, float]:
             num_threads=max(1, args.workers),
             initial_fill=256,
         )
-        with clock(process_cpu) as lap:  # the pipeline's build is one-off set-up, like a worker's start
+        with clock(process_cpu) as lap:
             n = sum(b["valid"] for b in dl)
         return n, lap.wall, lap.cpu
     with clock(process_cpu) as lap:
-        n = _pass(method, release, args)
-    return n, lap.wall, lap.cpu
+        if method.startswith("wds-"):
+            import webdataset as wds
 
-
-def _pass(method: str, release, args) -> int:
-    """One pass of a DataLoader (webdataset's pipeline or ReleaseDataset): the samples read."""
-    from torch.utils.data import DataLoader
-
-    from loaders.dataset import ReleaseDataset
-
-    if method.startswith("wds-"):
-        import webdataset as wds
-
-        latents = method == "wds-latents"
-        shards = [release.local_path(s.name) for s in (release.precache_shards if latents else release.shards)]
-        ds = wds.WebDataset(shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False).shuffle(
-            256
-        )
-        if latents:
-            ds, collate = ds.map(_wds_latent), _collate_dicts
-        elif method == "wds-images":
-            ds, collate = ds.decode("pil").map(_wds_pil), _collate_tuples
+            latents = method == "wds-latents"
+            shards = [release.local_path(s.name) for s in (release.precache_shards if latents else release.shards)]
+            ds = wds.WebDataset(shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False)
+            ds = ds.shuffle(256)
+            if latents:
+                ds, collate = ds.map(_wds_latent), _collate_dicts
+            elif method == "wds-images":
+                ds, collate = ds.decode("pil").map(_wds_pil), _collate_tuples
+            else:
+                ds, collate = ds.map(_wds_same_decode), _collate_tuples
+            loader = DataLoader(ds.batched(args.batch, collation_fn=collate), batch_size=None, num_workers=args.workers)
+            n = count_loader(loader, "latent_mean.npy")
         else:
-            ds, collate = ds.map(_wds_same_decode), _collate_tuples
-        loader = DataLoader(ds.batched(args.batch, collation_fn=collate), batch_size=None, num_workers=args.workers)
-        return count_loader(loader, "latent_mean.npy")
-    mode = "latents" if method.endswith("latents") else "images"
-    ds = ReleaseDataset(release, mode=mode, image_size=SIZE, batch_size=args.batch, rank=0, world_size=1)
-    return count_loader(DataLoader(ds, batch_size=None, num_workers=args.workers), "key")
+            mode = "latents" if method.endswith("latents") else "images"
+            ds = ReleaseDataset(release, mode=mode, image_size=SIZE, batch_size=args.batch, rank=0, world_size=1)
+            n = count_loader(DataLoader(ds, batch_size=None, num_workers=args.workers), "key")
+    return n, lap.wall, lap.cpu
 
 
 def main() -> None:
