@@ -10,8 +10,8 @@ alternate, each in a fresh child process:
 - ``new``: ``tasks.finetune.ingest`` as the flow runs it, without Prefect: ``plan_ingest``
   (hash + per-range record count) in the child, ``ingest_range`` for every range over a pool of
   ``--workers`` processes, then ``finish_ingest``;
-- ``old``: the ingest of commit ``--old-rev`` (``tasks/finetune/samples.py`` and
-  ``tasks/finetune/conversations.py`` read from git): one task reads the file whole, then checks it.
+- ``old``: the ingest of commit ``OLD_REV`` (the ``tasks`` package of that commit, taken from
+  git into ``.bench/trees/``): one task reads the file whole, then checks it.
 
 Printed per run: records, seconds, records/s, CPU seconds (child and workers), and peak RSS (the largest ``ru_maxrss`` of the
 child and of its pool workers); then medians per method and size, the ratio new/old where
@@ -30,13 +30,13 @@ import platform
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from harness.procs import REPO, clock, peak_rss_mb, process_cpu, run_json
 from harness.report import in_turn
+from harness.tools import tree_at
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -121,28 +121,21 @@ def run_new(path: Path, out: Path, workers: int, rows_per_shard: int) -> int:
 
 
 def run_old(path: Path, out: Path, rows_per_shard: int) -> int:
-    src = BENCH / f"old-{OLD_REV}"
-    src.mkdir(parents=True, exist_ok=True)
-    for name in ("conversations", "finetune"):
-        text = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{OLD_REV}:tasks/{name}.py"], check=True, capture_output=True, text=True
-        ).stdout
-        (src / f"old_{name}.py").write_text(
-            text.replace("from tasks.finetune.conversations import", "from old_conversations import")
-        )
-    sys.path.insert(0, str(src))
-    from old_finetune import ingest_source
-
-    from tasks.formats.recipe_download import SourceConfig
-    from tasks.formats.recipe_finetune import FinetuneConfig
-    from tasks.formats.storage import Storage
+    """The whole-file ingest, ``tasks`` being the package at ``OLD_REV`` in this process (see child)."""
+    from tasks.finetune import ingest_source
+    from tasks.recipe import FinetuneConfig, SourceConfig
+    from tasks.storage import Storage
 
     source = SourceConfig(name="llava", manifest=str(path), rows_per_shard=rows_per_shard)
     return ingest_source(Storage(str(out)), "bench", source, FinetuneConfig(), {}).rows
 
 
 def child(method: str, path: Path, out: Path, workers: int, rows_per_shard: int) -> None:
-    import tasks.finetune.ingest  # noqa: F401 - imports are set-up, not ingest
+    if method == "old":  # the old code whole: its modules have moved or gone since
+        sys.path.insert(0, str(tree_at(OLD_REV)))
+        import tasks.finetune  # noqa: F401 - imports are set-up, not ingest
+    else:
+        import tasks.finetune.ingest  # noqa: F401
 
     shutil.rmtree(out, ignore_errors=True)
 

@@ -16,8 +16,8 @@ chunk files written). Steps, for each of ``--sizes``:
 - ``new``: ``tasks.formats.manifests.plan_source`` over the parquet folder, then over the CSV;
 - ``new x2``: the parquet folder's files planned by ``plan_file`` in 2 worker processes and
   combined (``combine``), as the download flow does on a 2-worker cluster;
-- ``old``: the reader this one replaced (``tasks/formats/manifests.py`` at ``--baseline-commit``,
-  taken from git into ``.bench/manifests/``), over the first ``--old-rows`` rows only (it
+- ``old``: the reader this one replaced (``tasks/manifests.py`` at ``--baseline-commit``, with
+  that commit's whole ``tasks`` package taken from git into ``.bench/trees/``), over the first ``--old-rows`` rows only (it
   runs at about 20,000 rows/s); its rows/s is what it would do over the whole manifest.
 
 Printed: rows/s (wall and per CPU second), new / old ratios, peak RSS and the RSS ratio of the
@@ -27,16 +27,15 @@ largest size to the smallest. The machine is shared: compare figures from one in
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from harness.procs import REPO, children_cpu, clock, peak_rss_mb, run_json
+from harness.tools import tree_at
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -93,20 +92,6 @@ def make_manifests(rows: int) -> tuple[Path, Path]:
     return folder, csv_path
 
 
-def old_module(commit: str) -> Path:
-    """The replaced reader, from git, as a module file under .bench/manifests/."""
-    path = BENCH_DIR / f"old_manifests_{commit}.py"
-    if not path.exists():
-        text = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{commit}:tasks/formats/manifests.py"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        path.write_text(text)
-    return path
-
-
 def _slice(manifest: Path, rows: int) -> Path:
     """The first ``rows`` rows of a manifest, in the same shape (for the old reader)."""
     import pyarrow.parquet as pq
@@ -136,21 +121,21 @@ def _slice(manifest: Path, rows: int) -> Path:
 
 def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
     """Plan one manifest in this process; seconds, CPU seconds, rows and peak RSS."""
-    from tasks.formats.storage import Storage
-
-    if kind == "old":
-        spec = importlib.util.spec_from_file_location("old_manifests", old_module(commit))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["old_manifests"] = module
-        spec.loader.exec_module(module)
+    if kind == "old":  # the old code whole, ``tasks`` being the package at ``commit`` in this process
+        sys.path.insert(0, str(tree_at(commit)))
+        from tasks import manifests as module
+        from tasks.recipe import SourceConfig
+        from tasks.storage import Storage
     else:
         from tasks.formats import manifests as module
+        from tasks.formats.recipe_download import SourceConfig
+        from tasks.formats.storage import Storage
     base_mb = peak_rss_mb()
     root = tempfile.mkdtemp(prefix="plan-", dir=BENCH_DIR)
     try:
         storage = Storage(root)
         with clock() as lap:
-            rows = plan(module, kind, manifest, storage, rows_per_shard)
+            rows = plan(module, SourceConfig, kind, manifest, storage, rows_per_shard)
         seconds, cpu = lap.wall, lap.cpu
         peak = peak_rss_mb()
         if kind == "new x2":  # the workers do the work: their CPU, and the largest worker's peak
@@ -161,19 +146,17 @@ def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
     return {"rows": rows, "seconds": seconds, "cpu": cpu, "base_mb": base_mb, "peak_mb": peak}
 
 
-def plan(module, kind: str, manifest: str, storage, rows_per_shard: int) -> int:
-    """Plan the manifest with the reader ``kind`` names; returns its rows."""
-    from tasks.formats.recipe_download import SourceConfig
-
+def plan(module, source_config: type, kind: str, manifest: str, storage, rows_per_shard: int) -> int:
+    """Plan the manifest with the reader ``kind`` names (``module``, with its ``SourceConfig``); returns its rows."""
     if kind == "old":  # one file at a time: it reads single files only
         files = sorted(Path(manifest).glob("part-*.parquet")) if Path(manifest).is_dir() else [Path(manifest)]
         return sum(
             module.plan_source(
-                SourceConfig(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b"
+                source_config(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b"
             ).rows
             for i, f in enumerate(files)
         )
-    src = SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard)
+    src = source_config(name="web", manifest=manifest, rows_per_shard=rows_per_shard)
     if kind == "new x2":
         import concurrent.futures
 
@@ -211,7 +194,7 @@ def main() -> None:
     if args.prepare:
         made = {n: [str(p) for p in make_manifests(n)] for n in sizes}
         if not args.skip_old:
-            old_module(args.baseline_commit)
+            tree_at(args.baseline_commit)
             made["old"] = [str(_slice(Path(p), min(args.old_rows, sizes[-1]))) for p in made[sizes[-1]]]
         print(json.dumps(made))
         return

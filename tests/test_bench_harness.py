@@ -15,8 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from harness.procs import Children, Session, TreeSampler, run_json, timed  # noqa: E402
-from harness.report import alternated, in_turn, med, ratio, table  # noqa: E402
-from harness.tools import ToolRun, i2d_outputs, spread  # noqa: E402
+from harness.report import alternated, in_turn, med, pick_tools, ratio, table  # noqa: E402
+from harness.tools import ToolRun, i2d_outputs, spread, tree_at  # noqa: E402
 
 PY = sys.executable
 
@@ -132,3 +132,23 @@ def test_img2dataset_outputs_are_read_across_shards(tmp_path):
     assert rows == {"status": ["success", "failed_to_download", "success"]}
     assert phase == 7.5
     assert i2d_outputs(tmp_path / "none") == ({}, None)
+
+
+def test_tools_flag_keeps_the_order_given_and_refuses_unknown_tools(capsys):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    assert pick_tools(p, "c, a", ("a", "b", "c")) == ["c", "a"]
+    with pytest.raises(SystemExit):
+        pick_tools(p, "a,z", ("a", "b", "c"))
+    assert "unknown ['z']" in capsys.readouterr().err
+
+
+def test_tree_at_extracts_the_tasks_package_of_a_commit_once(monkeypatch, tmp_path):
+    monkeypatch.setattr("harness.tools.BENCH_DIR", tmp_path)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+    folder = tree_at(commit.stdout.strip())
+    assert (folder / "tasks" / "__init__.py").is_file()
+    assert not (folder / "bench").exists()  # only the package
+    (folder / "tasks" / "marker").write_text("kept")
+    assert tree_at(commit.stdout.strip()) == folder and (folder / "tasks" / "marker").exists()  # not extracted again

@@ -1,9 +1,11 @@
-"""The tools the web benchmarks compare: shardsmith's recipe and summary, img2dataset's venv, command and outputs."""
+"""The tools the benchmarks compare: shardsmith's recipe and summary, img2dataset's venv, command and outputs, and this project's code at an earlier commit."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,6 +24,7 @@ I2D_REQUIREMENT = "img2dataset==1.47.0"
 I2D_RESIZE_MODE = "border"
 I2D_IMAGE_SIZE = 256
 I2D_ENCODE_QUALITY = 95
+I2D_TIMEOUT_S = 10  # --timeout, and the web benchmark's faulty scenario's equal setting
 LICENSE = "CC-BY-4.0"
 
 
@@ -124,6 +127,23 @@ def ensure_img2dataset() -> Path:
     pip = [str(I2D_VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, I2D_REQUIREMENT], check=True)
     return exe
+
+
+def tree_at(commit: str) -> Path:
+    """The ``tasks`` package as it was at ``commit``, extracted once under ``.bench/trees/COMMIT/``.
+
+    With that folder first on ``sys.path`` (in a child process of its own, before anything
+    imports ``tasks``), ``import tasks`` is the old code: a baseline to measure beside today's.
+    """
+    folder = BENCH_DIR / "trees" / commit
+    if not (folder / ".complete").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "tasks"], capture_output=True, check=True)
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tf:
+            tf.extractall(folder, filter="data")
+        (folder / ".complete").write_text(commit)
+    return folder
 
 
 def i2d_command(manifest: Path, out: Path, workers: int, threads: int, per_shard: int, *extra: str) -> list[str]:
