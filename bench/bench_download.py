@@ -30,7 +30,20 @@ from pathlib import Path
 
 from harness.photos import ensure_pool, write_manifest
 from harness.procs import Session, settle, timed
-from harness.report import add_round_flags, alternated, command, emit, fmt, machine, med, now, per_1k, revision, table
+from harness.report import (
+    add_round_flags,
+    alternated,
+    command,
+    emit,
+    fmt,
+    machine,
+    med,
+    now,
+    per_1k,
+    pick_tools,
+    revision,
+    table,
+)
 from harness.servers import prefect_env, serve
 from harness.tools import (
     REPO,
@@ -181,10 +194,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_tool_flags(p, rows_per_shard=500)
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
     args = p.parse_args(argv)
-    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    unknown = set(args.tools) - set(TOOLS)
-    if unknown or not args.tools:
-        p.error(f"--tools: unknown {sorted(unknown)}; choose from {','.join(TOOLS)}")
+    args.tools = pick_tools(p, args.tools, TOOLS)
     if args.rows < 1 or args.pool < 1 or args.repeats < 1:
         p.error("--rows, --pool and --repeats must be at least 1")
     return args

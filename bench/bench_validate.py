@@ -36,7 +36,20 @@ from pathlib import Path
 
 from harness.photos import ensure_unique_pool, write_manifest
 from harness.procs import SAMPLE_S, Children, Session, run_json, settle, timed
-from harness.report import add_round_flags, alternated, command, emit, fmt, machine, med, now, per_1k, revision, table
+from harness.report import (
+    add_round_flags,
+    alternated,
+    command,
+    emit,
+    fmt,
+    machine,
+    med,
+    now,
+    per_1k,
+    pick_tools,
+    revision,
+    table,
+)
 from harness.servers import VENV_PY, child_env, prefect_env, serve
 from harness.tools import (
     I2D_ENCODE_QUALITY,
@@ -343,10 +356,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="after the runs, time each tool's per-image work alone on this many of the images (0: skip)",
     )
     args = p.parse_args(argv)
-    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    unknown = set(args.tools) - set(TOOLS)
-    if unknown or not args.tools:
-        p.error(f"--tools: unknown {sorted(unknown)}; choose from {','.join(TOOLS)}")
+    args.tools = pick_tools(p, args.tools, TOOLS)
     if args.rows < 1 or args.repeats < 1:
         p.error("--rows and --repeats must be at least 1")
     return args

@@ -78,6 +78,15 @@ def add_round_flags(p: argparse.ArgumentParser, name: str, repeats: int, quiet_w
     p.add_argument("--keep", action="store_true", help=f"keep each run's folder under .bench/{name}/runs/")
 
 
+def pick_tools(p: argparse.ArgumentParser, text: str, choices: Sequence[str]) -> list[str]:
+    """The tools ``--tools`` names (comma-separated, a subset of ``choices``), in its order."""
+    tools = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = set(tools) - set(choices)
+    if unknown or not tools:
+        p.error(f"--tools: unknown {sorted(unknown)}; choose from {','.join(choices)}")
+    return tools
+
+
 # ----------------------------------------------------------------------------------- provenance
 
 
