@@ -22,40 +22,22 @@ the tool's process tree; then medians and the ratios keep/cp and ingest/download
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import io
 import json
-import os
-import platform
 import shutil
-import signal
-import statistics
 import sys
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_validate
+from harness.photos import ensure_unique_pool, write_manifest
+from harness.procs import BENCH_DIR, Children, Session, settle, timed
+from harness.report import add_round_flags, command, emit, in_turn, machine, med, now, revision, table
+from harness.servers import child_env, prefect_env, serve
+from harness.tools import I2D_REQUIREMENT, REPO, add_tool_flags, ensure_img2dataset, run_command, write_recipe
 
-import bench_validate  # noqa: E402  (the image pool, manifest, recipe, img2dataset's run and timing)
-from bench_download import (  # noqa: E402  (processes, servers, img2dataset's venv)
-    BENCH_DIR,
-    I2D_REQUIREMENT,
-    SHARDSMITH,
-    Children,
-    _interrupt,
-    _revision,
-    child_env,
-    ensure_img2dataset,
-    start_image_server,
-    start_prefect_server,
-    wait_for_quiet,
-)
-from bench_validate import ensure_unique_pool, run_img2dataset, timed, write_manifest  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PARTS = {"a": ("cp", "keep"), "b": ("ingest", "download")}
 LABELS = {
     "cp": "cp -r + sync of img2dataset's output",
@@ -99,7 +81,7 @@ def ensure_i2d_output(children: Children, args, manifest: Path, server_pid: int)
     tmp.mkdir(parents=True)
     print(f"img2dataset downloads {args.shards * args.per_shard} images into {folder} (once) ...", flush=True)
     i2d_args = argparse.Namespace(workers=args.workers, threads=args.threads, rows_per_shard=args.per_shard)
-    run = run_img2dataset(children, i2d_args, 0, manifest, tmp, {"server": server_pid})
+    run = bench_validate.run_img2dataset(children, tmp, i2d_args, 0, manifest, {"server": server_pid})
     if run.ok != run.rows:
         raise SystemExit(f"img2dataset wrote {run.ok} of {run.rows} samples; see {tmp}")
     (tmp / "i2d-default-0" / "out").rename(folder)
@@ -108,12 +90,12 @@ def ensure_i2d_output(children: Children, args, manifest: Path, server_pid: int)
     return folder
 
 
-def write_recipe(path: Path, store: Path, source: dict, image: dict, workers: int) -> None:
-    """bench_validate.py's recipe (every license allowed and reviewed, loopback allowed) with this
-    benchmark's source and image settings."""
+def write_byo_recipe(path: Path, store: Path, source: dict, image: dict, workers: int) -> None:
+    """The validate benchmark's recipe (every license allowed and reviewed, loopback allowed)
+    with this benchmark's source and image settings."""
     import yaml
 
-    bench_validate.write_recipe(path, store, Path("unused"), argparse.Namespace(rows_per_shard=1, workers=workers))
+    write_recipe(path, store, Path("unused"), 1, workers)
     recipe = yaml.safe_load(path.read_text())
     recipe["dataset"] = "byo"
     recipe["sources"] = [{"name": "bench", **source}]
@@ -142,23 +124,25 @@ def released(store: Path) -> tuple[int, int]:
 
 
 def run_shardsmith(ctx: dict, part: str, tool: str, rnd: int, source: dict, image: dict, in_bytes: int) -> Result:
-    out = ctx["work"] / f"{tool}-{rnd}"
+    s: Session = ctx["session"]
+    out = s.work / f"{tool}-{rnd}"
     out.mkdir()
     recipe = out / "recipe.yaml"
-    write_recipe(recipe, out / "store", source, image, ctx["args"].workers)
-    env = child_env(PREFECT_API_URL=ctx["api"], PREFECT_HOME=str(ctx["home"]), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    t = timed(ctx["children"], [str(SHARDSMITH), "run", str(recipe)], env, REPO_ROOT, out / "stderr.log", ctx["watch"])
+    write_byo_recipe(recipe, out / "store", source, image, ctx["args"].workers)
+    env = prefect_env(s.work / "prefect-home", ctx["api"])
+    t = timed(s.children, run_command(recipe), env, REPO, out / "stderr.log", ctx["watch"])
     samples, kept = released(out / "store")
-    return Result(part, tool, rnd, t.wall_s, t.cpu_s, samples, in_bytes, kept, t.watched["other"])
+    return Result(part, tool, rnd, t.wall_s, t.cpu_s, samples, in_bytes, kept, t.other_s)
 
 
 def run_cp(ctx: dict, rnd: int, src: Path, samples: int, in_bytes: int) -> Result:
-    dst = ctx["work"] / f"cp-{rnd}"
+    s: Session = ctx["session"]
+    dst = s.work / f"cp-{rnd}"
     cmd = ["bash", "-c", 'cp -r "$0" "$1" && sync', str(src), str(dst)]
-    t = timed(ctx["children"], cmd, child_env(), ctx["work"], ctx["work"] / f"cp-{rnd}.log", ctx["watch"])
+    t = timed(s.children, cmd, child_env(), s.work, s.work / f"cp-{rnd}.log", ctx["watch"])
     if folder_bytes(dst) != in_bytes:
         raise SystemExit(f"cp copied {folder_bytes(dst)} of {in_bytes} bytes")
-    return Result("a", "cp", rnd, t.wall_s, t.cpu_s, samples, in_bytes, None, t.watched["other"])
+    return Result("a", "cp", rnd, t.wall_s, t.cpu_s, samples, in_bytes, None, t.other_s)
 
 
 def sources(ctx: dict) -> dict[str, tuple[dict, dict]]:
@@ -172,13 +156,11 @@ def sources(ctx: dict) -> dict[str, tuple[dict, dict]]:
 
 
 def run_round(ctx: dict, part: str, rnd: int) -> list[Result]:
-    order = PARTS[part] if rnd % 2 else tuple(reversed(PARTS[part]))
     out = []
-    for tool in order:
+    for tool in in_turn(PARTS[part], rnd):
         if tool not in ctx["args"].tools:
             continue
-        if ctx["args"].quiet_wait > 0:
-            wait_for_quiet(ctx["args"].quiet_wait)
+        settle(ctx["args"].quiet_wait)
         if tool == "cp":
             r = run_cp(ctx, rnd, ctx["shards"], ctx["samples"], ctx["shard_bytes"])
         else:
@@ -193,14 +175,13 @@ def run_round(ctx: dict, part: str, rnd: int) -> list[Result]:
         )
         out.append(r)
         if not ctx["args"].keep:
-            shutil.rmtree(ctx["work"] / f"{tool}-{rnd}", ignore_errors=True)
+            shutil.rmtree(ctx["session"].work / f"{tool}-{rnd}", ignore_errors=True)
     return out
 
 
 def _ratio(results: list[Result], tool: str, base: str) -> str:
-    a = [r.rate for r in results if r.tool == tool]
-    b = [r.rate for r in results if r.tool == base]
-    return f"{statistics.median(a) / statistics.median(b):.3f}x" if a and b else "-"
+    a, b = med(r.rate for r in results if r.tool == tool), med(r.rate for r in results if r.tool == base)
+    return f"{a / b:.3f}x" if a and b else "-"
 
 
 def report(results: list[Result], meta: dict) -> str:
@@ -211,21 +192,20 @@ def report(results: list[Result], meta: dict) -> str:
         f"{meta['shard_mb']:.1f} MB (tars, parquets, stats); the download path fetches the same {meta['samples']} pool images "
         f"({meta['pool_mb']:.1f} MB) from a loopback server; {meta['workers']} workers; resize in part b: border {meta['image_size']} px",
         "",
-        "| part | tool | round | wall s | samples | samples/s | input MB/s | CPU s | samples with the input's bytes | other load, cores |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
-        kept = "-" if r.kept is None else str(r.kept)
-        lines.append(
-            f"| {r.part} | {r.tool} | {r.round} | {r.wall_s:.2f} | {r.samples} | {r.rate:.1f} | {r.in_bytes / 1e6 / r.wall_s:.1f} | {r.cpu_s:.1f} | {kept} | {r.other_cpu_s / r.wall_s:.2f} |"
-        )
-    lines += ["", "Median over rounds:", "", "| tool | runs | wall s | samples/s |", "|---|---:|---:|---:|"]
-    for tool, label in LABELS.items():
-        rs = [r for r in results if r.tool == tool]
-        if rs:
-            lines.append(
-                f"| {label} | {len(rs)} | {statistics.median(r.wall_s for r in rs):.2f} | {statistics.median(r.rate for r in rs):.1f} |"
-            )
+    lines += table(
+        ["part", "tool", "round", "wall s", "samples", "samples/s", "input MB/s", "CPU s", "samples with the input's bytes", "other load, cores"],
+        [[r.part, r.tool, r.round, f"{r.wall_s:.2f}", r.samples, f"{r.rate:.1f}", f"{r.in_bytes / 1e6 / r.wall_s:.1f}",
+          f"{r.cpu_s:.1f}", "-" if r.kept is None else r.kept, f"{r.other_cpu_s / r.wall_s:.2f}"] for r in results],
+        align="llrrrrrrrr",
+    )  # fmt: skip
+    lines += ["", "Median over rounds:", ""]
+    by_tool = {tool: [r for r in results if r.tool == tool] for tool in LABELS}
+    lines += table(
+        ["tool", "runs", "wall s", "samples/s"],
+        [[LABELS[tool], len(rs), f"{med(r.wall_s for r in rs):.2f}", f"{med(r.rate for r in rs):.1f}"]
+         for tool, rs in by_tool.items() if rs],
+    )  # fmt: skip
     lines += [
         "",
         f"- part a: shardsmith ingest -> release without re-encoding at {_ratio(results, 'keep', 'cp')} the samples/s of `cp -r` + `sync` of the same bytes",
@@ -248,23 +228,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="samples per shard (img2dataset number_sample_per_shard; the download path's rows_per_shard)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of bench_validate.py's image pool")
-    p.add_argument(
-        "--repeats", type=int, default=2, help="rounds; each round runs every tool once, the order flipping every round"
-    )
     p.add_argument("--image-size", type=int, default=224, help="part b's resize target (border mode)")
-    p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
-    p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count when it makes the shards")
+    add_round_flags(p, "byo", repeats=2, quiet_wait=60.0)
+    add_tool_flags(p, rows_per_shard=None)  # img2dataset's threads: when it makes the shards
     p.add_argument(
         "--tools", default="cp,keep,ingest,download", help="comma-separated subset of cp,keep,ingest,download"
     )
-    p.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=60.0,
-        help="before each run, wait up to this many seconds for other work to drop under 0.3 cores (0: don't wait)",
-    )
-    p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
-    p.add_argument("--keep", action="store_true", help="keep each run's output under .bench/byo/runs/")
     args = p.parse_args(argv)
     args.tools = {t.strip() for t in args.tools.split(",") if t.strip()}
     if not args.tools or args.tools - set(LABELS):
@@ -276,46 +245,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    n = args.shards * args.per_shard
-    pool_dir, sizes = ensure_unique_pool(n, args.seed)
-    work_root = BENCH_DIR / "byo" / "runs"
-    work_root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=dt.datetime.now().strftime("%Y%m%dT%H%M%S-"), dir=work_root))
-    children = Children()
+    pool_dir, sizes = ensure_unique_pool(args.shards * args.per_shard, args.seed)
     results: list[Result] = []
-    try:
-        server, base_url = start_image_server(children, pool_dir)
-        manifest = work / "manifest.parquet"
-        write_manifest(manifest, base_url, list(sizes))
-        shards = ensure_i2d_output(children, args, manifest, server.pid)
+    with Session("byo", args.keep) as s:
+        loop = serve(s, pool_dir, prefect=True)
+        manifest = s.work / "manifest.parquet"
+        write_manifest(manifest, [f"{loop.base_url}/img/{name}" for name in sizes])
+        shards = ensure_i2d_output(s.children, args, manifest, loop.watch["server"])
         samples = json.loads((shards / ".complete").read_text())["samples"]
-        home = work / "prefect-home"
-        home.mkdir()
-        print("starting a Prefect server (not timed) ...", flush=True)
-        prefect, api = start_prefect_server(children, home, work / "prefect-server.log")
         ctx = {
-            "args": args, "children": children, "work": work, "home": home, "api": api, "manifest": manifest,
+            "args": args, "session": s, "api": loop.api, "manifest": manifest, "watch": loop.watch,
             "shards": shards, "samples": samples, "shard_bytes": folder_bytes(shards), "pool_bytes": sum(sizes.values()),
-            "watch": {"server": server.pid, "prefect": prefect.pid},
         }  # fmt: skip
         for rnd in range(1, args.repeats + 1):
             for part in PARTS:
                 results += run_round(ctx, part, rnd)
-    except KeyboardInterrupt:
-        print("interrupted; stopping child processes", file=sys.stderr)
-        return 130
-    finally:
-        children.stop_all()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
     meta = {
-        "command": "python bench/bench_byo.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
-        "load_before": load_before,
-        "revision": _revision(),
+        "command": command("bench_byo.py", argv),
+        "date": now(),
+        "machine": machine(),
+        "load_before": s.load_before,
+        "revision": revision(),
         "i2d": I2D_REQUIREMENT.split("==")[-1],
         "shards": args.shards,
         "per_shard": args.per_shard,
@@ -325,10 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "image_size": args.image_size,
     }
-    text = report(results, meta)
-    print("\n" + text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    emit(report(results, meta), args.markdown)
     return 0
 
 

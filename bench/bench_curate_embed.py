@@ -27,9 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from harness.procs import REPO, clock
+
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
 from tasks.formats.storage import Storage  # noqa: E402
 
@@ -126,7 +127,7 @@ def main() -> int:
     from tasks.stages.runner import records_of_layout
 
     torch.set_num_threads(args.threads)
-    base = ROOT / ".bench" / "curate"
+    base = REPO / ".bench" / "curate"
     storage = Storage(str(base))
     model = make_model(base / "vit-b32-random")
     tar, ledger = make_shard(storage, args.samples)
@@ -146,9 +147,9 @@ def main() -> int:
     for r in range(args.repeats):
         out = f"out/{r}.parquet"
         shutil.rmtree(base / "out", ignore_errors=True)
-        t = time.perf_counter()
-        res = embed_shard(storage, cfg, tar, ledger, out, f"bench-{r}")
-        stage.append(time.perf_counter() - t)
+        with clock() as lap:
+            res = embed_shard(storage, cfg, tar, ledger, out, f"bench-{r}")
+        stage.append(lap.wall)
         decode.append(res.timings["decode_s"])
         encoder.append(encoder_only(enc, batches, captions))
         print(

@@ -38,7 +38,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.photos import ensure_pool
+from harness.procs import REPO, clock
+from harness.report import table
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -310,8 +313,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bench.bench_download import ensure_pool
-
     folder, sizes = ensure_pool(args.pool, args.seed)
     pool: dict[str, list[bytes]] = {fmt: [] for fmt in MIX}
     for name in sorted(sizes):
@@ -345,9 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             steps[fmt].append(step_costs(fmt, pool[fmt]))
         for key, run in jobs.items():
             images = pool[key[1]]
-            wall0, cpu0 = time.perf_counter(), time.process_time()
-            done = run(images, args.threads)
-            wall, used = time.perf_counter() - wall0, time.process_time() - cpu0
+            with clock() as lap:
+                done = run(images, args.threads)
+            wall, used = lap.wall, lap.cpu
             if done != len(images):
                 raise RuntimeError(f"{key} produced {done} of {len(images)} images")
             cpu[key].append(1000 * used / len(images))
@@ -357,43 +358,35 @@ def main(argv: list[str] | None = None) -> int:
     med = {key: (statistics.median(cpu[key]), statistics.median(rate[key])) for key in jobs}
     print("\nprocess_image, border 256, JPEG q95 (CPU ms per image, median; img/s wall):\n")
     print("(old: WebP and PNG through Pillow; full: today's decoders with WebPs at full size; new: as it is)\n")
-    print(
-        "| format | images | old CPU ms | full CPU ms | new CPU ms | new / old | new / full | old img/s | new img/s |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     mixed = {"old": 0.0, "full": 0.0, "new": 0.0}
+    rows = []
     for fmt, weight in MIX.items():
         (oc, orate), (fc, _), (nc, nrate) = (med[("process_image", fmt, path)] for path in ("old", "full", "new"))
         mixed["old"] += weight * oc
         mixed["full"] += weight * fc
         mixed["new"] += weight * nc
-        print(
-            f"| {fmt} | {len(pool[fmt])} | {oc:.1f} | {fc:.1f} | {nc:.1f} | {nc / oc:.2f} | {nc / fc:.2f} "
-            f"| {orate:.0f} | {nrate:.0f} |"
-        )
-    print(
-        f"| mix 80/10/10 | | {mixed['old']:.2f} | {mixed['full']:.2f} | {mixed['new']:.2f} "
-        f"| {mixed['new'] / mixed['old']:.2f} | {mixed['new'] / mixed['full']:.2f} | | |"
-    )
+        rows.append([fmt, len(pool[fmt]), f"{oc:.1f}", f"{fc:.1f}", f"{nc:.1f}", f"{nc / oc:.2f}", f"{nc / fc:.2f}",
+                     f"{orate:.0f}", f"{nrate:.0f}"])  # fmt: skip
+    rows.append(["mix 80/10/10", "", f"{mixed['old']:.2f}", f"{mixed['full']:.2f}", f"{mixed['new']:.2f}",
+                 f"{mixed['new'] / mixed['old']:.2f}", f"{mixed['new'] / mixed['full']:.2f}", "", ""])  # fmt: skip
+    head = ["format", "images", "old CPU ms", "full CPU ms", "new CPU ms", "new / old", "new / full", "old img/s", "new img/s"]  # fmt: skip
+    print("\n".join(table(head, rows)))
 
     print("\ndecoders alone: decode + area resize to 256 px border (CPU ms per image, median):\n")
-    print("| format | method | CPU ms | vs first | img/s |")
-    print("|---|---|---:|---:|---:|")
+    rows = []
     for fmt, methods in DECODERS.items():
         base = med[("decoder", fmt, next(iter(methods)))][0]
         for method in methods:
             if f"{fmt} {method}" in skipped:
-                print(f"| {fmt} | {method} | skipped: {skipped[f'{fmt} {method}']} | | |")
+                rows.append([fmt, method, f"skipped: {skipped[f'{fmt} {method}']}", "", ""])
                 continue
             c, r = med[("decoder", fmt, method)]
-            print(f"| {fmt} | {method} | {c:.1f} | {c / base:.2f} | {r:.0f} |")
+            rows.append([fmt, method, f"{c:.1f}", f"{c / base:.2f}", f"{r:.0f}"])
+    print("\n".join(table(["format", "method", "CPU ms", "vs first", "img/s"], rows, align="llrrr")))
     print("\nprocess_image's steps, new path, one thread (CPU ms per image, median), and resize variants not taken:\n")
     keys = [*STEPS, "gap 2 mean diff", "gap 1 mean diff"]
-    print("| format | " + " | ".join(keys) + " |")
-    print("|---|" + "---:|" * len(keys))
-    for fmt in MIX:
-        row = [statistics.median(r[k] for r in steps[fmt]) for k in keys]
-        print(f"| {fmt} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
+    rows = [[fmt, *(f"{statistics.median(r[k] for r in steps[fmt]):.2f}" for k in keys)] for fmt in MIX]
+    print("\n".join(table(["format", *keys], rows)))
     print("(diff: mean absolute difference per sample, 0-255, from the plain BOX resize)")
     print(f"\nre-encode: {jpeg_sampling()}; optimize off in both")
     if args.json:

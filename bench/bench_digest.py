@@ -17,14 +17,11 @@ import argparse
 import hashlib
 import mmap
 import platform
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness.report import table
 
 CHUNK = 8 << 20
 
@@ -83,15 +80,15 @@ def main(argv: list[str] | None = None) -> None:
             hashlib.sha256(m)  # page cache warm, pages mapped
         gb = sum(len(m) for m in maps) / 1e9
         print(f"# digest benchmark: {platform.machine()}, Python {platform.python_version()}, {gb:.2f} GB")
-        print("\n| digest | CPU s per GB | / sha256 |\n|---|---:|---:|")
-        base = None
+        rows, base = [], None
         for name, make in candidates().items():
             if make is None:
-                print(f"| {name} | not installed | |")
+                rows.append([name, "not installed", ""])
                 continue
             s = cpu_s_per_gb(make, maps, args.rounds)
             base = base or s
-            print(f"| {name} | {s:.2f} | {s / base:.2f}x |")
+            rows.append([name, f"{s:.2f}", f"{s / base:.2f}x"])
+        print("\n" + "\n".join(table(["digest", "CPU s per GB", "/ sha256"], rows)))
     finally:
         for m in maps:
             m.close()

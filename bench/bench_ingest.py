@@ -10,8 +10,8 @@ alternate, each in a fresh child process:
 - ``new``: ``tasks.finetune.ingest`` as the flow runs it, without Prefect: ``plan_ingest``
   (hash + per-range record count) in the child, ``ingest_range`` for every range over a pool of
   ``--workers`` processes, then ``finish_ingest``;
-- ``old``: the ingest of commit ``--old-rev`` (``tasks/finetune/samples.py`` and
-  ``tasks/finetune/conversations.py`` read from git): one task reads the file whole, then checks it.
+- ``old``: the ingest of commit ``OLD_REV`` (the ``tasks`` package of that commit, taken from
+  git into ``.bench/trees/``): one task reads the file whole, then checks it.
 
 Printed per run: records, seconds, records/s, CPU seconds (child and workers), and peak RSS (the largest ``ru_maxrss`` of the
 child and of its pool workers); then medians per method and size, the ratio new/old where
@@ -28,15 +28,16 @@ import json
 import os
 import platform
 import random
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.procs import REPO, clock, peak_rss_mb, process_cpu, run_json
+from harness.report import in_turn
+from harness.tools import tree_at
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -120,43 +121,29 @@ def run_new(path: Path, out: Path, workers: int, rows_per_shard: int) -> int:
 
 
 def run_old(path: Path, out: Path, rows_per_shard: int) -> int:
-    src = BENCH / f"old-{OLD_REV}"
-    src.mkdir(parents=True, exist_ok=True)
-    for name in ("conversations", "finetune"):
-        text = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{OLD_REV}:tasks/{name}.py"], check=True, capture_output=True, text=True
-        ).stdout
-        (src / f"old_{name}.py").write_text(
-            text.replace("from tasks.finetune.conversations import", "from old_conversations import")
-        )
-    sys.path.insert(0, str(src))
-    from old_finetune import ingest_source
-
-    from tasks.formats.recipe_download import SourceConfig
-    from tasks.formats.recipe_finetune import FinetuneConfig
-    from tasks.formats.storage import Storage
+    """The whole-file ingest, ``tasks`` being the package at ``OLD_REV`` in this process (see child)."""
+    from tasks.finetune import ingest_source
+    from tasks.recipe import FinetuneConfig, SourceConfig
+    from tasks.storage import Storage
 
     source = SourceConfig(name="llava", manifest=str(path), rows_per_shard=rows_per_shard)
     return ingest_source(Storage(str(out)), "bench", source, FinetuneConfig(), {}).rows
 
 
 def child(method: str, path: Path, out: Path, workers: int, rows_per_shard: int) -> None:
-    import tasks.finetune.ingest  # noqa: F401 - imports are set-up, not ingest
+    if method == "old":  # the old code whole: its modules have moved or gone since
+        sys.path.insert(0, str(tree_at(OLD_REV)))
+        import tasks.finetune  # noqa: F401 - imports are set-up, not ingest
+    else:
+        import tasks.finetune.ingest  # noqa: F401
 
     shutil.rmtree(out, ignore_errors=True)
 
-    def cpu() -> float:
-        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-    start, cpu0 = time.perf_counter(), cpu()
-    rows = run_new(path, out, workers, rows_per_shard) if method == "new" else run_old(path, out, rows_per_shard)
-    seconds, cpu_s = time.perf_counter() - start, cpu() - cpu0
-    peak = max(
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    )
+    with clock(process_cpu) as lap:
+        rows = run_new(path, out, workers, rows_per_shard) if method == "new" else run_old(path, out, rows_per_shard)
+    peak = max(peak_rss_mb(), peak_rss_mb(children=True))
     shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({"rows": rows, "seconds": seconds, "cpu": cpu_s, "peak_mb": peak / 1024}))
+    print(json.dumps({"rows": rows, "seconds": lap.wall, "cpu": lap.cpu, "peak_mb": peak}))
 
 
 def parse_only(path: Path) -> dict[str, float]:
@@ -221,25 +208,10 @@ def main() -> None:
         smallest = gb == min(g for p, g in files if p.suffix == path.suffix)
         here = [m for m in methods if m != "old" or gb <= args.old_max_gb]
         for r in range(args.repeats if smallest else args.large_repeats):
-            for m in here if r % 2 == 0 else list(reversed(here)):
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    m,
-                    str(path),
-                    "--workers",
-                    str(args.workers),
-                    "--rows-per-shard",
-                    str(args.rows_per_shard),
-                ]
-                res = json.loads(
-                    subprocess.run(
-                        cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
-                    )
-                    .stdout.strip()
-                    .splitlines()[-1]
-                )
+            for m in in_turn(here, r, first=0):
+                cmd = [sys.executable, __file__, "--child", m, str(path), "--workers", str(args.workers)]
+                cmd += ["--rows-per-shard", str(args.rows_per_shard)]
+                res = run_json(cmd, {**os.environ, "PYTHONPATH": str(REPO)})
                 if res["rows"] != counts[path]:
                     raise SystemExit(f"{m} on {path.name}: {res['rows']} rows, the file has {counts[path]} records")
                 results.setdefault((path.name, m), []).append(res)

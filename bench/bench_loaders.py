@@ -31,10 +31,11 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.procs import REPO, clock, process_cpu
+from harness.report import alternated
+
 for extra in (REPO, REPO / "tests"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
@@ -121,50 +122,21 @@ def _collate_dicts(batch):
     return {k: torch.stack([b[k] for b in batch]) for k in batch[0] if not k.startswith("__")}
 
 
-def cpu_seconds() -> float:
-    """User + system CPU of this process and its reaped children (DataLoader workers are joined
-    at the end of each pass, so their time lands here)."""
-    import resource
-
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+def count_loader(loader, field) -> int:
+    n = 0
+    for batch in loader:
+        n += len(batch[field]) if isinstance(batch, dict) else len(batch[0])
+    return n
 
 
 def run_method(method: str, release, args) -> tuple[int, float, float]:
-    """(samples read, wall seconds, CPU seconds) for one pass over the release."""
+    """(samples read, wall seconds, CPU seconds of this process and its DataLoader workers) for one
+    pass over the release; imports and a DALI pipeline's build are set-up, outside the clock."""
     from torch.utils.data import DataLoader
 
     from loaders.dataset import ReleaseDataset
 
-    def count_loader(loader, field):
-        n = 0
-        for batch in loader:
-            n += len(batch[field]) if isinstance(batch, dict) else len(batch[0])
-        return n
-
-    start, cpu = time.perf_counter(), cpu_seconds()
-    if method.startswith("wds-"):
-        import webdataset as wds
-
-        latents = method == "wds-latents"
-        shards = [release.local_path(s.name) for s in (release.precache_shards if latents else release.shards)]
-        ds = wds.WebDataset(shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False).shuffle(
-            256
-        )
-        if latents:
-            ds, collate = ds.map(_wds_latent), _collate_dicts
-        elif method == "wds-images":
-            ds, collate = ds.decode("pil").map(_wds_pil), _collate_tuples
-        else:
-            ds, collate = ds.map(_wds_same_decode), _collate_tuples
-        loader = DataLoader(ds.batched(args.batch, collation_fn=collate), batch_size=None, num_workers=args.workers)
-        n = count_loader(loader, "latent_mean.npy")
-    elif method.startswith("shardsmith-"):
-        mode = "latents" if method.endswith("latents") else "images"
-        ds = ReleaseDataset(release, mode=mode, image_size=SIZE, batch_size=args.batch, rank=0, world_size=1)
-        loader = DataLoader(ds, batch_size=None, num_workers=args.workers)
-        n = count_loader(loader, "key")
-    else:
+    if method.startswith("dali-"):
         from loaders.dali import DaliLoader
 
         dl = DaliLoader(
@@ -176,9 +148,30 @@ def run_method(method: str, release, args) -> tuple[int, float, float]:
             num_threads=max(1, args.workers),
             initial_fill=256,
         )
-        start, cpu = time.perf_counter(), cpu_seconds()  # pipeline build is one-off set-up, like worker start
-        n = sum(b["valid"] for b in dl)
-    return n, time.perf_counter() - start, cpu_seconds() - cpu
+        with clock(process_cpu) as lap:
+            n = sum(b["valid"] for b in dl)
+        return n, lap.wall, lap.cpu
+    with clock(process_cpu) as lap:
+        if method.startswith("wds-"):
+            import webdataset as wds
+
+            latents = method == "wds-latents"
+            shards = [release.local_path(s.name) for s in (release.precache_shards if latents else release.shards)]
+            ds = wds.WebDataset(shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False)
+            ds = ds.shuffle(256)
+            if latents:
+                ds, collate = ds.map(_wds_latent), _collate_dicts
+            elif method == "wds-images":
+                ds, collate = ds.decode("pil").map(_wds_pil), _collate_tuples
+            else:
+                ds, collate = ds.map(_wds_same_decode), _collate_tuples
+            loader = DataLoader(ds.batched(args.batch, collation_fn=collate), batch_size=None, num_workers=args.workers)
+            n = count_loader(loader, "latent_mean.npy")
+        else:
+            mode = "latents" if method.endswith("latents") else "images"
+            ds = ReleaseDataset(release, mode=mode, image_size=SIZE, batch_size=args.batch, rank=0, world_size=1)
+            n = count_loader(DataLoader(ds, batch_size=None, num_workers=args.workers), "key")
+    return n, lap.wall, lap.cpu
 
 
 def main() -> None:
@@ -201,15 +194,14 @@ def main() -> None:
     methods = args.methods.split(",")
     rates: dict[str, list[float]] = {m: [] for m in methods}
     per_cpu: dict[str, list[float]] = {m: [] for m in methods}
-    for r in range(args.repeats):
-        for m in methods if r % 2 == 0 else list(reversed(methods)):
-            n, secs, cpu = run_method(m, release, args)
-            rates[m].append(n / secs)
-            per_cpu[m].append(n / cpu)
-            print(
-                f"round {r + 1} {m:26s} {n:6d} samples {secs:7.2f} s {n / secs:9.1f} samples/s {cpu:7.2f} CPU s {n / cpu:9.1f} samples/CPU s",
-                flush=True,
-            )
+    for rnd, m in alternated(methods, args.repeats):
+        n, secs, cpu = run_method(m, release, args)
+        rates[m].append(n / secs)
+        per_cpu[m].append(n / cpu)
+        print(
+            f"round {rnd} {m:26s} {n:6d} samples {secs:7.2f} s {n / secs:9.1f} samples/s {cpu:7.2f} CPU s {n / cpu:9.1f} samples/CPU s",
+            flush=True,
+        )
     print(
         f"\n{release.samples} samples, {len(release.shards)} shards, batch {args.batch}, {args.workers} workers, "
         f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, python {platform.python_version()}"

@@ -16,8 +16,8 @@ chunk files written). Steps, for each of ``--sizes``:
 - ``new``: ``tasks.formats.manifests.plan_source`` over the parquet folder, then over the CSV;
 - ``new x2``: the parquet folder's files planned by ``plan_file`` in 2 worker processes and
   combined (``combine``), as the download flow does on a 2-worker cluster;
-- ``old``: the reader this one replaced (``tasks/formats/manifests.py`` at ``--baseline-commit``,
-  taken from git into ``.bench/manifests/``), over the first ``--old-rows`` rows only (it
+- ``old``: the reader this one replaced (``tasks/manifests.py`` at ``--baseline-commit``, with
+  that commit's whole ``tasks`` package taken from git into ``.bench/trees/``), over the first ``--old-rows`` rows only (it
   runs at about 20,000 rows/s); its rows/s is what it would do over the whole manifest.
 
 Printed: rows/s (wall and per CPU second), new / old ratios, peak RSS and the RSS ratio of the
@@ -27,28 +27,22 @@ largest size to the smallest. The machine is shared: compare figures from one in
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.procs import REPO, children_cpu, clock, peak_rss_mb, run_json
+from harness.tools import tree_at
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 BENCH_DIR = REPO / ".bench" / "manifests"
 FILE_ROWS = 100_000
 BASELINE_COMMIT = "54abba3"  # the last commit with tasks/formats/manifests.py as one row-at-a-time module
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
 def _table(start: int, n: int):
@@ -98,20 +92,6 @@ def make_manifests(rows: int) -> tuple[Path, Path]:
     return folder, csv_path
 
 
-def old_module(commit: str) -> Path:
-    """The replaced reader, from git, as a module file under .bench/manifests/."""
-    path = BENCH_DIR / f"old_manifests_{commit}.py"
-    if not path.exists():
-        text = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{commit}:tasks/formats/manifests.py"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        path.write_text(text)
-    return path
-
-
 def _slice(manifest: Path, rows: int) -> Path:
     """The first ``rows`` rows of a manifest, in the same shape (for the old reader)."""
     import pyarrow.parquet as pq
@@ -141,81 +121,56 @@ def _slice(manifest: Path, rows: int) -> Path:
 
 def child(kind: str, manifest: str, rows_per_shard: int, commit: str) -> dict:
     """Plan one manifest in this process; seconds, CPU seconds, rows and peak RSS."""
-
-    from tasks.formats.recipe_download import SourceConfig
-    from tasks.formats.storage import Storage
-
-    if kind == "old":
-        spec = importlib.util.spec_from_file_location("old_manifests", old_module(commit))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["old_manifests"] = module
-        spec.loader.exec_module(module)
+    if kind == "old":  # the old code whole, ``tasks`` being the package at ``commit`` in this process
+        sys.path.insert(0, str(tree_at(commit)))
+        from tasks import manifests as module
+        from tasks.recipe import SourceConfig
+        from tasks.storage import Storage
     else:
         from tasks.formats import manifests as module
-    base_mb = peak_mb()
+        from tasks.formats.recipe_download import SourceConfig
+        from tasks.formats.storage import Storage
+    base_mb = peak_rss_mb()
     root = tempfile.mkdtemp(prefix="plan-", dir=BENCH_DIR)
     try:
         storage = Storage(root)
-        start, cpu = time.perf_counter(), time.process_time()
-        if kind == "old":  # one file at a time: it reads single files only
-            files = sorted(Path(manifest).glob("part-*.parquet")) if Path(manifest).is_dir() else [Path(manifest)]
-            rows = sum(
-                module.plan_source(
-                    SourceConfig(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b"
-                ).rows
-                for i, f in enumerate(files)
-            )
-        elif kind == "new x2":
-            import concurrent.futures
-
-            src = SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard)
-            files = module.list_manifest_files(src)
-            with concurrent.futures.ProcessPoolExecutor(2) as pool:
-                plans = list(
-                    pool.map(
-                        module.plan_file,
-                        [src] * len(files),
-                        files,
-                        [storage] * len(files),
-                        ["b"] * len(files),
-                        chunksize=4,
-                    )
-                )
-            rows = module.combine(src, plans).rows
-        else:
-            rows = module.plan_source(
-                SourceConfig(name="web", manifest=manifest, rows_per_shard=rows_per_shard), storage, "b"
-            ).rows
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        peak = peak_mb()
+        with clock() as lap:
+            rows = plan(module, SourceConfig, kind, manifest, storage, rows_per_shard)
+        seconds, cpu = lap.wall, lap.cpu
+        peak = peak_rss_mb()
         if kind == "new x2":  # the workers do the work: their CPU, and the largest worker's peak
-            children = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu += children.ru_utime + children.ru_stime
-            peak = children.ru_maxrss / 1024.0
+            cpu += children_cpu()
+            peak = peak_rss_mb(children=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"rows": rows, "seconds": seconds, "cpu": cpu, "base_mb": base_mb, "peak_mb": peak}
 
 
+def plan(module, source_config: type, kind: str, manifest: str, storage, rows_per_shard: int) -> int:
+    """Plan the manifest with the reader ``kind`` names (``module``, with its ``SourceConfig``); returns its rows."""
+    if kind == "old":  # one file at a time: it reads single files only
+        files = sorted(Path(manifest).glob("part-*.parquet")) if Path(manifest).is_dir() else [Path(manifest)]
+        return sum(
+            module.plan_source(
+                source_config(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b"
+            ).rows
+            for i, f in enumerate(files)
+        )
+    src = source_config(name="web", manifest=manifest, rows_per_shard=rows_per_shard)
+    if kind == "new x2":
+        import concurrent.futures
+
+        files = module.list_manifest_files(src)
+        n = len(files)
+        with concurrent.futures.ProcessPoolExecutor(2) as pool:
+            plans = list(pool.map(module.plan_file, [src] * n, files, [storage] * n, ["b"] * n, chunksize=4))
+        return module.combine(src, plans).rows
+    return module.plan_source(src, storage, "b").rows
+
+
 def run_child(kind: str, manifest: Path, args: argparse.Namespace) -> dict:
-    done = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            kind,
-            str(manifest),
-            "--rows-per-shard",
-            str(args.rows_per_shard),
-            "--baseline-commit",
-            args.baseline_commit,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        raise SystemExit(f"{kind} {manifest}: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    common = ["--rows-per-shard", str(args.rows_per_shard), "--baseline-commit", args.baseline_commit]
+    return run_json([sys.executable, __file__, "--child", kind, str(manifest), *common])
 
 
 def main() -> None:
@@ -239,29 +194,15 @@ def main() -> None:
     if args.prepare:
         made = {n: [str(p) for p in make_manifests(n)] for n in sizes}
         if not args.skip_old:
-            old_module(args.baseline_commit)
+            tree_at(args.baseline_commit)
             made["old"] = [str(_slice(Path(p), min(args.old_rows, sizes[-1]))) for p in made[sizes[-1]]]
         print(json.dumps(made))
         return
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     # Made in a child: Linux carries a parent's peak RSS into the children it starts, so this
     # process stays small (no pyarrow) for the children's peaks to be their own.
-    prepare = [
-        sys.executable,
-        __file__,
-        "--prepare",
-        "--sizes",
-        args.sizes,
-        "--old-rows",
-        str(args.old_rows),
-        "--baseline-commit",
-        args.baseline_commit,
-    ]
-    made = json.loads(
-        subprocess.run(
-            prepare + (["--skip-old"] if args.skip_old else []), capture_output=True, text=True, check=True
-        ).stdout.splitlines()[-1]
-    )
+    prepare = [sys.executable, __file__, "--prepare", "--sizes", args.sizes, "--old-rows", str(args.old_rows)]
+    made = run_json(prepare + ["--baseline-commit", args.baseline_commit] + (["--skip-old"] if args.skip_old else []))
     results: dict[tuple[str, str, int], dict] = {}
     for n in sizes:
         folder, csv_path = made[str(n)]

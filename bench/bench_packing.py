@@ -24,14 +24,15 @@ import io
 import platform
 import statistics
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness.procs import REPO, clock
+from harness.report import table
 
-from tasks.finetune.packing import (  # noqa: E402  # noqa: E402
+sys.path.insert(0, str(REPO))
+
+from tasks.finetune.packing import (  # noqa: E402
     fixed_drop_ratio,
     pack_balanced_greedy,
     pack_first_fit_decreasing,
@@ -63,12 +64,6 @@ def synthetic(n: int, seed: int, tiling: TilingConfig) -> tuple[np.ndarray, np.n
     return tokens, n_images, tiles
 
 
-def timed(fn, *args):
-    t0 = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t0
-
-
 def bench_packing(args: argparse.Namespace) -> None:
     tiling = TilingConfig()
     cfg = PackingConfig(budget=args.budget, max_images=args.max_images)
@@ -87,27 +82,19 @@ def bench_packing(args: argparse.Namespace) -> None:
     rows = []
     t_sort = []
     for _ in range(args.repeats):
-        _, s = timed(sorted, capped.tolist())
-        t_sort.append(s)
+        with clock() as lap:
+            sorted(capped.tolist())
+        t_sort.append(lap.wall)
     base = statistics.median(t_sort)
     for name, fn in (("balanced_greedy", pack_balanced_greedy), ("ffd", pack_first_fit_decreasing)):
         secs = []
         for _ in range(args.repeats):
-            packs, s = timed(
-                fn, capped.tolist(), cfg.budget, images.tolist(), cfg.max_images, tiles.tolist(), cfg.max_tiles
-            )
-            secs.append(s)
+            with clock() as lap:
+                packs = fn(capped.tolist(), cfg.budget, images.tolist(), cfg.max_images, tiles.tolist(), cfg.max_tiles)
+            secs.append(lap.wall)
         st = pack_stats(packs, capped.tolist(), cfg.budget, images.tolist(), tiles.tolist())
-        rows.append(
-            (
-                name,
-                f"{st.fill_ratio:.4f}",
-                f"{st.packs}",
-                f"{statistics.median(secs):.3f}",
-                f"{statistics.median(secs) / base:.0f}x",
-                "0",
-            )
-        )
+        secs_med = statistics.median(secs)
+        rows.append((name, f"{st.fill_ratio:.4f}", f"{st.packs}", f"{secs_med:.3f}", f"{secs_med / base:.0f}x", "0"))
     order = np.random.default_rng(args.seed + 1).permutation(len(capped))
     rows.append(
         (
@@ -125,10 +112,7 @@ def bench_packing(args: argparse.Namespace) -> None:
     )
     rows.append(("sorted (baseline)", "-", "-", f"{base:.3f}", "1x", "-"))
     head = ("method", "fill ratio", "packs / batches", "seconds", "vs sort", "dropped share")
-    print("| " + " | ".join(head) + " |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print("\n".join(table(head, rows)))
 
 
 def bench_tiling(args: argparse.Namespace) -> None:
@@ -146,14 +130,14 @@ def bench_tiling(args: argparse.Namespace) -> None:
     rates = {"tile+encode": [], "resize448+encode (baseline)": []}
     tiles = sum(tile_count(choose_grid(p.width, p.height, cfg), cfg) for p in photos)
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        for p in photos:
-            tile_members(0, tile_image(p, cfg), cfg.quality)
-        rates["tile+encode"].append(len(photos) / (time.perf_counter() - t0))
-        t0 = time.perf_counter()
-        for p in photos:
-            encode_jpeg(p.resize((cfg.tile_size, cfg.tile_size), Image.Resampling.BICUBIC), cfg.quality)
-        rates["resize448+encode (baseline)"].append(len(photos) / (time.perf_counter() - t0))
+        with clock() as tile:
+            for p in photos:
+                tile_members(0, tile_image(p, cfg), cfg.quality)
+        with clock() as base:
+            for p in photos:
+                encode_jpeg(p.resize((cfg.tile_size, cfg.tile_size), Image.Resampling.BICUBIC), cfg.quality)
+        rates["tile+encode"].append(len(photos) / tile.wall)
+        rates["resize448+encode (baseline)"].append(len(photos) / base.wall)
     med = {k: statistics.median(v) for k, v in rates.items()}
     size = f"{photos[0].width}x{photos[0].height}" if photos else "-"
     print(

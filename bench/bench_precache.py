@@ -27,8 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.procs import REPO, clock
+
+sys.path.insert(0, str(REPO))
 
 from tasks.formats.recipe_outputs import PrecacheConfig  # noqa: E402
 from tasks.formats.storage import Storage  # noqa: E402
@@ -132,7 +133,7 @@ def main() -> int:
         "--resolutions", type=int, nargs="+", default=[256, 512], help="GPU figures at these sizes (--device cuda)"
     )
     ap.add_argument("--vae", help="a real VAE folder instead of the tiny one (e.g. an SD/SDXL vae)")
-    ap.add_argument("--dir", default=str(ROOT / ".bench" / "precache"))
+    ap.add_argument("--dir", default=str(REPO / ".bench" / "precache"))
     args = ap.parse_args()
 
     import torch
@@ -173,14 +174,14 @@ def main() -> int:
     stage_s, enc_s, stage_cpu, enc_cpu, parts = [], [], [], [], []
     for r in range(args.rounds):
         shutil.rmtree(storage.path(f"out{r}"), ignore_errors=True)
-        start, cpu = time.perf_counter(), time.process_time()
-        res = precache_shard(storage, cfg, shard, f"out{r}")
-        stage_s.append(time.perf_counter() - start)
-        stage_cpu.append(time.process_time() - cpu)
+        with clock() as stage:
+            res = precache_shard(storage, cfg, shard, f"out{r}")
+        with clock() as encoders:
+            enc_s.append(encoders_only(enc, batches))
+        stage_s.append(stage.wall)
+        stage_cpu.append(stage.cpu)
+        enc_cpu.append(encoders.cpu)
         parts.append(res.timings)
-        cpu = time.process_time()
-        enc_s.append(encoders_only(enc, batches))
-        enc_cpu.append(time.process_time() - cpu)
         shutil.rmtree(storage.path(f"out{r}"), ignore_errors=True)
     n = args.samples
     st, en = statistics.median(stage_s), statistics.median(enc_s)

@@ -35,17 +35,17 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.procs import REPO, children_cpu, clock, tree_cpu, wait_for_load
+from harness.report import in_turn, table
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -133,42 +133,17 @@ def ensure_corpus(shards: int, samples: int, sample_kb: int, completion_order: b
 
 def run_cp(src: Path, dst: Path) -> tuple[float, float, float]:
     """(wall of cp -r, wall of cp -r then sync of the copies, CPU seconds of both)."""
-    c0 = _children_cpu()
-    t0 = time.perf_counter()
-    subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
-    t1 = time.perf_counter()
-    subprocess.run(["sync", *map(str, sorted(dst.iterdir()))], check=True)
-    return t1 - t0, time.perf_counter() - t0, _children_cpu() - c0
-
-
-def _children_cpu() -> float:
-    """CPU seconds of this process's finished children (cp, sync)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+    with clock(children_cpu) as both:
+        with clock() as cp:
+            subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
+        subprocess.run(["sync", *map(str, sorted(dst.iterdir()))], check=True)
+    return cp.wall, both.wall, both.cpu
 
 
 def _tree_cpu() -> float:
     """CPU seconds so far of this process and every live descendant: the flow, the Prefect
-    server, the Dask scheduler's nannies and workers (psutil comes with distributed)."""
-    import psutil
-
-    total = 0.0
-    me = psutil.Process()
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:  # exited meanwhile
-            continue
-        total += t.user + t.system
-    return total
-
-
-def wait_quiet(below: float, timeout: float) -> float:
-    """Wait up to ``timeout`` s for the 1-minute load average to fall below ``below``; return it."""
-    deadline = time.monotonic() + timeout
-    while os.getloadavg()[0] >= below and time.monotonic() < deadline:
-        time.sleep(5)
-    return os.getloadavg()[0]
+    server, the Dask scheduler's nannies and workers."""
+    return tree_cpu(reaped=False)
 
 
 def recipe_for(storage_root: str, dataset: str, n: int, workers: int, seed: int | None):
@@ -195,13 +170,11 @@ def run_phase(
 
     recipe = recipe_for(storage_root, dataset, n, workers, seed)
     record = new_run(recipe, f"bench-{dataset}")
-    c0 = _tree_cpu()
-    t0 = time.perf_counter()
-    summary, _ = reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(
-        recipe=recipe, validated=validated, run=record
-    )
-    wall = time.perf_counter() - t0
-    cpu = _tree_cpu() - c0
+    with clock(_tree_cpu) as lap:
+        summary, _ = reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(
+            recipe=recipe, validated=validated, run=record
+        )
+    wall, cpu = lap.wall, lap.cpu
     if summary.samples != sum(o.samples for o in summary.outputs):
         raise SystemExit("reshard lost samples")
     return wall, cpu, summary
@@ -232,10 +205,9 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
 
     rounds = Rounds()
     for r in range(args.rounds):
-        order = ("cp", "phase") if r % 2 == 0 else ("phase", "cp")
-        for what in order:
+        for what in in_turn(("cp", "phase"), r, first=0):
             subprocess.run(["sync"], check=True)
-            load0 = wait_quiet(args.quiet_load, args.quiet_wait)
+            load0 = wait_for_load(args.quiet_load, args.quiet_wait)
             if what == "cp":
                 cp, cp_sync, cpu = run_cp(in_dir, work / f"cp-{r}")
                 rounds.add(rounds.wall, "cp", cp)
@@ -274,19 +246,13 @@ def bench_size(gb: float, args: argparse.Namespace, address: str) -> tuple[str, 
 def report(label: str, rounds: Rounds, total_bytes: int) -> list[str]:
     med = {k: statistics.median(v) for k, v in rounds.wall.items()}
     cpu = {k: statistics.median(v) for k, v in rounds.cpu.items()}
-    lines = [
-        f"### {label}",
-        "",
-        "| method | median wall s | MB/s | cp+sync / method | CPU s per GB |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for m in ("cp", "cp+sync", "reshard phase", "phase without the gate"):
-        if m not in med:
-            continue
-        per_gb = f"{cpu[m] / (total_bytes / 1e9):.2f}" if m in cpu else ""
-        lines.append(
-            f"| {m} | {med[m]:.2f} | {total_bytes / 1e6 / med[m]:.0f} | {med['cp+sync'] / med[m]:.2f} | {per_gb} |"
-        )
+    lines = [f"### {label}", ""]
+    lines += table(
+        ["method", "median wall s", "MB/s", "cp+sync / method", "CPU s per GB"],
+        [[m, f"{med[m]:.2f}", f"{total_bytes / 1e6 / med[m]:.0f}", f"{med['cp+sync'] / med[m]:.2f}",
+          f"{cpu[m] / (total_bytes / 1e9):.2f}" if m in cpu else ""]
+         for m in ("cp", "cp+sync", "reshard phase", "phase without the gate") if m in med],
+    )  # fmt: skip
     steps = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in rounds.steps.items()) or "not recorded"
     lines += [
         "",

@@ -32,24 +32,19 @@ import argparse
 import csv
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.procs import REPO, peak_rss_mb, run_json
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 BENCH_DIR = REPO / ".bench" / "scale"
 STATUS_CYCLE = ["ok"] * 90 + ["rejected"] * 7 + ["error"] * 3
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
 def write_manifest(path: Path, rows: int) -> None:
@@ -84,7 +79,7 @@ def child(manifest: Path, rows_per_shard: int) -> dict:
     from tasks.formats.storage import Storage
 
     import_gx()
-    out: dict = {"imports": {"seconds": 0.0, "peak_mb": peak_mb()}}
+    out: dict = {"imports": {"seconds": 0.0, "peak_mb": peak_rss_mb()}}
     root = tempfile.mkdtemp(prefix="scale-", dir=BENCH_DIR)
     try:
         storage = Storage(root)
@@ -94,7 +89,7 @@ def child(manifest: Path, rows_per_shard: int) -> dict:
         )
         out["plan"] = {
             "seconds": time.perf_counter() - t,
-            "peak_mb": peak_mb(),
+            "peak_mb": peak_rss_mb(),
             "chunks": len(plan.chunks),
             "rows": plan.rows,
         }
@@ -115,7 +110,7 @@ def child(manifest: Path, rows_per_shard: int) -> dict:
             rel = f"scale/download/web/{ref.index:06d}.ledger.parquet"
             write_parquet(storage, rel, table)
             ledgers.append(rel)
-        out["ledgers"] = {"seconds": time.perf_counter() - t, "peak_mb": peak_mb()}
+        out["ledgers"] = {"seconds": time.perf_counter() - t, "peak_mb": peak_rss_mb()}
 
         t = time.perf_counter()
         tally = Reconciliation(plan.rows)
@@ -126,7 +121,7 @@ def child(manifest: Path, rows_per_shard: int) -> dict:
         gate = release_gate(tally)
         out["reconcile"] = {
             "seconds": time.perf_counter() - t,
-            "peak_mb": peak_mb(),
+            "peak_mb": peak_rss_mb(),
             "gate": gate.success,
             "ok": tally.status["ok"],
         }
@@ -141,13 +136,9 @@ def memory_part(sizes: list[int], rows_per_shard: int) -> None:
     for n in sizes:
         manifest = BENCH_DIR / f"manifest-{n}.csv"
         write_manifest(manifest, n)
-        done = subprocess.run(
-            [sys.executable, __file__, "--child", str(manifest), "--rows-per-shard", str(rows_per_shard)],
-            capture_output=True,
-            text=True,
-            check=True,
+        results[n] = run_json(
+            [sys.executable, __file__, "--child", str(manifest), "--rows-per-shard", str(rows_per_shard)]
         )
-        results[n] = json.loads(done.stdout.strip().splitlines()[-1])
         if not results[n]["reconcile"]["gate"]:
             raise SystemExit(f"{n} rows: the release gate failed")
     steps = ["imports", "plan", "ledgers", "reconcile"]

@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.procs import REPO, TreeSampler
+
+sys.path.insert(0, str(REPO))
 
 DIM, PER_FILE, TOPICS = 512, 10_000, 2_000
 
@@ -82,37 +82,6 @@ def synthesise(base: Path, rows: int, seed: int = 0) -> tuple[list[str], set[tup
     return files, planted
 
 
-class PeakRSS:
-    """Peak resident memory of this process and its children, sampled in a thread."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        import psutil
-
-        while not self._stop.is_set():
-            total = 0
-            for p in [self.proc, *self.proc.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            time.sleep(0.2)
-
-    def __enter__(self) -> PeakRSS:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self.thread.join()
-
-
 def exact(storage, files: list[str], threshold: float) -> dict[str, str]:
     """The baseline: the same greedy rule over every pair (no clusters)."""
     from tasks.curate import semdedup as sd
@@ -143,7 +112,7 @@ def main() -> int:
     from tasks.formats.storage import Storage
 
     for rows in args.rows:
-        base = ROOT / ".bench" / "semdedup" / str(rows)
+        base = REPO / ".bench" / "semdedup" / str(rows)
         t = time.perf_counter()
         files, planted = synthesise(base, rows)
         made = time.perf_counter() - t
@@ -151,7 +120,7 @@ def main() -> int:
         storage = Storage(str(base))
         steps: dict[str, float] = {}
         with (
-            PeakRSS() as mem,
+            TreeSampler(interval=0.2) as mem,
             LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster,
             Client(cluster) as client,
         ):
@@ -174,7 +143,7 @@ def main() -> int:
         step_text = ", ".join(f"{k} {v:.1f} s" for k, v in steps.items())
         print(
             f"{rows:,} rows ({len(files)} side shards, made in {made:.0f} s): semdedup {wall:.1f} s ({step_text}); "
-            f"peak RSS of the process tree {mem.peak / 2**30:.2f} GiB; planted copies {len(copies):,}: "
+            f"peak RSS of the process tree {mem.peak_rss / 2**30:.2f} GiB; planted copies {len(copies):,}: "
             f"recall {recall:.4f}, precision {precision:.4f} (duplicates found {len(found):,}; {done})"
         )
         if args.exact and rows <= 200_000:

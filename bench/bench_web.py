@@ -5,53 +5,45 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
-import os
-import platform
 import shutil
-import signal
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_download import (  # noqa: E402  (corpus server, processes, CPU accounting, report helpers)
-    BENCH_DIR,
-    I2D_REQUIREMENT,
-    I2D_VENV,
-    SHARDSMITH,
-    Children,
-    _fmt,
-    _interrupt,
-    _med,
-    _revision,
-    child_env,
-    ensure_img2dataset,
-    start_image_server,
-    start_prefect_server,
-    wait_for_quiet,
+from harness.photos import ensure_unique_pool, write_manifest
+from harness.procs import Children, Session, Timed, default_role, settle, timed
+from harness.report import (
+    add_round_flags,
+    alternated,
+    command,
+    emit,
+    in_turn,
+    machine,
+    revision,
 )
-from bench_validate import (  # noqa: E402  (the unique image pool, recipe and timed runs)
+from harness.servers import prefect_env, serve
+from harness.tools import (
     I2D_ENCODE_QUALITY,
     I2D_IMAGE_SIZE,
     I2D_RESIZE_MODE,
-    LICENSE,
-    Timed,
-    _role,
-    ensure_unique_pool,
+    I2D_TIMEOUT_S,
+    REPO,
+    ToolRun,
+    add_tool_flags,
+    ensure_img2dataset,
     first_image_size,
-    timed,
-    write_manifest,
+    i2d_command,
+    i2d_env,
+    i2d_outputs,
+    run_command,
+    summary,
     write_recipe,
 )
+from web_report import report
 
-REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = ("validate", "faulty", "download", "fixed")
 FAULT_KINDS = ("404", "500", "slow", "timeout", "truncated", "corrupt", "html", "empty")
-I2D_TIMEOUT_S = 10  # img2dataset 1.47's default --timeout, and the faulty scenario's equal setting
 I2D_RESIZE = (
     "--resize_mode",
     I2D_RESIZE_MODE,
@@ -63,10 +55,6 @@ I2D_RESIZE = (
     "jpg",
 )
 I2D_NET = ("--timeout", str(I2D_TIMEOUT_S), "--retries", "0")  # img2dataset 1.47's defaults, stated
-TARGET_RATE = 1.5  # shardsmith / img2dataset samples/s, at least
-TARGET_CPU = 0.67  # shardsmith / img2dataset CPU s per 1,000 accepted samples, at most
-TARGET_SMALL_S = 15.0  # a 20-row manifest end to end, wall
-TARGET_NOOP_S = 10.0  # rerunning committed work (and re-checking it before a reshard), wall
 
 
 @dataclass(frozen=True)
@@ -184,22 +172,13 @@ def write_faulty_manifest(
     """The clean manifest's rows with ``share`` of them turned faulty, the kinds in equal parts
     at seeded random rows; a ``kind`` column says which. Returns rows per kind."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     n = len(names)
     kinds = ["ok"] * n
     for j, row in enumerate(np.random.default_rng([seed, 13]).choice(n, size=round(n * share), replace=False)):
         kinds[int(row)] = FAULT_KINDS[j % len(FAULT_KINDS)]
-    table = pa.table(
-        {
-            "url": [base_url + fault_path(k, name, i, slow_ms) for i, (k, name) in enumerate(zip(kinds, names))],
-            "caption": [f"synthetic photo number {i}" for i in range(n)],
-            "license": [LICENSE] * n,
-            "kind": kinds,
-        }
-    )
-    pq.write_table(table, path)
+    urls = [base_url + fault_path(k, name, i, slow_ms) for i, (k, name) in enumerate(zip(kinds, names))]
+    write_manifest(path, urls, kind=kinds)
     return {k: kinds.count(k) for k in ("ok", *FAULT_KINDS)}
 
 
@@ -207,32 +186,17 @@ def write_faulty_manifest(
 
 
 @dataclass
-class Run:
-    scenario: str
-    tool: str
-    round: int
-    wall_s: float = 0.0
-    cpu_s: float = 0.0  # the tool's process tree, plus a pre-started Prefect server's CPU meanwhile
-    ok: int = 0
-    rows: int = 0
-    phase_s: float | None = None
+class Run(ToolRun):
+    """A run of a scenario. Its ``cpu_s`` includes a pre-started Prefect server's CPU meanwhile;
+    ``prefect_cpu_s`` is that server's share of it (sampled when embedded in the CLI)."""
+
+    scenario: str = ""
     reshard_s: float | None = None
-    prefect_cpu_s: float | None = None  # the Prefect server's share of cpu_s (sampled when embedded)
-    server_cpu_s: float = 0.0  # the image server, apart
-    other_cpu_s: float = 0.0  # other work on the machine meanwhile
     reasons: dict[str, int] = field(default_factory=dict)
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # img2dataset, faulty: kind -> [ok, rows]
     first_size: tuple[int, int] | None = None
     disk_mb: float | None = None  # what the run left on disk: shards, ledgers, reports (logs apart)
     error: str | None = None
-
-    @property
-    def rate(self) -> float:
-        return self.ok / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def cpu_per_1k(self) -> float:
-        return 1000 * self.cpu_s / max(self.ok, 1)
 
 
 class Roles:
@@ -249,7 +213,7 @@ class Roles:
             # Prefect's own `prefect server start`, or the CLI's (`python -m flows.local_server`).
             if ("uvicorn" in cmd or "flows.local_server" in cmd) and "prefect" in cmd:
                 return "prefect-server"
-        return _role(p, root)
+        return default_role(p, root)
 
     def stop_leftovers(self) -> list[str]:
         """Kill what of the run's tree is still alive after the command ended (same pid and start time)."""
@@ -268,22 +232,27 @@ class Roles:
 @dataclass
 class Context:
     args: argparse.Namespace
-    children: Children
-    work: Path
-    home: Path  # PREFECT_HOME of every shardsmith run (its database persists, as a user's does)
+    session: Session
     watch: dict[str, int]  # image server, and the pre-started Prefect server if any
     api: str | None  # the pre-started Prefect server's API; None: each CLI starts its own
 
+    @property
+    def children(self) -> Children:
+        return self.session.children
 
-def _json(stdout: str) -> dict:
-    start = stdout.rfind("\n{\n")  # anything a library printed before the summary
-    return json.loads(stdout[start + 1 :] if start >= 0 else stdout)
+    @property
+    def work(self) -> Path:
+        return self.session.work
+
+    @property
+    def home(self) -> Path:  # PREFECT_HOME of every shardsmith run (its database persists, as a user's does)
+        return self.session.work / "prefect-home"
 
 
 def _measure(
     ctx: Context, run: Run, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, prefect: bool
 ) -> Timed | None:
-    """Run and fill the run's times; on failure record the error and return None.
+    """Run and fill the run's times; on failure record the error, keep the folders, return None.
 
     ``prefect``: the command uses Prefect, so a pre-started server's CPU meanwhile is its cost
     (img2dataset's runs leave it out: that server idles for shardsmith's sake).
@@ -293,6 +262,7 @@ def _measure(
         t = timed(ctx.children, cmd, env, cwd, log, ctx.watch, timeout=ctx.args.run_timeout, role=roles)
     except SystemExit as err:
         run.error = str(err).splitlines()[0]
+        ctx.session.keep = True  # its log
         print(f"  FAILED {run.scenario} {run.tool} round {run.round}: {err}", flush=True)
         return None
     finally:
@@ -300,7 +270,7 @@ def _measure(
         if left:
             print(f"  warning: {run.tool} left processes behind, killed: {left}", flush=True)
     run.wall_s, run.cpu_s = t.wall_s, t.cpu_s + (t.watched.get("prefect", 0.0) if prefect else 0.0)
-    run.server_cpu_s, run.other_cpu_s = t.watched.get("server", 0.0), t.watched["other"]
+    run.server_cpu_s, run.other_cpu_s = t.watched.get("server", 0.0), t.other_s
     if prefect:
         run.prefect_cpu_s = (
             t.watched["prefect"] if "prefect" in t.watched else t.sampler.by_role().get("prefect-server")
@@ -313,20 +283,13 @@ def run_shardsmith(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: P
     folder.mkdir(parents=True, exist_ok=True)
     store, recipe = folder / "store", folder / "recipe.yaml"
     if not recipe.exists():
-        write_recipe(recipe, store, manifest, ctx.args)
-    cmd = [str(SHARDSMITH), "run", str(recipe), "--phase", tool.phase, "--json"]
-    for item in tool.sets:
-        cmd += ["--set", item]
-    # The checkout this script is in, not whatever the venv's editable install points at.
-    env = child_env(PYTHONPATH=str(REPO), PREFECT_HOME=str(ctx.home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    env.pop("PREFECT_API_URL", None)
-    if ctx.api:
-        env["PREFECT_API_URL"] = ctx.api
-    t = _measure(ctx, run, cmd, env, REPO, folder / f"{run.tool}-{run.round}.log", prefect=True)
+        write_recipe(recipe, store, manifest, ctx.args.rows_per_shard, ctx.args.workers)
+    cmd = run_command(recipe, tool.phase, *tool.sets)
+    t = _measure(ctx, run, cmd, prefect_env(ctx.home, ctx.api), REPO, folder / f"{run.tool}-{run.round}.log", True)
     if t is None:
         return run
     try:
-        result = _json(t.stdout)
+        result = summary(t.stdout)
         if "up_to_date" in result:  # the last run covered these phases over the same inputs
             run.reasons = {"up to date: nothing to do": 1}
             return run
@@ -348,39 +311,24 @@ def run_shardsmith(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: P
 
 
 def run_img2dataset(ctx: Context, run: Run, tool: Tool, manifest: Path, folder: Path, kinds: bool) -> Run:
-    import pyarrow.parquet as pq
-
     folder.mkdir(parents=True, exist_ok=True)
     a = ctx.args
-    cmd = [
-        str(I2D_VENV / "bin" / "img2dataset"), "--url_list", str(manifest), "--input_format", "parquet",
-        "--url_col", "url", "--caption_col", "caption", "--output_format", "webdataset", "--output_folder", str(folder / "out"),
-        "--processes_count", str(a.workers), "--thread_count", str(a.threads), "--number_sample_per_shard", str(a.rows_per_shard),
-        "--enable_wandb", "False", *tool.i2d,
-    ]  # fmt: skip
+    cmd = i2d_command(manifest, folder / "out", a.workers, a.threads, a.rows_per_shard, *tool.i2d)
     if kinds:
         cmd += ["--save_additional_columns", '["kind"]']
-    env = child_env(WANDB_MODE="disabled", WANDB_SILENT="true", NO_ALBUMENTATIONS_UPDATE="1")
-    if _measure(ctx, run, cmd, env, folder, folder / "stderr.log", prefect=False) is None:
+    if _measure(ctx, run, cmd, i2d_env(), folder, folder / "stderr.log", prefect=False) is None:
         return run
-    starts, ends = [], []
-    for stats in (folder / "out").glob("*_stats.json"):
-        s = json.loads(stats.read_text())
-        starts.append(s["start_time"])
-        ends.append(s["end_time"])
-    run.phase_s = (max(ends) - min(starts)) if starts else None
-    for meta in sorted((folder / "out").glob("*.parquet")):
-        t = pq.read_table(meta).to_pydict()
-        run.rows += len(t["status"])
-        run.ok += sum(s == "success" for s in t["status"])
-        for status, message in zip(t["status"], t.get("error_message", [None] * len(t["status"]))):
-            if status != "success":
-                key = (message or status).split(":", 1)[0][:60]
-                run.reasons[key] = run.reasons.get(key, 0) + 1
-        for status, kind in zip(t["status"], t.get("kind", [])):
-            run.by_kind.setdefault(kind, [0, 0])
-            run.by_kind[kind][0] += status == "success"
-            run.by_kind[kind][1] += 1
+    t, run.phase_s = i2d_outputs(folder / "out")
+    statuses = t.get("status", [])
+    run.rows, run.ok = len(statuses), sum(s == "success" for s in statuses)
+    for status, message in zip(statuses, t.get("error_message", [None] * len(statuses))):
+        if status != "success":
+            key = (message or status).split(":", 1)[0][:60]
+            run.reasons[key] = run.reasons.get(key, 0) + 1
+    for status, kind in zip(statuses, t.get("kind", [])):
+        run.by_kind.setdefault(kind, [0, 0])
+        run.by_kind[kind][0] += status == "success"
+        run.by_kind[kind][1] += 1
     run.first_size = first_image_size(list((folder / "out").glob("*.tar")))
     return run
 
@@ -396,14 +344,8 @@ def run_tool(
     key: str | None = None,
 ) -> Run:
     """One timed run, after waiting for the machine to go quiet; prints its line."""
-    if ctx.args.quiet_wait > 0:
-        load = wait_for_quiet(ctx.args.quiet_wait)
-        if load >= 0.3:
-            print(
-                f"  (other work still uses {load:.1f} cores after {ctx.args.quiet_wait:g} s; running anyway)",
-                flush=True,
-            )
-    run = Run(scenario, key or tool.name, rnd)
+    settle(ctx.args.quiet_wait)
+    run = Run(key or tool.name, rnd, scenario=scenario)
     if tool.shardsmith:
         run_shardsmith(ctx, run, tool, manifest, folder)
     else:
@@ -413,52 +355,33 @@ def run_tool(
         extra = f", reshard {run.reshard_s:.1f} s" if run.reshard_s is not None else ""
         print(
             f"  {scenario} round {rnd} {run.tool:<20} {run.wall_s:7.1f} s wall = {run.rate:6.1f} samples/s{extra}; "
-            f"{run.cpu_per_1k:.2f} CPU s/1k; {run.ok}/{run.rows} ok; other load {run.other_cpu_s / max(run.wall_s, 1e-9):.2f} cores",
+            f"{run.cpu_per_1k:.2f} CPU s/1k; {run.ok}/{run.rows} ok; other load {run.other_load:.2f} cores",
             flush=True,
         )
     return run
 
 
-def _rounds(args) -> range:
-    return range(1, args.repeats + 1)
-
-
-def _clean(ctx: Context, folder: Path, run: Run) -> None:
-    if not ctx.args.keep and run.error is None:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def alternated(ctx: Context, scenario: str, tools: list[Tool], manifest: Path, kinds: bool = False) -> list[Run]:
+def rounds_of(ctx: Context, scenario: str, tools: list[Tool], manifest: Path, kinds: bool = False) -> list[Run]:
     """``--repeats`` rounds of every tool in turn; even rounds run them in reverse order."""
     runs = []
-    for rnd in _rounds(ctx.args):
-        for tool in tools if rnd % 2 else tools[::-1]:
-            folder = ctx.work / f"{scenario}-{tool.name}-{rnd}"
-            runs.append(run_tool(ctx, scenario, tool, rnd, manifest, folder, kinds))
-            _clean(ctx, folder, runs[-1])
+    for rnd, tool in alternated(tools, ctx.args.repeats):
+        folder = ctx.work / f"{scenario}-{tool.name}-{rnd}"
+        runs.append(run_tool(ctx, scenario, tool, rnd, manifest, folder, kinds))
+        if not ctx.args.keep and runs[-1].error is None:
+            shutil.rmtree(folder, ignore_errors=True)
     return runs
 
 
 def fixed(ctx: Context, small: Path, big: Path) -> list[Run]:
     """Per round: 20 rows end to end (img2dataset beside it) and again; then a full
     ``--phase validate``, ``--phase reshard`` on its store, and that reshard again."""
-    ss, i2d = scenario_tools("validate", ctx.args)
+    ss, i2d = scenario_tools("validate", ctx.args)[::2]
     reshard = Tool("shardsmith", "shardsmith --phase reshard", True, phase="reshard")
     runs: list[Run] = []
-    for rnd in _rounds(ctx.args):
-        small_dir, big_dir = ctx.work / f"fixed-small-{rnd}", ctx.work / f"fixed-big-{rnd}"
-        for key, tool in [("small", ss), ("small-i2d", i2d)][:: 1 if rnd % 2 else -1]:
-            runs.append(
-                run_tool(
-                    ctx,
-                    "fixed",
-                    tool,
-                    rnd,
-                    small,
-                    small_dir if tool.shardsmith else ctx.work / f"fixed-i2d-{rnd}",
-                    key=key,
-                )
-            )
+    for rnd in range(1, ctx.args.repeats + 1):
+        small_dir, big_dir, i2d_dir = (ctx.work / f"fixed-{k}-{rnd}" for k in ("small", "big", "i2d"))
+        for key, tool in in_turn([("small", ss), ("small-i2d", i2d)], rnd):
+            runs.append(run_tool(ctx, "fixed", tool, rnd, small, small_dir if tool.shardsmith else i2d_dir, key=key))
         if next(r for r in runs if r.round == rnd and r.tool == "small").error is None:
             runs.append(run_tool(ctx, "fixed", ss, rnd, small, small_dir, key="noop-small"))
         runs.append(run_tool(ctx, "fixed", ss, rnd, big, big_dir, key="big-validate"))
@@ -467,262 +390,9 @@ def fixed(ctx: Context, small: Path, big: Path) -> list[Run]:
             if runs[-1].error is None:
                 runs.append(run_tool(ctx, "fixed", reshard, rnd, big, big_dir, key="noop-reshard"))
         if not ctx.args.keep and not any(r.error for r in runs if r.round == rnd):
-            for folder in (small_dir, big_dir, ctx.work / f"fixed-i2d-{rnd}"):
+            for folder in (small_dir, big_dir, i2d_dir):
                 shutil.rmtree(folder, ignore_errors=True)
     return runs
-
-
-# --------------------------------------------------------------------------------- report
-
-
-def _ok(runs: list[Run]) -> list[Run]:
-    return [r for r in runs if r.error is None]
-
-
-def summary(runs: list[Run]) -> dict[str, dict]:
-    """Medians over the successful rounds of each tool (or fixed step)."""
-    out: dict[str, dict] = {}
-    for name in dict.fromkeys(r.tool for r in runs):
-        rs = _ok([r for r in runs if r.tool == name])
-        failed = sum(1 for r in runs if r.tool == name and r.error)
-        if not rs:
-            out[name] = {"n": 0, "failed": failed}
-            continue
-        out[name] = {
-            "n": len(rs),
-            "failed": failed,
-            "wall": _med([r.wall_s for r in rs]),
-            "wall_min": min(r.wall_s for r in rs),
-            "rate": _med([r.rate for r in rs]),
-            "rate_max": max(r.rate for r in rs),
-            "phase": _med([r.phase_s for r in rs]),
-            "reshard": _med([r.reshard_s for r in rs]),
-            "cpu": _med([r.cpu_s for r in rs]),
-            "cpu_1k": _med([r.cpu_per_1k for r in rs]),
-            "cpu_1k_min": min(r.cpu_per_1k for r in rs),
-            "prefect_1k": _med(
-                [1000 * r.prefect_cpu_s / max(r.ok, 1) if r.prefect_cpu_s is not None else None for r in rs]
-            ),
-            "ok": sorted({r.ok for r in rs}),
-            "rows": rs[0].rows,
-            "disk_mb": _med([r.disk_mb for r in rs]),
-        }
-    return out
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def _verdict(value: float | None, target: float, at_least: bool) -> str:
-    if value is None:
-        return "-"
-    return "met" if (value >= target if at_least else value <= target) else "**not met**"
-
-
-def per_run_table(runs: list[Run]) -> list[str]:
-    lines = [
-        "| tool | round | wall s | phase s | ok / rows | samples/s (wall) | CPU s | CPU s / 1k ok | of which Prefect server, CPU s / 1k | "
-        "image server CPU s / 1k | other load, cores | first image |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in runs:
-        if r.error:
-            lines.append(f"| {r.tool} | {r.round} | failed: {r.error[:120]} |" + " |" * 9)
-            continue
-        pre = _fmt(1000 * r.prefect_cpu_s / max(r.ok, 1), ".2f") if r.prefect_cpu_s is not None else "-"
-        phase = _fmt(r.phase_s) + (f" (reshard {r.reshard_s:.1f})" if r.reshard_s is not None else "")
-        size = "x".join(map(str, r.first_size)) if r.first_size else "-"
-        lines.append(
-            f"| {r.tool} | {r.round} | {r.wall_s:.1f} | {phase} | {r.ok} / {r.rows} | {r.rate:.1f} | {r.cpu_s:.1f} | {r.cpu_per_1k:.2f} | {pre} | "
-            f"{1000 * r.server_cpu_s / max(r.ok, 1):.2f} | {r.other_cpu_s / r.wall_s:.2f} | {size} |"
-        )
-    return lines
-
-
-def summary_table(s: dict[str, dict], labels: dict[str, str]) -> list[str]:
-    lines = [
-        "| tool | runs | wall s | samples/s (wall) | CPU s / 1k ok | of which Prefect server | ok | MB on disk |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, v in s.items():
-        if not v["n"]:
-            lines.append(f"| {labels.get(name, name)} | 0 ({v['failed']} failed) | - | - | - | - | - | - |")
-            continue
-        failed = f" ({v['failed']} failed)" if v["failed"] else ""
-        lines.append(
-            f"| {labels.get(name, name)} | {v['n']}{failed} | {v['wall']:.1f} ({v['wall_min']:.1f}) | {v['rate']:.1f} ({v['rate_max']:.1f}) | "
-            f"{v['cpu_1k']:.2f} ({v['cpu_1k_min']:.2f}) | {_fmt(v['prefect_1k'], '.2f')} | {'/'.join(map(str, v['ok']))} of {v['rows']} | {_fmt(v['disk_mb'], '.0f')} |"
-        )
-    return lines
-
-
-def compare(
-    s: dict[str, dict], tool: str, base: str, rate_target: float | None, cpu_target: float | None
-) -> tuple[list[str], list[tuple]]:
-    """Ratio lines shardsmith / img2dataset, and rows for the targets table."""
-    a, b = s.get(tool, {}), s.get(base, {})
-    if not a.get("n") or not b.get("n"):
-        return [f"- {tool} vs {base}: no ratio (a tool has no successful run)"], []
-    rate, cpu = _ratio(a["rate"], b["rate"]), _ratio(a["cpu_1k"], b["cpu_1k"])
-    aim_rate = f"; target >= {rate_target:g}x: {_verdict(rate, rate_target, True)}" if rate_target else ""
-    aim_cpu = f"; target <= {cpu_target:g}x: {_verdict(cpu, cpu_target, False)}" if cpu_target else ""
-    lines = [
-        f"- {tool} / {base}, samples/s over the whole command: **{rate:.2f}x** ({a['rate']:.1f} vs {b['rate']:.1f}; > 1: shardsmith faster){aim_rate}",
-        f"- {tool} / {base}, CPU s per 1,000 accepted samples: **{cpu:.2f}x** ({a['cpu_1k']:.2f} vs {b['cpu_1k']:.2f}; < 1: shardsmith cheaper; "
-        f"i.e. img2dataset uses {1 / cpu:.2f}x shardsmith's CPU per sample){aim_cpu}",
-    ]
-    rows = [
-        (
-            f"{tool} / {base}: samples/s",
-            f"{a['rate']:.1f}",
-            f"{b['rate']:.1f}",
-            f"{rate:.2f}x",
-            f">= {rate_target:g}x" if rate_target else "reported",
-            _verdict(rate, rate_target, True) if rate_target else "-",
-        )
-    ]
-    rows.append(
-        (
-            f"{tool} / {base}: CPU s / 1k ok",
-            f"{a['cpu_1k']:.2f}",
-            f"{b['cpu_1k']:.2f}",
-            f"{cpu:.2f}x",
-            f"<= {cpu_target:g}x" if cpu_target else "reported",
-            _verdict(cpu, cpu_target, False) if cpu_target else "-",
-        )
-    )
-    return lines, rows
-
-
-def agreement(runs: list[Run], expected: int, what: str) -> list[str]:
-    """Warnings when the tools kept different numbers of samples, or other than expected
-    (every URL is a distinct image, so both should keep the same ones)."""
-    kept = {name: sorted({r.ok for r in _ok(runs) if r.tool == name}) for name in dict.fromkeys(r.tool for r in runs)}
-    lines = []
-    if len({ok for oks in kept.values() for ok in oks}) > 1:
-        lines.append(
-            "- WARNING: the tools kept different numbers of samples: "
-            + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in kept.items() if v)
-        )
-    for name, oks in kept.items():
-        if oks and (oks[0] != expected or oks[-1] != expected):
-            lines.append(f"- WARNING: {name} kept {'/'.join(map(str, oks))} samples where {what} gives {expected}")
-    return lines
-
-
-def outcomes(runs: list[Run]) -> list[str]:
-    """What each tool did with the rows it did not keep (first successful round)."""
-    lines = []
-    for name in dict.fromkeys(r.tool for r in runs):
-        first = next((r for r in _ok(runs) if r.tool == name), None)
-        if first is None:
-            continue
-        if first.by_kind:
-            kinds = ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in sorted(first.by_kind.items(), key=lambda kv: -kv[1][1]))
-            lines.append(f"- {name}, kept per row kind: {kinds}")
-        if first.reasons:
-            lines.append(
-                f"- {name}, not kept: "
-                + ", ".join(f"{k} {v}" for k, v in sorted(first.reasons.items(), key=lambda kv: -kv[1]))
-            )
-    return lines
-
-
-def report(runs: list[Run], meta: dict, scenarios: list[str], args) -> str:
-    lines = [
-        f"- command: `{meta['command']}`",
-        f"- date: {meta['date']}; machine: {meta['machine']}; load average before: {meta['load_before']}; code: {meta['revision']}; "
-        f"{I2D_REQUIREMENT}; prefect {meta['prefect']}",
-        f"- corpus: {meta['rows']} URLs, each a distinct synthetic image ({meta['url_mb']:.0f} MB, mean {meta['mean_kb']:.0f} KB, "
-        f"200..2000 px; {meta['mix']}), served on loopback by `python -m tasks.demo.webserver`",
-        f"- both tools: {args.workers} processes, {args.rows_per_shard} rows per shard; img2dataset --thread_count {args.threads}, "
-        f"--timeout {I2D_TIMEOUT_S} --retries 0 (its defaults, stated); shardsmith: {meta['prefect_mode']}",
-        "- wall = the whole command; phase = shardsmith's JSON `seconds` of its phases / img2dataset's first shard start to last "
-        "shard end; CPU = user+sys of the tool's process tree"
-        + (" plus the pre-started Prefect server's during the run" if args.prefect == "server" else "")
-        + "; the image server's CPU and other work's load are apart; medians over rounds (best in brackets)",
-    ]
-    targets: list[tuple] = []
-    for scenario in scenarios:
-        rs = [r for r in runs if r.scenario == scenario]
-        if not rs:
-            continue
-        s = summary(rs)
-        if scenario == "fixed":
-            labels = {k: v.format(rows=meta["rows"], small=args.small_rows) for k, v in FIXED_STEPS.items()}
-        else:
-            labels = {t.name: t.label for t in scenario_tools(scenario, args)}
-        lines += ["", f"#### {scenario}: {TITLES[scenario].format(small=args.small_rows, rows=meta['rows'])}", ""]
-        if scenario == "faulty":
-            mix = ", ".join(f"{k} {n}" for k, n in meta["faults"].items())
-            lines += [
-                f"Manifest: {mix} rows (slow = the whole image over {args.slow_ms} ms, so it is kept; timeout = never answers).",
-                "",
-            ]
-        lines += ["Per run:", "", *per_run_table(rs), "", "Summary:", "", *summary_table(s, labels), ""]
-        if scenario == "validate":
-            more, rows = compare(s, "shardsmith", "img2dataset", TARGET_RATE, TARGET_CPU)
-            more2, rows2 = compare(s, "shardsmith-lean", "img2dataset", TARGET_RATE, TARGET_CPU)
-            lines += more + more2 + agreement(rs, meta["rows"], "the manifest")
-            targets += rows + rows2
-        elif scenario == "faulty":
-            more, rows = compare(s, "shardsmith-equal", "img2dataset", TARGET_RATE, None)
-            more2, rows2 = compare(s, "shardsmith-defaults", "img2dataset", None, None)
-            lines += (
-                more
-                + more2
-                + agreement(rs, meta["faults"]["ok"] + meta["faults"].get("slow", 0), "the clean and slow rows")
-                + ["", "Outcomes (round 1):", "", *outcomes(rs)]
-            )
-            targets += rows + rows2
-        elif scenario == "download":
-            more, rows = compare(s, "shardsmith", "img2dataset-raw", TARGET_RATE, None)
-            lines += more + agreement(rs, meta["rows"], "the manifest")
-            targets += rows
-        else:
-            fixed_lines, rows = fixed_summary(s, args)
-            lines += fixed_lines
-            targets += rows
-    if targets:
-        lines += [
-            "",
-            "#### Against issue 13's targets (ratios are shardsmith / img2dataset, medians)",
-            "",
-            "| figure | shardsmith | img2dataset | ratio | target | |",
-            "|---|---:|---:|---:|---|---|",
-            *(f"| {' | '.join(row)} |" for row in targets),
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def fixed_summary(s: dict[str, dict], args) -> tuple[list[str], list[tuple]]:
-    lines, rows = [], []
-
-    def wall(key: str) -> float | None:
-        return s.get(key, {}).get("wall")
-
-    small, noop, noop_big = wall("small"), wall("noop-small"), wall("noop-reshard")
-    rs = s.get("reshard", {})
-    overhead = rs["wall"] - rs["reshard"] if rs.get("n") and rs.get("reshard") is not None else None
-    for label, value, target in (
-        (f"{args.small_rows} rows end to end, wall s", small, TARGET_SMALL_S),
-        (f"no-op rerun, {args.small_rows} rows, wall s", noop, TARGET_NOOP_S),
-        ("no-op rerun of --phase reshard, wall s", noop_big, TARGET_NOOP_S),
-        ("--phase reshard after validate: wall less the reshard phase, s", overhead, TARGET_NOOP_S),
-    ):
-        base = f"{wall('small-i2d'):.1f}" if label.startswith(f"{args.small_rows} rows") and wall("small-i2d") else "-"
-        rows.append((label, _fmt(value), base, "-", f"<= {target:g} s", _verdict(value, target, False)))
-        lines.append(f"- {label}: {_fmt(value)} (target <= {target:g} s: {_verdict(value, target, False)})")
-    if rs.get("n"):
-        lines.append(
-            f"- --phase reshard after validate: {rs['wall']:.1f} s wall, of which the reshard phase {_fmt(rs['reshard'])} s (JSON `reshard.seconds`)"
-        )
-    if s.get("small", {}).get("n"):
-        lines.append(
-            f"- {args.small_rows} rows end to end: {s['small']['cpu']:.1f} CPU s (img2dataset: {_fmt(s.get('small-i2d', {}).get('cpu'))})"
-        )
-    return lines, rows
 
 
 # ----------------------------------------------------------------------------------- main
@@ -767,33 +437,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--slow-ms", type=int, default=3000, help="how long a slow row takes to arrive (complete)")
     p.add_argument("--seed", type=int, default=0, help="seed of the image pool and of the faulty rows")
-    p.add_argument(
-        "--repeats", type=int, default=3, help="rounds; each runs every tool once, in turn (reversed in even rounds)"
-    )
-    p.add_argument(
-        "--rows-per-shard",
-        type=int,
-        default=1000,
-        help="shardsmith rows_per_shard = img2dataset number_sample_per_shard",
-    )
-    p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=64,
-        help="img2dataset thread_count per process (= shardsmith max_inflight and per_host in the faulty equal-settings run)",
-    )
+    add_round_flags(p, "web", repeats=3)
+    add_tool_flags(p, rows_per_shard=1000)
     p.add_argument(
         "--prefect",
         choices=("embedded", "server"),
         default="embedded",
         help="embedded: each shardsmith command starts its own Prefect server (its CPU is in the tool's tree); server: one started beforehand, its CPU during each run added and shown apart",
-    )
-    p.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=90.0,
-        help="before each run, wait up to this many seconds for other work to drop under 0.3 cores (0: don't wait)",
     )
     p.add_argument(
         "--run-timeout",
@@ -807,8 +457,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_false",
         help="skip the untimed --small-rows run of each tool before the rounds (it fills caches and the Prefect database)",
     )
-    p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
-    p.add_argument("--keep", action="store_true", help="keep each run's folder under .bench/web/runs/")
     args = p.parse_args(argv)
     args.scenarios = [s for s in SCENARIOS if args.all or getattr(args, s)]
     if not args.scenarios:
@@ -818,37 +466,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _machine() -> str:
-    import psutil
-
-    return f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, {platform.machine()}, Python {platform.python_version()}"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)  # through the finally below, which stops every child
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     started = dt.datetime.now().astimezone()
     pool_dir, sizes = ensure_unique_pool(max(args.rows, args.small_rows), args.seed)
     names = list(sizes)
     ensure_img2dataset()
-    work_root = BENCH_DIR / "web" / "runs"
-    work_root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=dt.datetime.now().strftime("%Y%m%dT%H%M%S-"), dir=work_root))
-    children = Children()
     runs: list[Run] = []
     faults: dict[str, int] = {}
-    try:
-        server, base_url = start_image_server(children, pool_dir)
-        ctx = Context(args, children, work, work / "prefect-home", {"server": server.pid}, None)
-        ctx.home.mkdir()
-        if args.prefect == "server":
-            print("starting a Prefect server (not timed) ...", flush=True)
-            prefect, ctx.api = start_prefect_server(children, ctx.home, work / "prefect-server.log")
-            ctx.watch["prefect"] = prefect.pid
-        clean, small = work / "manifest.parquet", work / "manifest-small.parquet"
-        write_manifest(clean, base_url, names[: args.rows])
-        write_manifest(small, base_url, names[: args.small_rows])
+    with Session("web", args.keep) as s:
+        loop = serve(s, pool_dir, prefect=args.prefect == "server")
+        base_url = loop.base_url
+        ctx = Context(args, s, loop.watch, loop.api)
+        ctx.home.mkdir(exist_ok=True)
+        clean, small = s.work / "manifest.parquet", s.work / "manifest-small.parquet"
+        write_manifest(clean, [f"{base_url}/img/{name}" for name in names[: args.rows]])
+        write_manifest(small, [f"{base_url}/img/{name}" for name in names[: args.small_rows]])
         print(
             f"{args.rows} URLs at {base_url}; scenarios {', '.join(args.scenarios)}; {args.repeats} round(s); Prefect {args.prefect}",
             flush=True,
@@ -856,40 +489,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup:
             print(f"warm-up (not timed): each tool on {args.small_rows} rows ...", flush=True)
             for tool in scenario_tools("validate", args):
-                run = run_tool(ctx, "warm-up", tool, 0, small, work / f"warmup-{tool.name}")
+                run = run_tool(ctx, "warm-up", tool, 0, small, s.work / f"warmup-{tool.name}")
                 if run.error:
                     raise SystemExit(f"warm-up of {tool.name} failed: {run.error}")
         for scenario in args.scenarios:
             print(f"{scenario}:", flush=True)
             if scenario == "faulty":
-                manifest = work / "manifest-faulty.parquet"
+                manifest = s.work / "manifest-faulty.parquet"
                 faults = write_faulty_manifest(
                     manifest, base_url, names[: args.rows], args.faulty_share, args.slow_ms, args.seed
                 )
-                runs += alternated(ctx, scenario, scenario_tools(scenario, args), manifest, kinds=True)
+                runs += rounds_of(ctx, scenario, scenario_tools(scenario, args), manifest, kinds=True)
             elif scenario == "fixed":
                 runs += fixed(ctx, small, clean)
             else:
-                runs += alternated(ctx, scenario, scenario_tools(scenario, args), clean)
-    except KeyboardInterrupt:
-        print("interrupted; stopping child processes", file=sys.stderr)
-        return 130
-    finally:
-        children.stop_all()
-        failed = any(r.error for r in runs)
-        if args.keep or failed:
-            print(f"run folders (logs of failed runs) kept in {work}", flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+                runs += rounds_of(ctx, scenario, scenario_tools(scenario, args), clean)
     exts = [n.rsplit(".", 1)[1] for n in names[: args.rows]]
     meta = {
-        "revision": _revision(),
-        "command": "python bench/bench_web.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "revision": revision(),
+        "command": command("bench_web.py", argv),
         # when the rounds ran: from the start of the invocation (pool and img2dataset checks
         # included) to the report
         "date": started.strftime("%Y-%m-%d %H:%M") + dt.datetime.now().astimezone().strftime("-%H:%M %Z"),
-        "machine": _machine(),
-        "load_before": load_before,
+        "machine": machine(memory=True),
+        "load_before": s.load_before,
         "prefect": metadata.version("prefect"),
         "prefect_mode": "each command starts its own Prefect server (no PREFECT_API_URL), inside its process tree"
         if args.prefect == "embedded"
@@ -902,10 +525,14 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "faults": faults,
     }
-    text = report(runs, meta, args.scenarios, args)
-    print("\n" + text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    labels = {
+        scenario: {k: v.format(rows=args.rows, small=args.small_rows) for k, v in FIXED_STEPS.items()}
+        if scenario == "fixed"
+        else {t.name: t.label for t in scenario_tools(scenario, args)}
+        for scenario in args.scenarios
+    }
+    titles = {k: v.format(small=args.small_rows, rows=args.rows) for k, v in TITLES.items()}
+    emit(report(runs, meta, args, labels, titles), args.markdown)
     return 1 if any(r.error for r in runs) else 0
 
 

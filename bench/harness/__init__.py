@@ -1,0 +1,1 @@
+"""The benchmarks' shared harness: child processes and their costs, servers, tools, photos, reports."""
