@@ -8,7 +8,7 @@ from typing import Literal
 from prefect import flow
 from prefect_dask import DaskTaskRunner
 
-from flows.audit import new_run
+from flows.audit import GateFailed, intermediate_phase, new_run, publish_unfinished
 from flows.curate import curate_flow
 from flows.download import download_flow, run_name
 from flows.params import ClusterChoice, RecipeOverrides, RecipePath, StorageRoot, Workers, recipe_overrides
@@ -99,36 +99,51 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
         # The CLI's session starts its cluster when the first task is submitted (or earlier, when
         # it saw work coming); a flow run from a deployment has its cluster here already.
         runner = session.task_runner() if session is not None else DaskTaskRunner(address=scheduler)
-        # With validation to follow, each chunk is fetched and validated in one pass.
-        fuse = last >= PHASES.index("validate")
-        out["download"], record = run_phase(download_flow, runner, recipe=recipe, run=record, fuse_validation=fuse)
-        if last >= PHASES.index("validate"):
-            out["validate"], record = run_phase(
-                validate_flow, runner, recipe=recipe, download=out["download"], run=record
-            )
-        if last >= PHASES.index("curate") and recipe.curate.enabled:
-            out["curate"], record = run_phase(curate_flow, runner, recipe=recipe, validated=out["validate"], run=record)
-        # Resharding reads the curated shards when there was curation, the validated ones otherwise.
-        kept = out.get("curate") or out.get("validate")
-        if last >= PHASES.index("reshard"):
-            out["reshard"], record = run_phase(reshard_flow, runner, recipe=recipe, validated=kept, run=record)
-        if last >= PHASES.index("precache"):
-            out["precache"], record = run_phase(
-                precache_flow, runner, recipe=recipe, reshard=out["reshard"], run=record, curated=out.get("curate")
-            )
-        if last >= PHASES.index("release"):
-            held.check()
-            out["release"], record = run_phase(
-                release_flow,
-                runner,
-                recipe=recipe,
-                download=out["download"],
-                validated=out["validate"],
-                curated=out.get("curate"),
-                reshard=out["reshard"],
-                precache=out["precache"],
-                run=record,
-            )
+        pending = False  # an intermediate phase's report page is still to be written
+
+        def phase(name: str, flow, **params):
+            # A phase before the run's last leaves the report page to the phases after it.
+            nonlocal pending
+            intermediate = PHASES.index(name) < last
+            with intermediate_phase(intermediate):
+                done = run_phase(flow, runner, run=record, **params)
+            pending = intermediate
+            return done
+
+        try:
+            # With validation to follow, each chunk is fetched and validated in one pass.
+            fuse = last >= PHASES.index("validate")
+            out["download"], record = phase("download", download_flow, recipe=recipe, fuse_validation=fuse)
+            if last >= PHASES.index("validate"):
+                out["validate"], record = phase("validate", validate_flow, recipe=recipe, download=out["download"])
+            if last >= PHASES.index("curate") and recipe.curate.enabled:
+                out["curate"], record = phase("curate", curate_flow, recipe=recipe, validated=out["validate"])
+            # Resharding reads the curated shards when there was curation, the validated ones otherwise.
+            kept = out.get("curate") or out.get("validate")
+            if last >= PHASES.index("reshard"):
+                out["reshard"], record = phase("reshard", reshard_flow, recipe=recipe, validated=kept)
+            if last >= PHASES.index("precache"):
+                out["precache"], record = phase(
+                    "precache", precache_flow, recipe=recipe, reshard=out["reshard"], curated=out.get("curate")
+                )
+            if last >= PHASES.index("release"):
+                held.check()
+                out["release"], record = phase(
+                    "release",
+                    release_flow,
+                    recipe=recipe,
+                    download=out["download"],
+                    validated=out["validate"],
+                    curated=out.get("curate"),
+                    reshard=out["reshard"],
+                    precache=out["precache"],
+                )
+        except GateFailed:
+            raise  # its phase published the whole report
+        except BaseException:
+            if pending:
+                publish_unfinished(Storage(recipe.storage, recipe.storage_options), recipe, record)
+            raise
         release = out.get("release")
         remember_run(
             Storage(recipe.storage, recipe.storage_options),

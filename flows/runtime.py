@@ -41,7 +41,14 @@ ONE_RUN_SERVER = {
     # collection (prefect-dask, and Dask with it: ~0.5 CPU s of the server's start) to hash
     # the blocks they declare.
     "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
+    # Events are for automations and the UI's event feed, which a local server has neither of;
+    # their writer's batches took SQLite's write lock beside the flows' own writes, and a
+    # request that met it got a 503 that Prefect's client retries after 2 s.
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
 }
+
+
+KEEP_ALIVE_S = 300
 
 
 class LocalServer:
@@ -104,6 +111,11 @@ class LocalServer:
                 "error",
                 "--lifespan",
                 "on",
+                # uvicorn closes a connection idle for 5 s by default; a client that sends on it
+                # just then (Prefect's clients keep theirs across phases) gets an error and
+                # Prefect retries after 2 s. Our clients are all on this machine.
+                "--timeout-keep-alive",
+                str(KEEP_ALIVE_S),
             ],
             env=self.env(),
             stdin=subprocess.DEVNULL,

@@ -52,6 +52,26 @@ WARM_MODULES = (
     "tasks.audit.data_docs",
     "prefect_dask",
     "distributed",
+    # What a run imports lazily on its way (found by listing sys.modules after a cold run):
+    # Prefect's engines and the encoder of flow parameters (FastAPI's, 0.5 s), the gates'
+    # and reports' modules, the planning of sources.
+    "prefect.engine",
+    "prefect.flow_engine",
+    "prefect.task_engine",
+    "prefect.concurrency.v1.context",
+    "prefect.utilities.visualization",
+    "prefect._internal.control_listener",
+    "fastapi.encoders",
+    "cli.warm",
+    "tasks.audit.curate_gate",
+    "tasks.audit.gate_cache",
+    "tasks.audit.gates",
+    "tasks.audit.ge_views",
+    "tasks.audit.phase_markdown",
+    "tasks.audit.reconcile",
+    "tasks.audit.report_markdown",
+    "tasks.audit.report_web",
+    "tasks.sources.planning",
 )
 REQUEST_LIMIT = 1 << 20
 POLL_S = 0.25

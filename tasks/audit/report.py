@@ -168,8 +168,11 @@ def summary_text(run: RunView) -> str:
     return _CONTROL.sub("?", "\n".join(lines)) + "\n"
 
 
-def write_report(storage: Storage, rel_dir: str, run: RunView, samples: pa.Table | None) -> dict[str, str]:
-    """Write ``report.html``, ``run.json`` and ``samples.parquet`` under ``rel_dir``.
+def write_report(
+    storage: Storage, rel_dir: str, run: RunView, samples: pa.Table | None, html: bool = True
+) -> dict[str, str]:
+    """Write ``report.html``, ``run.json`` and ``samples.parquet`` under ``rel_dir`` (the page
+    only when ``html``: a phase that is not the run's last leaves it to the phase after it).
 
     Returns ``{"html": ..., "json": ..., "samples": ...}`` (relative paths; ``samples`` when the
     folder holds a table). With ``samples=None`` the table an earlier phase of the run wrote
@@ -189,6 +192,8 @@ def write_report(storage: Storage, rel_dir: str, run: RunView, samples: pa.Table
         paths["samples"] = samples_rel
     data = run_json(run)
     storage.write_bytes(paths["json"], (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
+    if not html:
+        return paths
     # The page last: its presence means its inputs are in place.
     curation = read_curation(storage, rel_dir)
     storage.write_bytes(paths["html"], render_html(data, samples, curation=curation).encode("utf-8"))
