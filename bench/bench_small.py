@@ -89,8 +89,11 @@ class Bench:
     def wait_service(self, env: dict[str, str]) -> None:
         import time
 
+        # Taking commands (its socket) with its cluster up (the scheduler's address written):
+        # what a user's next command finds unless it comes within seconds of the first.
         deadline = time.monotonic() + 180
-        while not any(Path(env["SHARDSMITH_WARM_DIR"]).glob("*.sock")):
+        folder = Path(env["SHARDSMITH_WARM_DIR"])
+        while not (any(folder.glob("*.sock")) and any(folder.glob("*.scheduler"))):
             if time.monotonic() > deadline:
                 raise SystemExit("the warm service did not start")
             time.sleep(0.2)
