@@ -75,3 +75,16 @@ def test_a_thumbnail_is_the_clips_middle_frame():
     assert image.format == "JPEG" and image.size == (80, 48)
     r, g, b = image.convert("RGB").getpixel((2, 2))
     assert r > 150 and g > 150 and b < 100  # scene b's yellow
+
+
+def test_every_kept_clip_gets_its_own_file_from_one_pass():
+    from tasks.video.process import process_video
+
+    row, outs = process_video("v", _video(("a", 3.0), ("b", 2.0)), VideoLimits(), ClipConfig(max_s=2.0, fps=5.0))
+    assert row["clips"] == row["clips_kept"] == 3
+    spans = [(o.row["start_s"], o.row["end_s"]) for o in outs]
+    assert spans == [(0.0, 2.0), (2.0, 3.0), (3.0, 5.0)]
+    for out, (start, end) in zip(outs, spans, strict=True):
+        clip = probe(out.mp4, VideoLimits()).value
+        assert (clip.frames, clip.duration_s) == (round((end - start) * 5), end - start)
+        assert Image.open(io.BytesIO(out.jpg)).format == "JPEG"

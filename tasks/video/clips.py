@@ -11,6 +11,7 @@ a remainder shorter than ``min_s`` is not a clip. Each kept span is transcoded o
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
@@ -198,60 +199,107 @@ def _judge(sig: Signals, cfg: ClipConfig, index: int, first: int, end: int, scen
     return Clip(index, first, end, start_s, round(end_s, 3), scene, motion, luma, hashes, reason, detail)
 
 
-def transcode(data: bytes, info: VideoInfo, clip: Clip, cfg: ClipConfig) -> bytes:
-    """The clip's frames as H.264 in an mp4 whose index comes first (readers can stream it)."""
+class _ClipWriter:
+    """One clip's H.264 encoder into an mp4 file whose index comes first (readers can stream it)."""
+
+    def __init__(self, info: VideoInfo, clip: Clip, cfg: ClipConfig):
+        import av
+
+        scale = min(1.0, cfg.max_side / max(info.width, info.height))
+        self.w, self.h = max(2, int(info.width * scale) // 2 * 2), max(2, int(info.height * scale) // 2 * 2)
+        self.rate = cfg.fps or info.fps or 25.0
+        self.source_fps = info.fps or self.rate
+        self.clip = clip
+        self.tick = 1 / _fraction(self.rate)
+        handle, self.path = tempfile.mkstemp(suffix=".mp4")
+        os.close(handle)
+        self.out = av.open(self.path, mode="w", format="mp4", options={"movflags": "+faststart"})
+        self.stream = self.out.add_stream("libx264", rate=_fraction(self.rate))
+        self.stream.width, self.stream.height, self.stream.pix_fmt = self.w, self.h, "yuv420p"
+        self.stream.options = {"crf": str(cfg.crf), "preset": "veryfast"}
+        self.written = 0
+
+    def add(self, i: int, frame) -> None:
+        t = (i - self.clip.first) / self.source_fps
+        if t * self.rate + 1e-6 < self.written:  # a lower output rate drops frames evenly
+            return
+        picture = frame.reformat(width=self.w, height=self.h, format="yuv420p")
+        picture.pts, picture.time_base = self.written, self.tick  # numbered at the output rate
+        self.written += 1
+        for packet in self.stream.encode(picture):
+            self.out.mux(packet)
+
+    def finish(self) -> bytes:
+        try:
+            for packet in self.stream.encode():
+                self.out.mux(packet)
+            self.out.close()
+            with open(self.path, "rb") as f:
+                return f.read()
+        finally:
+            os.unlink(self.path)
+
+    def abandon(self) -> None:
+        with contextlib.suppress(Exception):
+            self.out.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def render(
+    data: bytes, info: VideoInfo, clips: list[Clip], cfg: ClipConfig, side: int = 160, encode: bool = True
+) -> dict[int, tuple[bytes | None, bytes]]:
+    """Every clip's mp4 (when ``encode``) and a JPEG of its middle frame (long side ``side``),
+    by clip index, in one decode pass over the video (clips do not overlap)."""
     import av
 
-    scale = min(1.0, cfg.max_side / max(info.width, info.height))
-    w, h = max(2, int(info.width * scale) // 2 * 2), max(2, int(info.height * scale) // 2 * 2)
-    rate = cfg.fps or info.fps or 25.0
-    handle, path = tempfile.mkstemp(suffix=".mp4")
-    os.close(handle)
+    todo = sorted(clips, key=lambda c: c.first)
+    scale = side / max(info.width, info.height)
+    size = (max(1, int(info.width * scale)), max(1, int(info.height * scale)))
+    mp4s: dict[int, bytes] = {}
+    jpgs: dict[int, bytes] = {}
+    k, writer = 0, None
     try:
-        with (
-            av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as src,
-            av.open(path, mode="w", format="mp4", options={"movflags": "+faststart"}) as out,
-        ):
-            tick = 1 / _fraction(rate)
-            stream = out.add_stream("libx264", rate=_fraction(rate))
-            stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-            stream.options = {"crf": str(cfg.crf), "preset": "veryfast"}
-            written = 0
+        with av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as src:
             for i, frame in enumerate(src.decode(src.streams.video[0])):
+                while k < len(todo) and i >= todo[k].end:
+                    if writer is not None:
+                        mp4s[todo[k].index] = writer.finish()
+                        writer = None
+                    k += 1
+                if k == len(todo):
+                    break
+                clip = todo[k]
                 if i < clip.first:
                     continue
-                if i >= clip.end:
-                    break
-                t = (i - clip.first) / (info.fps or rate)
-                if t * rate + 1e-6 < written:  # a lower output rate drops frames evenly
-                    continue
-                picture = frame.reformat(width=w, height=h, format="yuv420p")
-                picture.pts, picture.time_base = written, tick  # numbered at the output rate
-                written += 1
-                for packet in stream.encode(picture):
-                    out.mux(packet)
-            for packet in stream.encode():
-                out.mux(packet)
-        with open(path, "rb") as f:
-            return f.read()
+                if encode:
+                    writer = writer or _ClipWriter(info, clip, cfg)
+                    writer.add(i, frame)
+                if i == (clip.first + clip.end) // 2:
+                    out = io.BytesIO()
+                    frame.to_image(width=size[0], height=size[1]).save(out, "JPEG", quality=85)
+                    jpgs[clip.index] = out.getvalue()
+        if writer is not None:
+            mp4s[todo[k].index] = writer.finish()
+            writer = None
     finally:
-        os.unlink(path)
+        if writer is not None:
+            writer.abandon()
+    missing = [c.index for c in todo if c.index not in jpgs]
+    if missing:
+        raise ValueError(f"clips {missing} end past the last frame the decoder gave")
+    return {c.index: (mp4s.get(c.index), jpgs[c.index]) for c in todo}
+
+
+def transcode(data: bytes, info: VideoInfo, clip: Clip, cfg: ClipConfig) -> bytes:
+    """The clip's frames as H.264 in an mp4 whose index comes first (``render`` for one clip)."""
+    mp4, _ = render(data, info, [clip], cfg)[clip.index]
+    return mp4 or b""
 
 
 def thumbnail(data: bytes, info: VideoInfo, clip: Clip, side: int = 160) -> bytes:
     """A JPEG of the clip's middle frame, its long side ``side`` pixels, for the report."""
-    import av
-
-    middle = (clip.first + clip.end) // 2
-    scale = side / max(info.width, info.height)
-    with av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as src:
-        for i, frame in enumerate(src.decode(src.streams.video[0])):
-            if i == middle:
-                image = frame.to_image(width=max(1, int(info.width * scale)), height=max(1, int(info.height * scale)))
-                out = io.BytesIO()
-                image.save(out, "JPEG", quality=85)
-                return out.getvalue()
-    raise ValueError(f"frame {middle} is past the end of the video")
+    return render(data, info, [clip], ClipConfig(), side=side, encode=False)[clip.index][1]
 
 
 def _fraction(rate: float):

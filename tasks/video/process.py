@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tasks.formats.reasons import status_of
-from tasks.video.clips import ClipConfig, cut, signals, thumbnail, transcode
+from tasks.video.clips import Clip, ClipConfig, cut, render, signals
 from tasks.video.probe import VideoInfo, VideoLimits, probe
 
 
@@ -39,7 +39,8 @@ def process_video(key: str, data: bytes, limits: VideoLimits, cfg: ClipConfig) -
     try:
         sig = signals(data, info)
         clips = cut(sig, info, cfg)
-        outs = [_clip(key, data, info, clip, cfg) for clip in clips]
+        files = render(data, info, [c for c in clips if c.reason is None], cfg)  # one more decode pass
+        outs = [_clip(key, clip, files.get(clip.index)) for clip in clips]
     except Exception as err:  # noqa: BLE001 - FFmpeg's errors, whatever they are: the video's reason
         return _video_row(key, len(data), info, "undecodable_video", f"{type(err).__name__}: {err}"), []
     kept = sum(o.row["status"] == "ok" for o in outs)
@@ -62,7 +63,7 @@ def _video_row(
     }
 
 
-def _clip(key: str, data: bytes, info: VideoInfo, clip, cfg: ClipConfig) -> ClipOut:
+def _clip(key: str, clip: Clip, files: tuple[bytes | None, bytes] | None) -> ClipOut:
     reason = clip.reason
     if reason and reason.startswith("duplicate_of:"):
         reason = f"duplicate_of:{clip_key(key, int(reason.split(':', 1)[1]))}"
@@ -79,6 +80,6 @@ def _clip(key: str, data: bytes, info: VideoInfo, clip, cfg: ClipConfig) -> Clip
         "luma": round(clip.luma, 4),
         "hashes": [f"{h:064x}" for h in clip.hashes],
     }
-    if reason is not None:
+    if reason is not None or files is None:
         return ClipOut(row)
-    return ClipOut(row, transcode(data, info, clip, cfg), thumbnail(data, info, clip))
+    return ClipOut(row, *files)
