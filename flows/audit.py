@@ -171,13 +171,12 @@ def intermediate_phase(on: bool) -> Iterator[None]:
 def publish_unfinished(storage: Storage, recipe: Recipe, run: RunRecord) -> None:
     """The report and the run's artifacts as far as a run got that stopped on an error after an
     intermediate phase (best effort: the error that stopped it is what the caller raises)."""
-    from tasks.audit.report import read_samples, write_report
+    from tasks.audit.report import write_report
     from tasks.audit.report_web import report_link
 
     with contextlib.suppress(Exception):
         written = write_report(storage, report_dir(recipe, run.run), run, None)
-        samples = read_samples(storage, written["samples"]) if "samples" in written else None
-        post_run_artifacts(storage, recipe, run, report_link(storage, written["html"]), samples)
+        _post_run(storage, recipe, run, written, report_link(storage, written["html"]), None)
 
 
 def publish(storage: Storage, recipe: Recipe, run: RunRecord, samples: pa.Table | None = None) -> tuple[RunRecord, str]:
@@ -189,12 +188,12 @@ def publish(storage: Storage, recipe: Recipe, run: RunRecord, samples: pa.Table 
     opens, or its path when nothing serves it).
     """
     from tasks.audit.phase_markdown import phase_markdown
-    from tasks.audit.report import read_samples, write_report
+    from tasks.audit.report import write_report
     from tasks.audit.report_web import report_link
 
     base = report_dir(recipe, run.run)
     run = run.finished_at(_now())
-    intermediate = _INTERMEDIATE.get()
+    intermediate = _INTERMEDIATE.get() and not run.blocked  # a failed gate is published whole
     written = write_report(storage, base, run, samples, html=not intermediate)
     report = report_link(storage, written["html"])
     phase = run.phases[-1] if run.phases else None
@@ -213,12 +212,20 @@ def publish(storage: Storage, recipe: Recipe, run: RunRecord, samples: pa.Table 
             key=f"{key}-{name}-reasons",
             description=f"{key}: {name} rows by reason",
         )
-    if intermediate:
-        return run, report.url
+    if not intermediate:
+        _post_run(storage, recipe, run, written, report, samples)
+    return run, report.url
+
+
+def _post_run(
+    storage: Storage, recipe: Recipe, run: RunRecord, written: dict[str, str], report: Link, samples: pa.Table | None
+) -> None:
+    """The run's artifacts, with the samples table its report folder holds when none is given."""
+    from tasks.audit.report import read_samples
+
     if samples is None and "samples" in written:
         samples = read_samples(storage, written["samples"])
     post_run_artifacts(storage, recipe, run, report, samples)
-    return run, report.url
 
 
 def post_run_artifacts(
@@ -313,8 +320,7 @@ def check_gate(
     """
     if not gate.success:
         run = run.blocked_by(gate.failure_message() + (f" ({why})" if why else ""))
-    with intermediate_phase(_INTERMEDIATE.get() and gate.success):
-        run, url = publish(storage, recipe, run, samples)
+    run, url = publish(storage, recipe, run, samples)
     if not gate.success:
         raise GateFailed(f"{run.blocked}\nreport: {url}", run)
     return run, url

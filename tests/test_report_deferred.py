@@ -62,3 +62,23 @@ def test_a_run_stopped_by_an_error_after_intermediate_phases_still_leaves_its_pa
     assert [p["phase"] for p in run["phases"]] == ["download", "validate"]
     page = (folder / "report.html").read_text()
     assert ">validate<" in page
+
+
+def test_a_gate_that_fails_before_the_last_phase_publishes_the_whole_page(tmp_path, web, prefect_harness):
+    from flows.audit import GateFailed
+    from flows.pretraining import run_phases
+
+    recipe = _recipe(tmp_path, web)
+    strict = recipe.model_copy(
+        update={
+            "validate_": recipe.validate_.model_copy(
+                update={"license": recipe.validate_.license.model_copy(update={"allow": ("MIT",)})}
+            )
+        }
+    )
+    with pytest.raises(GateFailed, match="validate gate failed"):
+        run_phases(strict, ["download", "validate", "reshard"])
+    folder = _run_folder(tmp_path)
+    run = json.loads((folder / "run.json").read_text())
+    assert run["blocked"] and [p["phase"] for p in run["phases"]] == ["download", "validate"]
+    assert "BLOCKED" in (folder / "report.html").read_text()
