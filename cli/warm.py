@@ -242,11 +242,13 @@ def _converse(sock: socket.socket, argv: list[str], env: dict[str, str]) -> int 
         return 1
 
 
-def stop_all(env: dict[str, str] | None = None) -> list[int]:
-    """Ask every warm service of this user to stop (each finishes the runs it has); their pids."""
-    env = dict(os.environ) if env is None else env
+def stop_all(env: Mapping[str, str] | None = None) -> list[int]:
+    """Ask every warm service of this user to stop (each finishes the runs it has); their pids.
+    A pid file left by a service that died is passed over: its pid may be another process's now."""
     stopped = []
     for pid_file in runtime_dir(env).glob("*.pid"):
+        if not _alive(pid_file):
+            continue
         with contextlib.suppress(ValueError, OSError):
             pid = int(pid_file.read_text())
             os.kill(pid, signal.SIGTERM)
@@ -254,13 +256,12 @@ def stop_all(env: dict[str, str] | None = None) -> list[int]:
     return stopped
 
 
-def running(env: dict[str, str] | None = None) -> list[dict]:
-    """The warm services of this user that answer, with what each said of itself."""
-    env = dict(os.environ) if env is None else env
+def running(env: Mapping[str, str] | None = None) -> list[dict]:
+    """The warm services of this user that live, with what each said of itself."""
     out = []
     for info in sorted(runtime_dir(env).glob("*.json")):
+        if not _alive(info.with_suffix(".pid")):
+            continue
         with contextlib.suppress(ValueError, OSError):
-            data = json.loads(info.read_text())
-            os.kill(int(data["pid"]), 0)
-            out.append(data)
+            out.append(json.loads(info.read_text()))
     return out

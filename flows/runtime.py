@@ -175,21 +175,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def read_when_written(path: str, timeout: float) -> str:
-    """The text of ``path`` once it exists (written whole, then renamed into place)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except FileNotFoundError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the warm service's Dask cluster did not start within {timeout:.0f} s ({path})"
-                ) from None
-            time.sleep(0.05)
-
-
 def startup_timeout() -> float:
     return float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
 

@@ -19,12 +19,11 @@ from flows.runtime import (
     drain_prefect_workers,
     local_api_settings,
     log,
-    read_when_written,
     start_cluster,
     startup_timeout,
     worker_env,
 )
-from flows.warm import API_ENV, CLUSTER_ENV
+from flows.warm import API_ENV, CLUSTER_ENV, scheduler_address
 
 
 class Session:
@@ -119,7 +118,7 @@ class Session:
         if self.choice not in ("local", "cuda"):
             return self.choice
         if self.warm_cluster:
-            return read_when_written(self.warm_cluster, startup_timeout())
+            return scheduler_address(self.warm_cluster, startup_timeout())
         self.start_cluster()
         self._thread.join()
         if self._error is not None:

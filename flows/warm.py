@@ -77,6 +77,22 @@ REQUEST_LIMIT = 1 << 20
 POLL_S = 0.25
 
 
+def scheduler_address(path: str, timeout: float) -> str:
+    """The warm cluster's scheduler address, once ``flows/warm_cluster.py`` has written it
+    (whole, then renamed into place)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the warm service's Dask cluster did not start within {timeout:.0f} s ({path})"
+                ) from None
+            time.sleep(0.05)
+
+
 def log(message: str) -> None:
     sys.stderr.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} warm[{os.getpid()}]: {message}\n")
     sys.stderr.flush()
@@ -87,7 +103,7 @@ class Service:
 
     Args:
         socket_path: where commands connect; ``.pid`` and ``.json`` files beside it name the
-            service (``shardsmith warm status``).
+            service (``shardsmith warm`` lists them).
         idle_s: seconds without a command before it stops.
     """
 
@@ -290,21 +306,24 @@ def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     conn.setblocking(True)
     conn.settimeout(10)
     data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
-    if len(fds) != 3 or len(data) < 4:
-        for fd in fds:
+    try:
+        if len(fds) != 3 or len(data) < 4:
+            raise ValueError("expected a request with three file descriptors")
+        (size,) = struct.unpack("!I", data[:4])
+        if size > REQUEST_LIMIT:
+            raise ValueError(f"a request of {size} bytes")
+        body = data[4:]
+        while len(body) < size:
+            more = conn.recv(size - len(body))
+            if not more:
+                raise ValueError("the request ended early")
+            body += more
+        conn.settimeout(None)
+        return json.loads(body), fds
+    except BaseException:
+        for fd in fds:  # the command's streams stay open in its own process only
             os.close(fd)
-        raise ValueError("expected a request with three file descriptors")
-    (size,) = struct.unpack("!I", data[:4])
-    if size > REQUEST_LIMIT:
-        raise ValueError(f"a request of {size} bytes")
-    body = data[4:]
-    while len(body) < size:
-        more = conn.recv(size - len(body))
-        if not more:
-            raise ValueError("the request ended early")
-        body += more
-    conn.settimeout(None)
-    return json.loads(body), fds
+        raise
 
 
 def run_child(request: dict, fds: list[int], extra_env: dict[str, str]) -> None:
