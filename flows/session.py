@@ -125,6 +125,27 @@ class Session:
             raise self._error
         return self._cluster.scheduler_address
 
+    def stop_own_tasks(self, timeout: float = 30.0) -> list[str]:
+        """Restart the warm cluster's workers that still run this process's tasks; their addresses.
+
+        Dask cannot interrupt a running task, and a stopped run's tasks would go on fetching
+        (or writing) on the shared workers after the run let go of the dataset. Other commands'
+        tasks on those workers are run again elsewhere by Dask. Only the warm service's cluster:
+        a cluster the recipe names is someone else's to restart.
+        """
+        if not self.warm_cluster or not submitted:
+            return []
+        from distributed import Client
+
+        with Client(self.address(), timeout=timeout) as client:
+            # Asked of the workers: a task whose flow closed its client is forgotten by the
+            # scheduler at once, but its thread runs on (the worker holds it as cancelled).
+            running = client.run(_running_keys)
+            stuck = [w for w, keys in running.items() if submitted.intersection(keys)]
+            if stuck:
+                client.restart_workers(stuck, timeout=timeout, raise_for_error=False)
+        return stuck
+
     @property
     def owns_cluster(self) -> bool:
         return self.choice in ("local", "cuda") and not self.warm_cluster
@@ -182,6 +203,18 @@ class Session:
         self.close()
 
 
+# The Dask keys of the tasks this process submitted (one run per process), for a stopping run
+# on a cluster it shares to find the workers still running its tasks (Session.stop_own_tasks).
+submitted: set[str] = set()
+
+
+def _running_keys(dask_worker) -> list[str]:
+    """On a worker: the keys of the tasks its threads run now, cancelled ones included."""
+    return [
+        str(ts.key) for ts in dask_worker.state.tasks.values() if ts.state in ("executing", "long-running", "cancelled")
+    ]
+
+
 class SessionTaskRunner(DaskTaskRunner):
     """A DaskTaskRunner whose scheduler address is resolved when it first submits a task, so a
     phase with nothing to compute neither waits for nor starts a cluster.
@@ -202,6 +235,11 @@ class SessionTaskRunner(DaskTaskRunner):
 
     def duplicate(self) -> SessionTaskRunner:
         return type(self)(self._resolve)
+
+    def submit(self, task, parameters, wait_for=None, dependencies=None):
+        future = super().submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
+        submitted.add(future.wrapped_future.key)
+        return future
 
     def __reduce__(self):
         # Prefect ships the flow run's context, this runner included, with every task; there it
@@ -242,7 +280,10 @@ def stop_on_signals(session: Session) -> Iterator[None]:
     state: dict[str, int] = {}
 
     def hard_exit(signum: int) -> None:
+        from tasks.formats.locks import release_held
+
         session.stop_workers()
+        release_held()  # the main thread never reached the lock's release: free the dataset now
         if session.server is not None and session.server.process is not None:
             _kill([session.server.process.pid])
         os._exit(128 + signum)
@@ -285,8 +326,9 @@ def cleanup_on_stop(session: Session | None, lock) -> Iterator[None]:
     dataset lock (``lock``, a held RunLock) is still ours, so only committed outputs remain.
 
     Prefect's SIGTERM handler runs first inside a flow and raises ``TerminationSignal`` here,
-    before our own handler has run; a cluster we did not start is left alone (its workers may
-    still write, and the next run's sweep removes what they leave).
+    before our own handler has run. On the warm service's shared cluster only the workers that
+    run our tasks are restarted; a cluster the recipe names is left alone (its workers may still
+    write, and the next run's sweep removes what they leave).
     """
     from prefect.exceptions import ExternalSignal
 
@@ -296,6 +338,11 @@ def cleanup_on_stop(session: Session | None, lock) -> Iterator[None]:
         if session is not None and session.owns_cluster:
             session.stop_workers()
             with contextlib.suppress(Exception):
+                lock.sweep()
+        elif session is not None and session.warm_cluster:
+            with contextlib.suppress(Exception):
+                stopped = session.stop_own_tasks()
+                log.info("restarted the warm workers %s, which ran this run's tasks", stopped)
                 lock.sweep()
         raise
 

@@ -116,6 +116,7 @@ class Service:
         self.server: LocalServer | None = None
         self.cluster: subprocess.Popen | None = None
         self.children: dict[int, socket.socket] = {}
+        self._hung_up: dict[int, float] = {}  # pid -> when its client hung up
         self.info: dict = {}
         self.stopping = False
         self.child_env: dict[str, str] = {}
@@ -195,8 +196,14 @@ class Service:
                 else:  # a command's client hung up before its run ended: stop the run
                     pid = key.data
                     selector.unregister(key.fileobj)
+                    self._hung_up[pid] = time.monotonic()
+                    log(f"the client of pid {pid} hung up; stopping its run")
+                    # SIGINT, as Ctrl-C would: the run's own handler takes it first and bounds its
+                    # stop (flows.session.stop_on_signals), where SIGTERM waits for Prefect to
+                    # record the crash of every flow run it is in.
                     with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGTERM)
+                        os.kill(pid, signal.SIGINT)
+            self._kill_stuck()
             self._reap(selector)
             if self.children:
                 last = time.monotonic()
@@ -243,6 +250,19 @@ class Service:
             conn.sendall(f"pid {pid}\n".encode())
             self.children[pid] = conn
             selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _kill_stuck(self) -> None:
+        """A run still there well after its own stop watchdog should have ended it: kill it."""
+        from flows.session import STOP_GRACE_S
+
+        for pid, since in list(self._hung_up.items()):
+            if pid not in self.children:
+                del self._hung_up[pid]
+            elif time.monotonic() - since > 2 * STOP_GRACE_S:
+                log(f"pid {pid} did not stop within {2 * STOP_GRACE_S:.0f} s of its client's hang-up; killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)  # its session (setsid): its helpers too
+                del self._hung_up[pid]
 
     def _reap(self, selector: selectors.BaseSelector) -> None:
         while self.children:

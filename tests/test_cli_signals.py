@@ -103,3 +103,47 @@ def test_a_signal_stops_the_run_within_the_grace_period(tmp_path, web, signum):
     tars = sorted(p.name for p in (store / "download").rglob("*.tar"))
     assert [n.split("-")[0] for n in ledgers] == ["000000"]
     assert [n.split("-")[0] for n in tars] == ["000000"]
+
+
+_STUCK = """
+import sys, time
+import flows.session as fs
+from tasks.formats.locks import RunLock
+from tasks.formats.storage import Storage
+
+fs.STOP_GRACE_S = 1.0
+with fs.stop_on_signals(fs.Session("local")):
+    with RunLock(Storage(sys.argv[1]), "ds", "stuck"):
+        print("held", flush=True)
+        try:
+            time.sleep(600)
+        except KeyboardInterrupt:  # a stop that never gets to release the lock
+            while True:
+                time.sleep(1)
+"""
+
+
+def test_a_run_whose_stop_hangs_is_ended_by_its_watchdog_and_frees_the_dataset(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STUCK, str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "held\n", proc.communicate()[1][-3000:]
+        assert (tmp_path / "ds" / "run.lock").exists()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert "did not stop within" in err
+    # The watchdog released the lock the stuck main thread still held: the next run need not
+    # wait for the dead pid to be noticed.
+    assert not (tmp_path / "ds" / "run.lock").exists()

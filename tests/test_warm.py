@@ -186,6 +186,12 @@ def test_a_signal_reaches_the_run_and_the_service_goes_on(tmp_path, web, service
     assert proc.returncode == 130, err[-3000:]
     assert "SIGINT: stopping" in err
     assert not (store / "run.lock").exists()
+    # Its slow fetches (600 s timeouts) no longer hold the shared workers: the run restarted the
+    # workers that ran them before it let go of the dataset, and the web sees them leave.
+    deadline = time.monotonic() + 30
+    while web.stats()["in_flight"]:
+        assert time.monotonic() < deadline, "the stopped run's fetches go on on the warm workers"
+        time.sleep(0.3)
     # A client killed outright: the service stops its run, which releases the lock.
     proc = _shardsmith(env, "run", str(recipe), "--phase", "download")
     deadline = time.monotonic() + 120
