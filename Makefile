@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	$(VENV)/bin/python -m compileall -q -j 0 cli flows tasks loaders deployments > /dev/null
 
-# Both datasets: the pretraining demo (corpus, loopback server, release with latents), then the
-# fine-tuning demo over the same images (conversations, tiles, packs, its own release).
+# Both datasets: the pretraining demo (corpus, loopback server, release with latents), the video
+# demo (short videos cut into clips, their own release), then the fine-tuning demo over the same
+# images (conversations, tiles, packs, its own release).
 demo: setup
 	$(VENV)/bin/shardsmith demo
+	$(VENV)/bin/shardsmith demo --video
 	$(VENV)/bin/python -m tasks.demo.finetune shardsmith-demo > /dev/null
 	SHARDSMITH_DEMO_DIR=$(CURDIR)/shardsmith-demo $(VENV)/bin/shardsmith run recipes/demo-finetune.yaml
 

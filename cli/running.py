@@ -207,6 +207,13 @@ def demo(
             help="Instead: make the example recipes' inputs from the demo's pictures and run every recipes/example-*.yaml to a release.",
         ),
     ] = False,
+    video: Annotated[
+        bool,
+        typer.Option(
+            "--video",
+            help="Instead: generate the video demo (short videos, a scene cut, a few bad files), serve it and run recipes/demo-video.yaml to a release of clips.",
+        ),
+    ] = False,
 ) -> None:
     """Generate a demo corpus, serve it on loopback, and run the demo recipe on it."""
     quiet_logs(verbose)
@@ -215,6 +222,9 @@ def demo(
     directory = directory.resolve()
     if examples:
         run_examples(directory, images, workers)
+        return
+    if video:
+        run_video_demo(directory, workers)
         return
     typer.echo(f"demo corpus: {directory}")
     server, expected = prepare_demo(directory, n=images)
@@ -240,6 +250,41 @@ def demo(
     for p in problems:
         typer.echo(f"  {p}")
     if not same or problems:
+        raise typer.Exit(1)
+
+
+def run_video_demo(directory: Path, workers: int | None) -> None:
+    """The video demo: its corpus served on loopback, recipes/demo-video.yaml run to a release,
+    and every row's fate in the release ledger checked against what the corpus planted."""
+    import pyarrow.parquet as pq
+
+    from flows.params import explicit_overrides
+    from flows.preflight import PHASES
+    from tasks.demo.video_corpus import fate_problems, prepare_video_demo
+
+    typer.echo(f"video demo: {directory}")
+    server, expected = prepare_video_demo(directory)
+    try:
+        typer.echo(f"serving it at {server.base_url}")
+        os.environ["SHARDSMITH_DEMO_DIR"] = str(directory)
+        with live_progress(True):
+            result = run_recipe(RECIPES / "demo-video.yaml", list(PHASES), explicit_overrides({}, workers=workers))
+    finally:
+        server.stop()
+    print_summary(result)
+    release = result.get("release")
+    names = list(expected["fates"])
+    problems = ["nothing was released"]
+    if release is not None:
+        ledger = pq.read_table(Path(release.path) / "ledger.parquet")
+        problems = fate_problems(expected, ledger.to_pylist(), names)
+    verdict = "matches" if not problems else "DIFFERS from"
+    typer.echo(
+        f"\nEvery video's fate {verdict} what the corpus planted: {directory / 'manifests' / 'VIDEO-EXPECTED.json'}"
+    )
+    for p in problems:
+        typer.echo(f"  {p}")
+    if problems:
         raise typer.Exit(1)
 
 

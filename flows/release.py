@@ -35,7 +35,7 @@ from tasks.stages.release import (
     set_latest,
     write_tables,
 )
-from tasks.stages.release_tables import release_tables
+from tasks.stages.release_tables import one_per_row, release_tables
 
 
 def _extra(
@@ -264,8 +264,14 @@ def release_flow(
     ).result()
     # The released samples come from the reshard ledgers, the ok rows from the samples table;
     # reconciling the download and validate ledgers' ok rows too would count a row per phase.
+    # A video's clips are one output of its row (the ledger has one fate per row already).
+    outputs = samples.select(["source", "row"])
+    if "video" in samples.column_names:
+        outputs = one_per_row(
+            samples.select(["source", "row", "video"]).append_column("status", pa.array(["ok"] * samples.num_rows))
+        )
     reconciled, run = reconcile(
-        storage, recipe, run, ledger, samples.select(["source", "row"]), download.counts.rows, len(shards), started
+        storage, recipe, run, ledger, outputs.select(["source", "row"]), download.counts.rows, len(shards), started
     )
 
     new = NewRelease.next(storage, recipe, fp, head, shards, reconciled)

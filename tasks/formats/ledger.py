@@ -42,6 +42,10 @@ COLUMNS: dict[str, pa.DataType] = {
     "caption_chars": pa.int32(),
     "pixel_sha256": pa.string(),  # exact-duplicate key: the normalised pixels
     "phash": pa.uint64(),  # near-duplicate key: 64-bit perceptual hash
+    # clips of a video source (tasks/video/): the source video's key and the clip's span in it
+    "video": pa.string(),
+    "start_s": pa.float32(),
+    "end_s": pa.float32(),
     # reshard
     "input_shard": pa.string(),  # the input shard a sample came from
     # precache: ``aligned``, the key DALI read is the key the image shard holds at that
@@ -93,6 +97,7 @@ LEDGER_SCHEMA = ledger_schema(
     *("shard", "bytes", "sha256", "offset", "length", "members"),
     *("url", "format", "http_status", "attempts", "detail", "origin"),
     *("license", "width", "height", "caption_chars", "pixel_sha256", "phash"),
+    *("video", "start_s", "end_s"),
 )
 # Reshard outputs (and census tables): ledgers plus the input shard each sample came from.
 RESHARD_SCHEMA = ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :], "input_shard")
@@ -134,6 +139,9 @@ class LedgerRow:
     caption_chars: int | None = None
     pixel_sha256: str | None = None
     phash: int | None = None
+    video: str | None = None
+    start_s: float | None = None
+    end_s: float | None = None
     status: str = field(init=False)
 
     def __post_init__(self) -> None:

@@ -89,27 +89,37 @@ REASONS: dict[str, tuple[str, str]] = {
         REJECTED,
         "the bytes are no video container shardsmith reads (sniffed, whatever the name or Content-Type says: an image named .mp4 is this); the detail names what they are",
     ),
-    "video_unsupported_container": (REJECTED, "a container outside video.containers (the detail names it)"),
-    "video_unsupported_codec": (REJECTED, "the video stream's codec is outside video.codecs (the detail names it)"),
+    "video_unsupported_container": (REJECTED, "a container outside validate.video.containers (the detail names it)"),
+    "video_unsupported_codec": (
+        REJECTED,
+        "the video stream's codec is outside validate.video.codecs (the detail names it)",
+    ),
     "video_no_video_stream": (REJECTED, "the container holds no video stream (audio only, subtitles only, or none)"),
-    "video_too_many_streams": (REJECTED, "more streams than video.max_streams are declared"),
+    "video_too_many_streams": (REJECTED, "more streams than validate.video.max_streams are declared"),
     "video_too_large": (
         REJECTED,
-        "declared width x height over video.max_width, video.max_height or video.max_pixels; never decoded",
+        "declared width x height over validate.video.max_width, max_height or max_pixels; never decoded",
     ),
     "video_too_long": (
         REJECTED,
-        "declared duration over video.max_duration_s, or declared frames over video.max_frames; never decoded",
+        "declared duration over validate.video.max_duration_s, or declared frames over validate.video.max_frames; never decoded",
     ),
-    "video_too_short": (REJECTED, "declared duration below video.min_duration_s (zero, or none declared)"),
+    "video_too_short": (REJECTED, "declared duration below validate.video.min_duration_s (zero, or none declared)"),
     "video_truncated": (
         REJECTED,
         "the container's index is missing (an mp4 without moov) or fewer frames are present than it declares (a cut download)",
     ),
     "undecodable_video": (REJECTED, "the demuxer or the decoder failed on the bytes (the detail says how)"),
+    "video_no_clips": (
+        REJECTED,
+        "no span of the video is validate.video.clips.min_s long (a scene shorter than that is no clip either)",
+    ),
     # clips (tasks/video/clips.py)
-    "clip_static": (REJECTED, "the clip barely moves: its mean frame difference is below video.clips.min_motion"),
-    "clip_black": (REJECTED, "the clip is (nearly) black: its mean level is below video.clips.min_luma"),
+    "clip_static": (
+        REJECTED,
+        "the clip barely moves: its mean frame difference is below validate.video.clips.min_motion",
+    ),
+    "clip_black": (REJECTED, "the clip is (nearly) black: its mean level is below validate.video.clips.min_luma"),
     # reshard (tasks/stages/reshard.py), and ingested shards (tasks/sources/)
     "incomplete_sample": (
         REJECTED,

@@ -98,6 +98,21 @@ class Recipe(Frozen):
             raise ValueError(f"source names must be unique, repeated: {', '.join(dupes)}")
         return self
 
+    @property
+    def has_video(self) -> bool:
+        """Some source's rows are videos (``media: video``)."""
+        return any(s.media == "video" for s in self.sources)
+
+    def download_for(self, source: str) -> DownloadConfig:
+        """The download settings of one source's rows: a video source keeps the video
+        containers ``validate.video`` accepts, under ``download.video_max_bytes``."""
+        cfg = next(s for s in self.sources if s.name == source)
+        if cfg.media != "video":
+            return self.download
+        return self.download.model_copy(
+            update={"allowed_formats": self.validate_.video.containers, "max_bytes": self.download.video_max_bytes}
+        )
+
     def config_hash(self, *parts: BaseModel) -> str:
         """Hash of the given stage configs, for output names that change when they change."""
         return digest_of(*(p.model_dump(mode="json") for p in parts))
@@ -106,9 +121,10 @@ class Recipe(Frozen):
         """Hash of what the recipe says the dataset is: where and how it runs (``execution``,
         ``storage``, ``storage_options`` with their credentials and file modes) is left out, so
         moving the store or adding workers makes no new release."""
-        blob = json.dumps(
-            self.model_dump(mode="json", exclude={"execution", "storage", "storage_options"}), sort_keys=True
-        )
+        exclude: dict[str, Any] = dict.fromkeys(("execution", "storage", "storage_options"), True)
+        if not self.has_video:  # video settings name no new release of a dataset without videos
+            exclude |= {"validate_": {"video"}, "download": {"video_max_bytes"}}
+        blob = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 

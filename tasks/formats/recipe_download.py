@@ -8,6 +8,14 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from tasks.formats.recipe_base import NAME_PATTERN, Frozen
+from tasks.video.clips import ClipConfig
+from tasks.video.probe import VideoLimits
+
+
+class VideoRules(VideoLimits):
+    """A video source's header limits (see ``VideoLimits``) and its clips (``clips``: see ``ClipConfig``)."""
+
+    clips: ClipConfig = ClipConfig()
 
 
 class SourceConfig(Frozen):
@@ -34,11 +42,15 @@ class SourceConfig(Frozen):
         image_column: the image bytes column of a ``parquet_images`` source.
         id_column: a column carried into each sample's json as the row's own id
             (``parquet_images``; for ``webdataset``, a field of the sample's json).
+        media: ``image`` (default) or ``video``: the rows are videos (mp4, webm, mkv), fetched
+            under ``download.video_max_bytes``, probed and cut into clips by
+            ``validate.video`` (tasks/video/); every clip becomes a sample.
     """
 
     name: str = Field(pattern=NAME_PATTERN)
     manifest: str = Field(min_length=1)
     kind: Literal["manifest", "webdataset", "parquet_images"] = "manifest"
+    media: Literal["image", "video"] = "image"
     image_column: str = "image"
     id_column: str | None = None
     format: Literal["auto", "csv", "tsv", "jsonl", "parquet"] = "auto"
@@ -110,7 +122,9 @@ class DownloadConfig(Frozen):
             ``X-Robots-Tag`` scopes.
         opt_out_directives: ``X-Robots-Tag`` directives that reject a sample as ``opted_out``.
         respect_robots_txt: fetch and honour robots.txt per host.
-        allowed_formats: image formats sniffed from the bytes that are kept.
+        allowed_formats: image formats sniffed from the bytes that are kept (a video source
+            keeps ``validate.video.containers``).
+        video_max_bytes: the body cap of a video source's rows. Default 512 MiB.
         shard_timeout_s: deadline for one shard's fetching. Rows still pending when it passes
             are recorded ``timeout`` (the detail says the shard deadline passed) and the shard
             commits. A backstop, not a pace: each request attempt has ``timeout_s`` already.
@@ -138,6 +152,7 @@ class DownloadConfig(Frozen):
     opt_out_directives: tuple[str, ...] = ("noai", "noimageai", "noml")
     respect_robots_txt: bool = False
     allowed_formats: tuple[str, ...] = ("jpeg", "png", "webp", "gif", "bmp", "tiff")
+    video_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
     shard_timeout_s: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600)
     network: NetworkConfig = NetworkConfig()
     keep_raw: bool = True
@@ -251,9 +266,12 @@ class ValidateConfig(Frozen):
         image: decoding limits, normalisation, resize and image rules.
         caption: caption cleanup and rules.
         dedup: exact and near-duplicate detection.
+        video: what a video source's videos may declare (probed from their headers before a
+            frame is decoded) and how they are cut into clips (``video.clips``).
     """
 
     license: LicensePolicy = LicensePolicy()
     image: ImageRules = ImageRules()
     caption: CaptionRules = CaptionRules()
     dedup: DedupConfig = DedupConfig()
+    video: VideoRules = VideoRules()

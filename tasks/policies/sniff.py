@@ -15,6 +15,10 @@ EXTENSIONS = {
     "heif": "heic",
 }
 
+# Video containers, sniffed by sniff_container; a source of videos (media: video) keeps these
+# (their member in a sample is named by the format).
+VIDEO_FORMATS = ("mp4", "webm", "mkv", "avi")
+
 # Things servers send instead of an image, named in details so a person sees what came back.
 _NOT_IMAGES = (
     (b"<!doctype html", "HTML"),
@@ -49,6 +53,19 @@ def sniff_format(data: bytes) -> str | None:
             return "avif"
         if brand in (b"heic", b"heix", b"mif1", b"msf1", b"heim", b"heis"):
             return "heif"
+    return None
+
+
+def sniff_container(data: bytes) -> str | None:
+    """The video container the bytes start with: ``mp4`` (ISO BMFF, also mov and m4v), ``webm``
+    or ``mkv`` (Matroska's DocType), ``avi``; None. Check :func:`sniff_format` first: AVIF and
+    HEIF images are ISO BMFF files too."""
+    if len(data) >= 12 and data[4:8] == b"ftyp":
+        return "mp4"
+    if data[:4] == b"\x1a\x45\xdf\xa3":
+        return "webm" if b"webm" in data[:64] else "mkv"
+    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
+        return "avi"
     return None
 
 
@@ -104,6 +121,8 @@ def bytes_verdict(data: bytes, allowed_formats: tuple[str, ...], content_type: s
     served = f"Content-Type {content_type}" if content_type else "no Content-Type"
     if not data:
         return Ruling(None, "empty_body", f"0 bytes ({served})")
+    if any(f in VIDEO_FORMATS for f in allowed_formats):
+        return container_verdict(data, allowed_formats, served)
     fmt = sniff_format(data)
     if fmt is None:
         return Ruling(None, "not_an_image", f"{describe_start(data)} ({len(data)} bytes, {served})")
@@ -114,4 +133,18 @@ def bytes_verdict(data: bytes, allowed_formats: tuple[str, ...], content_type: s
     cut = truncation(fmt, data)
     if cut is not None:
         return Ruling(fmt, "truncated_image", f"{cut} ({served})")
+    return Ruling(fmt)
+
+
+def container_verdict(data: bytes, allowed: tuple[str, ...], served: str | None = None) -> Ruling[str]:
+    """Bytes that should be a video: the container sniffed (an image or anything else is
+    ``not_a_video``, the detail says what it is), and whether it is ``allowed``; ``served``
+    (what the server called it) ends the detail. The probe reads the rest from the headers."""
+    tail = f" ({len(data)} bytes, {served})" if served else ""
+    image = sniff_format(data)
+    fmt = None if image else sniff_container(data)
+    if fmt is None:
+        return Ruling(None, "not_a_video", (f"a {image} image" if image else describe_start(data)) + tail)
+    if fmt not in allowed:
+        return Ruling(fmt, "video_unsupported_container", f"{fmt}; allowed: {', '.join(allowed)}{tail}")
     return Ruling(fmt)

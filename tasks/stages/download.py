@@ -26,20 +26,11 @@ def download_config_hash(recipe: Any) -> str:
     shards that are already committed.
     """
     cfg = recipe.download
-    return (
-        recipe.config_hash(cfg.network)
-        + ":"
-        + json.dumps(
-            [
-                cfg.max_bytes,
-                cfg.allowed_formats,
-                cfg.opt_out_directives,
-                cfg.respect_robots_txt,
-                cfg.max_redirects,
-                cfg.user_agent,
-            ]
-        )
-    )
+    kept = [cfg.max_bytes, cfg.allowed_formats, cfg.opt_out_directives, cfg.respect_robots_txt]
+    kept += [cfg.max_redirects, cfg.user_agent]
+    if recipe.has_video:  # only where there are videos: a recipe without them keeps its names
+        kept += [cfg.video_max_bytes, recipe.validate_.video.containers]
+    return recipe.config_hash(cfg.network) + ":" + json.dumps(kept)
 
 
 def shard_paths(dataset: str, ref: ChunkRef, config_hash: str) -> tuple[str, str]:
@@ -136,7 +127,7 @@ def download_verdict(row: dict[str, Any], fetched: Fetched, source: str) -> Verd
     data = fetched.data
     entry.bytes = len(data)
     entry.sha256 = hashlib.sha256(data).hexdigest()
-    members = {EXTENSIONS[fetched.format]: data, "json": _sample_json(row, key, source, entry)}
+    members = {EXTENSIONS.get(fetched.format, fetched.format): data, "json": _sample_json(row, key, source, entry)}
     if row["caption"] is not None:
         members["txt"] = row["caption"].encode("utf-8")
     return Verdict(entry.as_dict(), members)

@@ -2,12 +2,52 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from tasks.formats.ledger import read_parquet
 from tasks.formats.storage import Storage
 
 LEDGER_COLUMNS = ["key", "source", "row", "status", "reason"]
+_EMPTY_SAMPLES = pa.schema(
+    [("key", pa.string()), ("source", pa.string()), ("row", pa.int64()), ("offset", pa.int64())]
+    + [("length", pa.int64()), ("video", pa.string()), ("shard", pa.string())]
+)
+
+
+def _read(storage: Storage, rel: str, columns: list[str]) -> pa.Table:
+    """``columns`` of a ledger, and its ``video`` column (null where the ledger has none: no
+    clips, or written before clips were)."""
+    with storage.open(rel, "rb") as fh:
+        f = pq.ParquetFile(fh, pre_buffer=False)
+        has_video = "video" in f.schema_arrow.names
+        t = f.read(columns=columns + ["video"] if has_video else columns, use_threads=False)
+    return t if has_video else t.append_column("video", pa.nulls(t.num_rows, pa.string()))
+
+
+def one_per_row(table: pa.Table) -> pa.Table:
+    """One row per input row: a video's clips (rows with a ``video``, which share their video's
+    row) become their video's one fate: ok when any clip is ok (the first such), else the first
+    clip's. Rows without a ``video`` are left as they are."""
+    clips = pc.is_valid(table.column("video"))
+    if not pc.any(clips).as_py():
+        return table
+    rest, part = table.filter(pc.invert(clips)), table.filter(clips)
+    order = np.lexsort(
+        (
+            np.arange(part.num_rows),
+            part.column("status").to_numpy(zero_copy_only=False) != "ok",
+            part.column("row").to_numpy(zero_copy_only=False),
+            part.column("source").to_numpy(zero_copy_only=False).astype(str),
+        )
+    )
+    part = part.take(pa.array(order))
+    source = part.column("source").to_numpy(zero_copy_only=False).astype(str)
+    row = part.column("row").to_numpy(zero_copy_only=False)
+    first = np.ones(part.num_rows, bool)
+    first[1:] = (source[1:] != source[:-1]) | (row[1:] != row[:-1])
+    return pa.concat_tables([rest, part.filter(pa.array(first))])
 
 
 def release_tables(
@@ -18,12 +58,13 @@ def release_tables(
     incomplete: list[pa.Table],
     curate_ledgers: list[str] | None = None,
 ) -> tuple[pa.Table, pa.Table]:
-    """(samples, ledger): where each released sample is, and every manifest row's final fate."""
+    """(samples, ledger): where each released sample is (every clip of a video), and every
+    manifest row's final fate (one per row: a video's clips are one fate, see ``one_per_row``)."""
     samples = []
     for name, ledger in outputs:
-        t = read_parquet(storage, ledger, ["key", "source", "row", "offset", "length"])
+        t = _read(storage, ledger, ["key", "source", "row", "offset", "length"])
         samples.append(t.append_column("shard", pa.array([name] * t.num_rows, pa.string())))
-    samples_t = pa.concat_tables(samples) if samples else pa.table({"key": pa.array([], pa.string())})
+    samples_t = pa.concat_tables(samples) if samples else _EMPTY_SAMPLES.empty_table()
     parts = []
     for phase, ledgers in (
         ("download", download_ledgers),
@@ -31,14 +72,23 @@ def release_tables(
         ("curate", curate_ledgers or []),
     ):
         for rel in ledgers:
-            t = read_parquet(storage, rel, LEDGER_COLUMNS)
-            t = t.filter(pa.compute.not_equal(t.column("status"), "ok"))
+            t = _read(storage, rel, LEDGER_COLUMNS)
+            t = t.filter(pc.not_equal(t.column("status"), "ok"))
             parts.append(t.append_column("phase", pa.array([phase] * t.num_rows, pa.string())))
     for t in incomplete:
         t = t.select(LEDGER_COLUMNS)
+        t = t.append_column("video", pa.nulls(t.num_rows, pa.string()))
         parts.append(t.append_column("phase", pa.array(["reshard"] * t.num_rows, pa.string())))
     ok = samples_t.select(["key", "source", "row"])
     ok = ok.append_column("status", pa.array(["ok"] * ok.num_rows, pa.string()))
     ok = ok.append_column("reason", pa.array([None] * ok.num_rows, pa.string()))
+    ok = ok.append_column("video", samples_t.column("video"))
     parts.append(ok.append_column("phase", pa.array(["release"] * ok.num_rows, pa.string())))
-    return samples_t, pa.concat_tables(parts)
+    ledger = one_per_row(pa.concat_tables(parts))
+    if (
+        not pc.any(pc.is_valid(samples_t.column("video"))).as_py()
+        and not pc.any(pc.is_valid(ledger.column("video"))).as_py()
+    ):
+        # No clips: the tables of a release of images, as they were before videos came.
+        return samples_t.drop_columns(["video"]), ledger.drop_columns(["video"])
+    return samples_t, ledger

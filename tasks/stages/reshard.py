@@ -30,7 +30,13 @@ INCOMPLETE = "incomplete_sample"
 METADATA_KEY = b"shardsmith.reshard"
 
 _INPUT_COLUMNS = ["key", "source", "row", "status", "offset", "length", "members"]
-_CARRIED_COLUMNS = ["bytes", "sha256"]  # copied to the output ledger when the input has them
+_CARRIED_COLUMNS = [
+    "bytes",
+    "sha256",
+    "video",
+    "start_s",
+    "end_s",
+]  # copied to the output ledger when the input has them
 RESHARD_SCHEMA_INPUT = pa.schema([RESHARD_SCHEMA.field(c) for c in _INPUT_COLUMNS + _CARRIED_COLUMNS])
 
 PLAN_VERSION = 1  # bump when planning changes, so outputs get new names

@@ -213,6 +213,7 @@ class _Written:
             "status": pa.array(np.full(n, OK, object), pa.string()),
             "shard": pa.array(np.full(n, output.name, object), pa.string()),
             "sha256": picked.column("sha256"),
+            **{name: picked.column(name) for name in ("video", "start_s", "end_s")},  # a clip's video and span
             "input_shard": pa.array(np.array([s.tar for s in output.inputs], object)[self.slots], pa.string()),
         }
         meta = {"index": output.index, "samples": n, "bytes": self.size, "sha256": self.sha256, "check": self.check}

@@ -141,8 +141,14 @@ class ShardRun:
             yield self
             self.writer.close()
 
-    def add(self, verdict: Verdict) -> SampleRecord | None:
-        """Write the sample when the verdict keeps one; its ledger row in any case."""
+    def add(self, verdict: Verdict | list[Verdict]) -> SampleRecord | None:
+        """Write the sample when the verdict keeps one; its ledger row in any case. A list of
+        verdicts (the clips of one video) adds each; the last record is returned."""
+        if isinstance(verdict, list):
+            last = None
+            for one in verdict:
+                last = self.add(one)
+            return last
         row, rec = verdict.row, None
         key = verdict.key or row["key"]
         if verdict.members is not None or verdict.copy is not None:
@@ -187,8 +193,8 @@ class LedgerRun(ShardRun):
     def writing(self) -> Iterator[ShardRun]:
         yield self
 
-    def add(self, verdict: Verdict) -> SampleRecord | None:
-        self.rows.append(verdict.row)
+    def add(self, verdict: Verdict | list[Verdict]) -> SampleRecord | None:
+        self.rows.extend(v.row for v in (verdict if isinstance(verdict, list) else [verdict]))
         return None
 
 

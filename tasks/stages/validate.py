@@ -22,7 +22,7 @@ from tasks.formats.tar_reader import ShardError
 from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
 from tasks.policies.licenses import license_verdict
-from tasks.policies.sniff import EXTENSIONS
+from tasks.policies.sniff import EXTENSIONS, VIDEO_FORMATS
 from tasks.stages.dedup import DEDUP_COLUMNS, duplicates_by_table, final_paths, finalize_shard, find_duplicates
 from tasks.stages.runner import DECIDE_FAILED, ShardResult, Verdict, failure_detail, run_shard
 
@@ -52,7 +52,8 @@ def stage_hash(*parts: Any) -> str:
 def candidate_config_hash(recipe: Any) -> str:
     """Hash of the validation settings that change what a candidate shard holds (dedup decides later)."""
     cfg = recipe.validate_
-    return recipe.config_hash(cfg.license, cfg.image, cfg.caption)
+    # The video rules only where there are videos: a recipe without them keeps its names.
+    return recipe.config_hash(cfg.license, cfg.image, cfg.caption, *([cfg.video] if recipe.has_video else []))
 
 
 def candidate_paths(dataset: str, source: str, index: int, download_tar: str, config_hash: str) -> tuple[str, str]:
@@ -100,8 +101,11 @@ class Judge:
             self._taken[reason] += 1
             return True
 
-    def __call__(self, item: Item) -> Verdict:
+    def __call__(self, item: Item) -> Verdict | list[Verdict]:
         key, members, down = item
+        video = next((ext for ext in members if ext in VIDEO_FORMATS), None)
+        if video is not None:  # a video source's sample: its clips
+            return _judge_video(key, members, down, self.cfg, video)
         row, out, thumbnail = _judge(key, members, down, self)
         if thumbnail is not None:
             with self._lock:
@@ -195,6 +199,47 @@ def validate_shard(
     return judge.run(storage, tar_rel, table_rel, samples, source, index, check=all_there)
 
 
+def _text_checks(
+    members: dict[str, bytes], down: dict[str, Any], cfg: ValidateConfig
+) -> tuple[dict[str, Any], str | None, str | None, str | None, str | None]:
+    """The sample's json, normalised license and cleaned caption, and the first refusal (reason,
+    detail) of the two: the license is judged first, its refusal is the row's whatever the caption."""
+    meta = json.loads(members.get("json", b"{}"))
+    licensed = license_verdict(meta.get("license"), down["source"], cfg.license)
+    captioned = caption_verdict(
+        meta.get("caption", members.get("txt", b"").decode("utf-8", "replace") or None), cfg.caption
+    )
+    first = licensed if not licensed.ok else captioned
+    return meta, licensed.value, captioned.value, first.reason, first.detail
+
+
+def _base_row(key: str, down: dict[str, Any], spdx: str | None, caption: str | None, reason, detail) -> dict[str, Any]:
+    return LedgerRow(
+        key=key,
+        source=down["source"],
+        row=down["row"],
+        reason=reason,
+        url=down["url"],
+        detail=detail,
+        license=spdx,
+        caption_chars=len(caption) if caption else None,
+        origin=down.get("origin"),
+    ).as_dict()
+
+
+def _judge_video(
+    key: str, members: dict[str, bytes], down: dict[str, Any], cfg: ValidateConfig, ext: str
+) -> list[Verdict]:
+    """A video's clips as samples (tasks/video/samples.py), or its one refused row."""
+    meta, spdx, caption, reason, detail = _text_checks(members, down, cfg)
+    row = _base_row(key, down, spdx, caption, reason, detail)
+    if reason is not None:
+        return [Verdict(row)]
+    from tasks.video.samples import judge_video
+
+    return [Verdict(r, m) for r, m in judge_video(key, members[ext], meta, row, cfg.video, caption)]
+
+
 def _judge(
     key: str, members: dict[str, bytes], down: dict[str, Any], judge: Judge
 ) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
@@ -203,16 +248,8 @@ def _judge(
     Cheap checks (license, caption) come before decoding the image.
     """
     cfg = judge.cfg
-    meta = json.loads(members.get("json", b"{}"))
+    meta, spdx, caption, reason, detail = _text_checks(members, down, cfg)
     image_ext = next((ext for ext in members if ext in IMAGE_EXTS), None)
-    licensed = license_verdict(meta.get("license"), down["source"], cfg.license)
-    captioned = caption_verdict(
-        meta.get("caption", members.get("txt", b"").decode("utf-8", "replace") or None), cfg.caption
-    )
-    spdx, caption = licensed.value, captioned.value
-    # The license is judged first: its refusal is the row's, whatever the caption.
-    first = licensed if not licensed.ok else captioned
-    reason, detail = first.reason, first.detail
     if reason is None and image_ext is None:
         reason, detail = "not_an_image", f"no image member in the sample (members: {', '.join(sorted(members))})"
     want_thumb = reason is not None and judge.want_thumbnail(reason)
@@ -226,17 +263,7 @@ def _judge(
             want_thumb = judge.want_thumbnail(reason)
             if want_thumb:
                 outcome = process_image(members[image_ext], cfg.image, thumbnail=True)
-    row = LedgerRow(
-        key=key,
-        source=down["source"],
-        row=down["row"],
-        reason=reason,
-        url=down["url"],
-        detail=detail,
-        license=spdx,
-        caption_chars=len(caption) if caption else None,
-        origin=down.get("origin"),
-    ).as_dict()
+    row = _base_row(key, down, spdx, caption, reason, detail)
     thumbnail = None
     if outcome is not None:
         row.update(

@@ -199,14 +199,20 @@ def _judge(sig: Signals, cfg: ClipConfig, index: int, first: int, end: int, scen
     return Clip(index, first, end, start_s, round(end_s, 3), scene, motion, luma, hashes, reason, detail)
 
 
+def clip_size(info: VideoInfo, cfg: ClipConfig) -> tuple[int, int]:
+    """A transcoded clip's width and height: the long side at most ``max_side``, never
+    upscaled, both even (H.264's 4:2:0 needs them so)."""
+    scale = min(1.0, cfg.max_side / max(info.width, info.height))
+    return max(2, int(info.width * scale) // 2 * 2), max(2, int(info.height * scale) // 2 * 2)
+
+
 class _ClipWriter:
     """One clip's H.264 encoder into an mp4 file whose index comes first (readers can stream it)."""
 
     def __init__(self, info: VideoInfo, clip: Clip, cfg: ClipConfig):
         import av
 
-        scale = min(1.0, cfg.max_side / max(info.width, info.height))
-        self.w, self.h = max(2, int(info.width * scale) // 2 * 2), max(2, int(info.height * scale) // 2 * 2)
+        self.w, self.h = clip_size(info, cfg)
         self.rate = cfg.fps or info.fps or 25.0
         self.source_fps = info.fps or self.rate
         self.clip = clip

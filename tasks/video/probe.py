@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.policies.ruling import Ruling
-from tasks.policies.sniff import describe_start, sniff_format
+from tasks.policies.sniff import container_verdict
 
 # Container names as FFmpeg's demuxers call them, and the sniffed families they read.
 CONTAINERS = {"mp4": "mov", "webm": "matroska", "mkv": "matroska", "avi": "avi"}
@@ -79,29 +79,14 @@ class VideoInfo:
     streams: int
 
 
-def sniff_container(data: bytes) -> str | None:
-    """``mp4``, ``webm``/``mkv`` (Matroska's DocType), ``avi``, or None."""
-    if len(data) >= 12 and data[4:8] == b"ftyp":
-        return "mp4"
-    if data[:4] == b"\x1a\x45\xdf\xa3":
-        return "webm" if b"webm" in data[:64] else "mkv"
-    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
-        return "avi"
-    return None
-
-
 def probe(data: bytes, limits: VideoLimits) -> Ruling[VideoInfo]:
     """The video's header facts, or the first limit it breaks (a stable reason and a detail)."""
     if not data:
         return Ruling(reason="not_a_video", detail="no bytes")
-    image = sniff_format(data)  # first: AVIF and HEIF images are ISO BMFF files too
-    container = None if image else sniff_container(data)
-    if container is None:
-        return Ruling(reason="not_a_video", detail=f"a {image} image" if image else describe_start(data))
-    if container not in limits.containers:
-        return Ruling(
-            reason="video_unsupported_container", detail=f"{container}; allowed: {', '.join(limits.containers)}"
-        )
+    sniffed = container_verdict(data, limits.containers)
+    if sniffed.reason is not None or sniffed.value is None:
+        return Ruling(reason=sniffed.reason, detail=sniffed.detail)
+    container = sniffed.value
     import av
 
     try:

@@ -27,11 +27,14 @@ class ClipOut:
 
 
 def clip_key(video_key: str, index: int) -> str:
-    return f"{video_key}.c{index:03d}"
+    return f"{video_key}_c{index:03d}"
 
 
-def process_video(key: str, data: bytes, limits: VideoLimits, cfg: ClipConfig) -> tuple[dict[str, Any], list[ClipOut]]:
-    """The video's row and its clips (none when the video is refused)."""
+def process_video(
+    key: str, data: bytes, limits: VideoLimits, cfg: ClipConfig, side: int = 160
+) -> tuple[dict[str, Any], list[ClipOut]]:
+    """The video's row and its clips (none when the video is refused); each kept clip's
+    keyframe (its middle frame) is a JPEG whose long side is ``side``."""
     ruling = probe(data, limits)
     if ruling.reason is not None or ruling.value is None:
         return _video_row(key, len(data), None, ruling.reason, ruling.detail), []
@@ -39,7 +42,7 @@ def process_video(key: str, data: bytes, limits: VideoLimits, cfg: ClipConfig) -
     try:
         sig = signals(data, info)
         clips = cut(sig, info, cfg)
-        files = render(data, info, [c for c in clips if c.reason is None], cfg)  # one more decode pass
+        files = render(data, info, [c for c in clips if c.reason is None], cfg, side)  # one more decode pass
         outs = [_clip(key, clip, files.get(clip.index)) for clip in clips]
     except Exception as err:  # noqa: BLE001 - FFmpeg's errors, whatever they are: the video's reason
         return _video_row(key, len(data), info, "undecodable_video", f"{type(err).__name__}: {err}"), []

@@ -1,0 +1,104 @@
+"""A video sample judged at validation: its clips as samples (mp4, keyframe, json, txt), or the video's refusal.
+
+What the ledger gets: a video that gave clips is accounted for by its clips' rows, every one
+naming the video (``video``) and its span (``start_s``, ``end_s``), kept or refused
+(``clip_static``, ``clip_black``, ``duplicate_of:<clip key>``); a video that gave none has one
+row of its own with the reason (the probe's, ``video_no_clips``, ``undecodable_video``). So a
+video is never lost between the download ledger, which has its row, and the clips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from tasks.formats.reasons import status_of
+from tasks.formats.recipe_download import VideoRules
+from tasks.video.clips import clip_size
+from tasks.video.probe import VideoInfo
+from tasks.video.process import ClipOut, process_video
+
+# What a clip's sample and row say of the video it was cut from (``video_`` + the field).
+_SOURCE_FACTS = ("container", "codec", "width", "height", "fps", "duration_s", "frames", "rotation", "audio")
+
+
+def judge_video(
+    key: str, data: bytes, meta: dict[str, Any], row: dict[str, Any], cfg: VideoRules, caption: str | None
+) -> list[tuple[dict[str, Any], dict[str, bytes] | None]]:
+    """The (ledger row, members or None) of every clip of the video under ``key``, or of the video alone.
+
+    ``meta`` is the downloaded sample's json and ``row`` the ledger row its license and caption
+    checks made (source, row, url, license ...); ``caption`` the cleaned caption, or None.
+    """
+    video, clips = process_video(key, data, cfg, cfg.clips, side=max(cfg.clips.max_side, 16))
+    if video["reason"] is None and not clips:
+        video.update(reason="video_no_clips", detail=f"{video['duration_s']:.2f} s, clips.min_s {cfg.clips.min_s:g}")
+    if video["reason"] is not None or not clips:
+        out = {**row, "reason": video["reason"], "detail": video["detail"], "status": status_of(video["reason"])}
+        out.update(format=video["container"], width=video["width"], height=video["height"], bytes=len(data))
+        return [(out, None)]
+    info = VideoInfo(**{f: video[f] for f in VideoInfo.__slots__})
+    width, height = clip_size(info, cfg.clips)
+    return [_clip(c, key, meta, row, info, (width, height), cfg, caption) for c in clips]
+
+
+def _clip(
+    clip: ClipOut,
+    video_key: str,
+    meta: dict[str, Any],
+    row: dict[str, Any],
+    info: VideoInfo,
+    size: tuple[int, int],
+    cfg: VideoRules,
+    caption: str | None,
+) -> tuple[dict[str, Any], dict[str, bytes] | None]:
+    c = clip.row
+    # Exact duplicates across the dataset (the same video at two URLs): the clip's frame hashes.
+    content = hashlib.sha256("".join(c["hashes"]).encode()).hexdigest()
+    out = {
+        **row,
+        "key": c["key"],
+        "status": c["status"],
+        "reason": c["reason"],
+        "detail": c["detail"],
+        "video": video_key,
+        "start_s": c["start_s"],
+        "end_s": c["end_s"],
+        "pixel_sha256": content,
+    }
+    if clip.mp4 is None or clip.jpg is None:
+        return out, None
+    sha = hashlib.sha256(clip.mp4).hexdigest()
+    out.update(format="mp4", width=size[0], height=size[1], bytes=len(clip.mp4), sha256=sha)
+    sample = {
+        **meta,
+        "key": c["key"],
+        "video": video_key,
+        "start_s": c["start_s"],
+        "end_s": c["end_s"],
+        "duration_s": round(c["end_s"] - c["start_s"], 3),
+        "scene": c["scene"],
+        "motion": c["motion"],
+        "luma": c["luma"],
+        "caption": caption,
+        "license": row["license"],
+        "license_raw": meta.get("license"),
+        "width": size[0],
+        "height": size[1],
+        "fps": cfg.clips.fps or info.fps,
+        "format": "mp4",
+        "bytes": len(clip.mp4),
+        "sha256": sha,
+        "src_sha256": meta.get("sha256"),
+        "content_sha256": content,
+        **{f"video_{f}": getattr(info, f) for f in _SOURCE_FACTS},
+    }
+    members = {
+        "mp4": clip.mp4,
+        "jpg": clip.jpg,
+        "json": json.dumps(sample, ensure_ascii=False, sort_keys=True).encode(),
+    }
+    if caption is not None:
+        members["txt"] = caption.encode("utf-8")
+    return out, members

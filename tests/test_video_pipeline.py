@@ -1,0 +1,158 @@
+"""Video sources through the real CLI: a manifest of video URLs on loopback becomes a release of clips; hostile files end as one row each."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import av
+import pyarrow.parquet as pq
+import pytest
+from test_video_hostile import _hostile
+from video_fixtures import make_video, scene
+
+from tasks.demo.webserver import ImageWeb
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _cli(*args: str, api_url: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDSMITH_") or k == "SHARDSMITH_WARM"}
+    env["PREFECT_API_URL"] = api_url
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+def _release(tmp_path: Path, files: dict[str, bytes], api_url: str, clips: str = "{min_s: 1, max_s: 2}"):
+    """Serve ``files``, run their manifest to a release; (the manifest's names in row order, the store)."""
+    web_root = tmp_path / "web"
+    web_root.mkdir()
+    for name, data in files.items():
+        (web_root / name).write_bytes(data)
+    server = ImageWeb(root=web_root)
+    server.start()
+    try:
+        names = [*files, "missing.mp4"]
+        manifest = tmp_path / "m.csv"
+        rows = [f"{server.url('/img/' + n)},a clip of {n},CC0-1.0" for n in names]
+        manifest.write_text("url,caption,license\n" + "\n".join(rows) + "\n")
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(
+            f"""dataset: vids
+storage: {tmp_path / "store"}
+sources:
+  - {{name: v, manifest: {manifest}, media: video, rows_per_shard: 8}}
+download:
+  retries: 0
+  network: {{allowed_networks: ["127.0.0.1/32"], any_port: true}}
+validate:
+  license: {{review: {{reviewed_by: tests, reviewed_on: 2026-12-01}}}}
+  video: {{clips: {clips}}}
+reshard: {{samples_per_shard: 3}}
+gates:
+  download: {{min_success_rate: 0.1}}
+  validate: {{max_reject_rate: 0.95}}
+execution: {{cluster: local, workers: 1}}
+"""
+        )
+        done = _cli("run", str(recipe), api_url=api_url)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    return names, tmp_path / "store" / "vids"
+
+
+def _fates(store: Path, names: list[str]) -> dict[str, tuple[str, str | None]]:
+    ledger = pq.read_table(store / "releases" / "v0001" / "ledger.parquet").to_pylist()
+    rows = sorted(r["row"] for r in ledger)
+    assert rows == list(range(len(names))), "every manifest row ends as exactly one row"
+    return {names[r["row"]]: (r["status"], r["reason"]) for r in ledger}
+
+
+def test_a_manifest_of_videos_is_released_as_clips_with_every_video_accounted_for(tmp_path, prefect_api_url):
+    cut = make_video(seconds=4, fps=10, size=(128, 72), cut_at=2.0)
+    files = {
+        "cut.mp4": cut,
+        "plain.webm": make_video(seconds=3, fps=10, size=(128, 72), container="webm", codec="libvpx-vp9"),
+        "still.mp4": make_video(seconds=3, fps=10, size=(128, 72), draw=lambda i, t: scene("still", i, (128, 72))),
+        "short.mp4": make_video(seconds=0.5, fps=10, size=(128, 72)),
+        "copy.mp4": cut,  # the same video at another URL: its clips are exact duplicates
+    }
+    names, store = _release(tmp_path, files, prefect_api_url)
+    fates = _fates(store, names)
+    assert fates["cut.mp4"] == ("ok", None)
+    assert fates["plain.webm"] == ("ok", None)
+    assert fates["still.mp4"] == ("rejected", "clip_static")
+    assert fates["short.mp4"] == ("rejected", "video_no_clips")
+    assert fates["copy.mp4"][1].startswith("duplicate_of:v-000000000_c")
+    assert fates["missing.mp4"] == ("error", "http_404")
+
+    # Released samples are clips: mp4 + keyframe + json + txt, each naming its video and span.
+    samples = pq.read_table(store / "releases" / "v0001" / "samples.parquet").to_pylist()
+    assert sorted(s["key"] for s in samples) == [
+        "v-000000000_c000",
+        "v-000000000_c001",
+        "v-000000001_c000",
+        "v-000000001_c001",
+    ]
+    assert {s["video"] for s in samples} == {"v-000000000", "v-000000001"}
+    members: dict[str, dict[str, bytes]] = {}
+    for tar in sorted((store / "releases" / "v0001").glob("*.tar")):
+        with tarfile.open(tar) as tf:
+            for m in tf.getmembers():
+                key, ext = m.name.split(".", 1)
+                members.setdefault(key, {})[ext] = tf.extractfile(m).read()
+    clip = members["v-000000000_c001"]
+    assert sorted(clip) == ["jpg", "json", "mp4", "txt"]
+    meta = json.loads(clip["json"])
+    assert (meta["video"], meta["start_s"], meta["end_s"]) == ("v-000000000", 2.0, 4.0)
+    assert meta["video_codec"] == "h264" and meta["caption"] == "a clip of cut.mp4"
+    with av.open(io.BytesIO(clip["mp4"])) as box:
+        frames = [f.to_ndarray(format="rgb24") for f in box.decode(video=0)]
+    assert len(frames) == 20  # two seconds at the source's 10 fps
+    # The second scene (a blue square on yellow) is what the clip holds, not the first.
+    r, g, b = frames[0][2:8, 2:8].reshape(-1, 3).mean(axis=0)
+    assert r > 150 and g > 130 and b < 100
+
+
+def test_hostile_videos_through_the_cli_end_as_one_row_each_and_the_run_releases_the_rest(tmp_path, prefect_api_url):
+    cases = _hostile()
+    names, store = _release(tmp_path, {n: d for n, (d, _) in cases.items()}, prefect_api_url, clips="{min_s: 1}")
+    fates = _fates(store, names)
+    for name, (_, reason) in cases.items():
+        status, got = fates[name]
+        if name == "good.mp4":
+            assert (status, got) == ("ok", None)
+        elif reason is None:  # the same frames as good.mp4, whatever the name or where the index is
+            assert got.startswith("duplicate_of:"), (name, got)
+        elif name == "empty.mp4":
+            assert got == "empty_body"  # refused at download, before any sniffing
+        else:
+            assert got == reason, (name, got)
+
+
+def test_the_video_demo_releases_clips_and_every_row_has_the_fate_its_corpus_planted(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "demo", "--video", "--dir", str(tmp_path / "demo"), "--workers", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "Every video's fate matches what the corpus planted" in out.stdout
+    release = tmp_path / "demo" / "store" / "demo-video" / "releases" / "v0001"
+    expected = json.loads((tmp_path / "demo" / "manifests" / "VIDEO-EXPECTED.json").read_text())
+    ledger = pq.read_table(release / "ledger.parquet").to_pylist()
+    assert len(ledger) == expected["rows"] == 12
+    assert sum(r["status"] == "ok" for r in ledger) == 4
+    assert (release / "index.json").exists() and list(release.glob("*.tar"))
