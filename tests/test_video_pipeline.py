@@ -156,3 +156,75 @@ def test_the_video_demo_releases_clips_and_every_row_has_the_fate_its_corpus_pla
     assert len(ledger) == expected["rows"] == 12
     assert sum(r["status"] == "ok" for r in ledger) == 4
     assert (release / "index.json").exists() and list(release.glob("*.tar"))
+
+
+def _video2dataset_shard(folder: Path, rows: list[dict]) -> None:
+    """A shard as video2dataset's webdataset writer leaves it: ``00000.tar`` of the written rows
+    ({key}.mp4, .txt, .json with its meta) and ``00000.parquet`` with every row's meta (url,
+    key, status, error_message, caption ...), failures included."""
+    metas, members = [], []
+    for i, r in enumerate(rows):
+        key = f"00000{i:04d}"
+        ok = r.get("status", "success") == "success"
+        meta = {
+            "url": r["url"], "key": key, "status": "success" if ok else r["status"], "caption": r["caption"],
+            "error_message": None if ok else "HTTP Error 403: Forbidden", "license": "CC-BY-4.0",
+            "duration": 4.0 if ok else None,
+        }  # fmt: skip
+        metas.append(meta)
+        if ok:
+            members += [(f"{key}.mp4", r["mp4"]), (f"{key}.txt", r["caption"].encode()), (f"{key}.json", json.dumps(meta, indent=4).encode())]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    (folder / "00000.tar").write_bytes(buf.getvalue())
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(metas), folder / "00000.parquet")
+
+
+def test_video2dataset_shards_are_ingested_as_videos_and_released_as_clips(tmp_path, prefect_api_url):
+    shards = tmp_path / "v2d"
+    shards.mkdir()
+    cut = make_video(seconds=4, fps=10, size=(128, 72), cut_at=2.0)
+    _video2dataset_shard(
+        shards,
+        [
+            {"url": "https://example.org/a.mp4", "caption": "two scenes", "mp4": cut},
+            {"url": "https://example.org/b.mp4", "caption": "never fetched", "status": "failed_to_download"},
+            {"url": "https://example.org/c.mp4", "caption": "not a video", "mp4": b"<html>gone</html>"},
+        ],
+    )
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"""dataset: v2d
+storage: {tmp_path / "store"}
+sources:
+  - {{name: old, manifest: {shards}, kind: webdataset, media: video}}
+validate:
+  license: {{review: {{reviewed_by: tests, reviewed_on: 2026-12-01}}}}
+  video: {{clips: {{min_s: 1, max_s: 2}}}}
+gates:
+  download: {{min_success_rate: 0.3}}
+execution: {{cluster: local, workers: 1}}
+"""
+    )
+    done = _cli("run", str(recipe), api_url=prefect_api_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    release = tmp_path / "store" / "v2d" / "releases" / "v0001"
+    ledger = sorted(pq.read_table(release / "ledger.parquet").to_pylist(), key=lambda r: r["row"])
+    assert [(r["status"], r["reason"]) for r in ledger] == [
+        ("ok", None),
+        ("error", "upstream_failed"),
+        ("rejected", "not_a_video"),
+    ]
+    video = ledger[0]["key"]
+    samples = pq.read_table(release / "samples.parquet").to_pylist()
+    assert sorted(s["key"] for s in samples) == [f"{video}_c000", f"{video}_c001"]
+    with tarfile.open(next(release.glob("*.tar"))) as tf:
+        meta = json.loads(tf.extractfile(f"{video}_c001.json").read())
+    assert meta["url"] == "https://example.org/a.mp4" and meta["caption"] == "two scenes"
+    assert meta["upstream"]["duration"] == 4.0 and (meta["start_s"], meta["end_s"]) == (2.0, 4.0)

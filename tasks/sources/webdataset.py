@@ -1,4 +1,4 @@
-"""Existing WebDataset shards (img2dataset's layout included) as a source: one tar in, a row for each of its samples (and of its side file's rows) out, as the download stage takes them."""
+"""Existing WebDataset shards (img2dataset's and video2dataset's layouts included) as a source: one tar in, a row for each of its samples (and of its side file's rows) out, as the download stage takes them."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from tasks.stages.fetched import Fetched, judge
 
 # Image members in the order one is picked when a sample has several (webdataset's names).
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "avif", "heic", "heif", "img", "image")
+# A video source's members (``media: video``; video2dataset writes ``mp4``, beside ``m4a`` audio).
+VIDEO_EXTENSIONS = ("mp4", "webm", "mkv", "mov", "m4v", "avi", "video")
 # The reader's hard cap on one member: a larger one ends the shard (tasks.formats.shards); members
 # between download.max_bytes and this are skipped unread and refused one sample at a time.
 MAX_MEMBER_BYTES = 1 << 30
@@ -157,7 +159,8 @@ class ShardIngest:
 
     def _upstream(self, index: int, side_row: Row) -> str:
         parquet = posixpath.basename(side_file(self.ref.path) or "")
-        return f"img2dataset status {shown(str(side_row.get('status')))} ({parquet}:{index + 1})"
+        tool = "video2dataset" if self.source.media == "video" else "img2dataset"
+        return f"{tool} status {shown(str(side_row.get('status')))} ({parquet}:{index + 1})"
 
     def _field(self, name: str | None, meta: dict[str, Any] | None, upstream: Row | None) -> str | None:
         if name is None:
@@ -210,12 +213,14 @@ class ShardIngest:
         where = f"; {self._upstream(index, upstream)}" if upstream is not None else (f"; {note}" if note else "")
         if sample.reason is not None:
             return Fetched(reason=sample.reason, detail=sample.detail + where)
-        ext = next((e for e in sample.members if e.lower() in IMAGE_EXTENSIONS), None)
+        video = self.source.media == "video"
+        wanted = VIDEO_EXTENSIONS if video else IMAGE_EXTENSIONS
+        ext = next((e for e in sample.members if e.lower() in wanted), None)
         if ext is None:
             has = ", ".join(shown(e, 40) or "(no extension)" for e in sample.members)
             return Fetched(
                 reason="incomplete_sample",
-                detail=f"no image member ({', '.join(IMAGE_EXTENSIONS[:4])}, ...); has: {has}" + where,
+                detail=f"no {'video' if video else 'image'} member ({', '.join(wanted[:4])}, ...); has: {has}" + where,
             )
         data = sample.members[ext]
         if data is None or len(data) > self.cfg.max_bytes:

@@ -28,8 +28,8 @@ def _read(storage: Storage, rel: str, columns: list[str]) -> pa.Table:
 
 def one_per_row(table: pa.Table) -> pa.Table:
     """One row per input row: a video's clips (rows with a ``video``, which share their video's
-    row) become their video's one fate: ok when any clip is ok (the first such), else the first
-    clip's. Rows without a ``video`` are left as they are."""
+    row) become their video's one fate, under its key: ok when any clip is ok, else the first
+    clip's reason. Rows without a ``video`` are left as they are."""
     clips = pc.is_valid(table.column("video"))
     if not pc.any(clips).as_py():
         return table
@@ -47,7 +47,10 @@ def one_per_row(table: pa.Table) -> pa.Table:
     row = part.column("row").to_numpy(zero_copy_only=False)
     first = np.ones(part.num_rows, bool)
     first[1:] = (source[1:] != source[:-1]) | (row[1:] != row[:-1])
-    return pa.concat_tables([rest, part.filter(pa.array(first))])
+    part = part.filter(pa.array(first))
+    if "key" in part.column_names:  # the row stands for its video now, under the video's key
+        part = part.set_column(part.column_names.index("key"), "key", part.column("video"))
+    return pa.concat_tables([rest, part])
 
 
 def release_tables(
