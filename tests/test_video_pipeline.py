@@ -173,7 +173,11 @@ def _video2dataset_shard(folder: Path, rows: list[dict]) -> None:
         }  # fmt: skip
         metas.append(meta)
         if ok:
-            members += [(f"{key}.mp4", r["mp4"]), (f"{key}.txt", r["caption"].encode()), (f"{key}.json", json.dumps(meta, indent=4).encode())]
+            members += [
+                (f"{key}.mp4", r["mp4"]),
+                (f"{key}.txt", r["caption"].encode()),
+                (f"{key}.json", json.dumps(meta, indent=4).encode()),
+            ]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
         for name, data in members:
