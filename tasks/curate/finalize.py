@@ -18,9 +18,11 @@ from tasks.stages.runner import ShardResult, Verdict, run_shard
 CURATE_SCHEMA = ledger_schema(
     *("shard", "bytes", "sha256", "offset", "length", "members", "detail"),
     *("alignment", "scores", "duplicate_of", "similarity", "embedded_by"),
+    *("video", "start_s", "end_s"),
 )
-# The validated ledger's columns a curated row carries on.
+# The validated ledger's columns a curated row carries on (a clip's video and span: where there are clips).
 CARRIED = ("key", "source", "row", "bytes", "sha256")
+CLIP_COLUMNS = ("video", "start_s", "end_s")
 
 
 def curated_paths(dataset: str, decision: ShardDecision) -> tuple[str, str]:
@@ -56,7 +58,7 @@ def curate_shard(storage: Storage, decision: ShardDecision, tar_rel: str, ledger
         if f is None:
             raise ValueError(f"{decision.fates}: no fate for sample {key} of {shard.ledger}")
         scores = {k: v for k, v in f.items() if k not in FATE_COLUMNS}
-        row: dict[str, Any] = {c: old[c] for c in CARRIED}
+        row: dict[str, Any] = {c: old[c] for c in CARRIED} | {c: old.get(c) for c in CLIP_COLUMNS}
         row.update(
             alignment=scores.get(ALIGNMENT),
             scores=[(k, v) for k, v in scores.items() if v is not None] or None,

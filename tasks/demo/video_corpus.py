@@ -95,8 +95,13 @@ def prepare_video_demo(out_dir: Path, port: int = 18766) -> tuple[ImageWeb, dict
     """Write the videos (once) under ``out_dir/videos``, serve them, write the manifest that points
     there (``out_dir/manifests/videos.csv``); the caller stops the server. Returns it and what
     the release ledger must say of each row (``fates``: name -> [status, reason prefix])."""
+    from tasks.demo.models import make_all
+
     folder = Path(out_dir) / "videos"
     folder.mkdir(parents=True, exist_ok=True)
+    # The demo's encoders, shared with the image demo (kept when there): curation's dual encoder
+    # sees each clip's keyframe, precache encodes the keyframes and the captions.
+    make_all(Path(out_dir) / "models", ("vae", "clip-text", "clip"))
     videos = _videos()
     for name, (make, _, _) in videos.items():
         if not (folder / name).exists():
