@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 
+import av
 import pytest
 from PIL import Image
 from video_fixtures import make_video, scene
 
 from tasks.formats.reasons import status_of
-from tasks.video.clips import ClipConfig, cut, signals, thumbnail, transcode
+from tasks.video.clips import ClipConfig, cut, render, signals, thumbnail, transcode
 from tasks.video.probe import VideoLimits, probe
 
 SIZE = (160, 96)
@@ -38,6 +39,26 @@ def test_a_scene_cut_starts_a_clip_and_windows_keep_to_max_s():
 def test_fixed_windows_ignore_scenes_and_drop_a_short_remainder():
     _, clips = _clips(_video(("a", 3.0), ("b", 3.5)), split="fixed", max_s=2.0, min_s=1.0)
     assert [(c.start_s, c.end_s) for c in clips] == [(0.0, 2.0), (2.0, 4.0), (4.0, 6.0)]  # 6-6.5 s is too short
+
+
+def test_caption_spans_are_cut_into_windows_inside_each_span_and_clamped_to_the_video():
+    info, _ = _clips(_video(("a", 3.0), ("b", 3.5)))
+    data = _video(("a", 3.0), ("b", 3.5))
+    sig = signals(data, info)
+    # Spans may overlap, leave gaps, ignore scenes and run past the end (clamped there).
+    spans = [(0.5, 2.0), (1.5, 5.2), (6.0, 9.0), (9.5, 12.0)]
+    clips = cut(sig, info, ClipConfig(split="captions", max_s=2.0, min_s=0.5), spans)
+    got = [(c.start_s, c.end_s, c.scene) for c in clips]
+    assert got == [(0.5, 2.0, 0), (1.5, 3.5, 1), (3.5, 5.2, 1), (6.0, 6.5, 2)]
+    # Overlapping clips each get all their frames from the one decode pass.
+    files = render(data, info, clips, ClipConfig(split="captions", max_s=2.0, min_s=0.5))
+    counts = []
+    for c in clips:
+        with av.open(io.BytesIO(files[c.index][0])) as box:
+            counts.append(sum(1 for _ in box.decode(video=0)))
+    assert counts == [15, 20, 17, 5]
+    with pytest.raises(ValueError, match="time spans"):
+        cut(sig, info, ClipConfig(split="captions"))
 
 
 def test_black_and_static_clips_are_rejected_with_their_measure():

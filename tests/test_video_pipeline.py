@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -30,8 +31,15 @@ def _cli(*args: str, api_url: str) -> subprocess.CompletedProcess:
     )
 
 
-def _release(tmp_path: Path, files: dict[str, bytes], api_url: str, clips: str = "{min_s: 1, max_s: 2}"):
-    """Serve ``files``, run their manifest to a release; (the manifest's names in row order, the store)."""
+def _release(
+    tmp_path: Path,
+    files: dict[str, bytes],
+    api_url: str,
+    clips: str = "{min_s: 1, max_s: 2}",
+    segments: dict[str, str] | None = None,
+):
+    """Serve ``files``, run their manifest to a release; (the manifest's names in row order, the
+    store). ``segments``: a segments column (name -> its text), carried into the samples."""
     web_root = tmp_path / "web"
     web_root.mkdir()
     for name, data in files.items():
@@ -41,14 +49,17 @@ def _release(tmp_path: Path, files: dict[str, bytes], api_url: str, clips: str =
     try:
         names = [*files, "missing.mp4"]
         manifest = tmp_path / "m.csv"
-        rows = [f"{server.url('/img/' + n)},a clip of {n},CC0-1.0" for n in names]
-        manifest.write_text("url,caption,license\n" + "\n".join(rows) + "\n")
+        with open(manifest, "w", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(["url", "caption", "license", "segments"])
+            for n in names:
+                out.writerow([server.url("/img/" + n), f"a clip of {n}", "CC0-1.0", (segments or {}).get(n, "")])
         recipe = tmp_path / "r.yaml"
         recipe.write_text(
             f"""dataset: vids
 storage: {tmp_path / "store"}
 sources:
-  - {{name: v, manifest: {manifest}, media: video, rows_per_shard: 8}}
+  - {{name: v, manifest: {manifest}, media: video, rows_per_shard: 8, extra_columns: [segments]}}
 download:
   retries: 0
   network: {{allowed_networks: ["127.0.0.1/32"], any_port: true}}
@@ -232,3 +243,40 @@ execution: {{cluster: local, workers: 1}}
         meta = json.loads(tf.extractfile(f"{video}_c001.json").read())
     assert meta["url"] == "https://example.org/a.mp4" and meta["caption"] == "two scenes"
     assert meta["upstream"]["duration"] == 4.0 and (meta["start_s"], meta["end_s"]) == (2.0, 4.0)
+
+
+def test_caption_spans_become_clips_with_their_own_captions(tmp_path, prefect_api_url):
+    video = make_video(seconds=6, fps=10, size=(128, 72), cut_at=3.0)
+    spans = json.dumps(
+        [
+            {"start": 0.5, "end": 2.5, "caption": "the red square sets off"},
+            {"start": 3.0, "end": 5.0, "caption": "  "},  # no caption left after cleanup
+            [5.0, 6.0],  # no caption of its own: the row's
+        ]
+    )
+    names, store = _release(
+        tmp_path,
+        {"spans.mp4": video, "bad.mp4": video},
+        prefect_api_url,
+        clips="{split: captions, min_s: 0.5, max_s: 5}",
+        segments={"spans.mp4": spans, "bad.mp4": '[{"start": 4, "end": 2}]'},
+    )
+    fates = _fates(store, names)
+    assert fates["spans.mp4"] == ("ok", None)
+    assert fates["bad.mp4"] == ("rejected", "bad_segments")
+    clips = {}
+    for tar in (store / "releases" / "v0001").glob("*.tar"):
+        with tarfile.open(tar) as tf:
+            for m in tf.getmembers():
+                if m.name.endswith(".json"):
+                    meta = json.loads(tf.extractfile(m).read())
+                    clips[(meta["start_s"], meta["end_s"])] = meta["caption"]
+    assert clips == {(0.5, 2.5): "the red square sets off", (5.0, 6.0): "a clip of spans.mp4"}
+    validated = [
+        r
+        for p in (store / "validate").rglob("*.ledger.parquet")
+        for r in pq.read_table(p, columns=["key", "reason", "start_s", "end_s"]).to_pylist()
+    ]
+    assert {(r["start_s"], r["end_s"], r["reason"]) for r in validated if r["start_s"] == 3.0} == {
+        (3.0, 5.0, "caption_missing")
+    }

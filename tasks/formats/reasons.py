@@ -110,6 +110,10 @@ REASONS: dict[str, tuple[str, str]] = {
         "the container's index is missing (an mp4 without moov) or fewer frames are present than it declares (a cut download)",
     ),
     "undecodable_video": (REJECTED, "the demuxer or the decoder failed on the bytes (the detail says how)"),
+    "bad_segments": (
+        REJECTED,
+        "validate.video.clips.split is captions and the row's segments field is missing or not a list of spans with 0 <= start < end (the detail names the first bad one)",
+    ),
     "video_no_clips": (
         REJECTED,
         "no span of the video is validate.video.clips.min_s long (a scene shorter than that is no clip either)",

@@ -7,6 +7,7 @@ import json
 import os
 import threading
 from collections import Counter
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -237,7 +238,8 @@ def _judge_video(
         return [Verdict(row)]
     from tasks.video.samples import judge_video
 
-    return [Verdict(r, m) for r, m in judge_video(key, members[ext], meta, row, cfg.video, caption)]
+    clean = partial(caption_verdict, rules=cfg.caption)
+    return [Verdict(r, m) for r, m in judge_video(key, members[ext], meta, row, cfg.video, caption, clean)]
 
 
 def _judge(

@@ -31,8 +31,14 @@ class ClipConfig(BaseModel):
     """How a video becomes clips.
 
     Args:
-        split: ``scenes`` (windows inside the scenes a content detector finds) or ``fixed``
-            (windows over the whole video). Default scenes.
+        split: ``scenes`` (windows inside the scenes a content detector finds), ``fixed``
+            (windows over the whole video) or ``captions`` (windows inside the time spans of
+            the row's captions, ``segments_field``; each clip gets its span's caption).
+            Default scenes.
+        segments_field: with ``split: captions``, the field of the row (a manifest column
+            carried by the source's ``extra_columns``, or the ingested sample's json) that holds
+            the spans: a JSON list of ``{"start": s, "end": s, "caption": text}`` (or
+            ``[start, end, caption]``), seconds from the video's start. Default ``segments``.
         min_s, max_s: a clip's shortest and longest length in seconds. Default 1 and 10.
         scene_threshold: mean absolute difference of neighbouring frames (0..1 of full scale)
             that starts a new scene. Default 0.2.
@@ -51,7 +57,8 @@ class ClipConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    split: Literal["scenes", "fixed"] = "scenes"
+    split: Literal["scenes", "fixed", "captions"] = "scenes"
+    segments_field: str = "segments"
     min_s: float = Field(1.0, gt=0)
     max_s: float = Field(10.0, gt=0)
     scene_threshold: float = Field(0.2, gt=0, le=1)
@@ -141,16 +148,28 @@ def _frames(sig: Signals, first: int, end: int) -> np.ndarray:
     return sig.small[[first + int((end - 1 - first) * at) for at in HASH_AT]].astype(np.int16)
 
 
-def cut(sig: Signals, info: VideoInfo, cfg: ClipConfig) -> list[Clip]:
+def cut(sig: Signals, info: VideoInfo, cfg: ClipConfig, spans: list[tuple[float, float]] | None = None) -> list[Clip]:
     """The clips of a video, each with its fate: kept (reason None), ``clip_static``,
-    ``clip_black`` or ``duplicate_of:<clip index>`` (an earlier clip of the same video)."""
+    ``clip_black`` or ``duplicate_of:<clip index>`` (an earlier clip of the same video).
+
+    With ``split: captions`` the clips are cut from ``spans`` (seconds; a caption's time span
+    each, clamped to the video), and a clip's ``scene`` is the index of its span.
+    """
     n = len(sig.times)
     if n == 0:
         return []
     step = 1.0 / info.fps if info.fps else float(np.median(np.diff(sig.times))) if n > 1 else 0.0
     ends = sig.times + step
-    starts = scene_starts(sig, cfg.scene_threshold) if cfg.split == "scenes" else [0]
-    bounds = list(zip(starts, starts[1:] + [n], strict=True))
+    if cfg.split == "captions":
+        if spans is None:
+            raise ValueError("split: captions needs the captions' time spans")
+        # A frame belongs to a span when it starts inside it.
+        bounds = [
+            (int(np.searchsorted(sig.times, a - 1e-6)), int(np.searchsorted(sig.times, b - 1e-6))) for a, b in spans
+        ]
+    else:
+        starts = scene_starts(sig, cfg.scene_threshold) if cfg.split == "scenes" else [0]
+        bounds = list(zip(starts, starts[1:] + [n], strict=True))
     clips: list[Clip] = []
     seen: list[tuple[tuple[int, ...], np.ndarray, int]] = []  # (hashes, frames, index) of kept clips
     for scene, (lo, hi) in enumerate(bounds):
@@ -256,7 +275,7 @@ def render(
     data: bytes, info: VideoInfo, clips: list[Clip], cfg: ClipConfig, side: int = 160, encode: bool = True
 ) -> dict[int, tuple[bytes | None, bytes]]:
     """Every clip's mp4 (when ``encode``) and a JPEG of its middle frame (long side ``side``),
-    by clip index, in one decode pass over the video (clips do not overlap)."""
+    by clip index, in one decode pass over the video (clips may overlap: caption spans do)."""
     import av
 
     todo = sorted(clips, key=lambda c: c.first)
@@ -264,33 +283,38 @@ def render(
     size = (max(1, int(info.width * scale)), max(1, int(info.height * scale)))
     mp4s: dict[int, bytes] = {}
     jpgs: dict[int, bytes] = {}
-    k, writer = 0, None
+    k = 0
+    active: dict[int, tuple[Clip, _ClipWriter | None]] = {}
     try:
         with av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as src:
             for i, frame in enumerate(src.decode(src.streams.video[0])):
-                while k < len(todo) and i >= todo[k].end:
-                    if writer is not None:
-                        mp4s[todo[k].index] = writer.finish()
-                        writer = None
+                for index, (clip, writer) in list(active.items()):
+                    if i >= clip.end:
+                        if writer is not None:
+                            mp4s[index] = writer.finish()
+                        del active[index]
+                while k < len(todo) and todo[k].first <= i:
+                    clip = todo[k]
+                    if i < clip.end:
+                        active[clip.index] = (clip, _ClipWriter(info, clip, cfg) if encode else None)
                     k += 1
-                if k == len(todo):
+                if not active and k == len(todo):
                     break
-                clip = todo[k]
-                if i < clip.first:
-                    continue
-                if encode:
-                    writer = writer or _ClipWriter(info, clip, cfg)
-                    writer.add(i, frame)
-                if i == (clip.first + clip.end) // 2:
-                    out = io.BytesIO()
-                    frame.to_image(width=size[0], height=size[1]).save(out, "JPEG", quality=85)
-                    jpgs[clip.index] = out.getvalue()
-        if writer is not None:
-            mp4s[todo[k].index] = writer.finish()
-            writer = None
+                for clip, writer in active.values():
+                    if writer is not None:
+                        writer.add(i, frame)
+                    if i == (clip.first + clip.end) // 2:
+                        out = io.BytesIO()
+                        frame.to_image(width=size[0], height=size[1]).save(out, "JPEG", quality=85)
+                        jpgs[clip.index] = out.getvalue()
+        for index, (_, writer) in list(active.items()):
+            if writer is not None:
+                mp4s[index] = writer.finish()
+            del active[index]
     finally:
-        if writer is not None:
-            writer.abandon()
+        for _, writer in active.values():
+            if writer is not None:
+                writer.abandon()
     missing = [c.index for c in todo if c.index not in jpgs]
     if missing:
         raise ValueError(f"clips {missing} end past the last frame the decoder gave")

@@ -31,17 +31,23 @@ def clip_key(video_key: str, index: int) -> str:
 
 
 def process_video(
-    key: str, data: bytes, limits: VideoLimits, cfg: ClipConfig, side: int = 160
+    key: str,
+    data: bytes,
+    limits: VideoLimits,
+    cfg: ClipConfig,
+    side: int = 160,
+    spans: list[tuple[float, float]] | None = None,
 ) -> tuple[dict[str, Any], list[ClipOut]]:
     """The video's row and its clips (none when the video is refused); each kept clip's
-    keyframe (its middle frame) is a JPEG whose long side is ``side``."""
+    keyframe (its middle frame) is a JPEG whose long side is ``side``. ``spans``: the captions'
+    time spans, for ``split: captions``."""
     ruling = probe(data, limits)
     if ruling.reason is not None or ruling.value is None:
         return _video_row(key, len(data), None, ruling.reason, ruling.detail), []
     info = ruling.value
     try:
         sig = signals(data, info)
-        clips = cut(sig, info, cfg)
+        clips = cut(sig, info, cfg, spans)
         files = render(data, info, [c for c in clips if c.reason is None], cfg, side)  # one more decode pass
         outs = [_clip(key, clip, files.get(clip.index)) for clip in clips]
     except Exception as err:  # noqa: BLE001 - FFmpeg's errors, whatever they are: the video's reason

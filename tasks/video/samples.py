@@ -11,27 +11,44 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tasks.formats.reasons import status_of
 from tasks.formats.recipe_download import VideoRules
+from tasks.policies.ruling import Ruling
 from tasks.video.clips import clip_size
 from tasks.video.probe import VideoInfo
 from tasks.video.process import ClipOut, process_video
+from tasks.video.segments import Segment, read_segments
 
 # What a clip's sample and row say of the video it was cut from (``video_`` + the field).
 _SOURCE_FACTS = ("container", "codec", "width", "height", "fps", "duration_s", "frames", "rotation", "audio")
 
 
 def judge_video(
-    key: str, data: bytes, meta: dict[str, Any], row: dict[str, Any], cfg: VideoRules, caption: str | None
+    key: str,
+    data: bytes,
+    meta: dict[str, Any],
+    row: dict[str, Any],
+    cfg: VideoRules,
+    caption: str | None,
+    clean: Callable[[str | None], Ruling[str]],
 ) -> list[tuple[dict[str, Any], dict[str, bytes] | None]]:
     """The (ledger row, members or None) of every clip of the video under ``key``, or of the video alone.
 
     ``meta`` is the downloaded sample's json and ``row`` the ledger row its license and caption
-    checks made (source, row, url, license ...); ``caption`` the cleaned caption, or None.
+    checks made (source, row, url, license ...); ``caption`` the cleaned caption, or None;
+    ``clean`` the caption rules, for the captions of time spans (``split: captions``).
     """
-    video, clips = process_video(key, data, cfg, cfg.clips, side=max(cfg.clips.max_side, 16))
+    segments: list[Segment] | None = None
+    if cfg.clips.split == "captions":
+        read = read_segments(meta.get(cfg.clips.segments_field))
+        if read.value is None:
+            return [({**row, "reason": read.reason, "detail": read.detail, "status": status_of(read.reason)}, None)]
+        segments = read.value
+    spans = [(s.start, s.end) for s in segments] if segments is not None else None
+    video, clips = process_video(key, data, cfg, cfg.clips, side=max(cfg.clips.max_side, 16), spans=spans)
     if video["reason"] is None and not clips:
         video.update(reason="video_no_clips", detail=f"{video['duration_s']:.2f} s, clips.min_s {cfg.clips.min_s:g}")
     if video["reason"] is not None or not clips:
@@ -40,7 +57,17 @@ def judge_video(
         return [(out, None)]
     info = VideoInfo(**{f: video[f] for f in VideoInfo.__slots__})
     width, height = clip_size(info, cfg.clips)
-    return [_clip(c, key, meta, row, info, (width, height), cfg, caption) for c in clips]
+    judged = []
+    for c in clips:
+        clip_caption, refused = caption, None
+        if segments is not None:  # the clip's own caption: its span's, cleaned by the same rules
+            span = segments[c.row["scene"]]
+            checked = clean(span.caption if span.caption is not None else caption)
+            clip_caption = checked.value
+            if checked.reason is not None:
+                refused = (checked.reason, f"span {c.row['scene']}: {checked.detail}")
+        judged.append(_clip(c, key, meta, row, info, (width, height), cfg, clip_caption, refused))
+    return judged
 
 
 def _clip(
@@ -52,8 +79,12 @@ def _clip(
     size: tuple[int, int],
     cfg: VideoRules,
     caption: str | None,
+    refused: tuple[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, bytes] | None]:
     c = clip.row
+    if refused is not None and c["reason"] is None:  # its span's caption failed the caption rules
+        c = {**c, "status": status_of(refused[0]), "reason": refused[0], "detail": refused[1]}
+        clip = ClipOut(c)
     # Exact duplicates across the dataset (the same video at two URLs): the clip's frame hashes.
     content = hashlib.sha256("".join(c["hashes"]).encode()).hexdigest()
     out = {
@@ -66,6 +97,7 @@ def _clip(
         "start_s": c["start_s"],
         "end_s": c["end_s"],
         "pixel_sha256": content,
+        "caption_chars": len(caption) if caption else None,
     }
     if clip.mp4 is None or clip.jpg is None:
         return out, None
