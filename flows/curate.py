@@ -193,7 +193,8 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
     mark = time.perf_counter()
 
     tables = read_tables(storage, [r.ledger for r in results])
-    ledger = pa.concat_tables([tables[r.ledger] for r in results]) if results else None
+    # promote: ledgers written before a column came (the clip columns) have nulls there
+    ledger = pa.concat_tables([tables[r.ledger] for r in results], promote_options="default") if results else None
     counts = Counts.of(ledger) if ledger is not None else Counts.zero()
     reasons = sorted(
         {family(reason_for(c.name, "low")) for c in applied if c.low is not None}

@@ -136,7 +136,8 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
     results.sort(key=lambda r: (r.source, r.index))
 
     tables = read_ledgers(storage, [r.ledger for r in results])
-    ledger = pa.concat_tables([tables[r.ledger] for r in results]) if results else None
+    # promote: ledgers written before a column came (the clip columns) have nulls there
+    ledger = pa.concat_tables([tables[r.ledger] for r in results], promote_options="default") if results else None
     counts = Counts.of(ledger) if ledger is not None else Counts.zero()
     seconds = ph.seconds
     samples = report_samples(storage, ledger, cands)

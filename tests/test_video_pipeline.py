@@ -105,6 +105,14 @@ def test_a_manifest_of_videos_is_released_as_clips_with_every_video_accounted_fo
     assert fates["copy.mp4"][1].startswith("duplicate_of:v-000000000_c")
     assert fates["missing.mp4"] == ("error", "http_404")
 
+    # The report: clip lengths for its histogram, refused clips shown by their keyframes.
+    (report,) = (store / "reports").glob("*/samples.parquet")
+    shown = pq.read_table(report, columns=["key", "reason", "clip_s", "thumbnail"]).to_pylist()
+    assert {r["clip_s"] for r in shown if r["reason"] is None} == {1.0, 2.0}
+    static = [r for r in shown if r["reason"] == "clip_static"]
+    assert static and all(r["thumbnail"][:3] == b"\xff\xd8\xff" for r in static)
+    assert "Clip length (s)" in (report.parent / "report.html").read_text()
+
     # Released samples are clips: mp4 + keyframe + json + txt, each naming its video and span.
     samples = pq.read_table(store / "releases" / "v0001" / "samples.parquet").to_pylist()
     assert sorted(s["key"] for s in samples) == [

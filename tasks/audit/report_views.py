@@ -23,6 +23,7 @@ HISTOGRAMS = (
     ("height", "Image height (px)", True),
     ("aspect", "Aspect ratio (width / height)", False),
     ("caption_chars", "Caption length (characters)", True),
+    ("clip_s", "Clip length (s)", False),  # clips of videos (tasks/video/)
     # fine-tuning samples (tasks/finetune/samples.py); absent columns draw nothing
     ("tokens_text", "Text tokens per sample", True),
     ("tokens_image", "Image tokens per sample", True),

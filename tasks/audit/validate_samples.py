@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.formats.ledger import committed, read_ledgers
 from tasks.formats.storage import Storage
@@ -38,6 +39,10 @@ def report_samples(storage: Storage, ledger: pa.Table | None, cands: list[Candid
         if table is not None:  # committed: always there
             thumbs.update(zip(table.column("key").to_pylist(), table.column("thumbnail").to_pylist()))
     base = _with_aspect(ledger.select(REPORT_COLUMNS))
+    if "start_s" in ledger.column_names and pc.any(pc.is_valid(ledger.column("start_s"))).as_py():
+        # Clips of videos: which video, and how long (the report's clip-length histogram).
+        base = base.append_column("video", ledger.column("video"))
+        base = base.append_column("clip_s", pc.subtract(ledger.column("end_s"), ledger.column("start_s")))
     return base.append_column(
         "thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary())
     )

@@ -105,12 +105,18 @@ class Recipe(Frozen):
 
     def download_for(self, source: str) -> DownloadConfig:
         """The download settings of one source's rows: a video source keeps the video
-        containers ``validate.video`` accepts, under ``download.video_max_bytes``."""
-        cfg = next(s for s in self.sources if s.name == source)
-        if cfg.media != "video":
+        containers ``validate.video`` accepts, under ``download.video_max_bytes``, at most
+        ``download.video_max_inflight`` at a time."""
+        if next(s for s in self.sources if s.name == source).media != "video":
             return self.download
-        return self.download.model_copy(
-            update={"allowed_formats": self.validate_.video.containers, "max_bytes": self.download.video_max_bytes}
+        cfg = self.download
+        return cfg.model_copy(
+            update={
+                "allowed_formats": self.validate_.video.containers,
+                "max_bytes": cfg.video_max_bytes,
+                "max_inflight": min(cfg.max_inflight, cfg.video_max_inflight),
+                "per_host": min(cfg.per_host, cfg.video_max_inflight),
+            }
         )
 
     def config_hash(self, *parts: BaseModel) -> str:
@@ -123,7 +129,7 @@ class Recipe(Frozen):
         moving the store or adding workers makes no new release."""
         exclude: dict[str, Any] = dict.fromkeys(("execution", "storage", "storage_options"), True)
         if not self.has_video:  # video settings name no new release of a dataset without videos
-            exclude |= {"validate_": {"video"}, "download": {"video_max_bytes"}}
+            exclude |= {"validate_": {"video"}, "download": {"video_max_bytes", "video_max_inflight"}}
         blob = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 

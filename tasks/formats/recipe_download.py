@@ -125,6 +125,8 @@ class DownloadConfig(Frozen):
         allowed_formats: image formats sniffed from the bytes that are kept (a video source
             keeps ``validate.video.containers``).
         video_max_bytes: the body cap of a video source's rows. Default 512 MiB.
+        video_max_inflight: concurrent requests per shard of a video source (each body is held
+            until it is cut into clips, so this bounds a worker's memory). Default 4.
         shard_timeout_s: deadline for one shard's fetching. Rows still pending when it passes
             are recorded ``timeout`` (the detail says the shard deadline passed) and the shard
             commits. A backstop, not a pace: each request attempt has ``timeout_s`` already.
@@ -153,6 +155,7 @@ class DownloadConfig(Frozen):
     respect_robots_txt: bool = False
     allowed_formats: tuple[str, ...] = ("jpeg", "png", "webp", "gif", "bmp", "tiff")
     video_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
+    video_max_inflight: int = Field(default=4, ge=1, le=64)
     shard_timeout_s: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600)
     network: NetworkConfig = NetworkConfig()
     keep_raw: bool = True

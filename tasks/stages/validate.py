@@ -106,12 +106,15 @@ class Judge:
         key, members, down = item
         video = next((ext for ext in members if ext in VIDEO_FORMATS), None)
         if video is not None:  # a video source's sample: its clips
-            return _judge_video(key, members, down, self.cfg, video)
+            return _judge_video(key, members, down, self, video)
         row, out, thumbnail = _judge(key, members, down, self)
         if thumbnail is not None:
-            with self._lock:
-                self.thumbs.append((key, thumbnail))
+            self.keep_thumbnail(key, thumbnail)
         return Verdict(row, out)
+
+    def keep_thumbnail(self, key: str, thumbnail: bytes) -> None:
+        with self._lock:
+            self.thumbs.append((key, thumbnail))
 
     def run(
         self, storage: Storage, tar_rel: str, ledger_rel: str, items: Any, source: str, index: int, **kw: Any
@@ -228,10 +231,10 @@ def _base_row(key: str, down: dict[str, Any], spdx: str | None, caption: str | N
     ).as_dict()
 
 
-def _judge_video(
-    key: str, members: dict[str, bytes], down: dict[str, Any], cfg: ValidateConfig, ext: str
-) -> list[Verdict]:
-    """A video's clips as samples (tasks/video/samples.py), or its one refused row."""
+def _judge_video(key: str, members: dict[str, bytes], down: dict[str, Any], judge: Judge, ext: str) -> list[Verdict]:
+    """A video's clips as samples (tasks/video/samples.py), or its one refused row; a few
+    refused clips per reason leave their keyframe as the report's thumbnail."""
+    cfg = judge.cfg
     meta, spdx, caption, reason, detail = _text_checks(members, down, cfg)
     row = _base_row(key, down, spdx, caption, reason, detail)
     if reason is not None:
@@ -239,7 +242,13 @@ def _judge_video(
     from tasks.video.samples import judge_video
 
     clean = partial(caption_verdict, rules=cfg.caption)
-    return [Verdict(r, m) for r, m in judge_video(key, members[ext], meta, row, cfg.video, caption, clean)]
+    verdicts = []
+    for r, m, keyframe in judge_video(key, members[ext], meta, row, cfg.video, caption, clean):
+        # Counted per reason without its payload (duplicate_of:<clip key>).
+        if keyframe is not None and r["reason"] is not None and judge.took_thumbnail(r["reason"].split(":", 1)[0]):
+            judge.keep_thumbnail(r["key"], keyframe)
+        verdicts.append(Verdict(r, m))
+    return verdicts
 
 
 def _judge(

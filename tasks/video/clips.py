@@ -272,10 +272,16 @@ class _ClipWriter:
 
 
 def render(
-    data: bytes, info: VideoInfo, clips: list[Clip], cfg: ClipConfig, side: int = 160, encode: bool = True
+    data: bytes,
+    info: VideoInfo,
+    clips: list[Clip],
+    cfg: ClipConfig,
+    side: int = 160,
+    encode: bool | set[int] = True,
 ) -> dict[int, tuple[bytes | None, bytes]]:
-    """Every clip's mp4 (when ``encode``) and a JPEG of its middle frame (long side ``side``),
-    by clip index, in one decode pass over the video (clips may overlap: caption spans do)."""
+    """Every clip's mp4 (when ``encode``, or when its index is in it) and a JPEG of its middle
+    frame (long side ``side``), by clip index, in one decode pass over the video (clips may
+    overlap: caption spans do)."""
     import av
 
     todo = sorted(clips, key=lambda c: c.first)
@@ -296,7 +302,8 @@ def render(
                 while k < len(todo) and todo[k].first <= i:
                     clip = todo[k]
                     if i < clip.end:
-                        active[clip.index] = (clip, _ClipWriter(info, clip, cfg) if encode else None)
+                        wanted = encode if isinstance(encode, bool) else clip.index in encode
+                        active[clip.index] = (clip, _ClipWriter(info, clip, cfg) if wanted else None)
                     k += 1
                 if not active and k == len(todo):
                     break

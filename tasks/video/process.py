@@ -19,7 +19,7 @@ from tasks.video.probe import VideoInfo, VideoLimits, probe
 
 @dataclass(frozen=True, slots=True)
 class ClipOut:
-    """A clip's ledger row, and for a kept clip its mp4 and thumbnail."""
+    """A clip's ledger row, its keyframe (a JPEG of its middle frame), and for a kept clip its mp4."""
 
     row: dict[str, Any]
     mp4: bytes | None = None
@@ -48,7 +48,9 @@ def process_video(
     try:
         sig = signals(data, info)
         clips = cut(sig, info, cfg, spans)
-        files = render(data, info, [c for c in clips if c.reason is None], cfg, side)  # one more decode pass
+        # One more decode pass: every kept clip's mp4, every clip's keyframe (the report shows
+        # a refused clip by its keyframe).
+        files = render(data, info, clips, cfg, side, encode={c.index for c in clips if c.reason is None})
         outs = [_clip(key, clip, files.get(clip.index)) for clip in clips]
     except Exception as err:  # noqa: BLE001 - FFmpeg's errors, whatever they are: the video's reason
         return _video_row(key, len(data), info, "undecodable_video", f"{type(err).__name__}: {err}"), []
@@ -89,6 +91,7 @@ def _clip(key: str, clip: Clip, files: tuple[bytes | None, bytes] | None) -> Cli
         "luma": round(clip.luma, 4),
         "hashes": [f"{h:064x}" for h in clip.hashes],
     }
-    if reason is not None or files is None:
+    if files is None:
         return ClipOut(row)
-    return ClipOut(row, *files)
+    mp4, jpg = files
+    return ClipOut(row, mp4 if reason is None else None, jpg)  # a refused clip keeps its keyframe

@@ -34,8 +34,9 @@ def judge_video(
     cfg: VideoRules,
     caption: str | None,
     clean: Callable[[str | None], Ruling[str]],
-) -> list[tuple[dict[str, Any], dict[str, bytes] | None]]:
-    """The (ledger row, members or None) of every clip of the video under ``key``, or of the video alone.
+) -> list[tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]]:
+    """The (ledger row, members or None, keyframe of a refused clip or None) of every clip of
+    the video under ``key``, or of the video alone.
 
     ``meta`` is the downloaded sample's json and ``row`` the ledger row its license and caption
     checks made (source, row, url, license ...); ``caption`` the cleaned caption, or None;
@@ -45,7 +46,9 @@ def judge_video(
     if cfg.clips.split == "captions":
         read = read_segments(meta.get(cfg.clips.segments_field))
         if read.value is None:
-            return [({**row, "reason": read.reason, "detail": read.detail, "status": status_of(read.reason)}, None)]
+            return [
+                ({**row, "reason": read.reason, "detail": read.detail, "status": status_of(read.reason)}, None, None)
+            ]
         segments = read.value
     spans = [(s.start, s.end) for s in segments] if segments is not None else None
     video, clips = process_video(key, data, cfg, cfg.clips, side=max(cfg.clips.max_side, 16), spans=spans)
@@ -54,7 +57,7 @@ def judge_video(
     if video["reason"] is not None or not clips:
         out = {**row, "reason": video["reason"], "detail": video["detail"], "status": status_of(video["reason"])}
         out.update(format=video["container"], width=video["width"], height=video["height"], bytes=len(data))
-        return [(out, None)]
+        return [(out, None, None)]
     info = VideoInfo(**{f: video[f] for f in VideoInfo.__slots__})
     width, height = clip_size(info, cfg.clips)
     judged = []
@@ -80,11 +83,11 @@ def _clip(
     cfg: VideoRules,
     caption: str | None,
     refused: tuple[str, str] | None = None,
-) -> tuple[dict[str, Any], dict[str, bytes] | None]:
+) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
     c = clip.row
     if refused is not None and c["reason"] is None:  # its span's caption failed the caption rules
         c = {**c, "status": status_of(refused[0]), "reason": refused[0], "detail": refused[1]}
-        clip = ClipOut(c)
+        clip = ClipOut(c, None, clip.jpg)
     # Exact duplicates across the dataset (the same video at two URLs): the clip's frame hashes.
     content = hashlib.sha256("".join(c["hashes"]).encode()).hexdigest()
     out = {
@@ -99,8 +102,8 @@ def _clip(
         "pixel_sha256": content,
         "caption_chars": len(caption) if caption else None,
     }
-    if clip.mp4 is None or clip.jpg is None:
-        return out, None
+    if c["reason"] is not None or clip.mp4 is None or clip.jpg is None:
+        return out, None, clip.jpg
     sha = hashlib.sha256(clip.mp4).hexdigest()
     out.update(format="mp4", width=size[0], height=size[1], bytes=len(clip.mp4), sha256=sha)
     sample = {
@@ -133,4 +136,4 @@ def _clip(
     }
     if caption is not None:
         members["txt"] = caption.encode("utf-8")
-    return out, members
+    return out, members, None
