@@ -16,10 +16,11 @@ from tasks.formats.shards import iter_samples
 from tasks.formats.tar_reader import ShardError
 
 __all__ = ["ReleaseDataset", "EpochPlan", "plan_epoch", "collate_images", "collate_latents", "decode_image", "load_npy"]
+from loaders.clips import collate_clips, decode_clip
 from loaders.decode import DEFAULT_MAX_PIXELS, collate_images, collate_latents, decode_image
 from loaders.epochs import EVEN, EpochPlan, plan_epoch
 
-MODES = ("images", "latents", "raw")
+MODES = ("images", "latents", "raw", "clips")
 
 # ---------------------------------------------------------------------------------------------
 # The dataset
@@ -39,8 +40,13 @@ class ReleaseDataset(IterableDataset):
     Args:
         release: an opened ``Release``.
         mode: ``"images"`` (pretraining: decoded image, caption, metadata), ``"latents"``
-            (the precached encodings; image shards are not read) or ``"raw"`` (``{"key",
-            ext: bytes}``, e.g. for fine-tuning releases) (default ``"images"``).
+            (the precached encodings; image shards are not read), ``"raw"`` (``{"key",
+            ext: bytes}``, e.g. for fine-tuning releases) or ``"clips"`` (a release of video
+            clips: ``frames``, uint8 ``(clip_frames, 3, S, S)``, ``frames_real``, caption,
+            metadata) (default ``"images"``).
+        clip_frames, clip_fps: in clips mode, frames per clip and the rate they are taken at
+            (``None``: every frame as encoded); a shorter clip repeats its last frame
+            (``frames_real`` says how many are its own) (default 16 at 8 fps).
         image_size: side of the square crop in ``"images"`` mode; None keeps the stored size
             (default 256).
         rank, world_size: this process's place in distributed training (default: from
@@ -90,6 +96,8 @@ class ReleaseDataset(IterableDataset):
         with_captions: bool = False,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        clip_frames: int = 16,
+        clip_fps: float | None = 8.0,
     ) -> None:
         super().__init__()
         if mode not in MODES:
@@ -116,7 +124,11 @@ class ReleaseDataset(IterableDataset):
         self.shuffle_buffer = shuffle_buffer if shuffle else 1
         self.even = even
         self.batch_size = batch_size
-        self.collate_fn = collate_fn or {"images": collate_images, "latents": collate_latents}.get(mode, list)
+        if clip_frames < 1 or (clip_fps is not None and clip_fps <= 0):
+            raise ValueError("clip_frames must be >= 1 and clip_fps > 0")
+        self.clip_frames, self.clip_fps = clip_frames, clip_fps
+        collates = {"images": collate_images, "latents": collate_latents, "clips": collate_clips}
+        self.collate_fn = collate_fn or collates.get(mode, list)
         self.drop_last = drop_last
         self.latent_sample = latent_sample
         self.scale_latents = scale_latents
@@ -260,6 +272,8 @@ class ReleaseDataset(IterableDataset):
             out: dict[str, Any] = {"key": sample.key, **sample.members}
         elif self.mode == "images":
             out = self._decode_image_sample(sample)
+        elif self.mode == "clips":
+            out = self._decode_clip_sample(sample)
         else:
             out = sample  # decoded with its block
             if self.with_captions:
@@ -279,6 +293,25 @@ class ReleaseDataset(IterableDataset):
         return {
             "key": sample.key,
             "image": image,
+            "caption": members.get("txt", b"").decode("utf-8"),
+            "meta": json.loads(members["json"]) if "json" in members else {},
+        }
+
+    def _decode_clip_sample(self, sample: Any) -> dict[str, Any]:
+        members = sample.members
+        if "mp4" not in members:
+            raise ReleaseError(f"sample {sample.key!r} has no mp4 member (it has {sorted(members)})")
+        try:
+            frames, real = decode_clip(
+                members["mp4"], self.clip_frames, self.clip_fps, self.image_size, self.max_pixels
+            )
+        except Exception as err:
+            # Released clips were transcoded by shardsmith: a failure here is a corrupt release.
+            raise ReleaseError(f"sample {sample.key!r}: cannot decode its mp4: {err}") from err
+        return {
+            "key": sample.key,
+            "frames": frames,
+            "frames_real": real,
             "caption": members.get("txt", b"").decode("utf-8"),
             "meta": json.loads(members["json"]) if "json" in members else {},
         }

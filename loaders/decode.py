@@ -33,14 +33,22 @@ def decode_image(data: bytes, size: int | None, max_pixels: int = DEFAULT_MAX_PI
             if scale >= 2:
                 im.draft("RGB", (int(im.width / scale) + 1, int(im.height / scale) + 1))
         im = im.convert("RGB")
-    if size is not None:
-        w, h = im.size
-        scale = size / min(w, h)
-        nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-        im = im.resize((nw, nh), Image.BILINEAR, reducing_gap=None if scale > 0.5 else 2.0)
-        left, top = (nw - size) // 2, (nh - size) // 2
-        im = im.crop((left, top, left + size, top + size))
+    im = fit_image(im, size)
     return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).contiguous()
+
+
+def fit_image(im: Any, size: int | None) -> Any:
+    """A PIL image with its short side resized to ``size``, then center-cropped square (``None``: as it is)."""
+    from PIL import Image
+
+    if size is None:
+        return im
+    w, h = im.size
+    scale = size / min(w, h)
+    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+    im = im.resize((nw, nh), Image.BILINEAR, reducing_gap=None if scale > 0.5 else 2.0)
+    left, top = (nw - size) // 2, (nh - size) // 2
+    return im.crop((left, top, left + size, top + size))
 
 
 def collate_images(samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import av
 import pyarrow.parquet as pq
 import pytest
+import torch
 from test_video_hostile import _hostile
 from video_fixtures import make_video, scene
 
@@ -139,6 +140,27 @@ def test_a_manifest_of_videos_is_released_as_clips_with_every_video_accounted_fo
     # The second scene (a blue square on yellow) is what the clip holds, not the first.
     r, g, b = frames[0][2:8, 2:8].reshape(-1, 3).mean(axis=0)
     assert r > 150 and g > 130 and b < 100
+
+    # A training loader reads the release's clips as frame tensors at the rate it asks for.
+    from loaders.dataset import ReleaseDataset
+    from loaders.release import open_release
+
+    ds = ReleaseDataset(
+        open_release(str(store / "releases" / "v0001")),
+        mode="clips",
+        clip_frames=8,
+        clip_fps=4,
+        image_size=32,
+        shuffle=False,
+        batch_size=4,
+    )
+    (batch,) = list(ds)
+    assert tuple(batch["frames"].shape) == (4, 8, 3, 32, 32) and str(batch["frames"].dtype) == "torch.uint8"
+    by_key = dict(zip(batch["key"], batch["frames_real"].tolist()))
+    # Two-second clips give 8 frames at 4 fps; the webm's last clip (1 s) gives 4 and repeats one.
+    assert by_key == {"v-000000000_c000": 8, "v-000000000_c001": 8, "v-000000001_c000": 8, "v-000000001_c001": 4}
+    second = batch["frames"][batch["key"].index("v-000000000_c001")]
+    assert (second[:, :, 0, 0].float().mean(dim=0) > torch.tensor([150.0, 130.0, -1.0])).all()
 
 
 def test_hostile_videos_through_the_cli_end_as_one_row_each_and_the_run_releases_the_rest(tmp_path, prefect_api_url):
