@@ -228,17 +228,7 @@ def demo(
         return
     typer.echo(f"demo corpus: {directory}")
     server, expected = prepare_demo(directory, n=images)
-    try:
-        typer.echo(f"serving it at {server.base_url}")
-        os.environ["SHARDSMITH_DEMO_DIR"] = str(directory)
-        from flows.params import explicit_overrides
-        from flows.preflight import PHASES
-
-        with live_progress(True):
-            result = run_recipe(RECIPES / "demo.yaml", list(PHASES), explicit_overrides({}, workers=workers))
-    finally:
-        server.stop()
-    print_summary(result)
+    result = run_served(server, directory, "demo.yaml", workers)
     got = result["download"].counts
     same = (got.rows, got.ok, got.by_reason) == (expected["rows"], expected["ok"], expected["by_reason"])
     problems = demo_curation_problems(result, expected, directory / "store")
@@ -253,25 +243,33 @@ def demo(
         raise typer.Exit(1)
 
 
+def run_served(server: Any, directory: Path, recipe: str, workers: int | None) -> dict:
+    """Run the demo recipe ``recipe`` (every phase) while ``server`` serves its corpus, which
+    ``directory`` holds; the server stops after, and the run's summary is printed."""
+    from flows.params import explicit_overrides
+    from flows.preflight import PHASES
+
+    try:
+        typer.echo(f"serving it at {server.base_url}")
+        os.environ["SHARDSMITH_DEMO_DIR"] = str(directory)
+        with live_progress(True):
+            result = run_recipe(RECIPES / recipe, list(PHASES), explicit_overrides({}, workers=workers))
+    finally:
+        server.stop()
+    print_summary(result)
+    return result
+
+
 def run_video_demo(directory: Path, workers: int | None) -> None:
     """The video demo: its corpus served on loopback, recipes/demo-video.yaml run to a release,
     and every row's fate in the release ledger checked against what the corpus planted."""
     import pyarrow.parquet as pq
 
-    from flows.params import explicit_overrides
-    from flows.preflight import PHASES
     from tasks.demo.video_corpus import fate_problems, prepare_video_demo
 
     typer.echo(f"video demo: {directory}")
     server, expected = prepare_video_demo(directory)
-    try:
-        typer.echo(f"serving it at {server.base_url}")
-        os.environ["SHARDSMITH_DEMO_DIR"] = str(directory)
-        with live_progress(True):
-            result = run_recipe(RECIPES / "demo-video.yaml", list(PHASES), explicit_overrides({}, workers=workers))
-    finally:
-        server.stop()
-    print_summary(result)
+    result = run_served(server, directory, "demo-video.yaml", workers)
     release = result.get("release")
     names = list(expected["fates"])
     problems = ["nothing was released"]

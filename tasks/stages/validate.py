@@ -144,15 +144,7 @@ class Judge:
 def failed_row(item: Item, err: Exception) -> dict[str, Any]:
     """The ledger row of a sample whose judging raised: an error, the exception in its detail."""
     key, _, down = item
-    return LedgerRow(
-        key=key,
-        source=down["source"],
-        row=down["row"],
-        reason=DECIDE_FAILED,
-        url=down["url"],
-        detail=f"judging the sample: {failure_detail(err)}",
-        origin=down.get("origin"),
-    ).as_dict()
+    return _base_row(key, down, None, None, DECIDE_FAILED, f"judging the sample: {failure_detail(err)}")
 
 
 def validate_shard(
