@@ -113,10 +113,14 @@ def is_truncated(fmt: str, data: bytes) -> bool:
     return truncation(fmt, data) is not None
 
 
-def bytes_verdict(data: bytes, allowed_formats: tuple[str, ...], content_type: str | None = None) -> Ruling[str]:
+def bytes_verdict(
+    data: bytes, allowed_formats: tuple[str, ...], content_type: str | None = None, size: int | None = None
+) -> Ruling[str]:
     """Fetched bytes judged: sniffed format (the verdict's value, once known), allowlist, truncation.
 
     The detail says what the bytes are and what the server called them (``Content-Type``).
+    ``size``: the whole body's length when ``data`` holds only its first bytes (a body streamed
+    to a file); truncation is then not judged, since its end markers are past the prefix.
     """
     served = f"Content-Type {content_type}" if content_type else "no Content-Type"
     if not data:
@@ -125,11 +129,13 @@ def bytes_verdict(data: bytes, allowed_formats: tuple[str, ...], content_type: s
         return container_verdict(data, allowed_formats, served)
     fmt = sniff_format(data)
     if fmt is None:
-        return Ruling(None, "not_an_image", f"{describe_start(data)} ({len(data)} bytes, {served})")
+        return Ruling(None, "not_an_image", f"{describe_start(data)} ({size or len(data)} bytes, {served})")
     if fmt not in allowed_formats:
         return Ruling(
             fmt, "format_not_allowed", f"{fmt} is not in allowed_formats ({', '.join(allowed_formats)}; {served})"
         )
+    if size is not None and size > len(data):
+        return Ruling(fmt)
     cut = truncation(fmt, data)
     if cut is not None:
         return Ruling(fmt, "truncated_image", f"{cut} ({served})")
