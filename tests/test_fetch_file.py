@@ -301,6 +301,25 @@ def test_judge_file_of_a_large_file_sniffs_its_prefix(web, root, tmp_path):
     assert not (tmp_path / "v").exists()
 
 
+def test_a_video_resumed_mid_transfer_sniffs_and_probes_as_the_original(web, root, tmp_path):
+    from tasks.demo.videos import make_video
+    from tasks.video.probe import VideoLimits, probe
+
+    video = make_video(seconds=2.0, size=(160, 96))
+    (root / "clip.mp4").write_bytes(video)
+    containers = ("mp4", "webm", "mkv")
+    path = f"/drop/clip.mp4?after={len(video) // 2}"
+    fetched = judge_file(fetch_to(web.url(path), tmp_path / "clip"), containers)
+    assert (fetched.reason, fetched.format, fetched.resumed) == (None, "mp4", 1)
+    assert (tmp_path / "clip").read_bytes() == video
+    probed = probe((tmp_path / "clip").read_bytes(), VideoLimits())
+    assert probed.ok and probed == probe(video, VideoLimits())
+    other = judge_file(fetch_to(web.url("/img/v.bin"), tmp_path / "v"), containers)
+    size = (root / "v.bin").stat().st_size
+    assert (other.reason, other.path) == ("not_a_video", None)
+    assert other.detail.endswith(f"({size} bytes, Content-Type application/octet-stream)")
+
+
 @pytest.fixture(scope="module")
 def big_web(tmp_path_factory):
     """A server in its own process with a 32 MiB file: the peak traced here is the client's alone."""

@@ -126,7 +126,7 @@ def bytes_verdict(
     if not data:
         return Ruling(None, "empty_body", f"0 bytes ({served})")
     if any(f in VIDEO_FORMATS for f in allowed_formats):
-        return container_verdict(data, allowed_formats, served)
+        return container_verdict(data, allowed_formats, served, size)
     fmt = sniff_format(data)
     if fmt is None:
         return Ruling(None, "not_an_image", f"{describe_start(data)} ({size or len(data)} bytes, {served})")
@@ -142,11 +142,14 @@ def bytes_verdict(
     return Ruling(fmt)
 
 
-def container_verdict(data: bytes, allowed: tuple[str, ...], served: str | None = None) -> Ruling[str]:
+def container_verdict(
+    data: bytes, allowed: tuple[str, ...], served: str | None = None, size: int | None = None
+) -> Ruling[str]:
     """Bytes that should be a video: the container sniffed (an image or anything else is
     ``not_a_video``, the detail says what it is), and whether it is ``allowed``; ``served``
-    (what the server called it) ends the detail. The probe reads the rest from the headers."""
-    tail = f" ({len(data)} bytes, {served})" if served else ""
+    (what the server called it) ends the detail, with ``size`` when ``data`` is only the body's
+    first bytes. The probe reads the rest from the headers."""
+    tail = f" ({size or len(data)} bytes, {served})" if served else ""
     image = sniff_format(data)
     fmt = None if image else sniff_container(data)
     if fmt is None:
