@@ -151,6 +151,8 @@ def test_no_root_serves_no_files():
         "/slow/..%2Fsecret.txt",
         "/flaky/0/..%2Fsecret.txt",
         "/redirect-chain/0/..%2Fsecret.txt",
+        "/drop/..%2Fsecret.txt?after=1",
+        "/norange/..%2Fsecret.txt",
     ],
 )
 def test_path_traversal_is_refused(web, path):
@@ -336,6 +338,145 @@ def test_robots_txt_configurable_or_absent(root):
         assert get(web, "/robots.txt")[0] == 404
     with ImageWeb(root, robots_txt=503) as web:
         assert get(web, "/robots.txt")[0] == 503
+
+
+# --------------------------------------------------------------------------- ranges and cut transfers
+
+
+def cut(web: ImageWeb, path: str, headers: dict[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """A request whose body the server cuts short: (status, headers, the bytes that came)."""
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        with pytest.raises(http.client.IncompleteRead) as short:
+            resp.read()
+        return resp.status, resp.headers, short.value.partial
+    finally:
+        conn.close()
+
+
+def test_img_sends_validators_that_follow_the_file(web, root):
+    path = root / "versioned.bin"
+    path.write_bytes(b"first version")
+    _, first, _ = get(web, "/img/versioned.bin")
+    assert first["ETag"].startswith('"') and first["Accept-Ranges"] == "bytes"
+    assert first["Last-Modified"].endswith(" GMT")
+    path.write_bytes(b"second, longer version")
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    _, second, _ = get(web, "/img/versioned.bin")
+    path.unlink()
+    assert second["ETag"] != first["ETag"] and second["Last-Modified"] != first["Last-Modified"]
+
+
+@pytest.mark.parametrize(
+    ("asked", "part"),
+    [
+        ("bytes=10-19", slice(10, 20)),
+        ("bytes=10-", slice(10, None)),
+        ("bytes=-5", slice(-5, None)),
+        ("bytes=0-99999999", slice(0, None)),
+    ],
+)
+def test_img_answers_a_range_with_206(web, files, asked, part):
+    body = files["a.jpg"]
+    status, headers, got = get(web, "/img/a.jpg", headers={"Range": asked})
+    start, end = part.indices(len(body))[:2]
+    assert (status, got) == (206, body[part])
+    assert headers["Content-Range"] == f"bytes {start}-{end - 1}/{len(body)}"
+    assert int(headers["Content-Length"]) == end - start
+    assert headers["Content-Type"] == "image/jpeg" and headers["ETag"]
+    assert web.sent["/img/a.jpg"] == end - start
+    assert web.ranges == [("/img/a.jpg", asked, None)]
+
+
+def test_a_range_past_the_end_is_416(web, files):
+    size = len(files["b.png"])
+    status, headers, _ = get(web, "/img/b.png", headers={"Range": f"bytes={size}-"})
+    assert status == 416
+    assert headers["Content-Range"] == f"bytes */{size}"
+
+
+@pytest.mark.parametrize("asked", ["items=0-1", "bytes=0-1,5-6", "bytes=9-2"])
+def test_a_range_the_server_does_not_read_gets_the_whole_file(web, files, asked):
+    assert get(web, "/img/b.png", headers={"Range": asked})[::2] == (200, files["b.png"])
+
+
+def test_if_range_that_matches_gets_the_part_and_a_stale_one_the_whole_file(web, files):
+    _, headers, _ = get(web, "/img/c.webp", method="HEAD")
+    body = files["c.webp"]
+    for validator in (headers["ETag"], headers["Last-Modified"]):
+        assert get(web, "/img/c.webp", headers={"Range": "bytes=4-", "If-Range": validator})[::2] == (206, body[4:])
+    for stale in ('"0-0"', "W/" + headers["ETag"], "Thu, 01 Jan 2015 00:00:00 GMT"):
+        assert get(web, "/img/c.webp", headers={"Range": "bytes=4-", "If-Range": stale})[::2] == (200, body)
+    assert web.ranges[-1] == ("/img/c.webp", "bytes=4-", "Thu, 01 Jan 2015 00:00:00 GMT")
+
+
+def test_drop_cuts_the_first_requests_then_serves_the_file(web, files):
+    path = "/drop/a.jpg?after=100&times=2"
+    body = files["a.jpg"]
+    for _ in range(2):
+        status, headers, got = cut(web, path)
+        assert (status, got) == (200, body[:100])
+        assert int(headers["Content-Length"]) == len(body)
+        assert headers["ETag"] and headers["Accept-Ranges"] == "bytes"
+    assert get(web, path)[::2] == (200, body)
+    assert web.hits[path] == 3
+    assert web.sent[path] == 200 + len(body)
+
+
+def test_drop_cuts_a_ranged_answer_and_resumes_it(web, files):
+    path = "/drop/b.png?after=50"
+    body = files["b.png"]
+    status, headers, got = cut(web, path, {"Range": "bytes=10-"})
+    assert (status, got) == (206, body[10:60])
+    assert headers["Content-Range"] == f"bytes 10-{len(body) - 1}/{len(body)}"
+    etag = headers["ETag"]
+    assert get(web, path, headers={"Range": "bytes=60-", "If-Range": etag})[::2] == (206, body[60:])
+    assert web.ranges == [(path, "bytes=10-", None), (path, "bytes=60-", etag)]
+
+
+def test_drop_then_serves_another_file_as_if_it_changed(web, files):
+    path = "/drop/a.jpg?after=10&then=b.png"
+    status, headers, got = cut(web, path)
+    assert got == files["a.jpg"][:10]
+    again = get(web, path, headers={"Range": "bytes=10-", "If-Range": headers["ETag"]})
+    assert again[::2] == (200, files["b.png"])  # the If-Range no longer matches
+    assert get(web, "/drop/a.jpg?then=x.jpg")[0] == 200  # no after: nothing cut, the file itself
+
+
+def test_drop_without_etag_sends_only_last_modified(web, files):
+    status, headers, got = get(web, "/drop/d.gif?etag=0")
+    assert (status, got) == (200, files["d.gif"])
+    assert "ETag" not in headers and headers["Last-Modified"]
+
+
+def test_norange_ignores_range_and_can_cut_too(web, files):
+    body = files["c.webp"]
+    status, headers, got = get(web, "/norange/c.webp", headers={"Range": "bytes=10-"})
+    assert (status, got) == (200, body)
+    assert headers["ETag"] and "Accept-Ranges" not in headers and "Content-Range" not in headers
+    assert cut(web, "/norange/c.webp?after=20", {"Range": "bytes=10-"})[::2] == (200, body[:20])
+
+
+def test_drop_with_stall_holds_the_connection_before_cutting_it(web, files):
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=10)
+    try:
+        conn.request("GET", "/drop/a.jpg?after=100&stall=1")
+        resp = conn.getresponse()
+        assert resp.read(100) == files["a.jpg"][:100]
+        wait_until(lambda: web.in_flight == 1, "the handler to hold the connection")
+        with pytest.raises(http.client.IncompleteRead):
+            resp.read()
+    finally:
+        conn.close()
+    wait_until(lambda: web.in_flight == 0, "the stalled handler to end")
+
+
+@pytest.mark.parametrize("query", ["after=x", "times=-1", "stall=9999", "etag=2"])
+def test_drop_refuses_nonsense(web, query):
+    assert get(web, f"/drop/a.jpg?{query}")[0] == 400
 
 
 # --------------------------------------------------------------------------- streams

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import email.utils
+import functools
 import mimetypes
 import os
 import stat
@@ -42,6 +44,16 @@ class ServedFile:
     mtime_ns: int
     body: bytes
     content_type: str
+
+    @functools.cached_property
+    def etag(self) -> str:
+        """A strong ETag of this version (mtime and size, as aiohttp's FileResponse and nginx make it)."""
+        return f'"{self.mtime_ns:x}-{len(self.body):x}"'
+
+    @functools.cached_property
+    def last_modified(self) -> str:
+        """The mtime as an HTTP date."""
+        return email.utils.formatdate(self.mtime_ns / 1e9, usegmt=True)
 
 
 class FileCache:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import random
 import sys
-import threading
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
 
+from tasks.demo import ranges
 from tasks.demo.filecache import FileCache, ServedFile
-from tasks.demo.loopback import LoopbackServer
+from tasks.demo.tracked import TrackedServer
 
 DEFAULT_ROBOTS_TXT = "User-agent: *\nDisallow: /private/\n"
 
@@ -29,12 +27,21 @@ _HTML_PAGE = (
 )
 
 
-class ImageWeb(LoopbackServer):
+class ImageWeb(TrackedServer):
     """An aiohttp server on loopback that serves files from ``root`` through good and bad routes.
 
     Routes (GET; HEAD too):
 
-    - ``/img/{name}``: the file, Content-Type from the extension, Content-Length set.
+    - ``/img/{name}``: the file, Content-Type from the extension, Content-Length, ETag and
+      Last-Modified set; a Range (``bytes=N-``, ``bytes=N-M``, ``bytes=-N``) is a 206 with
+      Content-Range unless an If-Range does not match; a first byte past the end is a 416.
+    - ``/drop/{name}?after=N&times=K``: the first K (default 1) requests for this path and
+      query send N bytes of their body (whole or ranged, as ``/img``) and close the connection
+      (with ``stall=S``, S seconds later: a stalled transfer); later ones are ``/img``'s answer,
+      of the file ``then`` names when the query has one (a file that changed between attempts).
+      Without ``after`` no request is cut; ``etag=0`` sends Last-Modified as the only validator.
+    - ``/norange/{name}``: the file whole (200) whatever Range asks, with ETag and
+      Last-Modified; ``after``, ``times`` and ``then`` as ``/drop``.
     - ``/status/{code}``: that status with a short body.
     - ``/flaky/{n}/{name}``: 500 for the first ``n`` hits on this exact path, then the file.
     - ``/ratelimit/{seconds}/{n}/{name}``: 429 with ``Retry-After: {seconds}`` for the first
@@ -80,13 +87,9 @@ class ImageWeb(LoopbackServer):
             ``/private/`` for every user agent.
         cache_bytes: memory for cached file bodies. Default 256 MiB.
 
-    Stats, read from any thread (take ``lock`` to iterate ``hits`` while the server runs, or
-    use ``stats()``): ``hits`` counts requests by path without the query and, for requests
-    with one, also by path with the query; ``user_agents`` holds every User-Agent seen and
-    ``authorizations`` every Authorization header (credentials must never arrive here);
-    ``requests`` counts all requests; ``in_flight`` is the number of handlers running now and
-    ``max_concurrent`` the highest it has been. ``reset_stats()`` starts them over (which also
-    restarts the flaky and rate-limit sequences).
+    Stats (``hits``, ``sent``, ``ranges`` ...) as :class:`TrackedServer` keeps them;
+    ``reset_stats()`` also restarts the flaky, rate-limit and drop sequences. ``sent`` counts
+    the body bytes that ``/img``, ``/drop`` and ``/norange`` wrote.
     """
 
     def __init__(
@@ -101,66 +104,7 @@ class ImageWeb(LoopbackServer):
         self.root = Path(root) if root is not None else None
         self.robots_txt = robots_txt
         self.cache_bytes = cache_bytes
-        self.lock = threading.Lock()
-        self.hits: collections.Counter[str] = collections.Counter()
-        self.user_agents: set[str] = set()
-        self.authorizations: set[str] = set()
-        self.requests = 0
-        self.in_flight = 0
-        self.max_concurrent = 0
         self._files = FileCache(self.root, cache_bytes)
-
-    # ----------------------------------------------------------------- stats
-
-    def reset_stats(self) -> None:
-        """Forget hits, user agents and counts; max_concurrent restarts from what is in flight."""
-        with self.lock:
-            self.hits.clear()
-            self.user_agents.clear()
-            self.authorizations.clear()
-            self.requests = 0
-            self.max_concurrent = self.in_flight
-
-    def stats(self) -> dict:
-        """A consistent copy of the stats."""
-        with self.lock:
-            return {
-                "hits": collections.Counter(self.hits),
-                "user_agents": set(self.user_agents),
-                "authorizations": set(self.authorizations),
-                "requests": self.requests,
-                "in_flight": self.in_flight,
-                "max_concurrent": self.max_concurrent,
-            }
-
-    @web.middleware
-    async def _track(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        path = request.path
-        with self.lock:
-            self.requests += 1
-            self.hits[path] += 1
-            if request.query_string:
-                self.hits[request.path_qs] += 1
-            agent = request.headers.get("User-Agent")
-            if agent is not None:
-                self.user_agents.add(agent)
-            auth = request.headers.get("Authorization")
-            if auth is not None:
-                self.authorizations.add(auth)
-            self.in_flight += 1
-            if self.in_flight > self.max_concurrent:
-                self.max_concurrent = self.in_flight
-        try:
-            return await handler(request)
-        finally:
-            with self.lock:
-                self.in_flight -= 1
-
-    def _hit_count(self, request: web.Request) -> int:
-        with self.lock:
-            return self.hits[request.path]
 
     # ----------------------------------------------------------------- files
 
@@ -179,6 +123,8 @@ class ImageWeb(LoopbackServer):
             [
                 web.get("/img/{name}", self._img),
                 web.get("/private/{name}", self._img),
+                web.get("/drop/{name}", self._drop),
+                web.get("/norange/{name}", self._drop),
                 web.get("/status/{code}", self._status),
                 web.get("/flaky/{n}/{name}", self._flaky),
                 web.get("/ratelimit/{seconds}/{n}/{name}", self._ratelimit),
@@ -202,8 +148,13 @@ class ImageWeb(LoopbackServer):
         return app
 
     @staticmethod
-    def _int(request: web.Request, key: str, low: int = 0, high: int = 1_000_000) -> int:
-        raw = request.match_info[key]
+    def _int(request: web.Request, key: str, low: int = 0, high: int = 1_000_000, default: int | None = None) -> int:
+        """A path segment's integer, or the query's (``default`` when it has none)."""
+        raw = request.match_info.get(key, request.query.get(key))
+        if raw is None:
+            if default is None:
+                raise web.HTTPBadRequest(text=f"missing {key}\n")
+            return default
         try:
             value = int(raw)
         except ValueError:
@@ -213,7 +164,42 @@ class ImageWeb(LoopbackServer):
         return value
 
     async def _img(self, request: web.Request) -> web.StreamResponse:
-        return self._file_response(request.match_info["name"])
+        f = self._file(request.match_info["name"])
+        if "Range" in request.headers:
+            return await self._send(request, f, ranged=True)
+        self._count_sent(request, 0 if request.method == "HEAD" else len(f.body))
+        return web.Response(body=f.body, content_type=f.content_type, headers=ranges.validators(f))
+
+    async def _drop(self, request: web.Request) -> web.StreamResponse:
+        """``/drop`` and ``/norange``: cut short the first ``times`` requests for this URL."""
+        after = self._int(request, "after", high=1 << 40, default=1 << 40)
+        cut = self._hit_count(request, request.path_qs) <= self._int(request, "times", default=1)
+        name = request.match_info["name"] if cut else request.query.get("then", request.match_info["name"])
+        stall = self._int(request, "stall", high=3600, default=0)
+        etag = self._int(request, "etag", high=1, default=1) == 1
+        ranged = request.path.startswith("/drop/")
+        return await self._send(request, self._file(name), ranged, after if cut else None, stall, etag)
+
+    async def _send(
+        self,
+        request: web.Request,
+        f: ServedFile,
+        ranged: bool,
+        cut_after: int | None = None,
+        stall: int = 0,
+        etag: bool = True,
+    ) -> web.StreamResponse:
+        part = ranges.wanted_part(request, f) if ranged else None
+        with self.streaming(request):
+            return await ranges.send(
+                request,
+                f,
+                part,
+                ranges.validators(f, ranged, etag),
+                lambda n: self._count_sent(request, n),
+                cut_after,
+                (lambda: self.stopping_within(stall)) if stall else None,
+            )
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
         code = self._int(request, "code", 100, 599)

@@ -113,34 +113,43 @@ def is_truncated(fmt: str, data: bytes) -> bool:
     return truncation(fmt, data) is not None
 
 
-def bytes_verdict(data: bytes, allowed_formats: tuple[str, ...], content_type: str | None = None) -> Ruling[str]:
+def bytes_verdict(
+    data: bytes, allowed_formats: tuple[str, ...], content_type: str | None = None, size: int | None = None
+) -> Ruling[str]:
     """Fetched bytes judged: sniffed format (the verdict's value, once known), allowlist, truncation.
 
     The detail says what the bytes are and what the server called them (``Content-Type``).
+    ``size``: the whole body's length when ``data`` holds only its first bytes (a body streamed
+    to a file); truncation is then not judged, since its end markers are past the prefix.
     """
     served = f"Content-Type {content_type}" if content_type else "no Content-Type"
     if not data:
         return Ruling(None, "empty_body", f"0 bytes ({served})")
     if any(f in VIDEO_FORMATS for f in allowed_formats):
-        return container_verdict(data, allowed_formats, served)
+        return container_verdict(data, allowed_formats, served, size)
     fmt = sniff_format(data)
     if fmt is None:
-        return Ruling(None, "not_an_image", f"{describe_start(data)} ({len(data)} bytes, {served})")
+        return Ruling(None, "not_an_image", f"{describe_start(data)} ({size or len(data)} bytes, {served})")
     if fmt not in allowed_formats:
         return Ruling(
             fmt, "format_not_allowed", f"{fmt} is not in allowed_formats ({', '.join(allowed_formats)}; {served})"
         )
+    if size is not None and size > len(data):
+        return Ruling(fmt)
     cut = truncation(fmt, data)
     if cut is not None:
         return Ruling(fmt, "truncated_image", f"{cut} ({served})")
     return Ruling(fmt)
 
 
-def container_verdict(data: bytes, allowed: tuple[str, ...], served: str | None = None) -> Ruling[str]:
+def container_verdict(
+    data: bytes, allowed: tuple[str, ...], served: str | None = None, size: int | None = None
+) -> Ruling[str]:
     """Bytes that should be a video: the container sniffed (an image or anything else is
     ``not_a_video``, the detail says what it is), and whether it is ``allowed``; ``served``
-    (what the server called it) ends the detail. The probe reads the rest from the headers."""
-    tail = f" ({len(data)} bytes, {served})" if served else ""
+    (what the server called it) ends the detail, with ``size`` when ``data`` is only the body's
+    first bytes. The probe reads the rest from the headers."""
+    tail = f" ({size or len(data)} bytes, {served})" if served else ""
     image = sniff_format(data)
     fmt = None if image else sniff_container(data)
     if fmt is None:

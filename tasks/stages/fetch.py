@@ -6,7 +6,8 @@ import asyncio
 import email.utils
 import re
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -16,18 +17,12 @@ from tasks.formats.recipe_download import DownloadConfig
 from tasks.policies.robots import RobotsRules, x_robots_verdict
 from tasks.policies.ruling import Ruling
 from tasks.policies.urlguard import AddressPolicy, GuardedResolver, check_url, resolve_file_url
+from tasks.stages.fetch_body import CHUNK, Body, FileBody, Retry, stream_capped
 from tasks.stages.fetched import Fetched, classify, exception_detail, failure
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
 _REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 _ROBOTS_MAX_BYTES = 512 * 1024  # RFC 9309 asks parsers to read at least 500 KiB
-_CHUNK = 1 << 20  # body read size; images are 100 KB to MBs
-
-
-class _Retry(Exception):
-    def __init__(self, reason: str, status: int | None, delay: float | None, detail: str):
-        super().__init__(detail)
-        self.reason, self.status, self.delay, self.detail = reason, status, delay, detail
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -64,8 +59,10 @@ class Fetcher:
         cfg: the recipe's download config (limits, retries, user agent, network policy).
         s3_options: fsspec options for ``s3://`` sources in allowlisted buckets.
 
-    Use as ``async with Fetcher(cfg) as f: await f.fetch(url)``. ``fetch`` never raises but
-    for a cancellation: every outcome, an unexpected exception included, is a :class:`Fetched`.
+    Use as ``async with Fetcher(cfg) as f: await f.fetch(url)`` (the body in memory, under
+    ``download.max_bytes``) or ``await f.fetch_to(url, dest, max_bytes)`` (the body streamed to
+    a file, resumed with a range request when the connection drops). Neither raises but for a
+    cancellation: every outcome, an unexpected exception included, is a :class:`Fetched`.
     """
 
     def __init__(self, cfg: DownloadConfig, s3_options: dict[str, Any] | None = None):
@@ -78,6 +75,7 @@ class Fetcher:
         self._hosts: dict[str, asyncio.Semaphore] = {}
         self._robots: dict[str, asyncio.Future] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.timeout_s)
 
     async def __aenter__(self) -> Fetcher:
         connector = aiohttp.TCPConnector(
@@ -90,11 +88,11 @@ class Fetcher:
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers={"User-Agent": self.cfg.user_agent, "Accept": "image/*,*/*;q=0.5"},
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.timeout_s),
+            timeout=self._timeout,
             auto_decompress=False,
             trust_env=False,  # no proxies and no .netrc credentials from the environment
             # Images are 100 KB to MBs: larger reads cost fewer wake-ups than the 64 KiB default.
-            read_bufsize=_CHUNK,
+            read_bufsize=CHUNK,
         )
         return self
 
@@ -116,17 +114,37 @@ class Fetcher:
     async def fetch(self, url: str) -> Fetched:
         """Fetch one URL: the policy first, then up to ``retries`` more attempts for transient failures."""
         try:
-            return await self._fetch(url)
+            return await self._fetch(url, _MemoryBody(self))
         except BaseException as err:  # noqa: BLE001 - every exception is this URL's record
             return failure(err)
 
-    async def _fetch(self, url: str) -> Fetched:
+    async def fetch_to(self, url: str, dest: Path, max_bytes: int, *, cap_name: str = "max_bytes") -> Fetched:
+        """Fetch one URL's body into the file ``dest``, chunk by chunk, under the policy of :meth:`fetch`.
+
+        The body may have ``max_bytes`` (named ``cap_name`` in details); ``download.timeout_s``
+        bounds each wait for headers or for the next bytes, not the whole body. A transfer that
+        drops after bytes arrived resumes where it stopped (see :class:`FileBody`), within
+        ``download.retries``. On success ``path`` is ``dest`` and ``size`` its bytes; on any
+        other outcome, a cancellation included, ``dest`` is removed.
+        """
+        body = FileBody(dest, max_bytes, cap_name, self.cfg.timeout_s)
+        try:
+            fetched = await self._fetch(url, body)
+        except BaseException as err:  # noqa: BLE001 - every exception is this URL's record
+            dest.unlink(missing_ok=True)  # before failure(), which raises a cancellation again
+            fetched = failure(err)
+        if fetched.reason is not None:
+            dest.unlink(missing_ok=True)
+        fetched.resumed = body.resumed
+        return fetched
+
+    async def _fetch(self, url: str, body: Body) -> Fetched:
         checked = self._check(url)
         if not checked.ok:
             return Fetched(reason=checked.reason, detail=checked.detail)
         if urlsplit(url).scheme.lower() in ("file", "s3"):
-            return await asyncio.to_thread(self._read_object, url)
-        last: _Retry | None = None
+            return await asyncio.to_thread(self._read_object, url, body)
+        last: Retry | None = None
         attempts = 0
         for attempt in range(self.cfg.retries + 1):
             if attempt:
@@ -136,8 +154,8 @@ class Fetcher:
                 await asyncio.sleep(delay)
             attempts += 1
             try:
-                fetched = await self._attempt(url)
-            except _Retry as retry:
+                fetched = await self._attempt(url, body)
+            except Retry as retry:
                 last = retry
                 if retry.reason == "rate_limited":
                     break
@@ -146,16 +164,16 @@ class Fetcher:
             return fetched
         return Fetched(reason=last.reason, http_status=last.status, attempts=attempts, detail=last.detail)
 
-    async def _attempt(self, url: str) -> Fetched:
+    async def _attempt(self, url: str, body: Body) -> Fetched:
         host = URL(url).raw_host or ""
         # The host's slot first: a request queued behind a busy host must not hold one of the
         # shard's global slots, or one dominant host starves all the others.
         async with self._host_sem(host), self._global:
-            deadline = asyncio.timeout(self.cfg.timeout_s)
+            deadline = asyncio.timeout(body.deadline_s)
             try:
                 async with deadline:
-                    return await self._follow(url)
-            except _Retry:
+                    return await self._follow(url, body)
+            except Retry:
                 raise
             except TimeoutError as err:
                 if deadline.expired():
@@ -167,16 +185,18 @@ class Fetcher:
             except BaseException as err:  # noqa: BLE001 - classified; transient ones are retried
                 fetched = failure(err)
                 if classify(err)[1]:
-                    raise _Retry(fetched.reason, None, None, fetched.detail) from None
+                    raise Retry(fetched.reason, None, None, fetched.detail) from None
                 return fetched
 
-    async def _follow(self, url: str) -> Fetched:
+    async def _follow(self, url: str, body: Body) -> Fetched:
         for _hop in range(self.cfg.max_redirects + 1):
             if self.cfg.respect_robots_txt:
                 robots = await self._robots_verdict(url)
                 if not robots.ok:
                     return Fetched(reason=robots.reason, detail=robots.detail)
-            async with self._session.get(URL(url), allow_redirects=False) as resp:
+            async with self._session.get(
+                URL(url), allow_redirects=False, headers=body.headers(), timeout=body.timeout or self._timeout
+            ) as resp:
                 status = resp.status
                 if status in _REDIRECT_STATUS:
                     location = resp.headers.get("Location")
@@ -198,22 +218,19 @@ class Fetcher:
                 if status in _RETRY_STATUS:
                     delay = parse_retry_after(resp.headers.get("Retry-After")) if status in (429, 503) else None
                     if delay is not None and delay > self.cfg.max_retry_after_s:
-                        raise _Retry(
+                        raise Retry(
                             "rate_limited",
                             status,
                             None,
                             f"{_status_text(resp)}, Retry-After {delay:g} s over download.max_retry_after_s",
                         )
-                    raise _Retry(f"http_{status}", status, delay, _status_text(resp))
-                if status != 200:
+                    raise Retry(f"http_{status}", status, delay, _status_text(resp))
+                if not body.accepts(status):
                     return Fetched(reason=f"http_{status}", http_status=status, detail=_status_text(resp))
                 opt_out = x_robots_verdict(resp.headers.getall("X-Robots-Tag", []), self._directives, self.ua_token)
                 if not opt_out.ok:
                     return Fetched(reason=opt_out.reason, http_status=status, detail=opt_out.detail)
-                data, problem = await self._read_capped(resp)
-                if data is None:
-                    return Fetched(reason="too_large", http_status=status, detail=problem)
-                return Fetched(data=data, http_status=status, content_type=resp.headers.get("Content-Type"))
+                return await body.receive(resp)
         return Fetched(
             reason="too_many_redirects",
             detail=f"more than download.max_redirects ({self.cfg.max_redirects}); the last to {_shown(url)}",
@@ -234,24 +251,9 @@ class Fetcher:
 
     async def _read_capped(self, resp: aiohttp.ClientResponse) -> tuple[bytes | None, str | None]:
         """(body, None), or (None, why) past max_bytes; Content-Length is not trusted either way."""
-        cap = self.cfg.max_bytes
-        declared = resp.content_length
-        if declared is not None and declared > cap:
-            return None, f"Content-Length {declared} is over download.max_bytes ({cap})"
         parts: list[bytes] = []
-        total = 0
-        try:
-            async for chunk in resp.content.iter_chunked(_CHUNK):
-                total += len(chunk)
-                if total > cap:
-                    return None, f"more than download.max_bytes ({cap}) received" + (
-                        f", Content-Length {declared}" if declared is not None else ""
-                    )
-                parts.append(chunk)
-        except aiohttp.ClientPayloadError as err:
-            expected = f"{declared} declared" if declared is not None else "an undeclared number of"
-            raise aiohttp.ClientPayloadError(f"received {total} of {expected} bytes ({err})") from err
-        return b"".join(parts), None
+        problem = await stream_capped(resp, self.cfg.max_bytes, parts.append)
+        return (None, problem) if problem is not None else (b"".join(parts), None)
 
     async def _robots_verdict(self, url: str) -> Ruling[str]:
         parts = urlsplit(url)
@@ -302,11 +304,10 @@ class Fetcher:
                 f"{url} could not be read ({exception_detail(err)}): disallow all (RFC 9309)"
             )
 
-    def _read_object(self, url: str) -> Fetched:
+    def _read_object(self, url: str, body: Body) -> Fetched:
         """file:// (under file_root) and s3:// (allowlisted buckets), with the same byte cap."""
         import fsspec
 
-        cap = self.cfg.max_bytes
         try:
             if url.lower().startswith("file:"):
                 path = resolve_file_url(url, self.cfg.network.file_root)
@@ -318,9 +319,37 @@ class Fetcher:
             else:
                 fh = fsspec.open(url, "rb", **self.s3_options).open()
             with fh:
-                data = fh.read(cap + 1)
+                fetched = body.read_object(fh)
         except Exception as err:  # noqa: BLE001 - any storage client error is this row's read_error
             return Fetched(reason="read_error", attempts=1, detail=exception_detail(err))
+        fetched.attempts = 1
+        return fetched
+
+
+class _MemoryBody:
+    """The body in memory (images): ``download.max_bytes`` at most, each attempt within ``timeout_s``."""
+
+    timeout: aiohttp.ClientTimeout | None = None
+
+    def __init__(self, fetcher: Fetcher):
+        self.fetcher = fetcher
+        self.deadline_s: float | None = fetcher.cfg.timeout_s
+
+    def headers(self) -> dict[str, str] | None:
+        return None
+
+    def accepts(self, status: int) -> bool:
+        return status == 200
+
+    async def receive(self, resp: aiohttp.ClientResponse) -> Fetched:
+        data, problem = await self.fetcher._read_capped(resp)
+        if data is None:
+            return Fetched(reason="too_large", http_status=resp.status, detail=problem)
+        return Fetched(data=data, http_status=resp.status, content_type=resp.headers.get("Content-Type"))
+
+    def read_object(self, fh: BinaryIO) -> Fetched:
+        cap = self.fetcher.cfg.max_bytes
+        data = fh.read(cap + 1)
         if len(data) > cap:
-            return Fetched(reason="too_large", attempts=1, detail=f"more than download.max_bytes ({cap})")
-        return Fetched(data=data, attempts=1)
+            return Fetched(reason="too_large", detail=f"more than download.max_bytes ({cap})")
+        return Fetched(data=data)

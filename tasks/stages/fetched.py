@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 from dataclasses import dataclass
@@ -12,10 +13,20 @@ import aiohttp
 from tasks.policies.sniff import bytes_verdict
 from tasks.policies.urlguard import BlockedAddress, InvalidHost
 
+# How much of a file streamed to disk its sniff reads: magic numbers are in the first bytes,
+# and Matroska's DocType or an HTML page's start within the first few KiB.
+SNIFF_BYTES = 64 * 1024
+
 
 @dataclass
 class Fetched:
-    """What fetching one URL (and judging its bytes) ended in: bytes, or a reason with a detail."""
+    """What fetching one URL (and judging its bytes) ended in: bytes, or a reason with a detail.
+
+    A body fetched into memory (``Fetcher.fetch``) is ``data``; one streamed to a file
+    (``Fetcher.fetch_to``) is ``path`` with its ``size`` in bytes, ``data`` None. ``resumed``
+    counts the attempts that continued a dropped transfer with a range request (part of
+    ``attempts``).
+    """
 
     reason: str | None = None
     data: bytes | None = None
@@ -24,6 +35,9 @@ class Fetched:
     detail: str | None = None
     content_type: str | None = None
     format: str | None = None
+    path: str | None = None
+    size: int | None = None
+    resumed: int = 0
 
 
 def exception_detail(err: BaseException) -> str:
@@ -97,4 +111,22 @@ def judge(fetched: Fetched, allowed_formats: tuple[str, ...]) -> Fetched:
         fetched.reason, fetched.format, fetched.detail = verdict.reason, verdict.value, verdict.detail
         if not verdict.ok:
             fetched.data = None
+    return fetched
+
+
+def judge_file(fetched: Fetched, allowed_formats: tuple[str, ...]) -> Fetched:
+    """Judge a body streamed to a file in place, as :func:`judge` judges bytes, from its first
+    ``SNIFF_BYTES``; a refused file is removed.
+
+    A file longer than that is judged on format and allowlist only: the end markers that show
+    an image's truncation are past the prefix (a video's index is the video probe's to check).
+    """
+    if fetched.reason is None and fetched.path is not None:
+        with open(fetched.path, "rb") as fh:
+            head = fh.read(SNIFF_BYTES)
+        verdict = bytes_verdict(head, allowed_formats, fetched.content_type, fetched.size)
+        fetched.reason, fetched.format, fetched.detail = verdict.reason, verdict.value, verdict.detail
+        if not verdict.ok:
+            os.unlink(fetched.path)
+            fetched.path = None
     return fetched
