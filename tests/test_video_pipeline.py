@@ -38,6 +38,7 @@ def _release(
     api_url: str,
     clips: str = "{min_s: 1, max_s: 2}",
     segments: dict[str, str] | None = None,
+    routes: dict[str, str] | None = None,
 ):
     """Serve ``files``, run their manifest to a release; (the manifest's names in row order, the
     store). ``segments``: a segments column (name -> its text), carried into the samples."""
@@ -54,7 +55,8 @@ def _release(
             out = csv.writer(f)
             out.writerow(["url", "caption", "license", "segments"])
             for n in names:
-                out.writerow([server.url("/img/" + n), f"a clip of {n}", "CC0-1.0", (segments or {}).get(n, "")])
+                path = (routes or {}).get(n, "/img/" + n)
+                out.writerow([server.url(path), f"a clip of {n}", "CC0-1.0", (segments or {}).get(n, "")])
         recipe = tmp_path / "r.yaml"
         recipe.write_text(
             f"""dataset: vids
@@ -62,7 +64,7 @@ storage: {tmp_path / "store"}
 sources:
   - {{name: v, manifest: {manifest}, media: video, rows_per_shard: 8, extra_columns: [segments]}}
 download:
-  retries: 0
+  retries: 1  # a dropped transfer resumes on the next attempt
   network: {{allowed_networks: ["127.0.0.1/32"], any_port: true}}
 validate:
   license: {{review: {{reviewed_by: tests, reviewed_on: 2026-12-01}}}}
@@ -96,8 +98,11 @@ def test_a_manifest_of_videos_is_released_as_clips_with_every_video_accounted_fo
         "still.mp4": make_video(seconds=3, fps=10, size=(128, 72), draw=lambda i, t: scene("still", i, (128, 72))),
         "short.mp4": make_video(seconds=0.5, fps=10, size=(128, 72)),
         "copy.mp4": cut,  # the same video at another URL: its clips are exact duplicates
+        # Its connection drops after 3,000 bytes once: the next attempt asks for the rest.
+        "dropped.mp4": make_video(seconds=2, fps=10, size=(128, 72), draw=lambda i, t: scene("b", i, (128, 72))),
     }
-    names, store = _release(tmp_path, files, prefect_api_url)
+    routes = {"dropped.mp4": "/drop/dropped.mp4?after=3000&times=1"}
+    names, store = _release(tmp_path, files, prefect_api_url, routes=routes)
     fates = _fates(store, names)
     assert fates["cut.mp4"] == ("ok", None)
     assert fates["plain.webm"] == ("ok", None)
@@ -105,6 +110,10 @@ def test_a_manifest_of_videos_is_released_as_clips_with_every_video_accounted_fo
     assert fates["short.mp4"] == ("rejected", "video_no_clips")
     assert fates["copy.mp4"][1].startswith("duplicate_of:v-000000000_c")
     assert fates["missing.mp4"] == ("error", "http_404")
+    assert fates["dropped.mp4"] == ("ok", None)
+    downloads = [r for p in (store / "download").rglob("*.ledger.parquet") for r in pq.read_table(p).to_pylist()]
+    (dropped,) = [r for r in downloads if r["row"] == names.index("dropped.mp4")]
+    assert dropped["attempts"] == 2 and dropped["bytes"] == len(files["dropped.mp4"])
 
     # The report: clip lengths for its histogram, refused clips shown by their keyframes.
     (report,) = (store / "reports").glob("*/samples.parquet")
@@ -121,8 +130,9 @@ def test_a_manifest_of_videos_is_released_as_clips_with_every_video_accounted_fo
         "v-000000000_c001",
         "v-000000001_c000",
         "v-000000001_c001",
+        "v-000000005_c000",
     ]
-    assert {s["video"] for s in samples} == {"v-000000000", "v-000000001"}
+    assert {s["video"] for s in samples} == {"v-000000000", "v-000000001", "v-000000005"}
     members: dict[str, dict[str, bytes]] = {}
     for tar in sorted((store / "releases" / "v0001").glob("*.tar")):
         with tarfile.open(tar) as tf:
@@ -152,13 +162,19 @@ def test_a_manifest_of_videos_is_released_as_clips_with_every_video_accounted_fo
         clip_fps=4,
         image_size=32,
         shuffle=False,
-        batch_size=4,
+        batch_size=5,
     )
     (batch,) = list(ds)
-    assert tuple(batch["frames"].shape) == (4, 8, 3, 32, 32) and str(batch["frames"].dtype) == "torch.uint8"
+    assert tuple(batch["frames"].shape) == (5, 8, 3, 32, 32) and str(batch["frames"].dtype) == "torch.uint8"
     by_key = dict(zip(batch["key"], batch["frames_real"].tolist()))
     # Two-second clips give 8 frames at 4 fps; the webm's last clip (1 s) gives 4 and repeats one.
-    assert by_key == {"v-000000000_c000": 8, "v-000000000_c001": 8, "v-000000001_c000": 8, "v-000000001_c001": 4}
+    assert by_key == {
+        "v-000000000_c000": 8,
+        "v-000000000_c001": 8,
+        "v-000000001_c000": 8,
+        "v-000000001_c001": 4,
+        "v-000000005_c000": 8,
+    }
     second = batch["frames"][batch["key"].index("v-000000000_c001")]
     assert (second[:, :, 0, 0].float().mean(dim=0) > torch.tensor([150.0, 130.0, -1.0])).all()
 

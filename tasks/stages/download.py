@@ -14,7 +14,7 @@ from tasks.formats.reasons import OK
 from tasks.formats.recipe_download import DownloadConfig
 from tasks.formats.storage import Storage
 from tasks.policies.sniff import EXTENSIONS
-from tasks.stages.fetched import Fetched
+from tasks.stages.fetched import Fetched, take_body
 from tasks.stages.fetchrows import iter_completed
 from tasks.stages.runner import DECIDE_FAILED, ShardResult, Verdict, failure_detail, run_shard
 
@@ -124,7 +124,7 @@ def download_verdict(row: dict[str, Any], fetched: Fetched, source: str) -> Verd
     )
     if entry.status != OK:
         return Verdict(entry.as_dict())
-    data = fetched.data
+    data = take_body(fetched) or b""
     entry.bytes = len(data)
     entry.sha256 = hashlib.sha256(data).hexdigest()
     members = {EXTENSIONS.get(fetched.format, fetched.format): data, "json": _sample_json(row, key, source, entry)}

@@ -114,6 +114,17 @@ def judge(fetched: Fetched, allowed_formats: tuple[str, ...]) -> Fetched:
     return fetched
 
 
+def take_body(fetched: Fetched) -> bytes | None:
+    """The body: the bytes held, or, for a body streamed to a file, the file's bytes (read
+    once, when the shard writes it; the file is removed then)."""
+    if fetched.data is None and fetched.path is not None:
+        with open(fetched.path, "rb") as fh:
+            fetched.data = fh.read()
+        os.unlink(fetched.path)
+        fetched.path = None
+    return fetched.data
+
+
 def judge_file(fetched: Fetched, allowed_formats: tuple[str, ...]) -> Fetched:
     """Judge a body streamed to a file in place, as :func:`judge` judges bytes, from its first
     ``SNIFF_BYTES``; a refused file is removed.

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tasks.formats.recipe_download import DownloadConfig
+from tasks.policies.sniff import VIDEO_FORMATS
 from tasks.stages.fetch import Fetcher
-from tasks.stages.fetched import Fetched, failure, judge
+from tasks.stages.fetched import Fetched, failure, judge, judge_file
 
 Row = dict[str, Any]
 # How long cancelled fetches get to unwind once the shard deadline has passed.
@@ -21,20 +24,28 @@ _UNWIND_S = 5.0
 IDLE_S = 1.0
 
 
-async def fetch_row(fetcher: Fetcher, row: Row, allowed_formats: tuple[str, ...]) -> Fetched:
+async def fetch_row(fetcher: Fetcher, row: Row, allowed_formats: tuple[str, ...], spool: Path | None = None) -> Fetched:
     """One manifest row's fetched and judged bytes, or its reason; never raises but for a cancellation.
 
-    A row the manifest already rejected keeps that reason and the manifest's detail.
+    A row the manifest already rejected keeps that reason and the manifest's detail. With a
+    ``spool`` folder (a video source) the body streams to a file there, and a dropped transfer
+    resumes (``Fetcher.fetch_to``); ``take_body`` reads it when the shard writes it.
     """
     verdict = _manifest_verdict(row)
     if verdict is not None:
         return verdict
     try:
-        fetched = await fetcher.fetch(row["url"])
+        if spool is not None:
+            cap = fetcher.cfg.max_bytes
+            fetched = await fetcher.fetch_to(
+                row["url"], spool / f"{row['row']}", cap, cap_name="download.video_max_bytes"
+            )
+        else:
+            fetched = await fetcher.fetch(row["url"])
     except BaseException as err:  # noqa: BLE001 - every exception is this row's record
         return failure(err)
     try:
-        return judge(fetched, allowed_formats)
+        return judge_file(fetched, allowed_formats) if spool is not None else judge(fetched, allowed_formats)
     except BaseException as err:  # noqa: BLE001 - judging touches no network: always unexpected
         failed = failure(err)
         return Fetched(
@@ -59,8 +70,10 @@ async def fetch_completed(
     cfg: DownloadConfig,
     s3_options: dict[str, Any] | None = None,
     all_started: Callable[[], None] | None = None,
+    spool: Path | None = None,
 ) -> AsyncIterator[tuple[Row, Fetched]]:
-    """Yield ``(row, Fetched)`` for every row, in the order the fetches complete.
+    """Yield ``(row, Fetched)`` for every row, in the order the fetches complete (bodies
+    streamed to files in ``spool`` when given, see :func:`fetch_row`).
 
     One slow or hanging row never holds back the rows after it. Memory stays bounded: at most
     ``2 x max_inflight`` rows are under way or done and not yet taken (so at most that many
@@ -85,7 +98,7 @@ async def fetch_completed(
                         all_started()
                         all_started = None  # once
                     return
-                pending[asyncio.ensure_future(fetch_row(fetcher, row, cfg.allowed_formats))] = row
+                pending[asyncio.ensure_future(fetch_row(fetcher, row, cfg.allowed_formats, spool))] = row
 
         try:
             fill()
@@ -154,8 +167,10 @@ class _Pump:
         cfg: DownloadConfig,
         s3_options: dict[str, Any] | None,
         on_idle: Callable[[], object] | None = None,
+        spool: Path | None = None,
     ):
         self.on_idle = on_idle
+        self.spool = spool
         self.started = threading.Event()
         self.items: queue.SimpleQueue = queue.SimpleQueue()
         self.loop = asyncio.new_event_loop()
@@ -171,7 +186,7 @@ class _Pump:
 
     async def _main(self, rows: Iterable[Row], cfg: DownloadConfig, s3_options: dict[str, Any] | None) -> None:
         self.room = asyncio.Semaphore(cfg.max_inflight)
-        results = fetch_completed(rows, cfg, s3_options, self.started.set)
+        results = fetch_completed(rows, cfg, s3_options, self.started.set, self.spool)
         try:
             async for item in results:
                 await self.room.acquire()
@@ -240,7 +255,10 @@ def iter_completed(
     (the flows give a Dask worker its thread slot back there, so neither a shard's slowest rows
     nor its commit hold the next shard back).
     """
-    pump = _Pump(rows, cfg, s3_options, on_idle)
+    # A video source's bodies stream to files (bounded memory, resumable transfers), in a
+    # folder that lives as long as the caller takes results: it reads each when it writes it.
+    spool = tempfile.TemporaryDirectory(prefix="shardsmith-bodies-") if _streams(cfg) else None
+    pump = _Pump(rows, cfg, s3_options, on_idle, Path(spool.name) if spool is not None else None)
     try:
         while True:
             item = pump.get()
@@ -252,3 +270,10 @@ def iter_completed(
             yield item
     finally:
         pump.close()
+        if spool is not None:
+            spool.cleanup()
+
+
+def _streams(cfg: DownloadConfig) -> bool:
+    """Bodies go to files for sources of videos (their download keeps video containers)."""
+    return any(f in VIDEO_FORMATS for f in cfg.allowed_formats)
