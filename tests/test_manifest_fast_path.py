@@ -178,6 +178,13 @@ _JSON_PIECES = [
 @example(
     body=b'{"url": "http://a/1.jpg"}\n' + b"z" * 100 + b'\n{"url": "http://a/2.jpg"}', gz=False, extras=("*",), block=48
 )
+@example(
+    # A byte order mark's three bytes count toward the first line's size in both readers.
+    body=b'\xef\xbb\xbf{"url": ["x"]}{"url": "\\ud800"}{"caption": "\\u0000\\n"}"str""str"',
+    gz=False,
+    extras=(),
+    block=1 << 16,
+)
 def test_jsonl_blocks_equal_the_careful_lines(body, gz, extras, block):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "m.jsonl" + (".gz" if gz else ""))

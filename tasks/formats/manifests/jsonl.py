@@ -106,15 +106,19 @@ class JsonlFile:
         parts = text.split("\n")
         if parts[-1] == "":
             parts.pop()
+        bom = 0
         if base == 0 and parts and parts[0].startswith("\ufeff"):
             parts[0] = parts[0][1:]  # a byte order mark, as Lines drops it
+            bom = 3  # its bytes still count toward the line's size, as Lines counts them
         cap = careful.MAX_ROW_BYTES
         ascii_only = len(text) == len(block)
         last = len(parts) - 1
         for k, part in enumerate(parts):
             start = base + k + 1
             line = part + "\n" if k < last or block.endswith(b"\n") else part
-            size = len(line) if ascii_only or len(line) * 4 <= cap else len(line.encode("utf-8", "surrogatepass"))
+            extra = bom if k == 0 else 0
+            fits = ascii_only or len(line) * 4 + extra <= cap  # then the characters tell enough
+            size = (len(line) if fits else len(line.encode("utf-8", "surrogatepass"))) + extra
             if size > cap:
                 self._unparsable(start, too_long(start))
             else:
