@@ -326,3 +326,98 @@ def test_caption_spans_become_clips_with_their_own_captions(tmp_path, prefect_ap
     assert {(r["start_s"], r["end_s"], r["reason"]) for r in validated if r["start_s"] == 3.0} == {
         (3.0, 5.0, "caption_missing")
     }
+
+
+def _video_folder(put) -> None:
+    """Three videos and their sidecars, written by ``put(name, bytes)``."""
+    put("trip/day1.mp4", make_video(seconds=2, fps=10, size=(128, 72)))
+    put("trip/day1.txt", b"a red square crosses the sky\n")
+    put("trip/day2.webm", make_video(seconds=2, fps=10, size=(128, 72), container="webm", codec="libvpx-vp9",
+                                     draw=lambda i, t: scene("b", i, (128, 72))))  # fmt: skip
+    put(
+        "trip/day2.json",
+        json.dumps({"caption": "a blue square on sand", "license": "CC-BY-4.0", "camera": "x"}).encode(),
+    )
+    put("trip/notes.md", b"not a video: not listed")
+    put("broken.mp4", b"<html>not a video</html>")
+
+
+def _files_recipe(tmp_path: Path, manifest: str, storage: str, options: str = "{}") -> Path:
+    recipe = tmp_path / "files.yaml"
+    recipe.write_text(
+        f"""dataset: trips
+storage: {storage}
+storage_options: {options}
+sources:
+  - {{name: cam, manifest: "{manifest}", kind: files, media: video}}
+validate:
+  license: {{review: {{reviewed_by: tests, reviewed_on: 2026-12-01}}, source_defaults: {{cam: CC0-1.0}}}}
+  video: {{clips: {{min_s: 1, max_s: 2}}}}
+gates:
+  download: {{min_success_rate: 0.5}}
+execution: {{cluster: local, workers: 1}}
+"""
+    )
+    return recipe
+
+
+def _captions(release_files) -> dict[str, tuple[str, str]]:
+    out = {}
+    for data in release_files:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            for m in tf.getmembers():
+                if m.name.endswith(".json"):
+                    meta = json.loads(tf.extractfile(m).read())
+                    out[meta["file"].rsplit("/", 1)[-1]] = (meta["caption"], meta["license"])
+    return out
+
+
+def test_a_folder_of_videos_is_a_source_each_file_a_row_captioned_by_its_sidecar(tmp_path, prefect_api_url):
+    root = tmp_path / "videos"
+
+    def put(name: str, data: bytes) -> None:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+
+    _video_folder(put)
+    recipe = _files_recipe(tmp_path, str(root), str(tmp_path / "store"))
+    done = _cli("run", str(recipe), api_url=prefect_api_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    release = tmp_path / "store" / "trips" / "releases" / "v0001"
+    ledger = pq.read_table(release / "ledger.parquet").to_pylist()
+    assert sorted((r["status"], r["reason"]) for r in ledger) == [
+        ("ok", None),
+        ("ok", None),
+        ("rejected", "not_a_video"),
+    ]
+    captions = _captions(p.read_bytes() for p in release.glob("*.tar"))
+    assert captions == {
+        "day1.mp4": ("a red square crosses the sky", "CC0-1.0"),
+        "day2.webm": ("a blue square on sand", "CC-BY-4.0"),
+    }
+    # An edited sidecar is a new version of its video's row: judged again, the rest kept.
+    (root / "trip" / "day1.txt").write_text("the red square again\n")
+    again = _cli("run", str(recipe), "--json", api_url=prefect_api_url)
+    assert again.returncode == 0, again.stderr[-3000:]
+    shards = json.loads(again.stdout)["download"]
+    assert (shards["shards"], shards["shards_skipped"]) == (3, 2)
+
+
+def test_an_s3_prefix_of_videos_is_a_source(tmp_path, s3_bucket, prefect_api_url):
+    import s3fs
+
+    bucket, options = s3_bucket
+    fs = s3fs.S3FileSystem(**options)
+    _video_folder(lambda name, data: fs.pipe(f"{bucket}/in/{name}", data))
+    recipe = _files_recipe(tmp_path, f"s3://{bucket}/in/", f"s3://{bucket}/store", json.dumps(options))
+    done = _cli("run", str(recipe), api_url=prefect_api_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    release = f"{bucket}/store/trips/releases/v0001"
+    ledger = pq.read_table(io.BytesIO(fs.cat(f"{release}/ledger.parquet"))).to_pylist()
+    assert sorted((r["status"], r["reason"]) for r in ledger) == [
+        ("ok", None),
+        ("ok", None),
+        ("rejected", "not_a_video"),
+    ]
+    captions = _captions(fs.cat(p) for p in fs.glob(f"{release}/*.tar"))
+    assert captions["day2.webm"] == ("a blue square on sand", "CC-BY-4.0")

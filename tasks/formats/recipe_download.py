@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.formats.recipe_base import NAME_PATTERN, Frozen
 from tasks.video.clips import ClipConfig
@@ -37,8 +37,10 @@ class SourceConfig(Frozen):
             existing tar shards (a ``.tar`` file, folder, glob or brace pattern, local or S3;
             img2dataset's ``NNNNN.parquet`` side files are read for URL and status), one
             ingest shard per tar; ``parquet_images``: parquet files whose ``image_column``
-            holds the image bytes (raw, or Hugging Face's ``{bytes, path}`` struct). See
-            tasks/sources/.
+            holds the image bytes (raw, or Hugging Face's ``{bytes, path}`` struct); ``files``:
+            ``manifest`` names a folder, glob or ``s3://`` prefix of video files (``media:
+            video``), each one row, captioned by a ``.txt`` (or a ``.json``'s ``caption``,
+            ``license``, ``url``) of the same name beside it. See tasks/sources/.
         image_column: the image bytes column of a ``parquet_images`` source.
         id_column: a column carried into each sample's json as the row's own id
             (``parquet_images``; for ``webdataset``, a field of the sample's json).
@@ -49,7 +51,7 @@ class SourceConfig(Frozen):
 
     name: str = Field(pattern=NAME_PATTERN)
     manifest: str = Field(min_length=1)
-    kind: Literal["manifest", "webdataset", "parquet_images"] = "manifest"
+    kind: Literal["manifest", "webdataset", "parquet_images", "files"] = "manifest"
     media: Literal["image", "video"] = "image"
     image_column: str = "image"
     id_column: str | None = None
@@ -59,6 +61,12 @@ class SourceConfig(Frozen):
     license_column: str | None = "license"
     extra_columns: tuple[str, ...] = ()
     rows_per_shard: int = Field(default=1000, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _files_are_videos(self) -> SourceConfig:
+        if self.kind == "files" and self.media != "video":
+            raise ValueError("kind: files takes folders of videos (media: video); images come in manifests or shards")
+        return self
 
 
 class NetworkConfig(Frozen):

@@ -15,7 +15,7 @@ from tasks.formats.recipe_download import DownloadConfig, SourceConfig
 from tasks.formats.storage import Storage
 from tasks.sources.planning import plan_ingest
 
-INGEST_KINDS = ("webdataset", "parquet_images")
+INGEST_KINDS = ("webdataset", "parquet_images", "files")
 
 
 def ingest_rows(
@@ -23,14 +23,17 @@ def ingest_rows(
 ):
     """(rows, iterator of (row, Fetched)) of an ingest chunk, as ``tasks.stages.download.fetched_rows``
     gives for a manifest chunk; ``rows`` fills as the iterator runs."""
+    from tasks.sources.files import FileIngest
     from tasks.sources.parquet_images import ParquetIngest
     from tasks.sources.webdataset import ShardIngest
 
-    reader = (
-        ShardIngest(source, ref, cfg, s3_options)
-        if source.kind == "webdataset"
-        else ParquetIngest(source, ref, cfg, s3_options)
-    )
+    reader: ShardIngest | ParquetIngest | FileIngest
+    if source.kind == "webdataset":
+        reader = ShardIngest(source, ref, cfg, s3_options)
+    elif source.kind == "files":
+        reader = FileIngest(source, ref, cfg, s3_options)
+    else:
+        reader = ParquetIngest(source, ref, cfg, s3_options)
     return reader.rows, iter(reader)
 
 

@@ -14,6 +14,7 @@ from tasks.formats.manifests.files import ManifestError, ManifestFile, display, 
 from tasks.formats.manifests.planning import SourcePlan
 from tasks.formats.manifests.sources import check_tags, find_files, source_kind
 from tasks.formats.recipe_download import SourceConfig
+from tasks.sources.files import MEDIA_SUFFIXES, sidecars_of
 
 # Bump when ingesting the same input bytes would give other samples or ledgers: part of every
 # ingest chunk's content hash, so shards ingested by older code are not reused.
@@ -21,7 +22,7 @@ INGEST_VERSION = 1
 
 # File names each kind takes from a folder or pattern. Compressed tars are taken so that they
 # are recorded (one ``tar_compressed`` error row each), not skipped without a word.
-SUFFIXES = {"webdataset": (".tar", ".tar.gz", ".tgz"), "parquet_images": (".parquet",)}
+SUFFIXES = {"webdataset": (".tar", ".tar.gz", ".tgz"), "parquet_images": (".parquet",), "files": MEDIA_SUFFIXES}
 
 
 def stamp(info: dict[str, Any]) -> str:
@@ -49,15 +50,19 @@ def list_inputs(source: SourceConfig, storage_options: dict[str, Any] | None = N
         rel = posixpath.basename(manifest.rstrip("/"))
         return [(ManifestFile(manifest, where, rel, "", source.kind, False, int(info.get("size") or 0)), stamp(info))]
     root, listed = find_files(manifest, storage_options, kind)
+    infos = dict(listed)
     out: list[tuple[ManifestFile, str]] = []
     for rel, info in listed:
         if not rel.lower().endswith(suffixes):
             continue
         url = f"{root.rstrip('/')}/{rel}" if root else rel
+        version = stamp(info)
+        if source.kind == "files":  # an edited sidecar (caption, license) is a new version too
+            version += "".join(f";{s}:{infos[s].get('size')}:{stamp(infos[s])}" for s in sidecars_of(rel, set(infos)))
         out.append(
             (
                 ManifestFile(url, display(url), rel, file_tag(rel), source.kind, False, int(info.get("size") or 0)),
-                stamp(info),
+                version,
             )
         )
     if not out:
@@ -137,8 +142,10 @@ def plan_ingest(source: SourceConfig, storage_options: dict[str, Any] | None = N
     for (file, version), n in zip(files, counts):
         digest.update(f"{file.rel}\t{file.size}\t{version}\n".encode())
         base = row_base(file)
-        if source.kind == "webdataset":
-            chunks.append(ChunkRef(source.name, base, base, 0, chunk_hash(settings, file, version, 0), file.url))
+        if source.kind in ("webdataset", "files"):
+            one = int(source.kind == "files")  # a media file is one row; a tar's are counted when read
+            chunks.append(ChunkRef(source.name, base, base, one, chunk_hash(settings, file, version, 0), file.url))
+            rows += one
             continue
         per = source.rows_per_shard
         for part, start in enumerate(range(0, n, per)):
@@ -149,7 +156,7 @@ def plan_ingest(source: SourceConfig, storage_options: dict[str, Any] | None = N
                 )
             )
         rows += n
-    known = source.kind == "parquet_images"
+    known = source.kind in ("parquet_images", "files")
     note = "" if chunks else f"{display(source.manifest)}: no rows in any of its {len(files)} files"
     total = sum(f.size for f, _ in files)
     return SourcePlan(
