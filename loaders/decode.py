@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from tasks.video.frames import fit_image
+
 # A hard cap read from the image header before any pixel is decoded (Pillow's default bomb
 # threshold is 89 M pixels; a release's images were validated smaller than this already).
 DEFAULT_MAX_PIXELS = 50_000_000
@@ -37,20 +39,6 @@ def decode_image(data: bytes, size: int | None, max_pixels: int = DEFAULT_MAX_PI
     return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).contiguous()
 
 
-def fit_image(im: Any, size: int | None) -> Any:
-    """A PIL image with its short side resized to ``size``, then center-cropped square (``None``: as it is)."""
-    from PIL import Image
-
-    if size is None:
-        return im
-    w, h = im.size
-    scale = size / min(w, h)
-    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-    im = im.resize((nw, nh), Image.BILINEAR, reducing_gap=None if scale > 0.5 else 2.0)
-    left, top = (nw - size) // 2, (nh - size) // 2
-    return im.crop((left, top, left + size, top + size))
-
-
 def collate_images(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Samples of ``mode="images"`` -> ``{"image": uint8 (B, 3, S, S), "caption": [B str],
     "key": [B str], "meta": [B dict]}``."""
@@ -65,13 +53,14 @@ def collate_images(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def collate_latents(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Samples of ``mode="latents"`` -> ``{"latent": float32 (B, C, h, w), "text_emb": (B, L, D)
+    """Samples of ``mode="latents"`` -> ``{"latent": float32 (B, C, h, w), "clip_latent": float32
+    (B, T, C, h, w) (a release of clips precached with ``clip_latents``), "text_emb": (B, L, D)
     in the stored dtype, "text_mask": bool (B, L), "vision_emb": (B, ...), "key": [B str],
     "caption": [B str]}`` (only the encodings the release has; captions when read)."""
     import torch
 
     out: dict[str, Any] = {"key": [s["key"] for s in samples]}
-    for name in ("latent", "text_emb", "text_mask", "vision_emb"):
+    for name in ("latent", "clip_latent", "text_emb", "text_mask", "vision_emb"):
         if name in samples[0]:
             out[name] = torch.stack([s[name] for s in samples])
     if "caption" in samples[0]:

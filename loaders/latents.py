@@ -111,26 +111,28 @@ def decode_latent_block(
 
     out: list[dict[str, Any]] = [{"key": s.key} for s in samples]
     columns: dict[str, Any] = {}
-    if "image_latents" in encodings:
-        spec = encodings["image_latents"]
-        if "latent_mean.npy" in members[0]:
-            latent = _float32(stacked("latent_mean.npy"))
+    # Image latents, and a clip's per-frame latents ((T, C, h, w) each), drawn and scaled alike.
+    for encoding, prefix, column in (("image_latents", "", "latent"), ("clip_latents", "clip_", "clip_latent")):
+        if encoding not in encodings:
+            continue
+        spec = encodings[encoding]
+        if f"{prefix}latent_mean.npy" in members[0]:
+            latent = _float32(stacked(f"{prefix}latent_mean.npy"))
             if latent_sample:
-                noise = np.random.default_rng([*noise_seed, _NOISE_STREAM]).standard_normal(
-                    latent.shape, dtype=np.float32
-                )
-                std = _float32(stacked("latent_logvar.npy"))
+                stream = _NOISE_STREAM if not prefix else _NOISE_STREAM + 1
+                noise = np.random.default_rng([*noise_seed, stream]).standard_normal(latent.shape, dtype=np.float32)
+                std = _float32(stacked(f"{prefix}latent_logvar.npy"))
                 np.multiply(std, 0.5, out=std)
                 np.exp(std, out=std)
                 np.multiply(std, noise, out=std)
                 latent += std
         else:
-            latent = _float32(stacked("latent.npy"))
+            latent = _float32(stacked(f"{prefix}latent.npy"))
         if scale_latents:
             if spec.get("shift_factor") is not None:
                 latent -= np.float32(spec["shift_factor"])
             latent *= np.float32(spec.get("scaling_factor") or 1.0)
-        columns["latent"] = torch.from_numpy(latent)
+        columns[column] = torch.from_numpy(latent)
     if "text" in encodings:
         columns["text_emb"] = _tensor(stacked("text_emb.npy"))
         columns["text_mask"] = torch.from_numpy(stacked("text_mask.npy").astype(bool))

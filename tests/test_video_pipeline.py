@@ -213,6 +213,16 @@ def test_the_video_demo_releases_clips_and_every_row_has_the_fate_its_corpus_pla
     assert len(ledger) == expected["rows"] == 12
     assert sum(r["status"] == "ok" for r in ledger) == 4
     assert (release / "index.json").exists() and list(release.glob("*.tar"))
+    # Precache stored each clip's frame latents beside its keyframe's; the loader draws them.
+    from loaders.dataset import ReleaseDataset
+    from loaders.release import open_release
+
+    ds = ReleaseDataset(open_release(str(release)), mode="latents", batch_size=4, shuffle=False)
+    (batch,) = list(ds)
+    assert tuple(batch["clip_latent"].shape) == (4, 4, 4, 16, 16)  # clips, frames, C, h, w
+    assert tuple(batch["latent"].shape) == (4, 4, 16, 16) and torch.isfinite(batch["clip_latent"]).all()
+    # A clip's frames are not one picture repeated: the square moves.
+    assert (batch["clip_latent"][:, 0] - batch["clip_latent"][:, -1]).abs().mean() > 0.01
 
 
 def _video2dataset_shard(folder: Path, rows: list[dict]) -> None:

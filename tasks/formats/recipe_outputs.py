@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tasks.formats.recipe_base import Frozen
 from tasks.formats.recipe_download import ValidateConfig
@@ -51,6 +51,21 @@ class ImageLatentsConfig(Frozen):
     subfolder: str | None = None
     resolution: int = Field(default=256, ge=8, le=4096, multiple_of=8)
     store: Literal["mean_logvar", "mean", "sample"] = "mean_logvar"
+
+
+class ClipLatentsConfig(Frozen):
+    """Per-frame latents of video clips, through the ``image_latents`` VAE at its resolution
+    and with its ``store``: ``frames`` frames taken every ``1 / fps`` seconds from the clip's
+    first (decoded with PyAV; a short clip repeats its last frame), stored as
+    ``clip_latent*.npy`` of shape ``(frames, C, h, w)`` beside the keyframe's latents.
+
+    Args:
+        frames: frames per clip. Default 8.
+        fps: the rate they are taken at; ``None`` takes consecutive frames. Default 4.
+    """
+
+    frames: int = Field(default=8, ge=1, le=256)
+    fps: float | None = Field(default=4.0, gt=0, le=240)
 
 
 class TextEmbeddingsConfig(Frozen):
@@ -100,6 +115,7 @@ class PrecacheConfig(Frozen):
 
     Args:
         image_latents: VAE latents of the images.
+        clip_latents: VAE latents of sampled frames of video clips (needs ``image_latents``).
         text: caption embeddings with their attention mask.
         vision: vision-encoder features.
         image_embedding: a dual encoder's pooled image embedding (``image_emb.npy``), reused
@@ -112,6 +128,7 @@ class PrecacheConfig(Frozen):
     """
 
     image_latents: ImageLatentsConfig | None = None
+    clip_latents: ClipLatentsConfig | None = None
     text: TextEmbeddingsConfig | None = None
     vision: VisionFeaturesConfig | None = None
     image_embedding: ImageEmbeddingConfig | None = None
@@ -124,6 +141,12 @@ class PrecacheConfig(Frozen):
     @property
     def enabled(self) -> bool:
         return any((self.image_latents, self.text, self.vision, self.image_embedding))
+
+    @model_validator(mode="after")
+    def _clips_need_the_vae(self) -> PrecacheConfig:
+        if self.clip_latents is not None and self.image_latents is None:
+            raise ValueError("clip_latents encodes frames with the image_latents VAE: configure image_latents too")
+        return self
 
 
 class DownloadGate(Frozen):

@@ -31,6 +31,7 @@ from tasks.formats.storage import Storage
 from tasks.stages.precache_batches import iter_batches
 from tasks.stages.precache_models import PrecacheError, dtype_of, load_encoders
 from tasks.stages.runner import ShardResult, ShardRun, Verdict
+from tasks.video.clip_latents import encode_clips
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     encodings = enc.describe()
     stats = {"image_latents": ChannelStats()} if "image_latents" in encodings else {}
     expected = [r.key for r in shard.records]
+    by_key = {r.key: r for r in shard.records}
     run = ShardRun(storage, tar, ledger, PRECACHE_SCHEMA, order=None)
     local = LocalShard(storage, shard)
     vectors = None
@@ -218,6 +220,8 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
                 arrays: dict[str, Any] = {}
                 if enc.vae is not None:
                     arrays.update(enc.encode_images(batch.vae_pixels, batch.keys))
+                if cfg.clip_latents is not None:
+                    arrays.update(encode_clips(enc, local.tar, by_key, batch.keys, cfg))
                 if enc.text is not None:
                     arrays.update(enc.encode_text(batch.captions))
                 if enc.vision is not None:
@@ -287,6 +291,7 @@ def _record_shapes(encodings: dict[str, dict[str, Any]], stored: dict[str, tuple
     """Per encoding, the per-sample shape of its first member; a later batch that differs raises."""
     first = {
         "image_latents": ("latent_mean.npy", "latent.npy"),
+        "clip_latents": ("clip_latent_mean.npy", "clip_latent.npy"),
         "text": ("text_emb.npy",),
         "vision": ("vision_emb.npy",),
         "image_embedding": ("image_emb.npy",),

@@ -191,6 +191,15 @@ class Encoders:
                 "store": il.store,
                 "model": Path(il.model).name + (f"/{il.subfolder}" if il.subfolder else ""),
             }
+        if self.vae is not None and self.cfg.clip_latents is not None:
+            from tasks.video.clip_latents import clip_members
+
+            out["clip_latents"] = {
+                **out["image_latents"],
+                "members": clip_members(out["image_latents"]["members"]),
+                "frames": self.cfg.clip_latents.frames,
+                "fps": self.cfg.clip_latents.fps,
+            }
         if self.text is not None:
             out["text"] = {
                 "members": ["text_emb.npy", "text_mask.npy"],
