@@ -163,6 +163,7 @@ LONG_FIRST = (
     "test_resilience_kill.py",
     "test_stack.py",
     "test_cli.py",
+    "test_video_pipeline.py",
     "test_flow_release.py",
     "test_flow_finetuning.py",
     "test_cli_uptodate.py",
