@@ -28,14 +28,18 @@ and the source span each claims against the corpus's planned scenes.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import shutil
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness.procs import REPO, Session, settle, timed  # noqa: E402
+from harness.procs import REPO, Session, TreeSampler, settle, timed  # noqa: E402
 from harness.report import (  # noqa: E402
     add_round_flags,
     alternated,
@@ -48,17 +52,14 @@ from harness.report import (  # noqa: E402
 )
 from harness.servers import VENV_PY, child_env, prefect_env, serve  # noqa: E402
 from harness.tools import ToolRun, i2d_outputs, summary  # noqa: E402
+from video_checks import check_clips, clips_in_tars, planned_spans, read_clip  # noqa: E402
 from video_tools import (  # noqa: E402
     FPS,
     SIZE,
-    check_clips,
-    clips_in_tars,
     ensure_corpus,
     ensure_video2dataset,
     plan,
-    planned_spans,
     pyav_version,
-    read_clip,
     scaled,
     shardsmith_recipe,
     v2d_command,
@@ -67,15 +68,21 @@ from video_tools import (  # noqa: E402
     write_manifest,
 )
 
-TOOLS = ("ss-equal", "v2d-equal", "v2d-keyframe", "ss-default", "v2d-default")
+TOOLS = ("ss-equal", "ss-warm", "v2d-equal", "v2d-keyframe", "ss-default", "v2d-default")
 LABELS = {
     "ss-equal": "shardsmith, equal settings",
+    "ss-warm": "shardsmith, equal settings, through the warm service",
     "v2d-equal": "video2dataset, equal settings (precision exact)",
     "v2d-keyframe": "video2dataset, equal but precision keyframe_adjusted",
     "ss-default": "shardsmith, recipe defaults",
     "v2d-default": "video2dataset, default config (no clipping)",
 }
-PAIRS = (("ss-equal", "v2d-equal"), ("ss-equal", "v2d-keyframe"), ("ss-default", "v2d-default"))
+PAIRS = (
+    ("ss-equal", "v2d-equal"),
+    ("ss-warm", "v2d-equal"),
+    ("ss-equal", "v2d-keyframe"),
+    ("ss-default", "v2d-default"),
+)
 TARGET = 1.5  # issue 34: shardsmith's clips/s at least 1.5x video2dataset's on equal settings
 
 
@@ -98,32 +105,34 @@ def equal_clips(args) -> dict:
     return clips | ({"fps": args.fps} if args.fps else {})
 
 
-def run_shardsmith(s: Session, args, tool: str, rnd: int, manifest: Path, api: str | None, watch: dict) -> Run:
+def run_shardsmith(s: Session, args, tool: str, rnd: int, manifest: Path, env: dict, watch: dict) -> Run:
+    """``shardsmith run RECIPE --phase validate --json``; ``watch`` may name the warm service
+    (``warm``), whose CPU and peak RSS during the run count as the command's."""
     out = s.work / f"{tool}-{rnd}"
     out.mkdir(parents=True)
     recipe = out / "recipe.yaml"
-    if tool == "ss-equal":
-        shardsmith_recipe(recipe, out / "store", manifest, equal_clips(args), args.per_shard, args.workers)
-    else:
+    if tool == "ss-default":
         shardsmith_recipe(recipe, out / "store", manifest, None, None, None)
+    else:
+        shardsmith_recipe(recipe, out / "store", manifest, equal_clips(args), args.per_shard, args.workers)
     cmd = [str(VENV_PY), "-m", "cli", "run", str(recipe), "--phase", "validate", "--json"]
-    t = timed(
-        s.children, cmd, prefect_env(s.work / "prefect-home", api), REPO, out / "stderr.log", watch, args.run_timeout
-    )
+    with TreeSampler(watch["warm"]) if "warm" in watch else contextlib.nullcontext() as service:
+        t = timed(s.children, cmd, env, REPO, out / "stderr.log", watch, args.run_timeout)
     result = summary(t.stdout)
     dl, val = result["download"], result["validate"]
-    tars = [out / "store" / p for p in val["tars"]]
-    n, clips = clips_in_tars(tars)
+    n, clips = clips_in_tars([out / "store" / p for p in val["tars"]])
     if n != val["counts"]["ok"]:
         print(f"  warning: {tool}: {val['counts']['ok']} clips ok in the ledgers, {n} mp4s in the tars", flush=True)
     if val["counts"]["ok"] != val["counts"]["rows"] or dl["counts"]["ok"] != dl["counts"]["rows"]:
-        print(
-            f"  warning: {tool}: not every row ok: {dl['counts']['by_reason']} {val['counts']['by_reason']}", flush=True
-        )
+        print(f"  warning: {tool}: rows not ok: {dl['counts']['by_reason']} {val['counts']['by_reason']}", flush=True)
     run = Run(tool, rnd, ok=n, rows=dl["counts"]["rows"], phase_s=dl["seconds"] + val["seconds"])
     run.videos = len({meta.get("video") for _, _, meta in clips})
-    run.took(t, prefect=api is not None)
+    run.took(t, prefect="prefect" in watch)
     run.extra |= {"clips": clips, "split": split(t)}
+    if service is not None:
+        run.cpu_s += t.watched["warm"]
+        run.peak_rss_mb += service.peak_rss / 2**20
+        run.extra["split"] = (*run.extra["split"][:2], run.extra["split"][2] + t.watched["warm"])
     return run
 
 
@@ -221,40 +230,26 @@ def main(argv: list[str] | None = None) -> int:
     names = sorted(sizes)[: args.videos]
     if any(t.startswith("v2d") for t in args.tools):
         ensure_video2dataset()
-    runs: list[Run] = []
     with Session("video", args.keep) as s:
         loop = serve(s, pool, prefect=args.prefect == "server")
-        manifest = s.work / "manifest.parquet"
+        manifest, small = s.work / "manifest.parquet", s.work / "warmup.parquet"
         write_manifest(manifest, [f"{loop.base_url}/img/{n}" for n in names])
+        write_manifest(small, [f"{loop.base_url}/img/{n}" for n in names[:4]])
         if not args.no_warmup:
-            small = s.work / "warmup.parquet"
-            write_manifest(small, [f"{loop.base_url}/img/{n}" for n in names[:4]])
             # One untimed run of each program: Prefect's database, and every import in the page cache.
-            for tool in [t for t in args.tools if t.startswith("ss")][:1] + [
-                t for t in args.tools if t.startswith("v2d")
-            ][:1]:
+            firsts = [next((t for t in args.tools if t.startswith(p)), None) for p in ("ss-", "v2d-")]
+            for tool in [t for t in firsts if t]:
                 print(f"warm-up (not timed): {tool} on 4 videos", flush=True)
                 _run(s, args, tool, 0, small, loop)
                 shutil.rmtree(s.work / f"{tool}-0", ignore_errors=True)
-        print(
-            f"{args.videos} videos at {loop.base_url}; {args.repeats} round(s) of {', '.join(args.tools)}", flush=True
-        )
-        for rnd, tool in alternated(args.tools, args.repeats):
-            settle(args.quiet_wait)
-            run = _run(s, args, tool, rnd, manifest, loop)
-            if not any(r.tool == tool for r in runs):
-                run.check = check(run, args)
-            run.extra.pop("clips", None)
-            runs.append(run)
-            phase = f", phase {run.phase_s:.1f} s" if run.phase_s else ""
-            print(
-                f"  round {rnd} {tool:<12} {run.wall_s:6.1f} s wall{phase}: {run.ok} clips of {run.videos}/{run.rows} videos, "
-                f"{run.rate:.2f} clips/s, {run.cpu_per_clip:.2f} CPU s/clip, peak {run.peak_rss_mb:.0f} MB; "
-                f"other load {run.other_load:.2f} cores",
-                flush=True,
-            )
-            if not args.keep:
-                shutil.rmtree(s.work / f"{tool}-{rnd}", ignore_errors=True)
+        warm = None
+        try:
+            if "ss-warm" in args.tools:
+                warm = start_warm(s, args, small, loop)
+            print(f"{args.videos} videos at {loop.base_url}; {args.repeats} round(s) of {', '.join(args.tools)}")
+            runs = rounds(s, args, manifest, loop, warm)
+        finally:
+            stop_warm(warm)
     meta = {
         "revision": revision(),
         "command": command("bench_video.py", argv),
@@ -265,22 +260,72 @@ def main(argv: list[str] | None = None) -> int:
         "corpus_mb": sum(sizes[n] for n in names) / 1e6,
         "seconds": sum(plan(args.seed, i)[0] for i in range(args.videos)) / FPS,
         "args": args,
-        "versions": (v2d_versions() if any(t.startswith("v2d") for t in args.tools) else "-")
-        + "; shardsmith: "
-        + pyav_version(),
+        "versions": f"{v2d_versions() if any(t.startswith('v2d') for t in args.tools) else '-'}; shardsmith: {pyav_version()}",
     }
     emit(report(runs, args.tools, meta), args.markdown)
     return 0
 
 
-def _run(s: Session, args, tool: str, rnd: int, manifest: Path, loop) -> Run:
+def rounds(s: Session, args, manifest: Path, loop, warm: dict | None) -> list[Run]:
+    """The timed runs, the tools alternated; each tool's first run's clips are checked."""
+    runs: list[Run] = []
+    for rnd, tool in alternated(args.tools, args.repeats):
+        settle(args.quiet_wait)
+        run = _run(s, args, tool, rnd, manifest, loop, warm)
+        if not any(r.tool == tool for r in runs):
+            run.check = check(run, args)
+        run.extra.pop("clips", None)
+        runs.append(run)
+        phase = f", phase {run.phase_s:.1f} s" if run.phase_s else ""
+        print(
+            f"  round {rnd} {tool:<12} {run.wall_s:6.1f} s wall{phase}: {run.ok} clips of {run.videos}/{run.rows} "
+            f"videos, {run.rate:.2f} clips/s, {run.cpu_per_clip:.2f} CPU s/clip, peak {run.peak_rss_mb:.0f} MB; "
+            f"other load {run.other_load:.2f} cores",
+            flush=True,
+        )
+        if not args.keep:
+            shutil.rmtree(s.work / f"{tool}-{rnd}", ignore_errors=True)
+    return runs
+
+
+def _run(s: Session, args, tool: str, rnd: int, manifest: Path, loop, warm: dict | None = None) -> Run:
     try:
         if tool.startswith("ss"):
-            return run_shardsmith(s, args, tool, rnd, manifest, loop.api, loop.watch)
+            home = s.work / "prefect-home"
+            if tool == "ss-warm" and warm is not None:
+                return run_shardsmith(s, args, tool, rnd, manifest, warm["env"], loop.watch | {"warm": warm["pid"]})
+            return run_shardsmith(s, args, tool, rnd, manifest, prefect_env(home, loop.api), loop.watch)
         return run_v2d(s, args, tool, rnd, manifest, {"server": loop.watch["server"]})
     except SystemExit:
         s.keep = True  # the failed run's folder and log stay for a look
         raise
+
+
+def start_warm(s: Session, args, manifest: Path, loop) -> dict:
+    """The warm service a user's first command starts as it exits (that command untimed, on
+    ``manifest``), once it takes commands with its cluster up: its environment and pid."""
+    folder = s.work / "warm"
+    env = prefect_env(s.work / "prefect-home", loop.api, SHARDSMITH_WARM="1", SHARDSMITH_WARM_DIR=str(folder))
+    print("starting the warm service (not timed) ...", flush=True)
+    run_shardsmith(s, args, "ss-warm", 0, manifest, env, loop.watch)
+    shutil.rmtree(s.work / "ss-warm-0", ignore_errors=True)
+    deadline = time.monotonic() + 180
+    while not (any(folder.glob("*.sock")) and any(folder.glob("*.scheduler"))):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the warm service did not start; see {folder}")
+        time.sleep(0.2)
+    return {"env": env, "pid": json.loads(next(folder.glob("*.json")).read_text())["pid"]}
+
+
+def stop_warm(warm: dict | None) -> None:
+    """Stop the warm service and wait (up to 60 s) for it to be gone."""
+    import psutil
+
+    if warm is None:
+        return
+    subprocess.run([str(VENV_PY), "-m", "cli", "warm", "--stop"], env=warm["env"], cwd=REPO, capture_output=True)
+    with contextlib.suppress(psutil.Error):
+        psutil.Process(warm["pid"]).wait(60)
 
 
 if __name__ == "__main__":
