@@ -70,6 +70,9 @@ def test_timed_counts_the_whole_tree_and_fails_loudly(tmp_path):
     assert t.stdout.strip() == "done"
     assert t.cpu_s >= 0.6  # both processes' CPU, the grandchild's included
     assert "other" in t.watched and t.sampler.peak_rss > 0
+    run = ToolRun("t", 1)
+    run.took(t)
+    assert run.cpu_s == t.cpu_s and run.peak_rss_mb == t.sampler.peak_rss / 2**20 > 1  # MB of the tree
     with pytest.raises(SystemExit, match="exited with 3"):
         timed(children, [PY, "-c", "import sys; sys.exit(3)"], dict(os.environ), tmp_path, tmp_path / "log")
     with pytest.raises(SystemExit, match="did not finish within"):

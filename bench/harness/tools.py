@@ -41,6 +41,8 @@ class ToolRun:
         server_cpu_s: the image server's CPU during the run.
         prefect_cpu_s: a Prefect server's CPU during the run (None: none counted).
         other_cpu_s: CPU that other work on the machine used meanwhile.
+        peak_rss_mb: the largest RSS of the command's process tree, summed over its processes
+            (sampled every 0.25 s).
         extra: whatever else a benchmark keeps.
     """
 
@@ -54,11 +56,13 @@ class ToolRun:
     server_cpu_s: float = 0.0
     prefect_cpu_s: float | None = None
     other_cpu_s: float = 0.0
+    peak_rss_mb: float = 0.0
     extra: dict = field(default_factory=dict)
 
     def took(self, t: Timed, prefect: bool = True) -> None:
         """Take the times of a finished command (a watched Prefect server's CPU when ``prefect``)."""
         self.wall_s, self.cpu_s, self.other_cpu_s = t.wall_s, t.cpu_s, t.other_s
+        self.peak_rss_mb = t.sampler.peak_rss / 2**20
         self.server_cpu_s = t.watched.get("server", 0.0)
         if prefect:
             self.prefect_cpu_s = t.watched.get("prefect")
