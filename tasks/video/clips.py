@@ -101,14 +101,18 @@ class Clip:
 def signals(data: bytes, info: VideoInfo) -> Signals:
     """Decode every frame once, at the analysis size."""
     import av
+    from av.video.reformatter import VideoReformatter
 
     times: list[float] = []
     frames: list[np.ndarray] = []
+    # One scaler for the whole video: frame.reformat() builds FFmpeg's anew for every frame,
+    # which cost more than the decoding (bench/RESULTS.md, video clips).
+    scaler = VideoReformatter()
     with av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as box:
         stream = box.streams.video[0]
         stream.thread_type = "AUTO"
         for frame in box.decode(stream):
-            small = frame.reformat(width=SMALL[0], height=SMALL[1], format="gray").to_ndarray()
+            small = scaler.reformat(frame, width=SMALL[0], height=SMALL[1], format="gray").to_ndarray()
             frames.append(small[:, : SMALL[0]])
             times.append(float(frame.time) if frame.time is not None else len(times) / (info.fps or 1.0))
     small = np.stack(frames) if frames else np.zeros((0, SMALL[1], SMALL[0]), np.uint8)
@@ -230,8 +234,10 @@ class _ClipWriter:
 
     def __init__(self, info: VideoInfo, clip: Clip, cfg: ClipConfig):
         import av
+        import av.video.reformatter
 
         self.w, self.h = clip_size(info, cfg)
+        self.scaler = av.video.reformatter.VideoReformatter()  # one per clip, not one per frame
         self.rate = cfg.fps or info.fps or 25.0
         self.source_fps = info.fps or self.rate
         self.clip = clip
@@ -248,7 +254,7 @@ class _ClipWriter:
         t = (i - self.clip.first) / self.source_fps
         if t * self.rate + 1e-6 < self.written:  # a lower output rate drops frames evenly
             return
-        picture = frame.reformat(width=self.w, height=self.h, format="yuv420p")
+        picture = self.scaler.reformat(frame, width=self.w, height=self.h, format="yuv420p")
         picture.pts, picture.time_base = self.written, self.tick  # numbered at the output rate
         self.written += 1
         for packet in self.stream.encode(picture):
