@@ -366,3 +366,18 @@ def test_memory_stays_bounded_while_streaming(big_web, tmp_path):
     assert (fetched.reason, fetched.size) == (None, size)
     assert peak < size // 4, f"peak {peak} bytes traced while streaming {size}"
     assert dest.read_bytes() == big.read_bytes()
+
+
+def test_a_body_that_trickles_under_the_minimum_rate_ends_as_timeout_and_a_fast_one_does_not(web, root, tmp_path):
+    # A piece every 3 s stays inside each wait for bytes (timeout_s 5), so only the average rate
+    # can end it: v.bin's 3 MB in 8 pieces over 24 s is about 130 KB/s, under a floor of 1 MB/s.
+    floor = cfg(video_min_bytes_per_s=1 << 20, video_min_rate_after_s=1.0)
+    dest = tmp_path / "slow"
+    slow = fetch_to(web.url("/trickle/24000/v.bin"), dest, config=floor)
+    assert slow.reason == "timeout" and "under download.video_min_bytes_per_s" in slow.detail
+    assert slow.attempts == 1 and not dest.exists()  # slowness is not retried, and leaves no file
+    fast = fetch_to(web.url("/img/v.bin"), tmp_path / "fast", config=floor)
+    assert fast.reason is None and fast.size == (root / "v.bin").stat().st_size
+    # Off (0), the same trickle is only bounded by the shard's deadline: it completes here.
+    whole = fetch_to(web.url("/trickle/1500/w.bin"), tmp_path / "whole", config=cfg(video_min_bytes_per_s=0))
+    assert whole.reason is None and (tmp_path / "whole").read_bytes() == (root / "w.bin").read_bytes()

@@ -129,7 +129,15 @@ class Recipe(Frozen):
         moving the store or adding workers makes no new release."""
         exclude: dict[str, Any] = dict.fromkeys(("execution", "storage", "storage_options"), True)
         if not self.has_video:  # video settings name no new release of a dataset without videos
-            exclude |= {"validate_": {"video"}, "download": {"video_max_bytes", "video_max_inflight"}}
+            exclude |= {
+                "validate_": {"video"},
+                "download": {
+                    "video_max_bytes",
+                    "video_max_inflight",
+                    "video_min_bytes_per_s",
+                    "video_min_rate_after_s",
+                },
+            }
         blob = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 

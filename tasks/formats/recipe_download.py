@@ -135,6 +135,10 @@ class DownloadConfig(Frozen):
         video_max_bytes: the body cap of a video source's rows. Default 512 MiB.
         video_max_inflight: concurrent requests per shard of a video source (each body is held
             until it is cut into clips, so this bounds a worker's memory). Default 4.
+        video_min_bytes_per_s, video_min_rate_after_s: a video body (streamed to disk, with no
+            deadline for the whole of it: ``timeout_s`` bounds each wait for bytes) that averages
+            less than this rate once that many seconds have passed ends as ``timeout``; 0 turns
+            it off. Default 32 KiB/s after 30 s.
         shard_timeout_s: deadline for one shard's fetching. Rows still pending when it passes
             are recorded ``timeout`` (the detail says the shard deadline passed) and the shard
             commits. A backstop, not a pace: each request attempt has ``timeout_s`` already.
@@ -164,6 +168,8 @@ class DownloadConfig(Frozen):
     allowed_formats: tuple[str, ...] = ("jpeg", "png", "webp", "gif", "bmp", "tiff")
     video_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
     video_max_inflight: int = Field(default=4, ge=1, le=64)
+    video_min_bytes_per_s: float = Field(default=32 * 1024, ge=0)
+    video_min_rate_after_s: float = Field(default=30.0, ge=0, le=24 * 3600)
     shard_timeout_s: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600)
     network: NetworkConfig = NetworkConfig()
     keep_raw: bool = True

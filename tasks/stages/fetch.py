@@ -127,7 +127,9 @@ class Fetcher:
         ``download.retries``. On success ``path`` is ``dest`` and ``size`` its bytes; on any
         other outcome, a cancellation included, ``dest`` is removed.
         """
-        body = FileBody(dest, max_bytes, cap_name, self.cfg.timeout_s)
+        cfg = self.cfg
+        floor = (cfg.video_min_bytes_per_s, cfg.video_min_rate_after_s) if cfg.video_min_bytes_per_s else None
+        body = FileBody(dest, max_bytes, cap_name, cfg.timeout_s, floor)
         try:
             fetched = await self._fetch(url, body)
         except BaseException as err:  # noqa: BLE001 - every exception is this URL's record

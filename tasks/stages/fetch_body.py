@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -85,6 +86,10 @@ class _WriteError(Exception):
     """The local file, not the URL, failed: not retried, and not a connection's fault."""
 
 
+class _TooSlow(Exception):
+    """A streamed body averaging less than its minimum rate: the row's timeout."""
+
+
 class FileBody:
     """A body streamed to ``dest`` across attempts: what arrived stays, and the next attempt asks for the rest.
 
@@ -106,8 +111,13 @@ class FileBody:
 
     deadline_s: float | None = None
 
-    def __init__(self, dest: Path, cap: int, cap_name: str, stall_s: float):
+    def __init__(
+        self, dest: Path, cap: int, cap_name: str, stall_s: float, min_rate: tuple[float, float] | None = None
+    ):
         self.dest, self.cap, self.cap_name, self.stall_s = dest, cap, cap_name, stall_s
+        # (bytes per second, after seconds): a response that averages less once that time has
+        # passed ends the row (a server that trickles just inside stall_s would hold it for hours).
+        self.min_rate = min_rate
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_s, sock_read=stall_s)
         self.held = 0  # bytes at the start of dest that are the body's
         self.total: int | None = None  # the complete length, as the body's first answer declared it
@@ -141,6 +151,8 @@ class FileBody:
                 problem = await stream_capped(resp, self.cap, self._writer(fh), self.held, self.cap_name)
         except _WriteError as err:
             return Fetched(reason="fetch_failed", http_status=status, detail=str(err))
+        except _TooSlow as err:
+            return Fetched(reason="timeout", http_status=status, detail=str(err))
         except aiohttp.SocketTimeoutError:
             if not self.held:
                 raise
@@ -177,6 +189,8 @@ class FileBody:
         return fh
 
     def _writer(self, fh: BinaryIO) -> Callable[[bytes], None]:
+        started, first = time.monotonic(), self.held
+
         def write(chunk: bytes) -> None:
             try:
                 fh.write(chunk)
@@ -184,6 +198,14 @@ class FileBody:
             except OSError as err:
                 raise _WriteError(f"writing {self.dest}: {exception_detail(err)}") from err
             self.held += len(chunk)
+            if self.min_rate is not None:
+                rate, after = self.min_rate
+                spent = time.monotonic() - started
+                if spent > after and (self.held - first) / spent < rate:
+                    raise _TooSlow(
+                        f"{(self.held - first) / spent:.0f} bytes/s over {spent:.0f} s ({self.held} of {self._of()} bytes):"
+                        f" under download.video_min_bytes_per_s ({rate:g})"
+                    )
 
         return write
 
