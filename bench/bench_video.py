@@ -7,11 +7,11 @@ flips every round), for ``--repeats`` rounds:
 
 - ``ss-equal``: ``shardsmith run RECIPE --phase validate --json`` with ``validate.video.clips``
   set to the equal settings: scenes, 1..10 s, long side ``--side``, ``--fps``, crf 23;
-  ``--per-shard`` rows per shard, ``--workers`` workers;
+  ``--rows-per-shard`` rows per shard, ``--workers`` workers;
 - ``v2d-equal``: video2dataset 1.3.0 with CutDetectionSubsampler (cuts are clips),
   ClippingSubsampler (1..10 s, ``precision: exact``: re-encoded at the cuts, frame-exact as
   shardsmith's), ResolutionSubsampler (the height that gives the same size), FrameSubsampler
-  (``--fps``); ``--per-shard`` samples per shard, ``--workers`` processes;
+  (``--fps``); ``--rows-per-shard`` samples per shard, ``--workers`` processes;
 - ``v2d-keyframe``: the same with ``precision: keyframe_adjusted`` (cuts moved to the source's
   keyframes and copied, not re-encoded: video2dataset's faster clipping, other clips);
 - ``ss-default``: shardsmith's recipe with ``media: video`` and nothing else set (clips: scenes,
@@ -51,7 +51,7 @@ from harness.report import (  # noqa: E402
     revision,
 )
 from harness.servers import VENV_PY, child_env, prefect_env, serve  # noqa: E402
-from harness.tools import ToolRun, i2d_outputs, summary  # noqa: E402
+from harness.tools import ToolRun, add_tool_flags, i2d_outputs, summary  # noqa: E402
 from video_checks import check_clips, clips_in_tars, planned_spans, read_clip  # noqa: E402
 from video_tools import (  # noqa: E402
     FPS,
@@ -114,7 +114,7 @@ def run_shardsmith(s: Session, args, tool: str, rnd: int, manifest: Path, env: d
     if tool == "ss-default":
         shardsmith_recipe(recipe, out / "store", manifest, None, None, None)
     else:
-        shardsmith_recipe(recipe, out / "store", manifest, equal_clips(args), args.per_shard, args.workers)
+        shardsmith_recipe(recipe, out / "store", manifest, equal_clips(args), args.rows_per_shard, args.workers)
     cmd = [str(VENV_PY), "-m", "cli", "run", str(recipe), "--phase", "validate", "--json"]
     with TreeSampler(watch["warm"]) if "warm" in watch else contextlib.nullcontext() as service:
         t = timed(s.children, cmd, env, REPO, out / "stderr.log", watch, args.run_timeout)
@@ -143,7 +143,7 @@ def run_v2d(s: Session, args, tool: str, rnd: int, manifest: Path, watch: dict) 
     if tool != "v2d-default":
         config = str(out / "config.yaml")
         precision = "exact" if tool == "v2d-equal" else "keyframe_adjusted"
-        v2d_config(Path(config), args.side, args.fps, precision, args.per_shard, args.workers, args.threads)
+        v2d_config(Path(config), args.side, args.fps, precision, args.rows_per_shard, args.workers, args.threads)
     cmd = v2d_command(manifest, out / "out", out / "tmp", config)
     env = child_env(WANDB_MODE="disabled", WANDB_SILENT="true", TQDM_DISABLE="1")
     t = timed(s.children, cmd, env, out, out / "stderr.log", watch, args.run_timeout)
@@ -200,16 +200,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus")
     p.add_argument("--side", type=int, default=256, help="equal settings: the clips' long side")
     p.add_argument("--fps", type=float, default=10.0, help="equal settings: the clips' frame rate (0: the source's)")
-    p.add_argument(
-        "--per-shard",
-        type=int,
-        default=5,
-        help="equal settings: shardsmith rows_per_shard = video2dataset number_sample_per_shard",
-    )
-    p.add_argument(
-        "--workers", type=int, default=2, help="equal settings: shardsmith workers = video2dataset processes_count"
-    )
-    p.add_argument("--threads", type=int, default=32, help="equal settings: video2dataset thread_count (its default)")
+    add_tool_flags(p, rows_per_shard=5, baseline="video2dataset", threads=32)  # its default thread_count
     p.add_argument("--prefect", choices=("own", "server"), default="own",
                    help="own: each shardsmith command starts its Prefect server (as users run it); server: one is started beforehand")  # fmt: skip
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed first run of each program on 4 videos")
@@ -218,8 +209,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
     args = p.parse_args(argv)
     args.tools = pick_tools(p, args.tools, TOOLS)
-    if args.videos < 1 or args.repeats < 1 or args.per_shard < 1 or args.workers < 1:
-        p.error("--videos, --repeats, --per-shard and --workers must be at least 1")
+    if args.videos < 1 or args.repeats < 1 or args.rows_per_shard < 1 or args.workers < 1:
+        p.error("--videos, --repeats, --rows-per-shard and --workers must be at least 1")
     args.fps = args.fps or None
     return args
 

@@ -13,15 +13,15 @@ def settings(meta: dict) -> list[str]:
     fps = f"{a.fps:g} fps" if a.fps else "the source's fps"
     return [
         f"- equal settings: scene cuts, clips of 1..10 s (a longer scene in 10 s windows), {w}x{h} (long side {a.side}), "
-        f"{fps}, H.264 crf 23, mp4; {a.workers} processes, {a.per_shard} videos per shard (of {meta['videos']}).",
+        f"{fps}, H.264 crf 23, mp4; {a.workers} processes, {a.rows_per_shard} videos per shard (of {meta['videos']}).",
         f"  - shardsmith: `validate.video.clips: {{split: scenes, min_s: 1, max_s: 10, max_side: {a.side}"
-        f"{f', fps: {a.fps:g}' if a.fps else ''}, crf: 23}}`, `rows_per_shard: {a.per_shard}`, `execution.workers: {a.workers}`; "
+        f"{f', fps: {a.fps:g}' if a.fps else ''}, crf: 23}}`, `rows_per_shard: {a.rows_per_shard}`, `execution.workers: {a.workers}`; "
         "one decode pass to find cuts (64x36 grey frame differences), one to encode every clip (x264 preset veryfast) "
         "and its keyframe JPEG.",
         f"  - video2dataset: CutDetectionSubsampler (PySceneDetect ContentDetector, threshold 27, min_scene_len 15, "
         f"cuts_are_clips), ClippingSubsampler (min_length 1, max_length 10, max_length_strategy all, precision exact or "
         f"keyframe_adjusted), ResolutionSubsampler (scale, height {h}){f', FrameSubsampler (frame_rate {a.fps:g})' if a.fps else ''}; "
-        f"processes_count {a.workers}, thread_count {a.threads}, number_sample_per_shard {a.per_shard}. Each subsampler is "
+        f"processes_count {a.workers}, thread_count {a.threads}, number_sample_per_shard {a.rows_per_shard}. Each subsampler is "
         "an `ffmpeg` run with FFmpeg's libx264 defaults (preset medium, crf 23): `exact` encodes the whole video once at "
         "the cuts, then each clip again to resize" + (" and again to change its rate" if a.fps else "") + "; "
         "`keyframe_adjusted` (after an ffprobe of the keyframes) copies the clips at the keyframes inside each scene instead.",

@@ -265,14 +265,8 @@ def release_flow(
     # The released samples come from the reshard ledgers, the ok rows from the samples table;
     # reconciling the download and validate ledgers' ok rows too would count a row per phase.
     # A video's clips are one output of its row (the ledger has one fate per row already).
-    outputs = samples.select(["source", "row"])
-    if "video" in samples.column_names:
-        outputs = one_per_row(
-            samples.select(["source", "row", "video"]).append_column("status", pa.array(["ok"] * samples.num_rows))
-        )
-    reconciled, run = reconcile(
-        storage, recipe, run, ledger, outputs.select(["source", "row"]), download.counts.rows, len(shards), started
-    )
+    outputs = one_per_row(samples).select(["source", "row"])
+    reconciled, run = reconcile(storage, recipe, run, ledger, outputs, download.counts.rows, len(shards), started)
 
     new = NewRelease.next(storage, recipe, fp, head, shards, reconciled)
     base = new.base

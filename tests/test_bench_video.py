@@ -146,7 +146,7 @@ def test_clips_are_read_back_from_the_tars_and_checked_against_the_plan(tmp_path
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(side=256, fps=10.0, workers=2, per_shard=5, threads=32, seed=0, prefect="own")
+    base = dict(side=256, fps=10.0, workers=2, rows_per_shard=5, threads=32, seed=0, prefect="own")
     return argparse.Namespace(**(base | kw))
 
 

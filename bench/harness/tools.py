@@ -105,17 +105,20 @@ def spread(runs: list[ToolRun]) -> dict:
     }
 
 
-def add_tool_flags(p: argparse.ArgumentParser, rows_per_shard: int | None) -> None:
-    """--workers and --threads, and --rows-per-shard unless None: the settings both tools get alike."""
+def add_tool_flags(
+    p: argparse.ArgumentParser, rows_per_shard: int | None, baseline: str = "img2dataset", threads: int = 64
+) -> None:
+    """--workers and --threads, and --rows-per-shard unless None: the settings both tools get
+    alike (``baseline``: img2dataset, or video2dataset, which shares its options' names)."""
     if rows_per_shard is not None:
         p.add_argument(
             "--rows-per-shard",
             type=int,
             default=rows_per_shard,
-            help="shardsmith rows_per_shard = img2dataset number_sample_per_shard",
+            help=f"shardsmith rows_per_shard = {baseline} number_sample_per_shard",
         )
-    p.add_argument("--workers", type=int, default=2, help="shardsmith Dask workers = img2dataset processes_count")
-    p.add_argument("--threads", type=int, default=64, help="img2dataset thread_count per process")
+    p.add_argument("--workers", type=int, default=2, help=f"shardsmith Dask workers = {baseline} processes_count")
+    p.add_argument("--threads", type=int, default=threads, help=f"{baseline} thread_count per process")
 
 
 def ensure_img2dataset() -> Path:

@@ -168,6 +168,20 @@ def read_parquet(storage: Storage, rel: str, columns: list[str] | None = None) -
         return read_parquet_file(fh, columns)
 
 
+def read_ledger_with(storage: Storage, rel: str, columns: list[str], optional: list[str]) -> pa.Table:
+    """``columns`` of a ledger, then each of ``optional`` (columns a ledger written before they
+    came may lack: a reshard's carried ones, a clip's): read where the file has it, else nulls of
+    its ledger type. Read as ``read_parquet_file`` reads (this thread, no pre-buffering)."""
+    with storage.open(rel, "rb") as fh:
+        pf = pq.ParquetFile(fh, pre_buffer=False)
+        names = set(pf.schema_arrow.names)
+        table = pf.read(columns=columns + [c for c in optional if c in names], use_threads=False)
+    for name in optional:
+        if name not in names:
+            table = table.append_column(pa.field(name, COLUMNS[name]), pa.nulls(table.num_rows, COLUMNS[name]))
+    return table.select(columns + optional)
+
+
 def read_parquet_file(fh: Any, columns: list[str] | None = None) -> pa.Table:
     """The parquet file open as the Python file object ``fh``, read in this thread.
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from tasks.formats.ledger import read_ledger_with
 from tasks.formats.storage import Storage
 
 LEDGER_COLUMNS = ["key", "source", "row", "status", "reason"]
@@ -16,28 +16,26 @@ _EMPTY_SAMPLES = pa.schema(
 )
 
 
-def _read(storage: Storage, rel: str, columns: list[str]) -> pa.Table:
-    """``columns`` of a ledger, and its ``video`` column (null where the ledger has none: no
-    clips, or written before clips were)."""
-    with storage.open(rel, "rb") as fh:
-        f = pq.ParquetFile(fh, pre_buffer=False)
-        has_video = "video" in f.schema_arrow.names
-        t = f.read(columns=columns + ["video"] if has_video else columns, use_threads=False)
-    return t if has_video else t.append_column("video", pa.nulls(t.num_rows, pa.string()))
-
-
 def one_per_row(table: pa.Table) -> pa.Table:
     """One row per input row: a video's clips (rows with a ``video``, which share their video's
     row) become their video's one fate, under its key: ok when any clip is ok, else the first
-    clip's reason. Rows without a ``video`` are left as they are."""
+    clip's reason (a table without ``status``, released samples, is all ok). Rows without a
+    ``video`` are left as they are."""
+    if "video" not in table.column_names:
+        return table
     clips = pc.is_valid(table.column("video"))
     if not pc.any(clips).as_py():
         return table
     rest, part = table.filter(pc.invert(clips)), table.filter(clips)
+    refused = (
+        part.column("status").to_numpy(zero_copy_only=False) != "ok"
+        if "status" in part.column_names
+        else np.zeros(part.num_rows, bool)
+    )
     order = np.lexsort(
         (
             np.arange(part.num_rows),
-            part.column("status").to_numpy(zero_copy_only=False) != "ok",
+            refused,
             part.column("row").to_numpy(zero_copy_only=False),
             part.column("source").to_numpy(zero_copy_only=False).astype(str),
         )
@@ -65,7 +63,7 @@ def release_tables(
     manifest row's final fate (one per row: a video's clips are one fate, see ``one_per_row``)."""
     samples = []
     for name, ledger in outputs:
-        t = _read(storage, ledger, ["key", "source", "row", "offset", "length"])
+        t = read_ledger_with(storage, ledger, ["key", "source", "row", "offset", "length"], ["video"])
         samples.append(t.append_column("shard", pa.array([name] * t.num_rows, pa.string())))
     samples_t = pa.concat_tables(samples) if samples else _EMPTY_SAMPLES.empty_table()
     parts = []
@@ -75,7 +73,7 @@ def release_tables(
         ("curate", curate_ledgers or []),
     ):
         for rel in ledgers:
-            t = _read(storage, rel, LEDGER_COLUMNS)
+            t = read_ledger_with(storage, rel, LEDGER_COLUMNS, ["video"])
             t = t.filter(pc.not_equal(t.column("status"), "ok"))
             parts.append(t.append_column("phase", pa.array([phase] * t.num_rows, pa.string())))
     for t in incomplete:

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from tasks.formats.ledger import RESHARD_SCHEMA, read_parquet
+from tasks.formats.ledger import RESHARD_SCHEMA, read_ledger_with, read_parquet
 from tasks.formats.reasons import OK, REJECTED
 from tasks.formats.storage import Storage
 
@@ -290,17 +289,7 @@ def _even_cuts(n: int, parts: int) -> list[tuple[int, int]]:
 
 def read_input_ledger(storage: Storage, ledger: str) -> pa.Table:
     """The columns a reshard uses; carried columns the ledger lacks come back as nulls."""
-    with storage.open(ledger, "rb") as fh:
-        pf = pq.ParquetFile(fh)
-        names = set(pf.schema_arrow.names)
-        table = pf.read(
-            columns=_INPUT_COLUMNS + [c for c in _CARRIED_COLUMNS if c in names], use_threads=False
-        )  # see tasks.formats.ledger.read_parquet
-    for name in _CARRIED_COLUMNS:
-        if name not in names:
-            field = RESHARD_SCHEMA.field(name)
-            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
-    return table.select(_INPUT_COLUMNS + _CARRIED_COLUMNS).cast(RESHARD_SCHEMA_INPUT)
+    return read_ledger_with(storage, ledger, _INPUT_COLUMNS, _CARRIED_COLUMNS).cast(RESHARD_SCHEMA_INPUT)
 
 
 def complete_mask(table: pa.Table, required: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:

@@ -46,16 +46,14 @@ def judge_video(
     if cfg.clips.split == "captions":
         read = read_segments(meta.get(cfg.clips.segments_field))
         if read.value is None:
-            return [
-                ({**row, "reason": read.reason, "detail": read.detail, "status": status_of(read.reason)}, None, None)
-            ]
+            return [(_refused(row, read.reason, read.detail), None, None)]
         segments = read.value
     spans = [(s.start, s.end) for s in segments] if segments is not None else None
-    video, clips = process_video(key, data, cfg, cfg.clips, side=max(cfg.clips.max_side, 16), spans=spans)
+    video, clips = process_video(key, data, cfg, cfg.clips, side=cfg.clips.max_side, spans=spans)
     if video["reason"] is None and not clips:
         video.update(reason="video_no_clips", detail=f"{video['duration_s']:.2f} s, clips.min_s {cfg.clips.min_s:g}")
-    if video["reason"] is not None or not clips:
-        out = {**row, "reason": video["reason"], "detail": video["detail"], "status": status_of(video["reason"])}
+    if video["reason"] is not None:
+        out = _refused(row, video["reason"], video["detail"])
         out.update(format=video["container"], width=video["width"], height=video["height"], bytes=len(data))
         return [(out, None, None)]
     info = VideoInfo(**{f: video[f] for f in VideoInfo.__slots__})
@@ -73,6 +71,11 @@ def judge_video(
     return judged
 
 
+def _refused(row: dict[str, Any], reason: str | None, detail: str | None) -> dict[str, Any]:
+    """``row`` refused with ``reason`` (its status follows)."""
+    return {**row, "status": status_of(reason), "reason": reason, "detail": detail}
+
+
 def _clip(
     clip: ClipOut,
     video_key: str,
@@ -86,7 +89,7 @@ def _clip(
 ) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
     c = clip.row
     if refused is not None and c["reason"] is None:  # its span's caption failed the caption rules
-        c = {**c, "status": status_of(refused[0]), "reason": refused[0], "detail": refused[1]}
+        c = _refused(c, *refused)
         clip = ClipOut(c, None, clip.jpg)
     # Exact duplicates across the dataset (the same video at two URLs): the clip's frame hashes.
     content = hashlib.sha256("".join(c["hashes"]).encode()).hexdigest()
