@@ -21,7 +21,8 @@ class TrackedServer(LoopbackServer):
     If-Range or None) for every request with a Range header; ``user_agents`` holds every
     User-Agent seen and ``authorizations`` every Authorization header (credentials must never
     arrive here); ``requests`` counts all requests; ``in_flight`` is the number of handlers
-    running now and ``max_concurrent`` the highest it has been. ``reset_stats()`` starts them
+    running now (``in_flight_by_path``: by path without the query) and ``max_concurrent`` the
+    highest it has been. ``reset_stats()`` starts them
     over.
 
     Args:
@@ -38,6 +39,7 @@ class TrackedServer(LoopbackServer):
         self.authorizations: set[str] = set()
         self.requests = 0
         self.in_flight = 0
+        self.in_flight_by_path: collections.Counter[str] = collections.Counter()
         self.max_concurrent = 0
 
     def reset_stats(self) -> None:
@@ -62,6 +64,7 @@ class TrackedServer(LoopbackServer):
                 "authorizations": set(self.authorizations),
                 "requests": self.requests,
                 "in_flight": self.in_flight,
+                "in_flight_by_path": +self.in_flight_by_path,  # paths with handlers running only
                 "max_concurrent": self.max_concurrent,
             }
 
@@ -85,6 +88,7 @@ class TrackedServer(LoopbackServer):
             if auth is not None:
                 self.authorizations.add(auth)
             self.in_flight += 1
+            self.in_flight_by_path[path] += 1
             if self.in_flight > self.max_concurrent:
                 self.max_concurrent = self.in_flight
         try:
@@ -92,6 +96,7 @@ class TrackedServer(LoopbackServer):
         finally:
             with self.lock:
                 self.in_flight -= 1
+                self.in_flight_by_path[path] -= 1
 
     def _hit_count(self, request: web.Request, key: str | None = None) -> int:
         with self.lock:
