@@ -54,8 +54,19 @@ def validate_shard_task(
     cfg,
     tar_rel: str,
     table_rel: str,
+    max_member_bytes: int,
 ) -> CandidateResult:
-    return validate_shard(storage, source, index, download_tar, download_ledger, cfg, tar_rel, table_rel)
+    return validate_shard(
+        storage,
+        source,
+        index,
+        download_tar,
+        download_ledger,
+        cfg,
+        tar_rel,
+        table_rel,
+        max_member_bytes=max_member_bytes,
+    )
 
 
 @task(name="dedup")
@@ -114,7 +125,12 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
                 CandidateResult(source, index, tar_rel, table_rel, Counts.of(counted[table_rel]), 0.0, skipped=True)
             )
         else:
-            futures[ph.submit(validate_shard_task, storage, source, index, tar, ledger, cfg, tar_rel, table_rel)] = tar
+            # The download shard's bodies were capped at its source's download.max_bytes (a video
+            # source's video_max_bytes): read with that cap, not the reader's default.
+            cap = recipe.download_for(source).max_bytes
+            futures[
+                ph.submit(validate_shard_task, storage, source, index, tar, ledger, cfg, tar_rel, table_rel, cap)
+            ] = tar
     cands += ph.gather(futures, 0.0, 80.0, "validate")
     cands.sort(key=lambda c: (c.source, c.index))
 

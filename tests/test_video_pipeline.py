@@ -431,3 +431,36 @@ def test_an_s3_prefix_of_videos_is_a_source(tmp_path, s3_bucket, prefect_api_url
     ]
     captions = _captions(fs.cat(p) for p in fs.glob(f"{release}/*.tar"))
     assert captions["day2.webm"] == ("a blue square on sand", "CC-BY-4.0")
+
+
+def test_a_video_larger_than_the_tar_readers_default_cap_is_released_read_from_files_not_memory(
+    tmp_path, prefect_api_url
+):
+    # 65 MiB of padding in an mp4 "free" box after the movie: players skip it, and it takes
+    # the body over the tar reader's default 64 MiB member cap, which validation used to read
+    # the download shard with (the shard failed: tar_member_too_large).
+    small = make_video(seconds=3, fps=10, size=(128, 72), cut_at=1.5)
+    pad = 65 * 2**20
+    big = small + (pad + 8).to_bytes(4, "big") + b"free" + bytes(pad)
+    names, store = _release(tmp_path, {"big.mp4": big}, prefect_api_url)
+    assert _fates(store, names)["big.mp4"] == ("ok", None)
+    downloads = [r for p in (store / "download").rglob("*.ledger.parquet") for r in pq.read_table(p).to_pylist()]
+    (row,) = [r for r in downloads if r["row"] == 0]
+    assert row["bytes"] == len(big) > 64 * 2**20
+    import hashlib
+
+    assert row["sha256"] == hashlib.sha256(big).hexdigest()
+    samples = pq.read_table(store / "releases" / "v0001" / "samples.parquet").to_pylist()
+    assert sorted(s["key"] for s in samples) == ["v-000000000_c000", "v-000000000_c001"]
+
+    # New clip settings judge the kept download shard again (no fetch: the server is gone):
+    # its 65 MiB member is read into a local file, as the fetch wrote it.
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(recipe.read_text().replace("{min_s: 1, max_s: 2}", "{min_s: 1, max_s: 1}"))
+    again = _cli("run", str(recipe), api_url=prefect_api_url)
+    assert again.returncode == 0, again.stderr[-3000:]
+    metas = []
+    for tar in sorted((store / "releases" / "v0002").glob("*.tar")):
+        with tarfile.open(tar) as tf:
+            metas += [json.loads(tf.extractfile(m).read()) for m in tf.getmembers() if m.name.endswith(".json")]
+    assert metas and all(m["video"] == "v-000000000" and m["duration_s"] == 1.0 for m in metas)

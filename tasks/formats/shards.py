@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from tasks.formats.spooled import CHUNK, Payload, SpooledBody
 from tasks.formats.tar_format import (
     BLOCK,
     DEFAULT_MAX_HEADER_BYTES,
@@ -156,8 +157,11 @@ class ShardWriter:
     def closed(self) -> bool:
         return self._closed
 
-    def write_sample(self, key: str, members: dict[str, bytes]) -> SampleRecord:
+    def write_sample(self, key: str, members: dict[str, Payload]) -> SampleRecord:
         """Write one sample as members ``f"{key}.{ext}"`` in sorted order of ``ext``.
+
+        A member may be a :class:`SpooledBody` (a video body in a local file): it is copied in
+        chunks, never held whole.
 
         Raises ``ValueError`` for an invalid or repeated key, an invalid extension, a member
         name longer than 100 bytes or an empty sample, before writing anything.
@@ -175,7 +179,7 @@ class ShardWriter:
             raise ValueError(f"sample key {key!r} was already written to this shard")
         if not members:
             raise ValueError(f"sample {key!r} has no members")
-        planned: list[tuple[str, memoryview]] = []
+        planned: list[tuple[str, memoryview | SpooledBody]] = []
         for ext in sorted(members):
             if not isinstance(ext, str) or not EXT_RE.fullmatch(ext):
                 raise ValueError(
@@ -183,22 +187,26 @@ class ShardWriter:
                     "inner dots (e.g. 'jpg', 'latent.npy')"
                 )
             data = members[ext]
-            if not isinstance(data, (bytes, bytearray, memoryview)):
+            if not isinstance(data, (bytes, bytearray, memoryview, SpooledBody)):
                 raise TypeError(f"member {ext!r} of sample {key!r} is {type(data).__name__}, not bytes")
             name = f"{key}.{ext}"
             # ustar keeps names in a 100-byte field; our names have no '/' to split into prefix.
             if len(name.encode("utf-8")) > 100:
                 raise ValueError(f"member name {name!r} of sample {key!r} is longer than 100 bytes")
-            planned.append((name, memoryview(data).cast("B")))
+            planned.append((name, data if isinstance(data, SpooledBody) else memoryview(data).cast("B")))
 
         start = self._pos
         records = []
         for name, view in planned:
-            header = _member_header(name, view.nbytes)
+            size = len(view) if isinstance(view, SpooledBody) else view.nbytes
+            header = _member_header(name, size)
             self._write(header)
-            records.append(MemberRecord(name=name, offset=self._pos, size=view.nbytes))
-            self._write(view)
-            pad = padded(view.nbytes) - view.nbytes
+            records.append(MemberRecord(name=name, offset=self._pos, size=size))
+            if isinstance(view, SpooledBody):
+                self._write_file(view, name)
+            else:
+                self._write(view)
+            pad = padded(size) - size
             if pad:
                 self._write(ZERO_BLOCK[:pad])
         record = SampleRecord(key=key, offset=start, length=self._pos - start, members=tuple(records))
@@ -252,6 +260,17 @@ class ShardWriter:
         if exc_type is None:
             self.close()
 
+    def _write_file(self, body: SpooledBody, name: str) -> None:
+        left = len(body)
+        with body.reader() as fh:
+            while left:
+                chunk = fh.read(min(left, CHUNK))
+                if not chunk:
+                    self._broken = True  # the header promised more bytes than follow
+                    raise OSError(f"member {name!r}: its spooled file ended {left} bytes short")
+                self._write(chunk)
+                left -= len(chunk)
+
     def _write(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
         try:
@@ -276,13 +295,14 @@ class Sample:
 
     Args:
         key: the member name up to the first ``.`` of its basename, folder prefix included.
-        members: extension (the rest of the name) to bytes.
+        members: extension (the rest of the name) to bytes (a :class:`SpooledBody` for a
+            member the reader spilled to a file).
         offset: header offset of the sample's first member.
         length: bytes from ``offset`` to the end of the last member's padding.
     """
 
     key: str
-    members: dict[str, bytes] = field(default_factory=dict)
+    members: dict[str, Payload] = field(default_factory=dict)
     offset: int = 0
     length: int = 0
 
@@ -304,6 +324,7 @@ def iter_samples(
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
     max_members: int = DEFAULT_MAX_MEMBERS,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    spill: Callable[[str], bool] | None = None,
 ) -> Iterator[Sample]:
     """Stream an untrusted tar as webdataset samples, with the checks of ``iter_tar_members``.
 
@@ -316,7 +337,7 @@ def iter_samples(
         fileobj: a binary stream positioned at the start of the tar.
         path: the shard's name, carried into errors (default ``None``).
         required: extensions every sample must have (default none).
-        max_member_bytes, max_members, max_header_bytes: as for ``iter_tar_members``.
+        max_member_bytes, max_members, max_header_bytes, spill: as for ``iter_tar_members``.
     """
     required = tuple(required)
     seen: set[str] = set()
@@ -342,6 +363,7 @@ def iter_samples(
         max_members=max_members,
         max_header_bytes=max_header_bytes,
         read_data=True,
+        spill=spill,
     ):
         parts = split_key(member.name)
         if parts is None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from tasks.formats.spooled import SpooledBody
 from tasks.formats.tar_format import (
     BLOCK,
     COMPRESSION_MAGICS,
@@ -77,14 +78,15 @@ class TarMember:
         size: data bytes, without padding.
         header_offset: byte offset of the member's first header block, including any GNU long
             name or PAX headers before it (so ``header_offset .. end`` is the whole member).
-        data: the member's bytes, or ``None`` when read with ``read_data=False``.
+        data: the member's bytes (a :class:`SpooledBody` for a spilled one), or ``None`` when
+            read with ``read_data=False``.
     """
 
     name: str
     offset: int
     size: int
     header_offset: int
-    data: bytes | None
+    data: bytes | SpooledBody | None
 
     @property
     def end(self) -> int:
@@ -202,6 +204,7 @@ def iter_tar_members(
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     read_data: bool = True,
     skip_larger_than: int | None = None,
+    spill: Callable[[str], bool] | None = None,
 ) -> Iterator[TarMember]:
     """Stream the regular-file members of an untrusted tar, refusing anything unsafe.
 
@@ -223,6 +226,8 @@ def iter_tar_members(
         skip_larger_than: members larger than this (and within ``max_member_bytes``) are
             discarded like that and yielded with ``data`` ``None``, so a caller can refuse one
             sample without giving up the shard (default ``None``: none skipped).
+        spill: members whose name it accepts are copied to a :class:`SpooledBody` in chunks
+            instead of read into memory (videos, up to hundreds of MB each; default none).
     """
 
     def error(reason: str, detail: str = "", *, member: str | None = None, offset: int | None = None):
@@ -378,8 +383,17 @@ def iter_tar_members(
                 offset=member_at,
             )
         data_at = pos
-        if read_data and (skip_larger_than is None or size <= skip_larger_than):
-            data: bytes | None = read_payload(size, "member data", member_at, name)
+        data: bytes | SpooledBody | None
+        if read_data and (skip_larger_than is None or size <= skip_larger_than) and spill is not None and spill(name):
+            data = SpooledBody.copy_from(fileobj, size)
+            if len(data) < size:
+                raise error("tar_truncated", "input ends inside the member data", member=name, offset=member_at)
+            pad = padded(size) - size
+            if pad and len(_read_exact(fileobj, pad)) < pad:
+                raise error("tar_truncated", "input ends in the member data's padding", member=name, offset=member_at)
+            pos += size + pad
+        elif read_data and (skip_larger_than is None or size <= skip_larger_than):
+            data = read_payload(size, "member data", member_at, name)
         else:
             skip_payload(size, "member data", member_at, name)
             data = None

@@ -69,12 +69,14 @@ class FileIngest:
         yield row, self._read(url, note)
 
     def _read(self, url: str, note: str) -> Fetched:
+        from tasks.formats.spooled import SpooledBody
         from tasks.stages.fetched import Fetched, judge
 
         cap = self.cfg.max_bytes
         try:
+            # Copied to a local file in chunks, never whole in memory (videos run to hundreds of MB).
             with fsspec.open(url, "rb", **open_options(url, self.options)) as fh:
-                data = fh.read(cap + 1)
+                data = SpooledBody.copy_from(fh, cap + 1)
         except FileNotFoundError:
             return Fetched(reason="read_error", detail=f"{display(url)}: gone since it was listed")
         if len(data) > cap:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from tasks.formats.shards import split_key
+from tasks.formats.spooled import SpooledBody
 from tasks.formats.tar_format import DEFAULT_MAX_MEMBERS
 from tasks.formats.tar_reader import ShardError, iter_tar_members
 
@@ -46,7 +47,8 @@ class TarSample:
         key: the members' key as written in the tar (untrusted; see ``shown_key``).
         ordinal: 0-based position among the shard's samples, rejected ones included.
         offset: header offset of its first member.
-        members: extension as written -> bytes; ``None`` for a member over ``skip_larger_than``.
+        members: extension as written -> bytes (a ``SpooledBody`` when spilled); ``None`` for a
+            member over ``skip_larger_than``.
         sizes: extension -> data bytes.
         reason: ``None`` for a sample to judge further, else why it is refused
             (``duplicate_key``, ``unsafe_key``, ``forbidden_member``).
@@ -58,7 +60,7 @@ class TarSample:
     key: str
     ordinal: int
     offset: int
-    members: dict[str, bytes | None] = field(default_factory=dict)
+    members: dict[str, bytes | SpooledBody | None] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     reason: str | None = None
     detail: str | None = None
@@ -140,6 +142,7 @@ def iter_tar_samples(
     max_member_bytes: int,
     skip_larger_than: int,
     max_members: int = DEFAULT_MAX_MEMBERS,
+    spill: Callable[[str], bool] | None = None,
 ) -> Iterator[TarSample | ShardFault]:
     """Every sample of an untrusted tar with a verdict, then at most one ``ShardFault``.
 
@@ -163,6 +166,8 @@ def iter_tar_samples(
         skip_larger_than: a larger member is not read: its data is ``None``, for the caller
             to refuse that one sample (``too_large``).
         max_members: most members in the shard.
+        spill: members whose name it accepts go to a local file (``SpooledBody``) as they are
+            read, not into memory.
     """
     seen: set[str] = set()
     current: TarSample | None = None
@@ -173,6 +178,7 @@ def iter_tar_samples(
         max_member_bytes=max_member_bytes,
         max_members=max_members,
         skip_larger_than=skip_larger_than,
+        spill=spill,
     )
     while True:
         try:

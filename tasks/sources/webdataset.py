@@ -20,6 +20,12 @@ from tasks.stages.fetched import Fetched, judge
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "avif", "heic", "heif", "img", "image")
 # A video source's members (``media: video``; video2dataset writes ``mp4``, beside ``m4a`` audio).
 VIDEO_EXTENSIONS = ("mp4", "webm", "mkv", "mov", "m4v", "avi", "video")
+
+
+def _is_video(name: str) -> bool:
+    return name.rpartition("/")[2].partition(".")[2].lower() in VIDEO_EXTENSIONS
+
+
 # The reader's hard cap on one member: a larger one ends the shard (tasks.formats.shards); members
 # between download.max_bytes and this are skipped unread and refused one sample at a time.
 MAX_MEMBER_BYTES = 1 << 30
@@ -110,7 +116,12 @@ class ShardIngest:
         fault: ShardFault | None = None
         with fsspec.open(self.ref.path, "rb", **open_options(self.ref.path, self.options)) as fh:
             samples = iter_tar_samples(
-                fh, path=self.shard, max_member_bytes=MAX_MEMBER_BYTES, skip_larger_than=self.cfg.max_bytes
+                fh,
+                path=self.shard,
+                max_member_bytes=MAX_MEMBER_BYTES,
+                skip_larger_than=self.cfg.max_bytes,
+                # A video source's videos go to local files as they are read, never whole in memory.
+                spill=_is_video if self.source.media == "video" else None,
             )
             for item in samples:
                 if isinstance(item, ShardFault):

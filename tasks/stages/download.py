@@ -12,6 +12,7 @@ from tasks.formats.manifests import ChunkRef, read_chunk, sample_key
 from tasks.formats.names import short_digest
 from tasks.formats.reasons import OK
 from tasks.formats.recipe_download import DownloadConfig
+from tasks.formats.spooled import SpooledBody
 from tasks.formats.storage import Storage
 from tasks.policies.sniff import EXTENSIONS
 from tasks.stages.fetched import Fetched, take_body
@@ -126,7 +127,7 @@ def download_verdict(row: dict[str, Any], fetched: Fetched, source: str) -> Verd
         return Verdict(entry.as_dict())
     data = take_body(fetched) or b""
     entry.bytes = len(data)
-    entry.sha256 = hashlib.sha256(data).hexdigest()
+    entry.sha256 = data.sha256() if isinstance(data, SpooledBody) else hashlib.sha256(data).hexdigest()
     members = {EXTENSIONS.get(fetched.format, fetched.format): data, "json": _sample_json(row, key, source, entry)}
     if row["caption"] is not None:
         members["txt"] = row["caption"].encode("utf-8")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from tasks.formats.spooled import SpooledBody
 from tasks.policies.sniff import bytes_verdict
 from tasks.policies.urlguard import BlockedAddress, InvalidHost
 
@@ -23,13 +24,14 @@ class Fetched:
     """What fetching one URL (and judging its bytes) ended in: bytes, or a reason with a detail.
 
     A body fetched into memory (``Fetcher.fetch``) is ``data``; one streamed to a file
-    (``Fetcher.fetch_to``) is ``path`` with its ``size`` in bytes, ``data`` None. ``resumed``
+    (``Fetcher.fetch_to``) is ``path`` with its ``size`` in bytes, ``data`` None; a video read
+    from a tar or a file is ``data`` as a :class:`SpooledBody`. ``resumed``
     counts the attempts that continued a dropped transfer with a range request (part of
     ``attempts``).
     """
 
     reason: str | None = None
-    data: bytes | None = None
+    data: bytes | SpooledBody | None = None
     http_status: int | None = None
     attempts: int = 0
     detail: str | None = None
@@ -107,21 +109,25 @@ def failure(err: BaseException) -> Fetched:
 def judge(fetched: Fetched, allowed_formats: tuple[str, ...]) -> Fetched:
     """Judge fetched bytes in place (sniffed format, allowlist, truncation); a refused body is dropped."""
     if fetched.reason is None:
-        verdict = bytes_verdict(fetched.data or b"", allowed_formats, fetched.content_type)
+        data = fetched.data or b""
+        if isinstance(data, SpooledBody):  # judged on its start, as a streamed body is (judge_file)
+            verdict = bytes_verdict(data.head(SNIFF_BYTES), allowed_formats, fetched.content_type, len(data))
+        else:
+            verdict = bytes_verdict(data, allowed_formats, fetched.content_type)
         fetched.reason, fetched.format, fetched.detail = verdict.reason, verdict.value, verdict.detail
         if not verdict.ok:
             fetched.data = None
     return fetched
 
 
-def take_body(fetched: Fetched) -> bytes | None:
-    """The body: the bytes held, or, for a body streamed to a file, the file's bytes (read
-    once, when the shard writes it; the file is removed then)."""
+def take_body(fetched: Fetched) -> bytes | SpooledBody | None:
+    """The body: the bytes held, or, for a body streamed to a file, that file taken over as a
+    :class:`SpooledBody` (its name removed: the shard writes it and the judge reads it from the
+    file, never whole in memory)."""
     if fetched.data is None and fetched.path is not None:
-        with open(fetched.path, "rb") as fh:
-            fetched.data = fh.read()
-        os.unlink(fetched.path)
+        body = SpooledBody.adopt(fetched.path)
         fetched.path = None
+        return body
     return fetched.data
 
 

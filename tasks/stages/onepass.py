@@ -52,7 +52,17 @@ def download_and_validate(
     # never kept: download.keep_raw false) cannot make candidates again, so it is fetched again.
     got = committed_shard(storage, tar_rel, ledger_rel, ref.source, ref.index)
     if got is not None:
-        cand = validate_shard(storage, ref.source, ref.index, tar_rel, ledger_rel, vcfg, cand_tar, cand_ledger)
+        cand = validate_shard(
+            storage,
+            ref.source,
+            ref.index,
+            tar_rel,
+            ledger_rel,
+            vcfg,
+            cand_tar,
+            cand_ledger,
+            max_member_bytes=dcfg.max_bytes,
+        )
         return got, cand
     rows, results = (rows_from or fetched_rows)(ref, storage, dcfg, s3_options)
     raw = (ShardRun if dcfg.keep_raw else LedgerRun)(storage, tar_rel, ledger_rel)

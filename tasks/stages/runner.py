@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from tasks.formats.ledger import COUNT_COLUMNS, LEDGER_SCHEMA, Counts, read_ledger, write_parquet
 from tasks.formats.shards import HashingWriter, MemberRecord, SampleRecord, ShardWriter
+from tasks.formats.spooled import Payload
 from tasks.formats.storage import Storage
 
 T = TypeVar("T")
@@ -108,7 +109,7 @@ class Verdict:
     """
 
     row: dict[str, Any]
-    members: dict[str, bytes] | None = None
+    members: dict[str, Payload] | None = None
     copy: tuple[bytes, list[tuple[str, int, int]]] | None = None
     key: str | None = None
 

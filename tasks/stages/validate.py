@@ -18,7 +18,9 @@ from tasks.formats.names import digest_of
 from tasks.formats.reasons import OK
 from tasks.formats.recipe_download import ValidateConfig
 from tasks.formats.shards import iter_samples
+from tasks.formats.spooled import Payload
 from tasks.formats.storage import Storage
+from tasks.formats.tar_format import DEFAULT_MAX_MEMBER_BYTES
 from tasks.formats.tar_reader import ShardError
 from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
@@ -157,8 +159,13 @@ def validate_shard(
     tar_rel: str,
     table_rel: str,
     thumbnails_per_reason: int = THUMBNAILS_PER_REASON,
+    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
 ) -> ShardResult:
     """Judge every sample of one download shard; write the accepted ones, re-encoded.
+
+    ``max_member_bytes``: the download's body cap (``download.max_bytes``, a video source's
+    ``video_max_bytes``). Video members are spilled to local files as they are read, so a
+    video is never held whole in memory (:class:`SpooledBody`).
 
     The candidate ledger has a row for every sample the download accepted (the inputs of this
     phase), with its verdict, the normalised license, image size and the dedup hashes. It is
@@ -170,7 +177,9 @@ def validate_shard(
     def samples() -> Any:
         expected.update((r["key"], r) for r in read_ledger(storage, download_ledger).to_pylist() if r["status"] == OK)
         with storage.open(download_tar, "rb") as src:
-            for sample in iter_samples(src, path=storage.url(download_tar)):
+            for sample in iter_samples(
+                src, path=storage.url(download_tar), max_member_bytes=max_member_bytes, spill=_is_video
+            ):
                 down = expected.pop(sample.key, None)
                 if down is None:
                     raise ShardError(
@@ -195,8 +204,12 @@ def validate_shard(
     return judge.run(storage, tar_rel, table_rel, samples, source, index, check=all_there)
 
 
+def _is_video(name: str) -> bool:
+    return name.rpartition(".")[2] in VIDEO_FORMATS
+
+
 def _text_checks(
-    members: dict[str, bytes], down: dict[str, Any], cfg: ValidateConfig
+    members: dict[str, Payload], down: dict[str, Any], cfg: ValidateConfig
 ) -> tuple[dict[str, Any], str | None, str | None, str | None, str | None]:
     """The sample's json, normalised license and cleaned caption, and the first refusal (reason,
     detail) of the two: the license is judged first, its refusal is the row's whatever the caption."""
@@ -223,7 +236,7 @@ def _base_row(key: str, down: dict[str, Any], spdx: str | None, caption: str | N
     ).as_dict()
 
 
-def _judge_video(key: str, members: dict[str, bytes], down: dict[str, Any], judge: Judge, ext: str) -> list[Verdict]:
+def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], judge: Judge, ext: str) -> list[Verdict]:
     """A video's clips as samples (tasks/video/samples.py), or its one refused row; a few
     refused clips per reason leave their keyframe as the report's thumbnail."""
     cfg = judge.cfg
@@ -244,7 +257,7 @@ def _judge_video(key: str, members: dict[str, bytes], down: dict[str, Any], judg
 
 
 def _judge(
-    key: str, members: dict[str, bytes], down: dict[str, Any], judge: Judge
+    key: str, members: dict[str, Payload], down: dict[str, Any], judge: Judge
 ) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
     """One sample's (ledger row, re-encoded members or None, thumbnail or None).
 

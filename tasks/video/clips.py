@@ -21,6 +21,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.formats.spooled import Payload, media_source
 from tasks.video.probe import CONTAINERS, VideoInfo
 
 SMALL = (64, 36)  # the analysis size: enough for cuts, motion, luminance and the hashes
@@ -98,7 +99,7 @@ class Clip:
     detail: str | None = None
 
 
-def signals(data: bytes, info: VideoInfo) -> Signals:
+def signals(data: Payload, info: VideoInfo) -> Signals:
     """Decode every frame once, at the analysis size."""
     import av
     from av.video.reformatter import VideoReformatter
@@ -108,7 +109,7 @@ def signals(data: bytes, info: VideoInfo) -> Signals:
     # One scaler for the whole video: frame.reformat() builds FFmpeg's anew for every frame,
     # which cost more than the decoding (bench/RESULTS.md, video clips).
     scaler = VideoReformatter()
-    with av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as box:
+    with av.open(media_source(data), format=CONTAINERS[info.container], mode="r") as box:
         stream = box.streams.video[0]
         stream.thread_type = "AUTO"
         for frame in box.decode(stream):
@@ -278,7 +279,7 @@ class _ClipWriter:
 
 
 def render(
-    data: bytes,
+    data: Payload,
     info: VideoInfo,
     clips: list[Clip],
     cfg: ClipConfig,
@@ -298,7 +299,7 @@ def render(
     k = 0
     active: dict[int, tuple[Clip, _ClipWriter | None]] = {}
     try:
-        with av.open(io.BytesIO(data), format=CONTAINERS[info.container], mode="r") as src:
+        with av.open(media_source(data), format=CONTAINERS[info.container], mode="r") as src:
             for i, frame in enumerate(src.decode(src.streams.video[0])):
                 for index, (clip, writer) in list(active.items()):
                     if i >= clip.end:
@@ -334,13 +335,13 @@ def render(
     return {c.index: (mp4s.get(c.index), jpgs[c.index]) for c in todo}
 
 
-def transcode(data: bytes, info: VideoInfo, clip: Clip, cfg: ClipConfig) -> bytes:
+def transcode(data: Payload, info: VideoInfo, clip: Clip, cfg: ClipConfig) -> bytes:
     """The clip's frames as H.264 in an mp4 whose index comes first (``render`` for one clip)."""
     mp4, _ = render(data, info, [clip], cfg)[clip.index]
     return mp4 or b""
 
 
-def thumbnail(data: bytes, info: VideoInfo, clip: Clip, side: int = 160) -> bytes:
+def thumbnail(data: Payload, info: VideoInfo, clip: Clip, side: int = 160) -> bytes:
     """A JPEG of the clip's middle frame, its long side ``side`` pixels, for the report."""
     return render(data, info, [clip], ClipConfig(), side=side, encode=False)[clip.index][1]
 

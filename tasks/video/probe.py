@@ -20,11 +20,11 @@ Decisions (tests/test_video_probe.py pins each, on files PyAV writes and on thei
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.formats.spooled import Payload, SpooledBody, media_source
 from tasks.policies.ruling import Ruling
 from tasks.policies.sniff import container_verdict
 
@@ -79,11 +79,17 @@ class VideoInfo:
     streams: int
 
 
-def probe(data: bytes, limits: VideoLimits) -> Ruling[VideoInfo]:
-    """The video's header facts, or the first limit it breaks (a stable reason and a detail)."""
-    if not data:
+# What the container sniffer reads of a spooled body (its signatures are in the first bytes).
+_HEAD_BYTES = 64 * 1024
+
+
+def probe(data: Payload, limits: VideoLimits) -> Ruling[VideoInfo]:
+    """The video's header facts, or the first limit it breaks (a stable reason and a detail).
+    ``data``: the bytes, or a spooled file (read through, never whole)."""
+    if not len(data):
         return Ruling(reason="not_a_video", detail="no bytes")
-    sniffed = container_verdict(data, limits.containers)
+    head = data.head(_HEAD_BYTES) if isinstance(data, SpooledBody) else data
+    sniffed = container_verdict(head, limits.containers)
     if sniffed.reason is not None or sniffed.value is None:
         return Ruling(reason=sniffed.reason, detail=sniffed.detail)
     container = sniffed.value
@@ -91,13 +97,13 @@ def probe(data: bytes, limits: VideoLimits) -> Ruling[VideoInfo]:
 
     try:
         with av.open(
-            io.BytesIO(data),
+            media_source(data),
             format=CONTAINERS[container],
             options={"probesize": str(limits.probe_bytes), "analyzeduration": "0"},
         ) as box:
             return _check(box, container, limits)
     except av.error.InvalidDataError as err:
-        if container == "mp4" and b"moov" not in data:
+        if container == "mp4" and not (data.contains(b"moov") if isinstance(data, SpooledBody) else b"moov" in data):
             return Ruling(reason="video_truncated", detail="no moov box: the index of an mp4 is missing")
         return Ruling(reason="undecodable_video", detail=f"{container}: {err.strerror or err}")
     except (av.error.FFmpegError, OSError, ValueError) as err:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tasks.formats.reasons import status_of
+from tasks.formats.spooled import Payload
 from tasks.video.clips import Clip, ClipConfig, cut, render, signals
 from tasks.video.probe import VideoInfo, VideoLimits, probe
 
@@ -32,7 +33,7 @@ def clip_key(video_key: str, index: int) -> str:
 
 def process_video(
     key: str,
-    data: bytes,
+    data: Payload,
     limits: VideoLimits,
     cfg: ClipConfig,
     side: int = 160,

@@ -16,6 +16,7 @@ from typing import Any
 
 from tasks.formats.reasons import status_of
 from tasks.formats.recipe_download import VideoRules
+from tasks.formats.spooled import Payload
 from tasks.policies.ruling import Ruling
 from tasks.video.clips import clip_size
 from tasks.video.probe import VideoInfo
@@ -28,7 +29,7 @@ _SOURCE_FACTS = ("container", "codec", "width", "height", "fps", "duration_s", "
 
 def judge_video(
     key: str,
-    data: bytes,
+    data: Payload,
     meta: dict[str, Any],
     row: dict[str, Any],
     cfg: VideoRules,
