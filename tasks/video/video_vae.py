@@ -76,6 +76,8 @@ class VideoVaeCheck:
         config: its ``config.json``.
         temporal, spatial: its compressions.
         latent_frames: latent frames per clip for the configured ``frames``.
+        label: how index.json names it: the folder's name (and ``/subfolder``).
+        store: ``image_latents.store``.
     """
 
     path: Path
@@ -84,6 +86,8 @@ class VideoVaeCheck:
     temporal: int
     spatial: int
     latent_frames: int
+    label: str
+    store: str
 
 
 def check_video_vae(cfg: PrecacheConfig) -> VideoVaeCheck:
@@ -119,7 +123,8 @@ def check_video_vae(cfg: PrecacheConfig) -> VideoVaeCheck:
             f"precache.image_latents.resolution is {il.resolution}, but {name} at {path} compresses space "
             f"{spatial}x: the clips' resolution must be a multiple of {spatial}"
         )
-    return VideoVaeCheck(path, name, config, temporal, spatial, 1 + (clip.frames - 1) // temporal)
+    label = Path(clip.model).name + (f"/{clip.subfolder}" if clip.subfolder else "")
+    return VideoVaeCheck(path, name, config, temporal, spatial, 1 + (clip.frames - 1) // temporal, label, il.store)
 
 
 class VideoVae:
@@ -141,7 +146,6 @@ class VideoVae:
         from tasks.curate.encoder import folder_digest
 
         self.check = check_video_vae(cfg)
-        self.cfg = cfg
         self.device = device
         self.dtype = dtype
         # low_cpu_mem_usage needs accelerate, which we do not depend on for one load per worker.
@@ -166,7 +170,7 @@ class VideoVae:
                     f"precache.clip_latents.model {self.check.path}: {pixels.shape[1]} frames gave "
                     f"{dist.mean.shape[2]} latent frames, expected {self.check.latent_frames}"
                 )
-            store = self.cfg.image_latents.store
+            store = self.check.store
             if store == "mean_logvar":
                 out = {"latent_mean.npy": dist.mean, "latent_logvar.npy": dist.logvar}
             elif store == "mean":
@@ -190,9 +194,8 @@ class VideoVae:
             mean, std = config.get("latents_mean"), config.get("latents_std")
         elif VIDEO_VAES[check.class_name].channel_stats == "buffers":
             mean, std = self.model.latents_mean.tolist(), self.model.latents_std.tolist()
-        clip = self.cfg.clip_latents
         return {
-            "model": Path(clip.model).name + (f"/{clip.subfolder}" if clip.subfolder else ""),
+            "model": check.label,
             "model_class": check.class_name,
             "model_digest": self.digest,
             "latent_frames": check.latent_frames,
