@@ -131,6 +131,10 @@ def decode_latent_block(
         if scale_latents:
             if spec.get("shift_factor") is not None:
                 latent -= np.float32(spec["shift_factor"])
+            if spec.get("latents_mean") is not None:
+                # A video VAE's per-channel statistics (Wan, LTX-Video), on the C axis of (B, [T,] C, h, w).
+                latent -= np.asarray(spec["latents_mean"], np.float32).reshape(-1, 1, 1)
+                latent /= np.asarray(spec["latents_std"], np.float32).reshape(-1, 1, 1)
             latent *= np.float32(spec.get("scaling_factor") or 1.0)
         columns[column] = torch.from_numpy(latent)
     if "text" in encodings:

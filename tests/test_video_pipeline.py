@@ -219,7 +219,10 @@ def test_the_video_demo_releases_clips_and_every_row_has_the_fate_its_corpus_pla
 
     ds = ReleaseDataset(open_release(str(release)), mode="latents", batch_size=4, shuffle=False)
     (batch,) = list(ds)
-    assert tuple(batch["clip_latent"].shape) == (4, 4, 4, 16, 16)  # clips, frames, C, h, w
+    # Clips, latent frames, C, h, w: the recipe's 5 frames through the tiny Wan VAE (4x in time).
+    assert tuple(batch["clip_latent"].shape) == (4, 2, 4, 16, 16)
+    clip_meta = json.loads((release / "index.json").read_text())["precache"]["encodings"]["clip_latents"]
+    assert clip_meta["model_class"] == "AutoencoderKLWan" and clip_meta["latent_frames"] == 2
     assert tuple(batch["latent"].shape) == (4, 4, 16, 16) and torch.isfinite(batch["clip_latent"]).all()
     # A clip's frames are not one picture repeated: the square moves.
     assert (batch["clip_latent"][:, 0] - batch["clip_latent"][:, -1]).abs().mean() > 0.01

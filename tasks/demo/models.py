@@ -78,6 +78,65 @@ def make_vae(path: str | Path, seed: int = 0) -> Path:
     return Path(path)
 
 
+def _tiny_video_vae(kind: str) -> Any:
+    """A random-weight diffusers video VAE of ``kind`` with 4 latent channels and 8x8 spatial,
+    4x temporal compression (takes 1 + 4k frames)."""
+    import diffusers
+
+    if kind == "wan":
+        return diffusers.AutoencoderKLWan(
+            base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]
+        )
+    if kind == "ltx":  # patch 2, then two space-time and one space-only downsampling: 8x space, 4x time
+        return diffusers.AutoencoderKLLTXVideo(
+            latent_channels=4,
+            block_out_channels=(8, 8, 8, 8),
+            decoder_block_out_channels=(8, 8, 8, 8),
+            layers_per_block=(1, 1, 1, 1, 1),
+            decoder_layers_per_block=(1, 1, 1, 1, 1),
+            spatio_temporal_scaling=(True, True, False, False),
+            decoder_spatio_temporal_scaling=(True, True, False, False),
+            patch_size=2,
+            spatial_compression_ratio=8,
+        )
+    if kind == "cogvideox":
+        return diffusers.AutoencoderKLCogVideoX(
+            block_out_channels=(8, 8, 16, 16), latent_channels=4, layers_per_block=1, norm_num_groups=4
+        )
+    if kind == "hunyuan":
+        return diffusers.AutoencoderKLHunyuanVideo(
+            latent_channels=4, block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4
+        )
+    raise ValueError(f"unknown tiny video VAE {kind!r}")
+
+
+def make_video_vae(path: str | Path, seed: int = 0, kind: str = "wan") -> Path:
+    """A tiny random-weight video VAE (``kind``: ``wan``, ``ltx``, ``cogvideox``, ``hunyuan``) whose
+    normalisation, as its class keeps it, gives unit-variance latents on smooth random videos:
+    per-channel ``latents_mean`` / ``latents_std`` for Wan (config) and LTX-Video (buffers), a
+    ``scaling_factor`` for the others."""
+    import torch
+
+    torch.manual_seed(seed)
+    vae = _tiny_video_vae(kind).eval()
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
+        coarse = torch.rand(4, 3, 5, 8, 8, generator=gen) * 2 - 1
+        videos = torch.nn.functional.interpolate(coarse, size=(5, 64, 64), mode="trilinear")
+        mean = vae.encode(videos).latent_dist.mean  # (B, C, T', h, w)
+        per_channel = mean.transpose(0, 1).flatten(1)
+        channel_mean, channel_std = per_channel.mean(1), per_channel.std(1)
+    if kind == "wan":
+        vae.register_to_config(latents_mean=channel_mean.tolist(), latents_std=channel_std.tolist())
+    elif kind == "ltx":
+        vae.latents_mean.copy_(channel_mean)
+        vae.latents_std.copy_(channel_std)
+    else:
+        vae.register_to_config(scaling_factor=round(1.0 / float(mean.std()), 5))
+    vae.save_pretrained(Path(path))
+    return Path(path)
+
+
 def _text_encoder(path: str | Path, seed: int, max_length: int, build: Callable[[Any], Any]) -> Path:
     """The tiny tokenizer saved at ``path``, then the model ``build(tokenizer)`` makes after seeding, beside it."""
     import torch
@@ -176,6 +235,7 @@ def make_clip(path: str | Path, seed: int = 0) -> Path:
 
 MAKERS = {
     "vae": make_vae,
+    "video-vae": make_video_vae,
     "clip-text": make_clip_text,
     "t5": make_t5_encoder,
     "clip-vision": make_clip_vision,
@@ -184,14 +244,14 @@ MAKERS = {
 
 
 def make_all(root: str | Path, names: tuple[str, ...] = tuple(MAKERS)) -> dict[str, Path]:
-    """The tiny models ``names`` (default all: ``vae``, ``clip-text``, ``t5``, ``clip-vision``,
-    ``clip``) under ``root``; a model already there is kept."""
+    """The tiny models ``names`` (default all: ``vae``, ``video-vae`` (Wan), ``clip-text``, ``t5``,
+    ``clip-vision``, ``clip``) under ``root``; a model already there is kept."""
     from tasks.stages.precache_models import quiet_model_loading
 
     root = Path(root)
     todo = [name for name in names if not (root / name / "config.json").exists()]
     if set(todo) - {"clip"}:  # models kept from before (and copied ones) need no library at all
-        quiet_model_loading(diffusers="vae" in todo)
+        quiet_model_loading(diffusers=bool({"vae", "video-vae"} & set(todo)))
     out = {}
     for name in names:
         make = MAKERS[name]

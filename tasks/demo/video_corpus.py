@@ -100,8 +100,9 @@ def prepare_video_demo(out_dir: Path, port: int = 18766) -> tuple[ImageWeb, dict
     folder = Path(out_dir) / "videos"
     folder.mkdir(parents=True, exist_ok=True)
     # The demo's encoders, shared with the image demo (kept when there): curation's dual encoder
-    # sees each clip's keyframe, precache encodes the keyframes and the captions.
-    make_all(Path(out_dir) / "models", ("vae", "clip-text", "clip"))
+    # sees each clip's keyframe, precache encodes the keyframes and the captions, and the clips'
+    # sampled frames through the video VAE.
+    make_all(Path(out_dir) / "models", ("vae", "video-vae", "clip-text", "clip"))
     videos = _videos()
     for name, (make, _, _) in videos.items():
         if not (folder / name).exists():

@@ -54,18 +54,29 @@ class ImageLatentsConfig(Frozen):
 
 
 class ClipLatentsConfig(Frozen):
-    """Per-frame latents of video clips, through the ``image_latents`` VAE at its resolution
-    and with its ``store``: ``frames`` frames taken every ``1 / fps`` seconds from the clip's
-    first (decoded with PyAV; a short clip repeats its last frame), stored as
-    ``clip_latent*.npy`` of shape ``(frames, C, h, w)`` beside the keyframe's latents.
+    """Latents of video clips at the ``image_latents`` resolution and with its ``store``:
+    ``frames`` frames taken every ``1 / fps`` seconds from the clip's first (decoded with PyAV;
+    a short clip repeats its last frame), each through the ``image_latents`` VAE, or the whole
+    clip through a video VAE (``model``). Stored as ``clip_latent*.npy`` of shape
+    ``(T, C, h, w)`` beside the keyframe's latents: ``T = frames`` through the image VAE,
+    ``T = 1 + (frames - 1) / r`` through a video VAE of temporal compression ``r``.
 
     Args:
-        frames: frames per clip. Default 8.
+        frames: frames per clip. Default 8. A video VAE takes ``1 + k * r`` frames (``1, 5, 9,
+            ...`` for Wan's and CogVideoX's ``r = 4``, ``1, 9, 17, ...`` for LTX-Video's 8);
+            another count stops precache before any work.
         fps: the rate they are taken at; ``None`` takes consecutive frames. Default 4.
+        model: local folder of a diffusers video VAE (``save_pretrained`` layout; never
+            downloaded), its class read from its ``config.json``: ``AutoencoderKLWan``,
+            ``AutoencoderKLLTXVideo``, ``AutoencoderKLCogVideoX`` or
+            ``AutoencoderKLHunyuanVideo``. Default ``None``: frames through the image VAE.
+        subfolder: folder inside ``model`` that holds the VAE (``vae`` for a whole pipeline).
     """
 
     frames: int = Field(default=8, ge=1, le=256)
     fps: float | None = Field(default=4.0, gt=0, le=240)
+    model: str | None = Field(default=None, min_length=1)
+    subfolder: str | None = None
 
 
 class TextEmbeddingsConfig(Frozen):

@@ -45,6 +45,10 @@ def check_models(cfg: PrecacheConfig) -> None:
     if cfg.text:
         _need_dir(cfg.text.model, "precache.text.model")
         _need_dir(cfg.text.tokenizer or cfg.text.model, "precache.text.tokenizer")
+    if cfg.clip_latents and cfg.clip_latents.model:
+        from tasks.video.video_vae import check_video_vae
+
+        check_video_vae(cfg)
     if cfg.vision:
         _need_dir(cfg.vision.model, "precache.vision.model")
     if cfg.image_embedding:
@@ -104,7 +108,7 @@ class Encoders:
         self.cfg = cfg
         self.device = device
         self.compute_dtype = torch.float32 if device == "cpu" else dtype_of(cfg.dtype)
-        self.vae = self.tokenizer = self.text = self.vision = None
+        self.vae = self.tokenizer = self.text = self.vision = self.video_vae = None
         self.vision_mean = self.vision_std = None
         self.vision_size = None
         if cfg.image_latents:
@@ -120,6 +124,10 @@ class Encoders:
                 **kw,
             )
             self.vae.to(device=device).eval().requires_grad_(False)
+        if cfg.clip_latents and cfg.clip_latents.model:
+            from tasks.video.video_vae import VideoVae
+
+            self.video_vae = VideoVae(cfg, device, self.compute_dtype)
         if cfg.text:
             from transformers import AutoTokenizer
 
@@ -199,7 +207,10 @@ class Encoders:
                 "members": clip_members(out["image_latents"]["members"]),
                 "frames": self.cfg.clip_latents.frames,
                 "fps": self.cfg.clip_latents.fps,
+                "latent_frames": self.cfg.clip_latents.frames,
             }
+            if self.video_vae is not None:  # its class, digest, latent frames and factors instead
+                out["clip_latents"].update(self.video_vae.describe())
         if self.text is not None:
             out["text"] = {
                 "members": ["text_emb.npy", "text_mask.npy"],

@@ -1,4 +1,4 @@
-"""Precache of video clips: sampled frames of each clip's mp4 through the image VAE, one latent stack per clip."""
+"""Precache of video clips: sampled frames of each clip's mp4 through the image VAE (or a video VAE), one latent stack per clip."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ def encode_clips(
             frames, _ = decode_clip(fh.read(member.size), clip.frames, clip.fps, resolution)
             stacks.append(frames)
     pixels = torch.cat(stacks).float().div_(127.5).sub_(1.0)  # (B * T, 3, R, R) in [-1, 1]
+    if encoders.video_vae is not None:  # whole clips through the video VAE: (B, T', C, h, w)
+        clips = encoders.video_vae.encode(pixels.reshape(len(keys), clip.frames, *pixels.shape[1:]), keys)
+        return {PREFIX + m: t for m, t in clips.items()}
     # Each frame's draw (store: sample) is seeded by its clip's key and its place in the clip.
     frame_keys = [f"{k}@{t}" for k in keys for t in range(clip.frames)]
     out = encoders.encode_images(pixels, frame_keys)
