@@ -156,7 +156,10 @@ class PrecacheConfig(Frozen):
     @model_validator(mode="after")
     def _clips_need_the_vae(self) -> PrecacheConfig:
         if self.clip_latents is not None and self.image_latents is None:
-            raise ValueError("clip_latents encodes frames with the image_latents VAE: configure image_latents too")
+            raise ValueError(
+                "clip_latents takes its frame size and store from image_latents (whose VAE also encodes the frames "
+                "unless clip_latents.model names a video VAE): configure image_latents too"
+            )
         return self
 
 

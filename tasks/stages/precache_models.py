@@ -27,7 +27,7 @@ _MODELS: dict[str, Encoders] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def _need_dir(path: str | None, what: str) -> Path:
+def need_dir(path: str | None, what: str) -> Path:
     if not path or not Path(path).is_dir():
         raise PrecacheError(
             f"{what}: no model directory at {path!r}; models are never downloaded at run time, "
@@ -39,20 +39,20 @@ def _need_dir(path: str | None, what: str) -> Path:
 def check_models(cfg: PrecacheConfig) -> None:
     """Fail before any work when a configured model or tokenizer folder is missing."""
     if cfg.image_latents:
-        base = _need_dir(cfg.image_latents.model, "precache.image_latents.model")
+        base = need_dir(cfg.image_latents.model, "precache.image_latents.model")
         if cfg.image_latents.subfolder:
-            _need_dir(str(base / cfg.image_latents.subfolder), "precache.image_latents.subfolder")
+            need_dir(str(base / cfg.image_latents.subfolder), "precache.image_latents.subfolder")
     if cfg.text:
-        _need_dir(cfg.text.model, "precache.text.model")
-        _need_dir(cfg.text.tokenizer or cfg.text.model, "precache.text.tokenizer")
+        need_dir(cfg.text.model, "precache.text.model")
+        need_dir(cfg.text.tokenizer or cfg.text.model, "precache.text.tokenizer")
     if cfg.clip_latents and cfg.clip_latents.model:
         from tasks.video.video_vae import check_video_vae
 
         check_video_vae(cfg)
     if cfg.vision:
-        _need_dir(cfg.vision.model, "precache.vision.model")
+        need_dir(cfg.vision.model, "precache.vision.model")
     if cfg.image_embedding:
-        _need_dir(cfg.image_embedding.model, "precache.image_embedding.model")
+        need_dir(cfg.image_embedding.model, "precache.image_embedding.model")
 
 
 def resolve_device(cfg: PrecacheConfig) -> str:
@@ -161,7 +161,7 @@ class Encoders:
             if store == "mean":
                 return {"latent.npy": dist.mean}
             # One draw per sample, seeded by its key, so a rerun stores the same sample.
-            noise = torch.stack([torch.randn(dist.mean.shape[1:], generator=_key_generator(k)) for k in keys])
+            noise = torch.stack([torch.randn(dist.mean.shape[1:], generator=key_generator(k)) for k in keys])
             return {"latent.npy": dist.mean + dist.std * noise.to(dist.mean.device, dist.mean.dtype)}
 
     def encode_text(self, captions: list[str]) -> dict[str, Any]:
@@ -194,7 +194,7 @@ class Encoders:
                 "members": members,
                 "dtype": dtype,
                 "scaling_factor": float(self.vae.config.scaling_factor),
-                "shift_factor": _maybe_float(getattr(self.vae.config, "shift_factor", None)),
+                "shift_factor": maybe_float(getattr(self.vae.config, "shift_factor", None)),
                 "resolution": il.resolution,
                 "store": il.store,
                 "model": Path(il.model).name + (f"/{il.subfolder}" if il.subfolder else ""),
@@ -236,11 +236,11 @@ class Encoders:
         return out
 
 
-def _maybe_float(value: Any) -> float | None:
+def maybe_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def _key_generator(key: str) -> Any:
+def key_generator(key: str) -> Any:
     import torch
 
     return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))

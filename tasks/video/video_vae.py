@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.formats.recipe_outputs import PrecacheConfig
-from tasks.stages.precache_models import PrecacheError, _key_generator, _maybe_float, _need_dir
+from tasks.stages.precache_models import PrecacheError, key_generator, maybe_float, need_dir
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,9 @@ def check_video_vae(cfg: PrecacheConfig) -> VideoVaeCheck:
     clip, il = cfg.clip_latents, cfg.image_latents
     if clip is None or clip.model is None or il is None:
         raise PrecacheError("precache.clip_latents.model is not set")
-    path = _need_dir(clip.model, "precache.clip_latents.model")
+    path = need_dir(clip.model, "precache.clip_latents.model")
     if clip.subfolder:
-        path = _need_dir(str(path / clip.subfolder), "precache.clip_latents.subfolder")
+        path = need_dir(str(path / clip.subfolder), "precache.clip_latents.subfolder")
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as err:
@@ -178,7 +178,7 @@ class VideoVae:
             else:
                 # "@clip": another stream than the keyframe's draw, which is seeded by the bare key.
                 noise = torch.stack(
-                    [torch.randn(dist.mean.shape[1:], generator=_key_generator(f"{k}@clip")) for k in keys]
+                    [torch.randn(dist.mean.shape[1:], generator=key_generator(f"{k}@clip")) for k in keys]
                 )
                 out = {"latent.npy": dist.mean + dist.std * noise.to(dist.mean.device, dist.mean.dtype)}
             return {m: t.permute(0, 2, 1, 3, 4) for m, t in out.items()}
@@ -202,7 +202,7 @@ class VideoVae:
             "temporal_compression": check.temporal,
             "spatial_compression": check.spatial,
             "scaling_factor": float(config.get("scaling_factor") or 1.0),
-            "shift_factor": _maybe_float(config.get("shift_factor")),
+            "shift_factor": maybe_float(config.get("shift_factor")),
             "latents_mean": None if mean is None else [float(v) for v in mean],
             "latents_std": None if std is None else [float(v) for v in std],
         }
