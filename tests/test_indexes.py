@@ -5,17 +5,16 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import os
 import shutil
 import struct
 import subprocess
-import sys
 import tarfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
+from energon_venv import NOT_INSTALLED, energon_command, missing, readers_python
 from release_fixtures import finetuning_release, pretraining_release
 
 from tasks.formats.indexes import (
@@ -28,11 +27,6 @@ from tasks.formats.indexes import (
 from tasks.formats.indexes.energon import collapse_ranges
 from tasks.formats.shards import MemberRecord, ShardWriter
 from tasks.formats.storage import Storage
-
-REPO = Path(__file__).resolve().parents[1]
-# megatron-energon 7.4.1 would downgrade tzdata in the project venv (multi-storage-client pins
-# tzdata<2026), so it lives in its own venv, with wids, layered over the project's packages.
-ENERGON_VENV_PYTHON = REPO / ".bench" / "energon-venv" / "bin" / "python"
 
 # Three shards with different sample counts; captions cross block boundaries and hold UTF-8.
 COUNTS = (4, 7, 1)
@@ -135,7 +129,7 @@ def test_dali_index_bytes(release):
 
 def test_dali_index_matches_wds2idx(release, tmp_path):
     if importlib.util.find_spec("wds2idx") is None or shutil.which("tar") is None:
-        _missing("DALI's wds2idx (or GNU tar, which it runs) is not installed")
+        missing("DALI's wds2idx (or GNU tar, which it runs) is not installed")
     from wds2idx import IndexCreator
 
     for shard in release["shards"]:
@@ -423,32 +417,11 @@ print(json.dumps(out))
 """
 
 
-def _missing(why: str) -> None:
-    """Skip for a developer without the reader; fail in CI, where `make test` builds it."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{why} (CI=true: the real readers must run here; see the Makefile's energon-venv)")
-    pytest.skip(why)
-
-
-def _readers_python() -> str | None:
-    override = os.environ.get("SHARDSMITH_ENERGON_PYTHON")
-    if override:
-        return override
-    if importlib.util.find_spec("megatron") and importlib.util.find_spec("megatron.energon"):
-        return sys.executable
-    if ENERGON_VENV_PYTHON.exists():
-        return str(ENERGON_VENV_PYTHON)
-    return None
-
-
 @pytest.fixture(scope="module")
 def readers(release, tmp_path_factory):
-    python = _readers_python()
+    python = readers_python()
     if python is None:
-        _missing(
-            "megatron-energon is not installed; create .bench/energon-venv (`make energon-venv`: python3.11 -m venv, "
-            "a .pth file naming the project venv's site-packages, pip install megatron-energon==7.4.1 wids)"
-        )
+        missing(NOT_INSTALLED)
     work = tmp_path_factory.mktemp("readers")
     reference, reference_default = work / "reference", work / "reference-default"
     for folder in (reference, reference_default):
@@ -518,7 +491,7 @@ def test_energon_reads_a_crude_release_with_cookers_and_with_its_defaults(reader
 
 def test_wids_reads_the_release(release, readers):
     if readers["wids"] is None:
-        _missing("wids is not installed beside megatron-energon")
+        missing("wids is not installed beside megatron-energon")
     result = readers["wids"]
     expected = release["expected"]
     assert result["len"] == len(expected)
@@ -548,11 +521,10 @@ def lint_releases(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("kind", ["pretraining", "finetuning", "finetuning-packed"])
 def test_energon_lint_and_info_pass_with_their_defaults(kind, lint_releases, tmp_path):
-    python = _readers_python()
+    python = readers_python()
     if python is None:
-        _missing("megatron-energon is not installed (see the readers fixture)")
-    script = Path(python).parent / "energon"
-    energon = [str(script)] if script.exists() else [python, "-c", "from megatron.energon.cli.main import main; main()"]
+        missing(NOT_INSTALLED)
+    energon = energon_command(python)
     release = lint_releases[kind]
     lint = subprocess.run([*energon, "lint", str(release)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert lint.returncode == 0, lint.stdout[-2000:] + lint.stderr[-4000:]

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from tasks.formats.indexes.energon import DEFAULT_SAMPLE_TYPE, ENERGON_CRUDE_TYPE, energon_meta
+from tasks.formats.indexes.energon import (
+    DEFAULT_SAMPLE_TYPE,
+    DEFAULT_VIDEO_SAMPLE_TYPE,
+    ENERGON_CRUDE_TYPE,
+    energon_meta,
+)
 from tasks.formats.indexes.walk import ShardIndexInput, ShardWalk, dali_index_name, walk_all
 from tasks.formats.indexes.wids import wids_json
 
 __all__ = [
     "DEFAULT_SAMPLE_TYPE",
+    "DEFAULT_VIDEO_SAMPLE_TYPE",
     "ENERGON_CRUDE_TYPE",
     "ShardIndexInput",
     "all_indexes",
@@ -40,7 +46,7 @@ def dali_indexes(shards: Iterable[ShardIndexInput]) -> dict[str, bytes]:
 def energon_indexes(
     shards: Iterable[ShardIndexInput],
     *,
-    sample_type: str = DEFAULT_SAMPLE_TYPE,
+    sample_type: str | None = None,
     field_map: Mapping[str, str] | None = None,
     split_parts: Mapping[str, str | Sequence[str]] | None = None,
 ) -> dict[str, bytes]:
@@ -50,10 +56,13 @@ def energon_indexes(
         shards: the release's shards, in release order.
         sample_type: an energon sample class, or ``"CrudeWebdataset"`` for plain dicts that a
             Cooker turns into samples, configured in ``crude.yaml`` (every sample then needs a
-            ``json`` member, dataset.yaml's view). Default ``"CaptioningSample"``.
+            ``json`` member, dataset.yaml's view). Default None: ``"VidQASample"`` where every
+            sample is a video clip (has a ``mp4`` member; ``crude.yaml`` is then written too,
+            for a cooker), else ``"CaptioningSample"``.
         field_map: sample field -> member extension (default ``{"image": "jpg", "caption":
-            "txt"}`` for CaptioningSample; required for other classes, refused for
-            CrudeWebdataset). Every sample must have a member for every field.
+            "txt"}`` for CaptioningSample, ``{"video": "mp4", "context": "txt"}`` for
+            VidQASample; required for other classes, refused for CrudeWebdataset). Every sample
+            must have a member for every field.
         split_parts: part name -> regex (or regexes) matched at the start of shard names, as
             ``energon prepare --split-parts train:pattern`` takes them (default: every shard
             in ``train``, ``val`` and ``test`` empty). A pattern that matches nothing, or a
@@ -80,7 +89,7 @@ def wids_index(shards: Iterable[ShardIndexInput], *, base_url: str = "", name: s
 def all_indexes(
     shards: Iterable[ShardIndexInput],
     *,
-    sample_type: str = DEFAULT_SAMPLE_TYPE,
+    sample_type: str | None = None,
     field_map: Mapping[str, str] | None = None,
     split_parts: Mapping[str, str | Sequence[str]] | None = None,
     base_url: str = "",

@@ -39,6 +39,16 @@ ENERGON_DEFAULT_PARTS = ("train", "val", "test")
 # shards whose members are key.jpg and key.txt.
 DEFAULT_SAMPLE_TYPE = "CaptioningSample"
 DEFAULT_FIELD_MAP: Mapping[str, str] = {"image": "jpg", "caption": "txt"}
+# For video clips (key.mp4, key.jpg its keyframe, key.txt) CaptioningSample would read the
+# keyframe. Energon 7.4.1 has one sample type with a video field, VidQASample (video: the
+# SampleDecoder's `av_decode` result, an AVDecoder by default; context: str; answers and
+# answer_weights optional), and its docs map files 1:1 to a sample type's fields with a field
+# map; so a clip's caption is its `context`. Its docs' own video+text example is a crude
+# dataset whose cooker makes the trainer's sample of sample["mp4"] and sample["txt"]: a video
+# release also gets crude.yaml for that (get_train_dataset(..., dataset_config="crude.yaml")).
+DEFAULT_VIDEO_SAMPLE_TYPE = "VidQASample"
+DEFAULT_VIDEO_FIELD_MAP: Mapping[str, str] = {"video": "mp4", "context": "txt"}
+VIDEO_MEMBER = "mp4"
 _SAMPLE_TYPE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -117,9 +127,10 @@ def _dataset_yaml(sample_type: str, field_map: Mapping[str, str] | None) -> dict
             raise ValueError("CrudeWebdataset takes no field_map: a Cooker in the TaskEncoder reads samples")
         return {"__module__": ENERGON_MODULE, "__class__": ENERGON_CRUDE_TYPE}
     if field_map is None:
-        if sample_type != DEFAULT_SAMPLE_TYPE:
-            raise ValueError(f"sample type {sample_type!r} needs a field_map (the default fits {DEFAULT_SAMPLE_TYPE})")
-        field_map = DEFAULT_FIELD_MAP
+        defaults = {DEFAULT_SAMPLE_TYPE: DEFAULT_FIELD_MAP, DEFAULT_VIDEO_SAMPLE_TYPE: DEFAULT_VIDEO_FIELD_MAP}
+        if sample_type not in defaults:
+            raise ValueError(f"sample type {sample_type!r} needs a field_map (defaults fit {', '.join(defaults)})")
+        field_map = defaults[sample_type]
     if not field_map:
         raise ValueError("field_map is empty")
     return {
@@ -146,17 +157,33 @@ def _check_field_map(shards: Sequence[ShardIndexInput], dataset: dict) -> None:
                     )
 
 
+def _all_clips(shards: Sequence[ShardIndexInput]) -> bool:
+    """Every sample has a video member (``key.mp4``): a release of video clips."""
+    samples = [sample for shard in shards for sample in shard.samples]
+    return bool(samples) and all(
+        any(m.name == f"{sample.key}.{VIDEO_MEMBER}" for m in sample.members) for sample in samples
+    )
+
+
 def energon_meta(
     shards: Sequence[ShardIndexInput],
     walked: Sequence[ShardWalk],
-    sample_type: str,
+    sample_type: str | None,
     field_map: Mapping[str, str] | None,
     split_parts: Mapping[str, str | Sequence[str]] | None,
 ) -> dict[str, bytes]:
+    # A release that mixes clips and images keeps CaptioningSample: every sample has a jpg (a
+    # clip's keyframe), while only the clips have a video for VidQASample's field map.
+    clips = _all_clips(shards)
+    if sample_type is None:
+        sample_type = DEFAULT_VIDEO_SAMPLE_TYPE if clips else DEFAULT_SAMPLE_TYPE
     dataset = _dataset_yaml(sample_type, field_map)
     crude = "field_map" not in dataset
+    crude_config = None
     if crude:
         dataset, crude_config = _dataset_yaml(*_CRUDE_DEFAULT_VIEW), dataset
+    elif clips:  # the crude view beside it, for a cooker of the trainer's own video sample
+        crude_config = _dataset_yaml(ENERGON_CRUDE_TYPE, None)
     _check_field_map(shards, dataset)
     names = [w.name for w in walked]
     parts = _split_parts(names, split_parts)
@@ -170,7 +197,7 @@ def energon_meta(
         f"{ENERGON_META_FOLDER}/split.yaml": yaml.dump(split, sort_keys=False).encode("utf-8"),
         f"{ENERGON_META_FOLDER}/.info.json": json.dumps(info, indent=2).encode("utf-8"),
     }
-    if crude:
+    if crude_config is not None:
         out[f"{ENERGON_META_FOLDER}/{ENERGON_CRUDE_CONFIG}"] = yaml.dump(crude_config, sort_keys=False).encode("utf-8")
     out.update({energon_index_name(w.name): w.energon_offsets for w in walked})
     return out
