@@ -144,6 +144,8 @@ def test_a_manifest_of_videos_is_released_as_clips_with_every_video_accounted_fo
     meta = json.loads(clip["json"])
     assert (meta["video"], meta["start_s"], meta["end_s"]) == ("v-000000000", 2.0, 4.0)
     assert meta["video_codec"] == "h264" and meta["caption"] == "a clip of cut.mp4"
+    # Megatron-Energon reads a release of clips as VidQASample (video: mp4), not the keyframe.
+    assert b"__class__: VidQASample" in (store / "releases" / "v0001" / ".nv-meta" / "dataset.yaml").read_bytes()
     with av.open(io.BytesIO(clip["mp4"])) as box:
         frames = [f.to_ndarray(format="rgb24") for f in box.decode(video=0)]
     assert len(frames) == 20  # two seconds at the source's 10 fps
