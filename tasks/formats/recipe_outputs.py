@@ -56,16 +56,24 @@ class ImageLatentsConfig(Frozen):
 class ClipLatentsConfig(Frozen):
     """Per-frame latents of video clips, through the ``image_latents`` VAE at its resolution
     and with its ``store``: ``frames`` frames taken every ``1 / fps`` seconds from the clip's
-    first (decoded with PyAV; a short clip repeats its last frame), stored as
+    first (decoded as ``decoder`` says; a short clip repeats its last frame), stored as
     ``clip_latent*.npy`` of shape ``(frames, C, h, w)`` beside the keyframe's latents.
 
     Args:
         frames: frames per clip. Default 8.
         fps: the rate they are taken at; ``None`` takes consecutive frames. Default 4.
+        decoder: ``auto`` decodes with DALI's video decoder on the GPU (NVDEC, resized and
+            cropped there too) on a worker with one, as ``precache.decode`` decides, and with
+            PyAV on the CPU otherwise; ``pyav`` always PyAV; ``dali`` always DALI, whose CPU
+            build decodes VP8, VP9 and MJPEG but not H.264 (``validate.video.clips.codec``).
+            Both take the same frames; pixels differ by decoder and resizer rounding. A clip
+            that fails to decode fails the shard with an error naming it and its sample.
+            Default auto.
     """
 
     frames: int = Field(default=8, ge=1, le=256)
     fps: float | None = Field(default=4.0, gt=0, le=240)
+    decoder: Literal["auto", "pyav", "dali"] = "auto"
 
 
 class TextEmbeddingsConfig(Frozen):
