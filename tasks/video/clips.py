@@ -249,6 +249,7 @@ class _ClipWriter:
         handle, self.path = tempfile.mkstemp(suffix=".mp4")
         os.close(handle)
         self.out = av.open(self.path, mode="w", format="mp4", options={"movflags": "+faststart"})
+        options: dict[str, object]
         if cfg.codec == "vp9":
             self.stream = self.out.add_stream("libvpx-vp9", rate=_fraction(self.rate))
             # Constant quality (crf with no bit-rate target); "good" at speed 5 is libvpx's

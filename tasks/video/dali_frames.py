@@ -80,12 +80,13 @@ def plan_clip(
         if w * h > max_pixels:
             raise ValueError(f"clip frames of {w}x{h} pixels are over max_pixels={max_pixels}")
         codec = stream.codec_context.name
-        stamps = sorted(
-            p.pts if p.pts is not None else p.dts
-            for p in box.demux(stream)
-            if p.size and (p.pts is not None or p.dts is not None)
-        )
+        stamps: list[int] = []
+        for packet in box.demux(stream):
+            stamp = packet.pts if packet.pts is not None else packet.dts
+            if packet.size and stamp is not None:
+                stamps.append(stamp)
         base = stream.time_base
+    stamps.sort()
     times = [float(s * base) for s in stamps] if base is not None else [float(s) for s in stamps]
     picked, real = pick_frames(times, frames, fps)
     if size is None:
