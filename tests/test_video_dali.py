@@ -96,13 +96,20 @@ def test_a_short_clip_repeats_its_last_frame(clips, frames, fps, picks, real):
     assert (got[real:] == got[real - 1]).all()
 
 
-def test_the_decoder_is_pyav_on_a_cpu_worker_unless_dali_is_asked_for(tmp_path):
-    def choice(**clip) -> tuple[str, str]:
-        return clip_decoder(PrecacheConfig(image_latents={"model": str(tmp_path), "resolution": 32}, clip_latents=clip))
+def test_the_decoder_is_dali_on_a_gpu_worker_and_pyav_on_others_unless_named(tmp_path):
+    import torch
 
-    assert choice() == ("pyav", "cpu")  # this machine has no GPU
-    assert choice(decoder="pyav") == ("pyav", "cpu")
-    assert choice(decoder="dali") == ("dali", "cpu")
+    def choice(decode: str = "auto", **clip) -> tuple[str, str]:
+        latents = {"model": str(tmp_path), "resolution": 32}
+        return clip_decoder(PrecacheConfig(image_latents=latents, clip_latents=clip, decode=decode))
+
+    assert choice() == (("dali", "mixed") if torch.cuda.is_available() else ("pyav", "cpu"))
+    assert choice("cpu") == choice("cpu", decoder="pyav") == choice(decoder="pyav") == ("pyav", "cpu")
+    assert choice("cpu", decoder="dali") == ("dali", "cpu")
+    if not torch.cuda.is_available():
+        assert choice(decoder="dali") == ("dali", "cpu")
+        with pytest.raises(PrecacheError, match="no CUDA GPU"):
+            choice("gpu")
 
 
 def _garbled(data: bytes) -> bytes:
@@ -153,7 +160,8 @@ def test_h264_clips_through_decoder_dali_on_a_cpu_worker_fail_the_shard_clearly(
 
     st = Storage(str(tmp_path))
     shard = _shard(st, _clip(10, codec="h264"))
-    base = {"image_latents": {"model": str(vae), "resolution": 32, "store": "mean"}, "batch_size": 2}
+    # decode: cpu, so that a GPU worker tests the CPU build too.
+    base = {"image_latents": {"model": str(vae), "resolution": 32, "store": "mean"}, "batch_size": 2, "decode": "cpu"}
     dali = PrecacheConfig(**base, clip_latents={"frames": 4, "fps": 2, "decoder": "dali"})
     with pytest.raises(PrecacheError) as err:
         precache_shard(st, dali, shard, "dali")
@@ -207,6 +215,7 @@ precache:
   image_latents: {{model: {vae}, resolution: 32, store: mean}}
   clip_latents: {{frames: 4, fps: 3, decoder: {decoder}}}
   batch_size: 2
+  decode: cpu  # DALI's CPU build, a GPU or not
 gates:
   download: {{min_success_rate: 0.5}}
 execution: {{cluster: local, workers: 1}}
