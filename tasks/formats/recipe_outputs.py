@@ -55,10 +55,10 @@ class ImageLatentsConfig(Frozen):
 
 class ClipLatentsConfig(Frozen):
     """Latents of video clips at the ``image_latents`` resolution and with its ``store``:
-    ``frames`` frames taken every ``1 / fps`` seconds from the clip's first (decoded with PyAV;
-    a short clip repeats its last frame), each through the ``image_latents`` VAE, or the whole
-    clip through a video VAE (``model``). Stored as ``clip_latent*.npy`` of shape
-    ``(T, C, h, w)`` beside the keyframe's latents: ``T = frames`` through the image VAE,
+    ``frames`` frames taken every ``1 / fps`` seconds from the clip's first (decoded as
+    ``decoder`` says; a short clip repeats its last frame), each through the ``image_latents``
+    VAE, or the whole clip through a video VAE (``model``). Stored as ``clip_latent*.npy`` of
+    shape ``(T, C, h, w)`` beside the keyframe's latents: ``T = frames`` through the image VAE,
     ``T = 1 + (frames - 1) / r`` through a video VAE of temporal compression ``r``.
 
     Args:
@@ -71,12 +71,20 @@ class ClipLatentsConfig(Frozen):
             ``AutoencoderKLLTXVideo``, ``AutoencoderKLCogVideoX`` or
             ``AutoencoderKLHunyuanVideo``. Default ``None``: frames through the image VAE.
         subfolder: folder inside ``model`` that holds the VAE (``vae`` for a whole pipeline).
+        decoder: ``auto`` decodes with DALI's video decoder on the GPU (NVDEC, resized and
+            cropped there too) on a worker with one, as ``precache.decode`` decides, and with
+            PyAV on the CPU otherwise; ``pyav`` always PyAV; ``dali`` always DALI, whose CPU
+            build decodes VP8, VP9 and MJPEG but not H.264 (``validate.video.clips.codec``).
+            Both take the same frames; pixels differ by decoder and resizer rounding. A clip
+            that fails to decode fails the shard with an error naming it and its sample.
+            Default auto.
     """
 
     frames: int = Field(default=8, ge=1, le=256)
     fps: float | None = Field(default=4.0, gt=0, le=240)
     model: str | None = Field(default=None, min_length=1)
     subfolder: str | None = None
+    decoder: Literal["auto", "pyav", "dali"] = "auto"
 
 
 class TextEmbeddingsConfig(Frozen):

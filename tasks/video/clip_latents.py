@@ -7,7 +7,7 @@ from typing import Any
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.formats.shards import SampleRecord
 from tasks.stages.precache_models import PrecacheError
-from tasks.video.frames import decode_clip
+from tasks.video.dali_frames import decode_clips
 
 # The members the image VAE's outputs become for clips (``latent.npy`` -> ``clip_latent.npy``).
 PREFIX = "clip_"
@@ -20,28 +20,28 @@ def clip_members(image_members: list[str]) -> list[str]:
 def encode_clips(
     encoders: Any, tar_path: str, records: dict[str, SampleRecord], keys: list[str], cfg: PrecacheConfig
 ) -> dict[str, Any]:
-    """``clip_latent*.npy`` tensors ``(B, frames, C, h, w)`` of the clips under ``keys``, read
-    from the local shard ``tar_path`` at their mp4 member's place (``records``) and decoded on
-    the CPU with PyAV (DALI's video decoder is the GPU's; its CPU build lacks H.264)."""
+    """``clip_latent*.npy`` tensors ``(B, T, C, h, w)`` of the clips under ``keys``, read
+    from the local shard ``tar_path`` at their mp4 member's place (``records``) and decoded as
+    ``precache.clip_latents.decoder`` says (DALI on a GPU worker, PyAV otherwise: dali_frames.py)."""
     import torch
 
     clip = cfg.clip_latents
     resolution = cfg.image_latents.resolution if cfg.image_latents is not None else None
     if clip is None or resolution is None:
         return {}
-    stacks = []
+    clips = []
     with open(tar_path, "rb") as fh:
         for key in keys:
             member = next((m for m in records[key].members if m.name == f"{key}.mp4"), None)
             if member is None:
                 raise PrecacheError(f"{tar_path}: sample {key} has no mp4 member for precache.clip_latents")
             fh.seek(member.offset)
-            frames, _ = decode_clip(fh.read(member.size), clip.frames, clip.fps, resolution)
-            stacks.append(frames)
+            clips.append((key, fh.read(member.size)))
+    stacks = decode_clips(clips, cfg, resolution, tar_path)
     pixels = torch.cat(stacks).float().div_(127.5).sub_(1.0)  # (B * T, 3, R, R) in [-1, 1]
     if encoders.video_vae is not None:  # whole clips through the video VAE: (B, T', C, h, w)
-        clips = encoders.video_vae.encode(pixels.reshape(len(keys), clip.frames, *pixels.shape[1:]), keys)
-        return {PREFIX + m: t for m, t in clips.items()}
+        latents = encoders.video_vae.encode(pixels.reshape(len(keys), clip.frames, *pixels.shape[1:]), keys)
+        return {PREFIX + m: t for m, t in latents.items()}
     # Each frame's draw (store: sample) is seeded by its clip's key and its place in the clip.
     frame_keys = [f"{k}@{t}" for k in keys for t in range(clip.frames)]
     out = encoders.encode_images(pixels, frame_keys)

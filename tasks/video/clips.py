@@ -6,7 +6,8 @@ PySceneDetect's) and motion, the mean level finds black, and a 256-bit differenc
 clip's frames at a quarter, half and three quarters finds near duplicates between clips. Spans are then cut at scene changes
 (``split: scenes``) or only by time (``fixed``), into windows of at most ``max_s`` seconds;
 a remainder shorter than ``min_s`` is not a clip. Each kept span is transcoded on its own
-(H.264 in mp4, its index first, no audio), scaled so its long side is at most ``max_side``.
+(``codec``: H.264, or VP9 for DALI's CPU decoder, in mp4, its index first, no audio), scaled so
+its long side is at most ``max_side``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ class ClipConfig(BaseModel):
         min_luma: a clip whose mean level is below this (0..1) is ``clip_black``. Default 0.06.
         max_side: the transcoded clip's long side in pixels (never upscaled). Default 640.
         fps: the transcoded clip's frame rate; None keeps the source's. Default None.
-        crf: x264's constant rate factor. Default 23.
+        codec: the clips' video codec in their mp4: ``h264`` (x264) or ``vp9`` (libvpx-vp9,
+            which DALI's CPU video decoder reads: ``precache.clip_latents.decoder``). Default h264.
+        crf: the constant rate factor: x264's, or libvpx-vp9's constant quality level with
+            ``codec: vp9`` (whose scale runs to 63). Default 23.
         near_bits: clips whose 256-bit difference hashes, of the frames at a quarter, half and
             three quarters of each, differ in at most this many bits each are near duplicates.
             Default 16.
@@ -67,6 +71,7 @@ class ClipConfig(BaseModel):
     min_luma: float = Field(0.06, ge=0, le=1)
     max_side: int = Field(640, ge=16)
     fps: float | None = Field(None, gt=0)
+    codec: Literal["h264", "vp9"] = "h264"
     crf: int = Field(23, ge=0, le=51)
     near_bits: int = Field(16, ge=0, le=256)
     near_level: float = Field(0.04, ge=0, le=1)
@@ -231,7 +236,7 @@ def clip_size(info: VideoInfo, cfg: ClipConfig) -> tuple[int, int]:
 
 
 class _ClipWriter:
-    """One clip's H.264 encoder into an mp4 file whose index comes first (readers can stream it)."""
+    """One clip's H.264 (or VP9) encoder into an mp4 file whose index comes first (readers can stream it)."""
 
     def __init__(self, info: VideoInfo, clip: Clip, cfg: ClipConfig):
         import av
@@ -246,9 +251,17 @@ class _ClipWriter:
         handle, self.path = tempfile.mkstemp(suffix=".mp4")
         os.close(handle)
         self.out = av.open(self.path, mode="w", format="mp4", options={"movflags": "+faststart"})
-        self.stream = self.out.add_stream("libx264", rate=_fraction(self.rate))
+        options: dict[str, object]
+        if cfg.codec == "vp9":
+            self.stream = self.out.add_stream("libvpx-vp9", rate=_fraction(self.rate))
+            # Constant quality (crf with no bit-rate target); "good" at speed 5 is libvpx's
+            # usual offline setting, row-mt its threading within a frame.
+            options = {"crf": str(cfg.crf), "b": "0", "deadline": "good", "cpu-used": "5", "row-mt": "1"}
+        else:
+            self.stream = self.out.add_stream("libx264", rate=_fraction(self.rate))
+            options = {"crf": str(cfg.crf), "preset": "veryfast"}
         self.stream.width, self.stream.height, self.stream.pix_fmt = self.w, self.h, "yuv420p"
-        self.stream.options = {"crf": str(cfg.crf), "preset": "veryfast"}
+        self.stream.options = options
         self.written = 0
 
     def add(self, i: int, frame) -> None:
