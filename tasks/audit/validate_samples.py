@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from tasks.audit.video_views import keyframes, with_video_columns
+from tasks.audit.video_views import KEYFRAME, STRIP, strip_keyframes, with_video_columns
 from tasks.formats.ledger import committed, read_ledgers
 from tasks.formats.storage import Storage
 from tasks.stages.validate import CandidateResult, thumbs_path
@@ -35,8 +35,8 @@ def report_samples(
     """Per-sample rows for the report: final verdicts, plus the few thumbnails pass 1 kept.
 
     Where there are videos (clips, or rows of ``video_sources``), also each row's video, the
-    clip's span and the video's probed facts, for the report's video section, and the
-    keyframes of the kept clips its strips show (tasks/audit/video_views.py).
+    clip's span and the video's probed facts, for the report's video section, and the small
+    keyframes of the clips its strips show (tasks/audit/video_views.py).
     """
     if ledger is None:
         return None
@@ -46,14 +46,11 @@ def report_samples(
         if table is not None:  # committed: always there
             thumbs.update(zip(table.column("key").to_pylist(), table.column("thumbnail").to_pylist()))
     base = _with_aspect(ledger.select(REPORT_COLUMNS))
-    base, missing = with_video_columns(base, ledger, video_sources or set(), thumbs)
-    if missing:  # the strips' clips: a kept one's keyframe is in its validated shard
-        thumbs.update(keyframes(storage, ledger, missing))
-        left = [k for k in missing if k not in thumbs]
-        if left:  # a duplicate's is in its candidate shard, which dedup did not copy it from
-            mine = [c.table for c in cands if not video_sources or c.source in video_sources]
-            cand = read_ledgers(storage, mine, ["key", "shard", "members"])
-            thumbs.update(keyframes(storage, pa.concat_tables(cand.values()), left))
-    return base.append_column(
-        "thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary())
-    )
+    base, shown = with_video_columns(base, ledger, video_sources or set(), thumbs)
+    keys = base.column("key").to_pylist()
+    base = base.append_column("thumbnail", pa.array([thumbs.get(k) for k in keys], pa.binary()))
+    if STRIP not in base.column_names:
+        return base
+    candidates = [c.table for c in cands if not video_sources or c.source in video_sources]
+    frames = strip_keyframes(storage, ledger, candidates, shown, thumbs)
+    return base.append_column(KEYFRAME, pa.array([frames.get(k) for k in keys], pa.binary()))

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.formats.ledger import COLUMNS, VIDEO_FACTS
+from tasks.formats.ledger import COLUMNS, VIDEO_FACTS, read_ledgers
 from tasks.formats.reasons import OK
 from tasks.formats.storage import Storage
 
@@ -20,17 +20,17 @@ STRIP_SIDE = 96
 TABLE_ROWS = 10  # rows of a value table (resolutions, frame rates ...) before "other"
 # The samples table's columns for videos (beside the thumbnail): the source video's key (a
 # clip's video, or the video's own key on the one row of a video that gave no clip), the
-# clip's span, the probe's facts, and ``strip``: the rank of the clip's video among the strips
-# (null for a clip no strip shows).
+# clip's span, the probe's facts, ``strip``: the rank of the clip's video among the strips
+# (null for a clip no strip shows), and after the thumbnail ``keyframe``: the strip's picture.
 STRIP = "strip"
+KEYFRAME = "keyframe"  # the small keyframe of a clip a strip shows
 
 
 def with_video_columns(
     base: pa.Table, ledger: pa.Table, video_sources: set[str], thumbs: dict[str, bytes]
 ) -> tuple[pa.Table, list[str]]:
     """``base`` (one row per ``ledger`` row) with the video columns, and the keys of the clips
-    the strips show that have no keyframe in ``thumbs`` (kept clips, duplicates: theirs are in
-    the shards, see ``keyframes``); ``base`` as it is without videos.
+    the strips show (``strip_keyframes`` gets their pictures); ``base`` as it is without videos.
 
     ``thumbs``: the keyframes validation kept of refused clips, by key; the strips prefer
     videos whose refused clips have one.
@@ -56,8 +56,7 @@ def with_video_columns(
     shown = _strip_picks(base, ranks)
     strip = [ranks.get(v) if k in shown else None for k, v in zip(base["key"].to_pylist(), base["video"].to_pylist())]
     base = base.append_column(STRIP, pa.array(strip, pa.int32()))
-    missing = [k for k in base["key"].to_pylist() if k in shown and k not in thumbs]
-    return base, missing
+    return base, sorted(shown)
 
 
 def _clip_rows(samples: pa.Table) -> pa.Table:
@@ -106,14 +105,36 @@ def _strip_picks(samples: pa.Table, ranks: dict[str, int]) -> set[str]:
     return picked
 
 
-def keyframes(storage: Storage, ledger: pa.Table, keys: list[str]) -> dict[str, bytes]:
-    """Small JPEGs (long side STRIP_SIDE) of the keyframes (``jpg`` members) of the clips
-    ``keys``, read from the shards their rows of ``ledger`` name (key, shard, members); a clip
-    whose row names none (refused) has none."""
+def strip_keyframes(
+    storage: Storage, ledger: pa.Table, candidates: list[str], keys: list[str], thumbs: dict[str, bytes]
+) -> dict[str, bytes]:
+    """Small JPEGs (long side STRIP_SIDE) of the keyframes of the strips' clips ``keys``: a
+    refused clip's from the few validation kept (``thumbs``), a kept clip's (its ``jpg``
+    member) from its validated shard, a duplicate's from the candidate shard dedup did not copy
+    it from (``candidates``: the candidate ledgers); a clip without any has none."""
+    from tasks.audit.curation_views import _thumbnail
+
+    out = {}
+    for k in keys:
+        small = _thumbnail(thumbs[k], STRIP_SIDE) if k in thumbs else None
+        if small is not None:
+            out[k] = small
+    left = [k for k in keys if k not in out]
+    if left:
+        out.update(_member_keyframes(storage, ledger, left))
+        rows = ledger.filter(pc.is_in(ledger.column("key"), pa.array(left, pa.string())))
+        reasons = dict(zip(rows.column("key").to_pylist(), rows.column("reason").to_pylist()))
+        left = [k for k in left if k not in out and _duplicate(reasons.get(k))]
+    if left and candidates:
+        tables = read_ledgers(storage, candidates, ["key", "shard", "members"])
+        out.update(_member_keyframes(storage, pa.concat_tables(tables.values()), left))
+    return out
+
+
+def _member_keyframes(storage: Storage, ledger: pa.Table, keys: list[str]) -> dict[str, bytes]:
     from tasks.audit.curation_views import member_thumbnails
 
-    wanted = set(keys)
-    rows = ledger.filter(pc.is_in(ledger.column("key"), pa.array(sorted(wanted), pa.string())))
+    rows = ledger.filter(pc.is_in(ledger.column("key"), pa.array(sorted(keys), pa.string())))
     return member_thumbnails(storage, rows.select(["key", "shard", "members"]).to_pylist(), ("jpg",), STRIP_SIDE)
 
 
@@ -227,7 +248,7 @@ def _strips(samples: pa.Table, per: dict[str, dict[str, Any]]) -> list[dict[str,
     if STRIP not in samples.column_names:
         return []
     shown = samples.filter(pc.is_valid(samples.column(STRIP)))
-    cols = ["key", "video", "start_s", "clip_s", "status", "reason", "thumbnail", STRIP]
+    cols = ["key", "video", "start_s", "clip_s", "status", "reason", KEYFRAME, STRIP]
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for r in shown.select([c for c in cols if c in shown.column_names]).to_pylist():
         by_rank.setdefault(r[STRIP], []).append(r)
@@ -237,7 +258,7 @@ def _strips(samples: pa.Table, per: dict[str, dict[str, Any]]) -> list[dict[str,
         v = per[clips[0]["video"]]
         figs = []
         for c in clips:
-            data = c.get("thumbnail")
+            data = c.get(KEYFRAME)
             mime = _image_mime(bytes(data)) if isinstance(data, (bytes, bytearray)) else None
             uri = f"data:{mime};base64," + base64.b64encode(bytes(data)).decode("ascii") if mime and data else None
             end = c["start_s"] + (c["clip_s"] or 0.0)
