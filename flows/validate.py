@@ -156,7 +156,7 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
     ledger = pa.concat_tables([tables[r.ledger] for r in results], promote_options="default") if results else None
     counts = Counts.of(ledger) if ledger is not None else Counts.zero()
     seconds = ph.seconds
-    samples = report_samples(storage, ledger, cands)
+    samples = report_samples(storage, ledger, cands, {s.name for s in recipe.sources if s.media == "video"})
     accepted = ledger.filter(pa.compute.equal(ledger.column("status"), "ok")) if ledger is not None else None
     reviewed = review_problem(cfg.license) is None
     gate, links = ph.judge(

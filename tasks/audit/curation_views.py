@@ -20,14 +20,14 @@ GROUPS = 12  # duplicate groups shown
 THUMB_SIDE = 112
 
 
-def _thumbnail(data: bytes) -> bytes | None:
+def _thumbnail(data: bytes, side: int = THUMB_SIDE) -> bytes | None:
     from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data)) as src:
-            src.draft("RGB", (THUMB_SIDE * 2, THUMB_SIDE * 2))
+            src.draft("RGB", (side * 2, side * 2))
             img = src.convert("RGB")
-            img.thumbnail((THUMB_SIDE, THUMB_SIDE))
+            img.thumbnail((side, side))
             out = io.BytesIO()
             img.save(out, "JPEG", quality=80)
             return out.getvalue()
@@ -128,18 +128,52 @@ def _thumbs(storage: Storage, where: dict[str, tuple[str, dict[str, Any]]], keys
         if key in where:
             by_tar.setdefault(where[key][0], []).append(where[key][1])
     for tar, rows in sorted(by_tar.items()):
-        with storage.open(tar, "rb") as fh:
-            for r in rows:
-                got: dict[str, bytes] = {}
-                for m in r["members"]:
-                    ext = m["name"].rsplit(".", 1)[-1]
-                    if ext in ("txt", "jpg", "jpeg", "png", "webp"):
-                        fh.seek(m["offset"])
-                        got["txt" if ext == "txt" else "image"] = fh.read(m["size"])
-                caption = got["txt"].decode("utf-8", "replace") if "txt" in got else None
-                out.append({"key": r["key"], "caption": caption, "thumbnail": _thumbnail(got.get("image", b""))})
+        for r, got in zip(rows, _members(storage, tar, rows, ("txt", "jpg", "jpeg", "png", "webp"))):
+            caption = got.pop("txt").decode("utf-8", "replace") if "txt" in got else None
+            image = next(reversed(got.values()), b"")
+            out.append({"key": r["key"], "caption": caption, "thumbnail": _thumbnail(image)})
     schema = pa.schema([("key", pa.string()), ("caption", pa.string()), ("thumbnail", pa.binary())])
     return pa.Table.from_pylist(out, schema=schema)
+
+
+def _members(storage: Storage, tar: str, rows: list[dict[str, Any]], exts: tuple[str, ...]) -> list[dict[str, bytes]]:
+    """Of each ledger row of a sample in ``tar``, its members whose extension is one of ``exts``
+    (extension -> bytes; the last of an extension), read by the offsets the row records."""
+    out = []
+    with storage.open(tar, "rb") as fh:
+        for r in rows:
+            got: dict[str, bytes] = {}
+            for m in r["members"]:
+                ext = m["name"].rsplit(".", 1)[-1]
+                if ext in exts:
+                    fh.seek(m["offset"])
+                    got[ext] = fh.read(m["size"])
+            out.append(got)
+    return out
+
+
+def member_thumbnails(
+    storage: Storage, rows: list[dict[str, Any]], exts: tuple[str, ...], side: int = THUMB_SIDE
+) -> dict[str, bytes]:
+    """Thumbnails (JPEG, long side ``side``) of the first member of ``exts`` of each sample, by
+    key, from ledger rows (key, shard, members); a sample without one, whose image does not
+    decode or whose shard is gone, has none."""
+    by_tar: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["shard"] and r["members"]:
+            by_tar.setdefault(r["shard"], []).append(r)
+    out: dict[str, bytes] = {}
+    for tar, mine in sorted(by_tar.items()):
+        try:
+            members = _members(storage, tar, mine, exts)
+        except FileNotFoundError:  # a work shard deleted since: its samples are shown without
+            continue
+        for r, got in zip(mine, members):
+            data = next((got[e] for e in exts if e in got), None)
+            thumb = _thumbnail(data, side) if data is not None else None
+            if thumb is not None:
+                out[r["key"]] = thumb
+    return out
 
 
 def write_curation_files(storage: Storage, rel_dir: str, data: dict[str, Any], thumbs: pa.Table) -> dict[str, str]:

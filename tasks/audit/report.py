@@ -28,6 +28,7 @@ from tasks.audit.report_views import (
     verdict,
 )
 from tasks.audit.runrecord import RunView, row_text, run_json, summary_rows
+from tasks.audit.video_views import video_view
 from tasks.formats.ledger import read_parquet
 from tasks.formats.reasons import ERROR, OK, REJECTED
 from tasks.formats.storage import Storage
@@ -95,6 +96,7 @@ def render_html(
             blocked=run.get("blocked"),
             phases=[phase_view(p) for p in phases_of(run)],
             samples=samples_view(samples, max_thumbnails_per_reason),
+            video=video_view(samples),
             curation=curation_view(curation),
         )
     )
@@ -103,8 +105,9 @@ def render_html(
 
 def plot_svgs(run: RunView, samples: pa.Table | None, curation: Any = None) -> dict[str, str]:
     """The report's key plots as standalone SVG files, for places that show images only (the
-    Prefect UI): rows by status per phase, the histograms of accepted samples, then each
-    curation score's histogram with its cut (``curation``: as ``render_html`` takes it)."""
+    Prefect UI): rows by status per phase, the histograms of accepted samples, those of source
+    videos, then each curation score's histogram with its cut (``curation``: as ``render_html``
+    takes it)."""
     plots: Any = _env().get_template("plots.svg.j2").module  # its macros are attributes
     out = {}
     for p in phases_of(run_json(run)):
@@ -115,6 +118,10 @@ def plot_svgs(run: RunView, samples: pa.Table | None, curation: Any = None) -> d
         if bar is not None:
             out[f"status-{slug(p.get('phase', ''))}"] = str(plots.status_bar(bar, standalone=True))
     for h in histograms(samples):
+        if h["n"]:
+            out[f"hist-{h['column']}"] = str(plots.histogram(h, standalone=True))
+    videos = video_view(samples)
+    for h in videos["hists"] if videos else []:
         if h["n"]:
             out[f"hist-{h['column']}"] = str(plots.histogram(h, standalone=True))
     view = curation_view(curation)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from tasks.audit.video_views import KEYFRAME, STRIP, strip_keyframes, with_video_columns
 from tasks.formats.ledger import committed, read_ledgers
 from tasks.formats.storage import Storage
 from tasks.stages.validate import CandidateResult, thumbs_path
@@ -29,8 +29,15 @@ def _with_aspect(table: pa.Table) -> pa.Table:
     return table.append_column("aspect", pa.array(aspect, pa.float64()))
 
 
-def report_samples(storage: Storage, ledger: pa.Table | None, cands: list[CandidateResult]) -> pa.Table | None:
-    """Per-sample rows for the report: final verdicts, plus the few thumbnails pass 1 kept."""
+def report_samples(
+    storage: Storage, ledger: pa.Table | None, cands: list[CandidateResult], video_sources: set[str] | None = None
+) -> pa.Table | None:
+    """Per-sample rows for the report: final verdicts, plus the few thumbnails pass 1 kept.
+
+    Where there are videos (clips, or rows of ``video_sources``), also each row's video, the
+    clip's span and the video's probed facts, for the report's video section, and the small
+    keyframes of the clips its strips show (tasks/audit/video_views.py).
+    """
     if ledger is None:
         return None
     thumbs: dict[str, bytes] = {}
@@ -39,10 +46,11 @@ def report_samples(storage: Storage, ledger: pa.Table | None, cands: list[Candid
         if table is not None:  # committed: always there
             thumbs.update(zip(table.column("key").to_pylist(), table.column("thumbnail").to_pylist()))
     base = _with_aspect(ledger.select(REPORT_COLUMNS))
-    if "start_s" in ledger.column_names and pc.any(pc.is_valid(ledger.column("start_s"))).as_py():
-        # Clips of videos: which video, and how long (the report's clip-length histogram).
-        base = base.append_column("video", ledger.column("video"))
-        base = base.append_column("clip_s", pc.subtract(ledger.column("end_s"), ledger.column("start_s")))
-    return base.append_column(
-        "thumbnail", pa.array([thumbs.get(k) for k in base.column("key").to_pylist()], pa.binary())
-    )
+    base, shown = with_video_columns(base, ledger, video_sources or set(), thumbs)
+    keys = base.column("key").to_pylist()
+    base = base.append_column("thumbnail", pa.array([thumbs.get(k) for k in keys], pa.binary()))
+    if STRIP not in base.column_names:
+        return base
+    candidates = [c.table for c in cands if not video_sources or c.source in video_sources]
+    frames = strip_keyframes(storage, ledger, candidates, shown, thumbs)
+    return base.append_column(KEYFRAME, pa.array([frames.get(k) for k in keys], pa.binary()))

@@ -46,6 +46,14 @@ COLUMNS: dict[str, pa.DataType] = {
     "video": pa.string(),
     "start_s": pa.float32(),
     "end_s": pa.float32(),
+    # what the probe read of that video (tasks/video/probe.py), on every row of a video source's
+    # validation ledger: its clips' and the row of a video that gave none (VIDEO_FACTS)
+    "video_duration_s": pa.float32(),
+    "video_width": pa.int32(),
+    "video_height": pa.int32(),
+    "video_fps": pa.float32(),
+    "video_codec": pa.string(),
+    "video_container": pa.string(),
     # reshard
     "input_shard": pa.string(),  # the input shard a sample came from
     # precache: ``aligned``, the key DALI read is the key the image shard holds at that
@@ -99,6 +107,11 @@ LEDGER_SCHEMA = ledger_schema(
     *("license", "width", "height", "caption_chars", "pixel_sha256", "phash"),
     *("video", "start_s", "end_s"),
 )
+# A video source's validation ledgers: the base ledger, then the facts of each row's video.
+# Only they have these columns, so an image ledger is what it was before videos came; readers
+# take them as optional (``read_ledger_with``), as a ledger of an older run lacks them too.
+VIDEO_FACTS = ("video_duration_s", "video_width", "video_height", "video_fps", "video_codec", "video_container")
+VIDEO_LEDGER_SCHEMA = ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :], *VIDEO_FACTS)
 # Reshard outputs (and census tables): ledgers plus the input shard each sample came from.
 RESHARD_SCHEMA = ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :], "input_shard")
 # Precache: one row per latent sample.
@@ -149,6 +162,15 @@ class LedgerRow:
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in LEDGER_SCHEMA.names}
+
+
+def widened(schema: pa.Schema, rows: list[dict[str, Any]]) -> pa.Schema:
+    """``schema``, or VIDEO_LEDGER_SCHEMA where it is the base ledger's and a row carries a
+    video's facts: the rows of a video source (tasks/video/samples.py) decide, so that every
+    stage writing them (validation, its fused download, dedup's copy) keeps the facts."""
+    if schema.equals(LEDGER_SCHEMA) and any(VIDEO_FACTS[0] in r for r in rows):
+        return VIDEO_LEDGER_SCHEMA
+    return schema
 
 
 def ledger_table(rows: Iterable[LedgerRow]) -> pa.Table:

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO, Generic, TypeVar, cast
 import numpy as np
 import pyarrow as pa
 
-from tasks.formats.ledger import COUNT_COLUMNS, LEDGER_SCHEMA, Counts, read_ledger, write_parquet
+from tasks.formats.ledger import COUNT_COLUMNS, LEDGER_SCHEMA, Counts, read_ledger, widened, write_parquet
 from tasks.formats.shards import HashingWriter, MemberRecord, SampleRecord, ShardWriter
 from tasks.formats.spooled import Payload
 from tasks.formats.storage import Storage
@@ -168,7 +168,8 @@ class ShardRun:
         order = self.order
         if order is not None:
             self.rows.sort(key=lambda r: r[order])
-        schema = self.schema if metadata is None else self.schema.with_metadata(metadata)
+        schema = widened(self.schema, self.rows)  # a video source's rows add its videos' facts
+        schema = schema if metadata is None else schema.with_metadata(metadata)
         table = pa.Table.from_pylist(self.rows, schema=schema)
         write_parquet(self.storage, self.ledger, table)
         return table

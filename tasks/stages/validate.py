@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.formats.ledger import LedgerRow, read_ledger, write_parquet
+from tasks.formats.ledger import VIDEO_FACTS, LedgerRow, read_ledger, write_parquet
 from tasks.formats.manifests import chunk_name
 from tasks.formats.names import digest_of
 from tasks.formats.reasons import OK
@@ -241,7 +241,9 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     refused clips per reason leave their keyframe as the report's thumbnail."""
     cfg = judge.cfg
     meta, spdx, caption, reason, detail = _text_checks(members, down, cfg)
-    row = _base_row(key, down, spdx, caption, reason, detail)
+    # A video's rows carry its facts (nulls until probed), so a video source's ledger has them
+    # even where every video was refused before its probe (tasks.formats.ledger.widened).
+    row = {**_base_row(key, down, spdx, caption, reason, detail), **dict.fromkeys(VIDEO_FACTS)}
     if reason is not None:
         return [Verdict(row)]
     from tasks.video.samples import judge_video

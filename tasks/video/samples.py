@@ -4,7 +4,9 @@ What the ledger gets: a video that gave clips is accounted for by its clips' row
 naming the video (``video``) and its span (``start_s``, ``end_s``), kept or refused
 (``clip_static``, ``clip_black``, ``duplicate_of:<clip key>``); a video that gave none has one
 row of its own with the reason (the probe's, ``video_no_clips``, ``undecodable_video``). So a
-video is never lost between the download ledger, which has its row, and the clips.
+video is never lost between the download ledger, which has its row, and the clips. Every row
+carries what the probe read of its video (``VIDEO_FACTS``: duration, size, frame rate, codec,
+container; nulls where the probe refused it), for the report's per-video counts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from tasks.formats.ledger import VIDEO_FACTS
 from tasks.formats.reasons import status_of
 from tasks.formats.recipe_download import VideoRules
 from tasks.formats.spooled import Payload
@@ -56,6 +59,7 @@ def judge_video(
     if video["reason"] is not None:
         out = _refused(row, video["reason"], video["detail"])
         out.update(format=video["container"], width=video["width"], height=video["height"], bytes=len(data))
+        out.update(_facts(video))
         return [(out, None, None)]
     info = VideoInfo(**{f: video[f] for f in VideoInfo.__slots__})
     width, height = clip_size(info, cfg.clips)
@@ -70,6 +74,11 @@ def judge_video(
                 refused = (checked.reason, f"span {c.row['scene']}: {checked.detail}")
         judged.append(_clip(c, key, meta, row, info, (width, height), cfg, clip_caption, refused))
     return judged
+
+
+def _facts(video: dict[str, Any]) -> dict[str, Any]:
+    """The ledger's ``VIDEO_FACTS`` of a probed video (``video_`` + the probe's field)."""
+    return {name: video.get(name.removeprefix("video_")) for name in VIDEO_FACTS}
 
 
 def _refused(row: dict[str, Any], reason: str | None, detail: str | None) -> dict[str, Any]:
@@ -103,6 +112,7 @@ def _clip(
         "video": video_key,
         "start_s": c["start_s"],
         "end_s": c["end_s"],
+        **_facts({f: getattr(info, f) for f in _SOURCE_FACTS}),
         "pixel_sha256": content,
         "caption_chars": len(caption) if caption else None,
     }
