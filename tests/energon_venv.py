@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,3 +43,11 @@ def energon_command(python: str) -> list[str]:
     """The ``energon`` command line beside that python (its console script, or its main)."""
     script = Path(python).parent / "energon"
     return [str(script)] if script.exists() else [python, "-c", "from megatron.energon.cli.main import main; main()"]
+
+
+def run_reader(python: str, script: Path, args: list[str], cwd: Path) -> list[str]:
+    """Run a reader script under the readers' python; its stdout's lines (a failure fails the test)."""
+    proc = subprocess.run([python, str(script), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    if proc.returncode != 0:
+        pytest.fail(f"reader script {script.name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout.strip().splitlines()

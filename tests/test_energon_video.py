@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from energon_venv import NOT_INSTALLED, energon_command, missing, readers_python
+from energon_venv import NOT_INSTALLED, energon_command, missing, readers_python, run_reader
 
 from tasks.demo.videos import make_video
 from tasks.formats.indexes import ShardIndexInput, all_indexes, energon_indexes
@@ -222,16 +222,8 @@ def read_back(clip_release, energon_python, tmp_path_factory):
     script = work / "read.py"
     script.write_text(_VIDEO_SCRIPT)
     n = len(clip_release["expected"])
-    proc = subprocess.run(
-        [energon_python, str(script), str(clip_release["root"]), str(reference), str(n)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=work,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"energon reader script failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return {"reference": reference, **json.loads(proc.stdout.strip().splitlines()[-1])}
+    lines = run_reader(energon_python, script, [str(clip_release["root"]), str(reference), str(n)], work)
+    return {"reference": reference, **json.loads(lines[-1])}
 
 
 def test_energon_yields_each_clips_video_and_caption(clip_release, read_back):

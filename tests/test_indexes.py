@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from energon_venv import NOT_INSTALLED, energon_command, missing, readers_python
+from energon_venv import NOT_INSTALLED, energon_command, missing, readers_python, run_reader
 from release_fixtures import finetuning_release, pretraining_release
 
 from tasks.formats.indexes import (
@@ -432,28 +432,23 @@ def readers(release, tmp_path_factory):
     chat = Path(chat_url) / "releases" / "v0001"
     script = work / "readers.py"
     script.write_text(_READERS_SCRIPT)
-    proc = subprocess.run(
+    lines = run_reader(
+        python,
+        script,
         [
-            python,
-            str(script),
             str(release["root"]),
             str(reference),
             str(work / "wids-cache"),
             str(reference_default),
             str(chat),
         ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=work,
+        work,
     )
-    if proc.returncode != 0:
-        pytest.fail(f"reader script failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return {
         "reference": reference,
         "reference_default": reference_default,
         "chat_keys": [r["key"] for r in chat_records],
-        **json.loads(proc.stdout.strip().splitlines()[-1]),
+        **json.loads(lines[-1]),
     }
 
 

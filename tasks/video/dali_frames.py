@@ -11,7 +11,7 @@ from typing import Any
 
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.stages.precache_models import PrecacheError
-from tasks.video.frames import DEFAULT_MAX_PIXELS, MAX_CLIP_S, decode_clip
+from tasks.video.frames import DEFAULT_MAX_PIXELS, FramePicker, decode_clip
 
 # What DALI 2.4's CPU build decodes (its docs: H.264, HEVC, AV1 and MPEG-4 are the GPU's only).
 CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
@@ -40,28 +40,11 @@ class ClipPlan:
 def pick_frames(times: Sequence[float], frames: int, fps: float | None) -> tuple[list[int], int]:
     """Indexes of the frames ``decode_clip`` takes from frames shown at ``times`` (seconds, in
     presentation order), padded with the last pick, and the count of real ones."""
-    picked: list[int] = []
-    start: float | None = None
-    last: int | None = None
+    picker = FramePicker(frames, fps)
     for i, t in enumerate(times):
-        start = t if start is None else start
-        if t - start > MAX_CLIP_S:
+        if picker.offer(i, t):
             break
-        if fps is None:
-            picked.append(i)
-        else:
-            # As decode_clip: every target time this frame is the latest frame for.
-            while len(picked) < frames and start + len(picked) / fps < t - 1e-6 and last is not None:
-                picked.append(last)
-            if len(picked) < frames and start + len(picked) / fps <= t + 1e-6:
-                picked.append(i)
-        last = i
-        if len(picked) >= frames:
-            break
-    if not picked:
-        raise ValueError("the clip has no video frames")
-    real = min(len(picked), frames)
-    return (picked + [picked[-1]] * frames)[:frames], real
+    return picker.result()
 
 
 def plan_clip(

@@ -26,6 +26,46 @@ def fit_image(im: Any, size: int | None) -> Any:
     return im.crop((left, top, left + size, top + size))
 
 
+class FramePicker:
+    """Which frames a clip gives at ``frames`` frames every ``1 / fps`` seconds from its first
+    (``fps=None``: consecutive frames), each the last frame shown at that time, a short clip
+    repeating its last pick; frames are offered in presentation order by index and time. One
+    rule for PyAV's ``decode_clip`` and DALI's plan (tasks/video/dali_frames.py)."""
+
+    def __init__(self, frames: int, fps: float | None):
+        if frames < 1:
+            raise ValueError("frames must be >= 1")
+        self.frames, self.fps = frames, fps
+        self.picked: list[int] = []
+        self._start: float | None = None
+        self._last: int | None = None
+
+    def offer(self, i: int, t: float) -> bool:
+        """Take frame ``i`` shown at ``t`` s where it is due; True once no later frame is wanted."""
+        start = self._start = t if self._start is None else self._start
+        if t - start > MAX_CLIP_S:
+            return True
+        if self.fps is None:
+            self.picked.append(i)
+        else:
+            # Every target time this frame is the latest frame for.
+            while len(self.picked) < self.frames and start + len(self.picked) / self.fps < t - 1e-6:
+                if self._last is None:
+                    break
+                self.picked.append(self._last)
+            if len(self.picked) < self.frames and start + len(self.picked) / self.fps <= t + 1e-6:
+                self.picked.append(i)
+        self._last = i
+        return len(self.picked) >= self.frames
+
+    def result(self) -> tuple[list[int], int]:
+        """The picks padded to ``frames`` with the last one, and how many are real."""
+        if not self.picked:
+            raise ValueError("the clip has no video frames")
+        real = min(len(self.picked), self.frames)
+        return (self.picked + [self.picked[-1]] * self.frames)[: self.frames], real
+
+
 def decode_clip(
     data: bytes, frames: int, fps: float | None, size: int | None, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> tuple[Any, int]:
@@ -41,33 +81,22 @@ def decode_clip(
     import numpy as np
     import torch
 
-    if frames < 1:
-        raise ValueError("frames must be >= 1")
-    picked: list[Any] = []
+    picker = FramePicker(frames, fps)
+    kept: dict[int, Any] = {}  # the decoded frames picked, by index
     with av.open(io.BytesIO(data), mode="r") as box:
         stream = box.streams.video[0]
         if stream.width * stream.height > max_pixels:
             raise ValueError(f"clip frames of {stream.width}x{stream.height} pixels are over max_pixels={max_pixels}")
-        start, last = None, None
-        for frame in box.decode(stream):
-            t = float(frame.time or 0.0)
-            start = t if start is None else start
-            if t - start > MAX_CLIP_S:
+        previous = None
+        for i, frame in enumerate(box.decode(stream)):
+            before = len(picker.picked)
+            done = picker.offer(i, float(frame.time or 0.0))
+            for index in picker.picked[before:]:
+                kept[index] = frame if index == i else previous
+            if done:
                 break
-            if fps is None:
-                picked.append(frame)
-            else:
-                # Every target time this frame is the latest frame for.
-                while len(picked) < frames and start + len(picked) / fps < t - 1e-6 and last is not None:
-                    picked.append(last)
-                if len(picked) < frames and start + len(picked) / fps <= t + 1e-6:
-                    picked.append(frame)
-            last = frame
-            if len(picked) >= frames:
-                break
-    if not picked:
-        raise ValueError("the clip has no video frames")
-    real = min(len(picked), frames)
-    picked = (picked + [picked[-1]] * frames)[:frames]
+            previous = frame
+    order, real = picker.result()
+    picked = [kept[i] for i in order]
     images = [fit_image(f.to_image(), size) for f in picked]
     return torch.from_numpy(np.stack([np.asarray(im) for im in images])).permute(0, 3, 1, 2).contiguous(), real
