@@ -128,9 +128,19 @@ class LocalServer:
         import httpx
 
         deadline = time.monotonic() + timeout
+        restarts = STARTUP_RESTARTS
         with httpx.Client(timeout=2.0) as client:
             while True:
                 if self.process is not None and self.process.poll() is not None:
+                    if self.process.returncode == UVICORN_STARTUP_FAILURE and restarts:
+                        # Servers starting together on a new PREFECT_HOME all create its
+                        # database; the losers fail their startup ("table already exists").
+                        # The database is there now: start again, on the same port (the
+                        # run's workers were told it).
+                        restarts -= 1
+                        time.sleep(0.5)
+                        self.start()
+                        continue
                     raise RuntimeError(
                         f"the local Prefect server exited with code {self.process.returncode} before it answered"
                     )
@@ -167,6 +177,11 @@ def early_server() -> LocalServer | None:
     if os.environ.get("PREFECT_API_URL") or os.environ.get("SHARDSMITH_WARM_API"):
         return None  # a configured server, or the warm service's (flows/warm.py)
     return LocalServer().start()
+
+
+# uvicorn's exit code when the application's startup fails (its STARTUP_FAILURE).
+UVICORN_STARTUP_FAILURE = 3
+STARTUP_RESTARTS = 2
 
 
 def _free_port() -> int:

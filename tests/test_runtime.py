@@ -1,7 +1,8 @@
-"""Starting a Dask cluster leaves the process's Dask configuration whole."""
+"""The run's runtime: a Dask cluster leaves the process's Dask configuration whole; one-run Prefect servers start together."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,32 @@ def test_start_cluster_keeps_the_distributed_config_and_sets_ours_only_for_the_s
     assert out.returncode == 0, out.stderr[-3000:]
     # distributed's default timeout is there; the profiler setting was ours for the start only.
     assert out.stdout.split() == ["30s", "True"]
+
+
+# Servers of runs started at once on a machine whose PREFECT_HOME is new each create its
+# database; all but one failed their startup ("table already exists", uvicorn's exit code 3).
+SERVERS_SCRIPT = """
+from flows.runtime import LocalServer
+servers = [LocalServer().start() for _ in range(4)]
+try:
+    for server in servers:
+        server.wait(120)
+        print("answered")
+finally:
+    for server in servers:
+        server.stop()
+"""
+
+
+def test_one_run_servers_started_together_on_a_new_prefect_home_all_answer(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    out = subprocess.run(
+        [sys.executable, "-c", SERVERS_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["answered"] * 4
+    assert (tmp_path / "home" / "prefect.db").exists()
 
 
 def test_a_phase_flow_sends_no_heartbeats_while_the_run_flow_does(prefect_harness, monkeypatch):
