@@ -241,16 +241,25 @@ def iter_tar_members(
     long_name: bytes | None = None
     pax: dict[str, bytes] = {}
 
-    def read_payload(size: int, what: str, header_at: int, member: str | None) -> bytes:
+    def end_payload(got: int, size: int, what: str, header_at: int, member: str | None) -> None:
+        """After ``got`` of a payload's ``size`` bytes were taken: refuse a short one, read its padding."""
         nonlocal pos
-        data = _read_exact(fileobj, size)
-        if len(data) < size:
+        if got < size:
             raise error("tar_truncated", f"input ends inside the {what}", member=member, offset=header_at)
         pad = padded(size) - size
         if pad and len(_read_exact(fileobj, pad)) < pad:
             raise error("tar_truncated", f"input ends in the {what}'s padding", member=member, offset=header_at)
         pos += size + pad
+
+    def read_payload(size: int, what: str, header_at: int, member: str | None) -> bytes:
+        data = _read_exact(fileobj, size)
+        end_payload(len(data), size, what, header_at, member)
         return data
+
+    def spill_payload(size: int, what: str, header_at: int, member: str) -> SpooledBody:
+        body = SpooledBody.copy_from(fileobj, size)
+        end_payload(len(body), size, what, header_at, member)
+        return body
 
     def skip_payload(size: int, what: str, header_at: int, member: str | None) -> None:
         nonlocal pos
@@ -385,13 +394,7 @@ def iter_tar_members(
         data_at = pos
         data: bytes | SpooledBody | None
         if read_data and (skip_larger_than is None or size <= skip_larger_than) and spill is not None and spill(name):
-            data = SpooledBody.copy_from(fileobj, size)
-            if len(data) < size:
-                raise error("tar_truncated", "input ends inside the member data", member=name, offset=member_at)
-            pad = padded(size) - size
-            if pad and len(_read_exact(fileobj, pad)) < pad:
-                raise error("tar_truncated", "input ends in the member data's padding", member=name, offset=member_at)
-            pos += size + pad
+            data = spill_payload(size, "member data", member_at, name)
         elif read_data and (skip_larger_than is None or size <= skip_larger_than):
             data = read_payload(size, "member data", member_at, name)
         else:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from tasks.policies.ruling import Ruling
 
+# How much of a body kept in a file its sniff reads: magic numbers are in the first bytes, and
+# Matroska's DocType or an HTML page's start within the first few KiB.
+SNIFF_BYTES = 64 * 1024
 EXTENSIONS = {
     "jpeg": "jpg",
     "png": "png",

@@ -11,12 +11,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from tasks.formats.spooled import SpooledBody
-from tasks.policies.sniff import bytes_verdict
+from tasks.policies.sniff import SNIFF_BYTES, bytes_verdict
 from tasks.policies.urlguard import BlockedAddress, InvalidHost
-
-# How much of a file streamed to disk its sniff reads: magic numbers are in the first bytes,
-# and Matroska's DocType or an HTML page's start within the first few KiB.
-SNIFF_BYTES = 64 * 1024
 
 
 @dataclass

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.formats.spooled import Payload, SpooledBody, media_source
 from tasks.policies.ruling import Ruling
-from tasks.policies.sniff import container_verdict
+from tasks.policies.sniff import SNIFF_BYTES, container_verdict
 
 # Container names as FFmpeg's demuxers call them, and the sniffed families they read.
 CONTAINERS = {"mp4": "mov", "webm": "matroska", "mkv": "matroska", "avi": "avi"}
@@ -79,16 +79,12 @@ class VideoInfo:
     streams: int
 
 
-# What the container sniffer reads of a spooled body (its signatures are in the first bytes).
-_HEAD_BYTES = 64 * 1024
-
-
 def probe(data: Payload, limits: VideoLimits) -> Ruling[VideoInfo]:
     """The video's header facts, or the first limit it breaks (a stable reason and a detail).
     ``data``: the bytes, or a spooled file (read through, never whole)."""
     if not len(data):
         return Ruling(reason="not_a_video", detail="no bytes")
-    head = data.head(_HEAD_BYTES) if isinstance(data, SpooledBody) else data
+    head = data.head(SNIFF_BYTES) if isinstance(data, SpooledBody) else data
     sniffed = container_verdict(head, limits.containers)
     if sniffed.reason is not None or sniffed.value is None:
         return Ruling(reason=sniffed.reason, detail=sniffed.detail)
