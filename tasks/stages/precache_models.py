@@ -155,14 +155,7 @@ class Encoders:
 
         with torch.inference_mode():
             dist = self.vae.encode(pixels.to(self.device, self.compute_dtype)).latent_dist
-            store = self.cfg.image_latents.store
-            if store == "mean_logvar":
-                return {"latent_mean.npy": dist.mean, "latent_logvar.npy": dist.logvar}
-            if store == "mean":
-                return {"latent.npy": dist.mean}
-            # One draw per sample, seeded by its key, so a rerun stores the same sample.
-            noise = torch.stack([torch.randn(dist.mean.shape[1:], generator=key_generator(k)) for k in keys])
-            return {"latent.npy": dist.mean + dist.std * noise.to(dist.mean.device, dist.mean.dtype)}
+            return stored_latents(dist, self.cfg.image_latents.store, keys)
 
     def encode_text(self, captions: list[str]) -> dict[str, Any]:
         import torch
@@ -236,11 +229,25 @@ class Encoders:
         return out
 
 
+def stored_latents(dist: Any, store: str, seeds: list[str]) -> dict[str, Any]:
+    """What ``image_latents.store`` keeps of a VAE's latent distribution, by member name: mean
+    and log-variance, the mean, or one draw per sample seeded by its string in ``seeds`` (so a
+    rerun stores the same draw)."""
+    import torch
+
+    if store == "mean_logvar":
+        return {"latent_mean.npy": dist.mean, "latent_logvar.npy": dist.logvar}
+    if store == "mean":
+        return {"latent.npy": dist.mean}
+    noise = torch.stack([torch.randn(dist.mean.shape[1:], generator=_key_generator(s)) for s in seeds])
+    return {"latent.npy": dist.mean + dist.std * noise.to(dist.mean.device, dist.mean.dtype)}
+
+
 def maybe_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def key_generator(key: str) -> Any:
+def _key_generator(key: str) -> Any:
     import torch
 
     return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))

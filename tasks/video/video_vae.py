@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.formats.recipe_outputs import PrecacheConfig
-from tasks.stages.precache_models import PrecacheError, key_generator, maybe_float, need_dir
+from tasks.stages.precache_models import PrecacheError, maybe_float, need_dir, stored_latents
 
 
 @dataclass(frozen=True)
@@ -170,17 +170,8 @@ class VideoVae:
                     f"precache.clip_latents.model {self.check.path}: {pixels.shape[1]} frames gave "
                     f"{dist.mean.shape[2]} latent frames, expected {self.check.latent_frames}"
                 )
-            store = self.check.store
-            if store == "mean_logvar":
-                out = {"latent_mean.npy": dist.mean, "latent_logvar.npy": dist.logvar}
-            elif store == "mean":
-                out = {"latent.npy": dist.mean}
-            else:
-                # "@clip": another stream than the keyframe's draw, which is seeded by the bare key.
-                noise = torch.stack(
-                    [torch.randn(dist.mean.shape[1:], generator=key_generator(f"{k}@clip")) for k in keys]
-                )
-                out = {"latent.npy": dist.mean + dist.std * noise.to(dist.mean.device, dist.mean.dtype)}
+            # "@clip": another stream than the keyframe's draw, which is seeded by the bare key.
+            out = stored_latents(dist, self.check.store, [f"{k}@clip" for k in keys])
             return {m: t.permute(0, 2, 1, 3, 4) for m, t in out.items()}
 
     def describe(self) -> dict[str, Any]:
