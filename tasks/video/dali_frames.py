@@ -11,7 +11,7 @@ from typing import Any
 
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.stages.precache_models import PrecacheError
-from tasks.video.frames import DEFAULT_MAX_PIXELS, FramePicker, decode_clip
+from tasks.video.frames import DEFAULT_MAX_PIXELS, FramePicker, decode_clip, fit_geometry
 
 # What DALI 2.4's CPU build decodes (its docs: H.264, HEVC, AV1 and MPEG-4 are the GPU's only).
 CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
@@ -74,10 +74,8 @@ def plan_clip(
     picked, real = pick_frames(times, frames, fps)
     if size is None:
         return ClipPlan(picked, real, codec, None, None)
-    # fit_image's geometry: the short side to ``size``, the long one rounded, a centered crop.
-    scale = size / min(w, h)
-    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-    return ClipPlan(picked, real, codec, (nw, nh), ((nh - size) // 2, (nw - size) // 2))
+    nw, nh, left, top = fit_geometry(w, h, size)  # as fit_image fits PyAV's frames
+    return ClipPlan(picked, real, codec, (nw, nh), (top, left))
 
 
 def clip_decoder(cfg: PrecacheConfig) -> tuple[str, str]:

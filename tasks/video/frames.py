@@ -12,6 +12,15 @@ MAX_CLIP_S = 600.0
 DEFAULT_MAX_PIXELS = 50_000_000
 
 
+def fit_geometry(w: int, h: int, size: int) -> tuple[int, int, int, int]:
+    """A ``w`` x ``h`` frame fitted to a ``size`` square: its size once the short side is
+    ``size`` (the long one rounded), and the top-left corner of the centered crop: ``(nw, nh,
+    left, top)``. PyAV's frames (``fit_image``) and DALI's (tasks/video/dali_frames.py) alike."""
+    scale = size / min(w, h)
+    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+    return nw, nh, (nw - size) // 2, (nh - size) // 2
+
+
 def fit_image(im: Any, size: int | None) -> Any:
     """A PIL image with its short side resized to ``size``, then center-cropped square (``None``: as it is)."""
     from PIL import Image
@@ -19,10 +28,9 @@ def fit_image(im: Any, size: int | None) -> Any:
     if size is None:
         return im
     w, h = im.size
+    nw, nh, left, top = fit_geometry(w, h, size)
     scale = size / min(w, h)
-    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
     im = im.resize((nw, nh), Image.Resampling.BILINEAR, reducing_gap=None if scale > 0.5 else 2.0)
-    left, top = (nw - size) // 2, (nh - size) // 2
     return im.crop((left, top, left + size, top + size))
 
 
