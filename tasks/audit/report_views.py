@@ -263,6 +263,12 @@ def _image_mime(data: bytes) -> str | None:
     return _THUMB_MIMES.get(sniff_format(data) or "")
 
 
+def image_uri(data: Any) -> str | None:
+    """A thumbnail's bytes as a ``data:`` URI, or None when they are not a JPEG, PNG or WebP."""
+    mime = _image_mime(bytes(data)) if isinstance(data, (bytes, bytearray)) and data else None
+    return f"data:{mime};base64," + base64.b64encode(bytes(data)).decode("ascii") if mime else None
+
+
 def _thumb_groups(samples: pa.Table, cap: int) -> list[dict] | None:
     """Rejected samples by reason group, up to ``cap`` thumbnails each; None without the columns."""
     status, reason = _column(samples, "status"), _column(samples, "reason")
@@ -282,13 +288,11 @@ def _thumb_groups(samples: pa.Table, cap: int) -> list[dict] | None:
     for g, total in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])):
         figs: list[dict[str, Any]] = []
         for row in sorted(by_group.get(g, []), key=lambda r: (str(r.get("key")), str(r.get("reason")))):
-            data = row["thumbnail"]
-            mime = _image_mime(data) if isinstance(data, (bytes, bytearray)) else None
-            if len(figs) >= cap or mime is None:
+            uri = image_uri(row["thumbnail"])
+            if len(figs) >= cap or uri is None:
                 continue
             caption = row.get("caption")
             caption = caption[:120] + ("..." if len(caption) > 120 else "") if isinstance(caption, str) else None
-            uri = f"data:{mime};base64," + base64.b64encode(bytes(data)).decode("ascii")
             figs.append({"key": row.get("key"), "reason": row.get("reason"), "caption": caption, "uri": uri})
         groups.append({"group": g, "total": total, "figs": figs})
     return groups

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import numpy as np
@@ -243,7 +242,7 @@ def _value_table(name: str, title: str, values: list[str], unprobed: int) -> dic
 
 def _strips(samples: pa.Table, per: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Each strip: its video's facts and counts, and its clips' keyframes in time order."""
-    from tasks.audit.report_views import _image_mime, fmt_num, reason_group
+    from tasks.audit.report_views import fmt_num, image_uri, reason_group
 
     if STRIP not in samples.column_names:
         return []
@@ -258,9 +257,7 @@ def _strips(samples: pa.Table, per: dict[str, dict[str, Any]]) -> list[dict[str,
         v = per[clips[0]["video"]]
         figs = []
         for c in clips:
-            data = c.get(KEYFRAME)
-            mime = _image_mime(bytes(data)) if isinstance(data, (bytes, bytearray)) else None
-            uri = f"data:{mime};base64," + base64.b64encode(bytes(data)).decode("ascii") if mime and data else None
+            uri = image_uri(c.get(KEYFRAME))
             end = c["start_s"] + (c["clip_s"] or 0.0)
             figs.append(
                 {
