@@ -35,6 +35,12 @@ COLUMNS: dict[str, pa.DataType] = {
     "attempts": pa.int32(),
     "detail": pa.string(),  # free text for people; never grouped on
     "origin": pa.string(),  # where the row came from (manifest file and line), for people
+    # download (keeping a dataset current): when the row was last fetched, by how many runs in
+    # all (a retry of a passing failure adds one), and the validators the server sent with it
+    "fetched_at": pa.timestamp("us", tz="UTC"),
+    "fetches": pa.int32(),
+    "etag": pa.string(),
+    "last_modified": pa.string(),
     # validation
     "license": pa.string(),  # normalised SPDX id
     "width": pa.int32(),  # of the stored image
@@ -107,6 +113,11 @@ LEDGER_SCHEMA = ledger_schema(
     *("license", "width", "height", "caption_chars", "pixel_sha256", "phash"),
     *("video", "start_s", "end_s"),
 )
+# Download ledgers: the base ledger, then when each row was fetched, how often, and the server's
+# validators (ETag, Last-Modified) a recheck sends back. Ledgers of older runs lack them: readers
+# take them as optional (``read_ledger_with``); such a row counts as fetched once, at no known time.
+FETCH_FACTS = ("fetched_at", "fetches", "etag", "last_modified")
+DOWNLOAD_LEDGER_SCHEMA = ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :], *FETCH_FACTS)
 # A video source's validation ledgers: the base ledger, then the facts of each row's video.
 # Only they have these columns, so an image ledger is what it was before videos came; readers
 # take them as optional (``read_ledger_with``), as a ledger of an older run lacks them too.

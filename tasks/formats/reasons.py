@@ -45,7 +45,10 @@ REASONS: dict[str, tuple[str, str]] = {
     ),
     "too_many_redirects": (REJECTED, "more redirect hops than download.max_redirects"),
     "robots_disallowed": (REJECTED, "robots.txt disallows our user agent for this path"),
-    "opted_out": (REJECTED, "X-Robots-Tag carries an opt-out directive (noai, noimageai, noml, ...)"),
+    "opted_out": (
+        REJECTED,
+        "the site opted out of AI/TDM use: X-Robots-Tag carries an opt-out directive (noai, noimageai, noml, ...), or TDM-Rep reserves the rights (the tdm-reservation header, or the origin's /.well-known/tdmrep.json; the detail names the policy when one is given); at a recheck, robots.txt now disallowing the path too",
+    ),
     # payload
     "too_large": (REJECTED, "the body exceeded download.max_bytes"),
     "empty_body": (REJECTED, "the server sent no bytes"),
@@ -203,6 +206,19 @@ REASONS: dict[str, tuple[str, str]] = {
         REJECTED,
         "more tokens than the padding cut-off (policy drop), or not even the first exchange fits (policy truncate)",
     ),
+    # keeping a dataset current (tasks/stages/recheck.py, tasks/stages/upkeep.py)
+    "link_dead": (
+        REJECTED,
+        "a recheck of a released row got 404 or 410, or its host did not answer download.recheck.dead_after checks in a row; dropped only where download.recheck.actions.link_dead is drop",
+    ),
+    "content_changed": (
+        REJECTED,
+        "a recheck of a released row got different bytes (another ETag, Last-Modified or sha256 than the download's); dropped only where download.recheck.actions.content_changed is drop",
+    ),
+    "taken_down": (
+        REJECTED,
+        "the row matches an entry of a takedown list (a URL, domain, sample key, sha256 or perceptual hash); the detail names the list and the entry",
+    ),
     "text_only_over_ratio": (REJECTED, "a text-only record beyond finetune.text_only_ratio of the accepted samples"),
 }
 
@@ -241,6 +257,32 @@ CURATION_REASONS = frozenset(
         "high_score",
     }
 )
+
+
+# Reasons of a fetch that may succeed later (an outage, a rate limit, a shard deadline): a later
+# run fetches the row again (download.retry_failed). Every other error or rejection is final: a
+# 404 or 410, a refusal by the URL policy, robots or an opt-out, bad or oversized content.
+TRANSIENT_REASONS = frozenset({"timeout", "connection_error", "dns_error", "rate_limited", "read_error"})
+# 5xx except those that say the server will never serve the request (501 Not Implemented, 505
+# HTTP Version Not Supported), plus 408 Request Timeout, 425 Too Early and 429 Too Many Requests.
+TRANSIENT_HTTP = frozenset({408, 425, 429} | set(range(500, 600)) - {501, 505})
+
+# What a recheck of a released row found (tasks/stages/recheck.py), and which of them are reasons
+# a release can drop the row for (download.recheck.actions).
+RECHECK_OUTCOMES = ("unchanged", "unreachable", "link_dead", "content_changed", "opted_out")
+RECHECK_REASONS = ("link_dead", "content_changed", "opted_out")
+# Reasons a release gives a row that was released before and is dropped now without a new fetch.
+UPKEEP_REASONS = (*RECHECK_REASONS, "taken_down")
+
+
+def is_transient(reason: str | None) -> bool:
+    """Whether a row's last outcome is a passing failure a later run fetches again."""
+    if reason is None:
+        return False
+    if reason.startswith("http_"):
+        code = reason[len("http_") :]
+        return code.isdigit() and int(code) in TRANSIENT_HTTP
+    return reason in TRANSIENT_REASONS
 
 
 def is_curation_reason(reason: str | None) -> bool:

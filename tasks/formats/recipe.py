@@ -18,6 +18,7 @@ from tasks.formats.recipe_curate import CurateConfig, CurateGate
 from tasks.formats.recipe_download import DownloadConfig, SourceConfig, ValidateConfig
 from tasks.formats.recipe_finetune import FinetuneConfig, FinetuneGate
 from tasks.formats.recipe_outputs import DownloadGate, PrecacheConfig, PrecacheGate, ReshardConfig, ValidateGate
+from tasks.formats.recipe_upkeep import TakedownList, UpkeepGate
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -30,6 +31,7 @@ class GatesConfig(Frozen):
     curate: CurateGate = CurateGate()
     precache: PrecacheGate = PrecacheGate()
     finetune: FinetuneGate = FinetuneGate()
+    upkeep: UpkeepGate = UpkeepGate()
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -64,6 +66,8 @@ class Recipe(Frozen):
             ``0755``; stricter such as ``0640`` or ``0600``; see ``tasks.formats.storage.file_modes``).
         sources: the URL manifests.
         curate: curation between validation and resharding (off unless ``curate.model`` is set).
+        takedown: takedown lists (local files or ``s3://`` objects; see ``TakedownList``),
+            applied by every release to every row, old and new, without downloading anything.
     """
 
     dataset: str = Field(pattern=NAME_PATTERN)
@@ -79,6 +83,7 @@ class Recipe(Frozen):
     finetune: FinetuneConfig = FinetuneConfig()
     gates: GatesConfig = GatesConfig()
     execution: ExecutionConfig = ExecutionConfig()
+    takedown: tuple[TakedownList, ...] = ()
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -209,6 +214,11 @@ def parse_recipe(data: Any, path: Path | str = "<recipe>", overrides: dict[str, 
             for key in keys:
                 if isinstance(cfg, dict) and isinstance(cfg.get(key), str):
                     cfg[key] = _resolve_local(cfg[key], base)
+    for i, entry in enumerate(data.get("takedown") or []):
+        if isinstance(entry, str):
+            data["takedown"][i] = _resolve_local(entry, base)
+        elif isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            entry["path"] = _resolve_local(entry["path"], base)
     cur = data.get("curate")
     if isinstance(cur, dict):
         for key in ("model", "tokenizer"):

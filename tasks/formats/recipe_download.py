@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from tasks.formats.recipe_base import NAME_PATTERN, Frozen
+from tasks.formats.recipe_upkeep import Recheck, RetryFailed
 from tasks.video.clips import ClipConfig
 from tasks.video.probe import VideoLimits
 
@@ -151,6 +152,9 @@ class DownloadConfig(Frozen):
             are most of a dataset's bytes), and less disk traffic. New validation settings then
             fetch the rows again, except for chunks already downloaded with their raw shard.
             The download phase cannot run alone then (it would keep nothing).
+        retry_failed: rows that failed for a passing reason are fetched again by later runs
+            (see ``RetryFailed``).
+        recheck: released rows are checked again by later runs (see ``Recheck``).
     """
 
     timeout_s: float = Field(default=20.0, gt=0, le=600)
@@ -173,6 +177,8 @@ class DownloadConfig(Frozen):
     shard_timeout_s: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600)
     network: NetworkConfig = NetworkConfig()
     keep_raw: bool = True
+    retry_failed: RetryFailed = RetryFailed()
+    recheck: Recheck = Recheck()
 
 
 class LicenseReview(Frozen):

@@ -23,7 +23,8 @@ class Fetched:
     (``Fetcher.fetch_to``) is ``path`` with its ``size`` in bytes, ``data`` None; a video read
     from a tar or a file is ``data`` as a :class:`SpooledBody`. ``resumed``
     counts the attempts that continued a dropped transfer with a range request (part of
-    ``attempts``).
+    ``attempts``). ``etag`` and ``last_modified``: the validators of the final answer, which a
+    recheck of the row sends back (``If-None-Match`` / ``If-Modified-Since``).
     """
 
     reason: str | None = None
@@ -36,6 +37,8 @@ class Fetched:
     path: str | None = None
     size: int | None = None
     resumed: int = 0
+    etag: str | None = None
+    last_modified: str | None = None
 
 
 def exception_detail(err: BaseException) -> str:

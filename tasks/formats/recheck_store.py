@@ -1,0 +1,83 @@
+"""Where rechecks of released rows are kept: per download chunk, a new immutable version holding every rechecked row's latest state."""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+
+from tasks.formats.ledger import read_parquet, write_parquet
+from tasks.formats.storage import Storage
+
+# One row per rechecked sample (its latest check): a version is the previous one's rows with
+# this run's checks merged in, so the latest version of a chunk is all there is to read.
+RECHECK_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("source", pa.string()),
+        ("row", pa.int64()),
+        ("url", pa.string()),
+        ("checked_at", pa.timestamp("us", tz="UTC")),
+        # tasks.formats.reasons.RECHECK_OUTCOMES: unchanged, unreachable, link_dead,
+        # content_changed, opted_out
+        ("outcome", pa.string()),
+        ("http_status", pa.int32()),
+        ("detail", pa.string()),  # what was seen: the status, the directive, the TDM policy
+        ("misses", pa.int32()),  # checks in a row the host could not be reached
+        ("etag", pa.string()),  # the validators the server sent at this check
+        ("last_modified", pa.string()),
+        ("sha256", pa.string()),  # of the body this check read, where it read one
+    ]
+)
+_VERSION = re.compile(r"^(?P<chunk>.+)\.(?P<gen>\d{6})\.parquet$")
+
+
+def recheck_dir(dataset: str, source: str) -> str:
+    return f"{dataset}/recheck/{source}"
+
+
+def chunk_stem(download_ledger: str) -> str:
+    """The chunk a download ledger belongs to, as recheck versions name it: the ledger's file
+    name without ``.ledger.parquet`` and without a retry version's suffix (``.rNNN-xxxxxxxx``),
+    so rechecks of a chunk carry over its retry versions."""
+    name = download_ledger.rsplit("/", 1)[-1].removesuffix(".ledger.parquet")
+    return re.sub(r"\.r\d{3}-[0-9a-f]{8}$", "", name)
+
+
+def version_path(dataset: str, source: str, chunk: str, gen: int) -> str:
+    return f"{recheck_dir(dataset, source)}/{chunk}.{gen:06d}.parquet"
+
+
+def latest_versions(storage: Storage, dataset: str, source: str) -> dict[str, tuple[int, str]]:
+    """chunk -> (generation, path) of its latest recheck version, from one listing of the source's folder."""
+    found: dict[str, tuple[int, str]] = {}
+    folder = recheck_dir(dataset, source)
+    for name in storage.listdir(folder):
+        m = _VERSION.match(name)
+        if m is None or name.startswith(".tmp-"):  # a temp name is a write in progress (or killed)
+            continue
+        gen = int(m["gen"])
+        if gen > found.get(m["chunk"], (-1, ""))[0]:
+            found[m["chunk"]] = (gen, f"{folder}/{name}")
+    return found
+
+
+def read_state(storage: Storage, path: str) -> pa.Table:
+    return read_parquet(storage, path).select(RECHECK_SCHEMA.names).cast(RECHECK_SCHEMA)
+
+
+def write_version(storage: Storage, dataset: str, source: str, chunk: str, gen: int, table: pa.Table) -> str:
+    """Write generation ``gen`` of a chunk's recheck state (atomically); returns its path."""
+    path = version_path(dataset, source, chunk, gen)
+    write_parquet(storage, path, table.select(RECHECK_SCHEMA.names).cast(RECHECK_SCHEMA))
+    return path
+
+
+def read_all(storage: Storage, dataset: str, sources: list[str]) -> pa.Table:
+    """Every rechecked row's latest state over the sources (empty table where none was rechecked)."""
+    parts = [
+        read_state(storage, path)
+        for source in sources
+        for _, path in sorted(latest_versions(storage, dataset, source).values())
+    ]
+    return pa.concat_tables(parts) if parts else RECHECK_SCHEMA.empty_table()
