@@ -10,6 +10,7 @@ import typer
 from cli.ops import alerts, serve, warm
 from cli.releases import diff, releases, report
 from cli.running import demo, run
+from cli.takedown import takedown
 
 
 def _no_type_for_flags() -> None:
@@ -29,6 +30,7 @@ _no_type_for_flags()
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build release-gated multimodal training datasets.")
 for command in (run, demo, report, releases, diff, serve, alerts, warm):
     app.command()(command)
+app.add_typer(takedown, name="takedown")
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -115,8 +116,15 @@ def diff(
     a: Annotated[str, typer.Argument(help="Older version, e.g. v0001.")],
     b: Annotated[str, typer.Argument(help="Newer version, or latest.")] = "latest",
     storage: Annotated[str | None, typer.Option(help="Storage root.")] = None,
+    examples: Annotated[int, typer.Option(help="Example rows shown per kind of change.", min=0, max=1000)] = 5,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the diff as JSON.")] = False,
 ) -> None:
-    """What was added and removed between two releases, and why (from the ledgers)."""
+    """What was added and removed between two releases, and why (from the ledgers); then what
+    changed row by row: rows recovered, newly failed, dead, changed, opted out, taken down,
+    added and removed, each with its count, share, reasons and examples."""
+    import json
+
+    from tasks.audit.changes import between
     from tasks.stages.release import ReleaseError
     from tasks.stages.release import diff as release_diff
 
@@ -125,11 +133,43 @@ def diff(
         d = release_diff(st, name, a, b)
     except ReleaseError as err:
         raise fail(str(err), 2) from None
+    rows = between(st, name, d["a"], d["b"])
+    d["changes"] = rows.to_json() if rows is not None else None
+    if json_out:
+        typer.echo(json.dumps(d, indent=2, sort_keys=True))
+        return
     typer.echo(f"{name} {d['a']} -> {d['b']}: +{d['added']} added, -{d['removed']} removed, {d['kept']} kept")
     for label, n in d["removed_by_reason"].items():
         typer.echo(f"  removed  {label:<40} {n}")
     for k in d["added_keys"]:
         typer.echo(f"  added    {k}")
+    if rows is not None:
+        _print_changes(rows.to_json(), examples)
+
+
+def _print_changes(data: dict, examples: int) -> None:
+    """The row changes of a diff, one block per kind: count, share, kept, reasons, examples."""
+    from tasks.audit.changes import changes_view
+
+    view = changes_view(data)
+    if view is None:
+        return
+
+    def echo(line: str) -> None:
+        # Keys, reasons and details are data: no escape sequences reach the terminal.
+        typer.echo(re.sub(r"[\x00-\x1f\x7f-\x9f]", "?", line))
+
+    echo(
+        f"rows since {view['since']} (by source and row; shares of the {view['released_before']:,} "
+        f"released by {view['since']}):"
+    )
+    for c in view["rows"]:
+        kept = f", {c['kept']:,} kept" if c["kept"] else ""
+        reasons = ", ".join(f"{r} {n:,}" for r, n in c["reasons"])
+        echo(f"  {c['label']:<16} {c['count']:>9,}  {c['share']:>7}{kept}" + (f"  ({reasons})" if reasons else ""))
+        for e in c["examples"][:examples]:
+            note = e["reason"] + (" (kept)" if e["kept"] else "") + (f": {e['detail']}" if e["detail"] else "")
+            echo(f"      {e['key']}" + (f"  {note}" if note else ""))
 
 
 def _locate_run(target: str, storage: str | None) -> tuple[str, str]:

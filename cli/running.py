@@ -214,6 +214,13 @@ def demo(
             help="Instead: generate the video demo (short videos, a scene cut, a few bad files), serve it and run recipes/demo-video.yaml to a release of clips.",
         ),
     ] = False,
+    nights: Annotated[
+        bool,
+        typer.Option(
+            "--nights",
+            help="Instead: four nightly runs of recipes/demo-nights.yaml over a loopback web that fails, heals, changes and opts out, with a takedown list on night 3; prints each night's diff.",
+        ),
+    ] = False,
 ) -> None:
     """Generate a demo corpus, serve it on loopback, and run the demo recipe on it."""
     quiet_logs(verbose)
@@ -225,6 +232,11 @@ def demo(
         return
     if video:
         run_video_demo(directory, workers)
+        return
+    if nights:
+        from cli.nights import run_nights_demo
+
+        run_nights_demo(directory, workers)
         return
     typer.echo(f"demo corpus: {directory}")
     server, expected = prepare_demo(directory, n=images)

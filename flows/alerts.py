@@ -16,6 +16,9 @@ WEBHOOK_ENV = "SHARDSMITH_ALERT_WEBHOOK_URL"
 TOP_FLOWS = ("pretraining", "finetuning", "nightly-rebuild", "shardsmith-*")
 FAILED_STATES = ("Failed", "Crashed", "TimedOut")
 
+# "Why" is the failed run's state message, the error that stopped it: a blocked release's
+# (flows/release.reconcile) names the failed checks and what changed since the last release,
+# e.g. "changes since v0003: 2 recovered, 310 dead (12 kept), 1 taken down, 311 removed".
 SUBJECT = "shardsmith: {{ flow.name }} run {{ flow_run.name }} {{ flow_run.state.name }}"
 BODY = (
     "Flow {{ flow.name }}, run {{ flow_run.name }}, ended {{ flow_run.state.name }}.\n"

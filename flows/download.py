@@ -14,14 +14,26 @@ from flows.preflight import combine_groups, list_groups, plan_here, small, take_
 from flows.runtime import leave_dask_slot
 from tasks.audit.download_summary import DownloadSummary, summary_markdown, write_summary
 from tasks.audit.runrecord import RunRecord
-from tasks.formats.ledger import Counts, committed_pairs, concat_ledgers, read_ledgers
+from tasks.formats import clock
+from tasks.formats.ledger import Counts, committed_pairs, concat_ledgers
 from tasks.formats.manifests import SourcePlan, plan_files
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
 from tasks.stages.download import ShardResult, download_shard, fetched_rows
 from tasks.stages.onepass import chunk_paths, download_and_validate
+from tasks.stages.retry import (
+    RetryJob,
+    RetryResult,
+    due_rows,
+    next_retry_at,
+    read_current,
+    retried_sources,
+    retry_chunks,
+    task_groups,
+    version_paths,
+)
 from tasks.stages.runner import counted_shard
-from tasks.stages.validate import CandidateResult
+from tasks.stages.validate import CandidateResult, candidate_config_hash, candidate_paths
 
 
 class PhaseFailed(RuntimeError):
@@ -35,9 +47,9 @@ def plan_files_task(source, files: list, storage: Storage, dataset: str, options
 
 @task(name="download-shard", task_run_name="download-{ref.source}-{ref.name}")
 def download_shard_task(
-    ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict, rows_from=None
+    ref, storage: Storage, cfg, tar_rel: str, ledger_rel: str, s3_options: dict, rows_from=None, now=None
 ) -> ShardResult:
-    return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options, rows_from or _fetched)
+    return download_shard(ref, storage, cfg, tar_rel, ledger_rel, s3_options, rows_from or _fetched, now)
 
 
 @task(name="download-validate-shard", task_run_name="download-validate-{ref.source}-{ref.name}")
@@ -50,8 +62,21 @@ def download_validate_task(
     candidates: tuple[str, str],
     s3_options: dict,
     rows_from=None,
+    now=None,
 ) -> tuple[ShardResult, CandidateResult]:
-    return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options, rows_from or _fetched)
+    return download_and_validate(ref, storage, dcfg, vcfg, download, candidates, s3_options, rows_from or _fetched, now)
+
+
+@task(name="retry-shards", task_run_name="retry-{label}")
+def retry_task(
+    label: str, jobs: list[RetryJob], storage: Storage, dcfg, vcfg, s3_options: dict, now
+) -> list[RetryResult] | tuple[list[RetryResult], list[CandidateResult]]:
+    """New versions of a few chunks: their rows that failed for a passing reason fetched again
+    (tasks/stages/retry.py); with ``vcfg``, their candidates too (as ``download_validate_task``).
+    The thread stays in its Dask slot: most of the work is copying the previous versions."""
+    done = retry_chunks(jobs, storage, dcfg, vcfg, s3_options, now)
+    got = [g for g, _ in done]
+    return (got, [c for _, c in done if c is not None]) if vcfg is not None else got
 
 
 # A URL manifest's rows, fetched; once only the slowest rows are left in flight, or none (what is
@@ -81,14 +106,22 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
     With ``fuse_validation`` each chunk is fetched and validated in one task (tasks/stages/onepass.py): the
     raw shards of this phase and the candidate shards of the validation phase come out of one
     pass over the bytes, and the validation flow then only deduplicates and gates.
+
+    A committed chunk whose rows failed for a passing reason and are due again
+    (``download.retry_failed``, decided from the ledgers this phase reads anyway) gets a new
+    version built from its current one and those rows fetched again (tasks/stages/retry.py), a
+    few chunks per task; the summary counts them and says when the next retry falls due.
+    Every list of the summary names each chunk's current version, so later phases, the gate and
+    the release see one ledger per chunk.
     """
     from tasks.audit.gates import download_gate
 
     ph = Phase(recipe, run, "download", "download shards done")
     storage = ph.storage
+    now = clock.now()  # the run's time: what fetches record and what retries are due by
     plans = plan_sources(recipe, storage)
     refs = [c for p in plans for c in p.chunks]
-    both = chunk_paths(recipe, storage, refs)
+    both = chunk_paths(recipe, storage, refs)  # each chunk's current version
     paths = {ref: down for ref, (down, _) in both.items()}
     cand_paths = {ref: cand for ref, (_, cand) in both.items()} if fuse_validation else {}
     # What is stored decides: a ledger whose shard is gone commits nothing (a lean download,
@@ -98,11 +131,27 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
         storage,
         [(p[0] if raw_tar else None, p[1]) for p in paths.values()] + [(p[0], p[1]) for p in cand_paths.values()],
     )
-    futures = {}
+    finished = {r for r in refs if paths[r][1] in done and (not fuse_validation or cand_paths[r][1] in done)}
+    # The ledgers of finished chunks, read once: their counts, the gate's rows, and which rows
+    # are due a retry (a run that retries nothing reads what it read before retries came).
+    tables = read_current(storage, [paths[r][1] for r in refs if r in finished])
+    retry_cfg, retrying = recipe.download.retry_failed, retried_sources(recipe)
+    vhash = candidate_config_hash(recipe)
+    futures, todo_rows, todo_shards = {}, 0, 0
+    retries: dict[str, list[RetryJob]] = {}  # by source
     for ref in refs:
         tar_rel, ledger_rel = paths[ref]
-        if ledger_rel in done and (not fuse_validation or cand_paths[ref][1] in done):
-            continue  # committed by an earlier run: nothing to submit
+        if ref in finished:
+            table = tables.get(ledger_rel)
+            due = due_rows(table, retry_cfg, now) if table is not None and ref.source in retrying else []
+            if due:
+                version = version_paths(paths[ref], due)
+                cands = candidate_paths(recipe.dataset, ref.source, ref.index, version[0], vhash)
+                job = RetryJob(
+                    ref, (paths[ref], cand_paths.get(ref)), (version, cands if fuse_validation else None), due
+                )
+                retries.setdefault(ref.source, []).append(job)
+            continue  # committed by an earlier run: nothing to submit but its retries
         if fuse_validation:
             fut = ph.submit(
                 download_validate_task,
@@ -114,6 +163,7 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
                 cand_paths[ref],
                 recipe.storage_options,
                 rows_from(recipe, ref.source),
+                now,
             )
         else:
             fut = ph.submit(
@@ -125,26 +175,52 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
                 ledger_rel,
                 recipe.storage_options,
                 rows_from(recipe, ref.source),
+                now,
             )
-        futures[fut] = tar_rel
-    todo = {paths[ref][0] for ref in refs} & set(futures.values())
-    fresh, failed = gather_all(futures, ph.progress, "download", rows=sum(r.rows for r in refs if paths[r][0] in todo))
-    candidates = [f[1] for f in fresh] if fuse_validation else []
-    fresh_results = [f[0] for f in fresh] if fuse_validation else fresh
-    by_ledger = {r.ledger: r for r in fresh_results}
-    ledger_rels = [paths[ref][1] for ref in refs]
-    tables = read_ledgers(storage, ledger_rels, ["key", "source", "status", "reason", "bytes"], missing_ok=True)
+        futures[fut], todo_rows, todo_shards = tar_rel, todo_rows + ref.rows, todo_shards + 1
+    for source, jobs in retries.items():
+        # A few rows of many chunks: a task retries chunks until it has a download task's rows.
+        per_task = next(s.rows_per_shard for s in recipe.sources if s.name == source)
+        for group in task_groups(jobs, per_task):
+            vcfg = recipe.validate_ if fuse_validation else None
+            label = f"{source}-{group[0].ref.name}" + (f"-{group[-1].ref.name}" if len(group) > 1 else "")
+            fut = ph.submit(
+                retry_task, label, group, storage, recipe.download_for(source), vcfg, recipe.storage_options, now
+            )
+            futures[fut] = f"retry of {', '.join(job.previous[0][1] for job in group)}"
+            todo_rows += sum(len(job.rows) for job in group)
+            todo_shards += len(group)
+    fresh, failed = gather_all(futures, ph.progress, "download", rows=todo_rows, shards=todo_shards)
+    fresh_results: list[ShardResult] = []
+    candidates: list[CandidateResult] = []
+    for out in fresh:  # a task's (result, candidates), or a retry task's lists of them
+        got, cand = out if fuse_validation else (out, None)
+        fresh_results += got if isinstance(got, list) else [got]
+        candidates += cand if isinstance(cand, list) else [cand] if cand is not None else []
+    by_chunk = {(r.source, r.index): r for r in fresh_results}
+    # The new ledgers (fresh chunks, new versions) are read once too.
+    tables.update(read_current(storage, [r.ledger for r in fresh_results]))
     results: list[ShardResult] = []
     for ref in refs:
         tar_rel, ledger_rel = paths[ref]
-        if ledger_rel in by_ledger:
-            results.append(by_ledger[ledger_rel])
-        elif tables.get(ledger_rel) is not None:
+        if (ref.source, ref.index) in by_chunk:
+            results.append(by_chunk[(ref.source, ref.index)])
+        elif ref in finished and tables.get(ledger_rel) is not None:
             results.append(counted_shard(ref.source, ref.index, tar_rel, ledger_rel, tables[ledger_rel]))
+    retried = [r for r in fresh_results if isinstance(r, RetryResult)]
+    due_next = [
+        t
+        for r in results
+        if r.source in retrying and (tab := tables.get(r.ledger)) is not None
+        if (t := next_retry_at(tab, retry_cfg)) is not None
+    ]
     seconds = ph.seconds
     counts = sum((r.counts or Counts.zero() for r in results), Counts.zero())
-    fresh_ok = sum(r.ok for r in fresh_results)
-    fresh_bytes = sum(r.counts.bytes for r in fresh_results if r.counts is not None)
+    # A retried chunk's version holds copies of its samples: only what it fetched counts as fresh.
+    fresh_ok = sum(r.recovered if isinstance(r, RetryResult) else r.ok for r in fresh_results)
+    fresh_bytes = sum(
+        r.fetched_bytes if isinstance(r, RetryResult) else r.counts.bytes for r in fresh_results if r.counts is not None
+    )
     summary = DownloadSummary(
         dataset=recipe.dataset,
         run=run.run,
@@ -161,10 +237,14 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
         tars=[r.tar for r in results],
         chunks=[(r.source, r.index) for r in results],
         candidates=candidates,
+        rows_retried=sum(r.retried for r in retried),
+        rows_recovered=sum(r.recovered for r in retried),
+        next_retry_at=min(due_next) if due_next else None,
     )
     summary.report = write_summary(storage, summary)
     ph.logger.info(
-        "download: %d rows, %d ok, %d rejected, %d error; %d/%d shards skipped; %.1f samples/s",
+        "download: %d rows, %d ok, %d rejected, %d error; %d/%d shards skipped; %.1f samples/s; "
+        "%d rows retried, %d recovered",
         counts.rows,
         counts.ok,
         counts.rejected,
@@ -172,6 +252,8 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
         summary.shards_skipped,
         summary.shards,
         summary.samples_per_s,
+        summary.rows_retried,
+        summary.rows_recovered,
     )
     if failed:
         # The gate and its report (which post this artifact on success) will not run.

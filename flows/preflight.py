@@ -102,9 +102,14 @@ def remember_run(
     run: str,
     release: str | None,
     outputs: list[str] | None = None,
+    due_at: str | None = None,
 ) -> None:
     """What a complete run covered: the phases, over which inputs, the release it left, and the
-    files (``outputs``) a later run would skip on, which ``up_to_date`` then looks for."""
+    files (``outputs``) a later run would skip on, which ``up_to_date`` then looks for.
+
+    ``due_at`` (ISO time): when the earliest retry of a passing failure or recheck of a released
+    row falls due (``download.retry_failed``, ``download.recheck``); from then on a run has work
+    though nothing else changed. The takedown lists' digest is kept too: a new entry is work."""
     record = {
         "recipe_hash": recipe.recipe_hash(),
         "phases": phases,
@@ -112,10 +117,36 @@ def remember_run(
         "run": run,
         "release": release,
         "outputs": sorted(outputs or []),
+        "due_at": due_at,
+        "takedown": takedown_digest(recipe),
     }
     storage.write_bytes(
         LAST_RUN.format(dataset=recipe.dataset), json.dumps(record, sort_keys=True).encode(), fsync=False
     )
+
+
+def takedown_digest(recipe: Recipe) -> str | None:
+    """A digest of the recipe's takedown lists' contents (None without lists)."""
+    if not recipe.takedown:
+        return None
+    from tasks.formats.takedown import lists_digest
+
+    return lists_digest(recipe)
+
+
+def upkeep_pending(recipe: Recipe, last: dict[str, Any]) -> str | None:
+    """Why a run has work although its inputs did not change: a retry or a recheck fell due, or
+    the takedown lists changed since the last run; None when neither."""
+    from datetime import datetime
+
+    from tasks.formats.clock import now
+
+    due = last.get("due_at")
+    if isinstance(due, str) and now() >= datetime.fromisoformat(due):
+        return f"retries or rechecks due since {due}"
+    if last.get("takedown") != takedown_digest(recipe):
+        return "the takedown lists changed"
+    return None
 
 
 def _last_run(storage: Storage, recipe: Recipe) -> dict[str, Any] | None:
@@ -171,7 +202,7 @@ def work_ahead(recipe: Recipe, phases: list[str]) -> int | None:
     covered = (
         last is not None and set(_upto(phases)) <= set(last["phases"]) and last["recipe_hash"] == recipe.recipe_hash()
     )
-    if covered and last["inputs"] == _inputs_digest(ledgers):
+    if covered and last["inputs"] == _inputs_digest(ledgers) and upkeep_pending(recipe, last) is None:
         return 0
     return reshard_tasks(recipe, phases, plans)
 

@@ -15,6 +15,7 @@ from flows.params import ClusterChoice, RecipeOverrides, RecipePath, StorageRoot
 from flows.phase import run_phase
 from flows.precache import precache_flow
 from flows.preflight import phases_problem, remember_run
+from flows.recheck import recheck_flow
 from flows.release import release_flow
 from flows.reshard import reshard_flow
 from flows.runtime import dask_cluster
@@ -69,6 +70,14 @@ def stored_outputs(out: dict) -> list[str]:
     return files
 
 
+def due_at(out: dict) -> str | None:
+    """When the earliest retry (download) or recheck (released rows) of this run's dataset falls
+    due, as ISO time; None when nothing will."""
+    times = [getattr(out.get("download"), "next_retry_at", None), getattr(out.get("recheck"), "next_recheck_at", None)]
+    known = [t for t in times if t is not None]
+    return min(known).isoformat() if known else None
+
+
 def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None) -> dict:
     """Run phases in pipeline order; a phase needs the ones before it (done now or earlier:
     their committed shards are skipped, so rerunning them is cheap).
@@ -84,6 +93,13 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
     if problems:
         # An allowlist entry that names no license would silently match nothing.
         raise RecipeError("\n".join(f"validate.license: {p}" for p in problems))
+    if recipe.takedown and last >= PHASES.index("reshard"):
+        from tasks.formats.takedown import TakedownError, read_lists
+
+        try:  # a bad entry must stop the run before it starts, never match nothing
+            read_lists(recipe.takedown, recipe.storage_options)
+        except TakedownError as err:
+            raise RecipeError(str(err)) from None
     problem = phases_problem(recipe, wanted)
     if problem:
         raise RecipeError(problem)
@@ -114,6 +130,9 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
             # With validation to follow, each chunk is fetched and validated in one pass.
             fuse = last >= PHASES.index("validate")
             out["download"], record = phase("download", download_flow, recipe=recipe, fuse_validation=fuse)
+            if last >= PHASES.index("release"):
+                # Released rows checked again (download.recheck) before the release that applies it.
+                out["recheck"] = run_phase(recheck_flow, runner, recipe=recipe, ledgers=out["download"].ledgers)
             if last >= PHASES.index("validate"):
                 out["validate"], record = phase("validate", validate_flow, recipe=recipe, download=out["download"])
             if last >= PHASES.index("curate") and recipe.curate.enabled:
@@ -121,7 +140,14 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
             # Resharding reads the curated shards when there was curation, the validated ones otherwise.
             kept = out.get("curate") or out.get("validate")
             if last >= PHASES.index("reshard"):
-                out["reshard"], record = phase("reshard", reshard_flow, recipe=recipe, validated=kept)
+                out["reshard"], record = phase(
+                    "reshard",
+                    reshard_flow,
+                    recipe=recipe,
+                    validated=kept,
+                    download=out["download"],
+                    validation=out["validate"],
+                )
             if last >= PHASES.index("precache"):
                 out["precache"], record = phase(
                     "precache", precache_flow, recipe=recipe, reshard=out["reshard"], curated=out.get("curate")
@@ -153,6 +179,7 @@ def run_phases(recipe: Recipe, phases: list[str], session: Session | None = None
             record.run,
             release.version if release else None,
             stored_outputs(out),
+            due_at(out),
         )
     out["record"] = record
     return out

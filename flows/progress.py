@@ -46,6 +46,9 @@ def advance(phase: str, result: Any = None) -> None:
 
 
 def _rows(result: Any) -> int:
+    retried = getattr(result, "retried", None)  # a retry's new version: the rows it fetched again
+    if retried is not None:
+        return int(retried)
     counts = getattr(result, "counts", None)
     rows = getattr(counts, "rows", None)
     if rows is None:

@@ -16,6 +16,7 @@ from flows.phase import phase_flow
 from flows.precache import PrecacheSummary
 from flows.reshard import ReshardSummary
 from flows.validate import ValidateSummary
+from tasks.audit.changes import Changes, since_release
 from tasks.audit.download_summary import DownloadSummary
 from tasks.audit.runrecord import ReleaseRecord, RunRecord
 from tasks.formats.indexes import ShardIndexInput, all_indexes, dali_indexes
@@ -39,10 +40,16 @@ from tasks.stages.release_tables import one_per_row, release_tables
 
 
 def _extra(
-    latent_shards: list[dict[str, Any]], encodings: dict[str, Any], curated: CurateSummary | None
+    latent_shards: list[dict[str, Any]],
+    encodings: dict[str, Any],
+    curated: CurateSummary | None,
+    changes: Changes | None = None,
 ) -> dict | None:
-    """index.json's entries of the optional phases: precache's latents, curation's model and cuts."""
+    """index.json's entries of the optional phases: precache's latents, curation's model and
+    cuts; and the counts of what changed since the last release (none for a first release)."""
     extra: dict[str, Any] = {}
+    if changes is not None:
+        extra["changes"] = changes.summary()
     if latent_shards:
         extra["precache"] = {"shards": latent_shards, "encodings": encodings}
     if curated is not None:
@@ -67,23 +74,25 @@ def reconcile(
     manifest_rows: int,
     shards: int | None = None,
     started: float | None = None,
+    changes: Changes | None = None,
 ) -> tuple[dict, RunRecord]:
     """Gate the release on reconciliation (rows in = ok + rejected + error, no duplicate rows,
-    no output without an ok ledger row); raise ``Unreconciled`` after writing the report.
+    no output without an ok ledger row) and on gates.upkeep's bounds of ``changes`` (what the
+    release changes since the last one); raise ``Unreconciled`` after writing the report.
 
     Returns the gate's entry for index.json, and the run with its ``release`` phase: every
     manifest row's final fate (``ledger``), the released ``shards``, the seconds since ``started``
     (a ``time.perf_counter()``) and this gate; the report's phase table ends with it.
     """
     from flows.audit import phase_record
-    from tasks.audit.reconcile import Reconciliation, release_gate
+    from tasks.audit.reconcile import UPKEEP_COLUMNS, Reconciliation, release_gate
     from tasks.formats.ledger import Counts
 
     tally = Reconciliation(manifest_rows)
     tally.add_ledger(ledger)
     if outputs is not None:
         tally.add_outputs(outputs)
-    gate = release_gate(tally, check_outputs=outputs is not None)
+    gate = release_gate(tally, check_outputs=outputs is not None, changes=changes, bounds=recipe.gates.upkeep)
     links = run_gate(storage, recipe, run, gate)
     counts = Counts.of(ledger)
     seconds = time.perf_counter() - started if started is not None else 0.0
@@ -91,7 +100,11 @@ def reconcile(
     run = run.with_phase(phase_record("release", counts, ledger, seconds, rate, gate, links, shards))
     if not gate.success:
         run, url = publish(storage, recipe, run.blocked_by(gate.failure_message()))
-        raise Unreconciled(f"ledgers do not reconcile; nothing released: {run.blocked}\nreport: {url}", run)
+        bounded = all(o.column in UPKEEP_COLUMNS for o in gate.failed)
+        why = "too much changed since the last release" if bounded else "ledgers do not reconcile"
+        # The changes named in the message reach the failure alert (flows/alerts.py) with it.
+        seen = f"\n{changes.text()}" if changes is not None and changes.any else ""
+        raise Unreconciled(f"{why}; nothing released: {run.blocked}{seen}\nreport: {url}", run)
     return {"success": True, "outcomes": [o.__dict__ for o in gate.outcomes]}, run
 
 
@@ -249,7 +262,10 @@ def release_flow(
         {"name": f"latents/{n}", "image_shard": n, "sha256": r.sha256, "bytes": r.bytes, "samples": r.samples}
         for n, r in zip(names, latents)
     ]
-    fp = fingerprint(shards + latent_shards, recipe.recipe_hash())
+    upkeep = reshard.upkeep
+    # Rows a recheck flagged but the recipe keeps change no shard: a new release records them.
+    applied = f":upkeep:{upkeep.digest}" if upkeep is not None and upkeep.digest else ""
+    fp = fingerprint(shards + latent_shards, recipe.recipe_hash() + applied)
     head, run, same = unchanged(storage, recipe, run, fp, reshard.samples, len(shards))
     if same is not None:
         return same, run
@@ -261,12 +277,20 @@ def release_flow(
         [(n, o.ledger) for n, o in zip(names, reshard.outputs)],
         reshard.incomplete_rows,
         curated.ledgers if curated is not None else [],
+        upkeep.removed if upkeep is not None else None,
+        upkeep.flagged if upkeep is not None else None,
     ).result()
     # The released samples come from the reshard ledgers, the ok rows from the samples table;
     # reconciling the download and validate ledgers' ok rows too would count a row per phase.
     # A video's clips are one output of its row (the ledger has one fate per row already).
     outputs = one_per_row(samples).select(["source", "row"])
-    reconciled, run = reconcile(storage, recipe, run, ledger, outputs, download.counts.rows, len(shards), started)
+    # What this release changes since the latest one (none for a first release): in the report,
+    # the run's summary, index.json, and gated by gates.upkeep.
+    changes = since_release(storage, recipe.dataset, head, ledger)
+    run = run.with_changes(changes.to_json()) if changes is not None else run
+    reconciled, run = reconcile(
+        storage, recipe, run, ledger, outputs, download.counts.rows, len(shards), started, changes
+    )
 
     new = NewRelease.next(storage, recipe, fp, head, shards, reconciled)
     base = new.base
@@ -306,10 +330,10 @@ def release_flow(
         sources={name: {"sha256": sha} for name, sha in download.manifests.items()},
         ledger_rows=ledger.num_rows,
         released=reshard.samples,
-        extra=_extra(latent_shards, encodings, curated),
+        extra=_extra(latent_shards, encodings, curated, changes),
     )
     text = (
         f"{reshard.samples} samples in {len(shards)} shards "
         f"({reshard.samples_per_shard} per shard, tail {reshard.tail}); parent {head or '-'}."
-    )
+    ) + (f"\n\n{changes.text()}." if changes is not None else "")
     return announce(storage, recipe, new, reshard.samples, text), run

@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 from prefect import task
 
+from flows.curate import CurateSummary
 from flows.phase import Phase, phase_flow
 from flows.runtime import default_workers
 from flows.validate import ValidateSummary
+from tasks.audit.download_summary import DownloadSummary
 from tasks.audit.runrecord import RunRecord
 from tasks.formats.ledger import Counts, committed_pairs
 from tasks.formats.recipe import Recipe
@@ -19,16 +22,19 @@ from tasks.formats.recipe_outputs import ReshardConfig
 from tasks.formats.storage import Storage
 from tasks.stages.reshard import InputCensus, census_inputs, count_inputs, group_outputs, plan_reshard
 from tasks.stages.reshard_build import OutputResult, build_outputs, recorded_output
+from tasks.stages.upkeep import UpkeepResult, apply_upkeep
 
 
 @dataclass
 class ReshardSummary:
     """The resharded dataset: equal shards (the last holds ``tail``), and their records.
 
-    ``timings``: wall seconds of the phase's steps (``start``: the progress artifact and the
-    flow's Dask client; ``plan``: counting and planning; ``build``: the build tasks, checks
-    included; ``gate``: the Great Expectations suite; ``report``: its JSON, Data Docs, the
-    phase record and the HTML report).
+    ``upkeep``: what the takedown lists and the recheck outcomes removed from the inputs or
+    flagged in them (None when the recipe has neither). ``timings``: wall seconds of the phase's
+    steps (``start``: the progress artifact and the flow's Dask client; ``upkeep``: applying the
+    lists and the rechecks, where there were any; ``plan``: counting and planning; ``build``:
+    the build tasks, checks included; ``gate``: the Great Expectations suite; ``report``: its
+    JSON, Data Docs, the phase record and the HTML report).
     """
 
     dataset: str
@@ -40,6 +46,7 @@ class ReshardSummary:
     incomplete: int
     outputs: list[OutputResult] = field(default_factory=list)
     incomplete_rows: list[pa.Table] = field(default_factory=list)  # ledger rows of samples not carried
+    upkeep: UpkeepResult | None = None
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -51,14 +58,31 @@ def census_task(
     return census_inputs(storage, tars, ledgers, required=required)
 
 
+@task(name="reshard-upkeep")
+def upkeep_task(storage: Storage, dataset: str, inputs: dict[str, Any]) -> UpkeepResult:
+    return apply_upkeep(storage, dataset, **inputs)
+
+
 @task(name="reshard-shards", task_run_name="reshard-{first:06d}-{last:06d}")
 def build_task(storage: Storage, outputs: tuple, first: int, last: int) -> list[OutputResult]:
     return build_outputs(storage, outputs)
 
 
 @phase_flow(name="reshard", validate_parameters=False)  # inputs: earlier phases' typed results (flows/phase.py)
-def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> tuple[ReshardSummary, RunRecord]:
-    """Reshard the validated shards into shards of exactly N samples, check them, and gate.
+def reshard_flow(
+    recipe: Recipe,
+    validated: ValidateSummary | CurateSummary,
+    run: RunRecord,
+    download: DownloadSummary | None = None,
+    validation: ValidateSummary | None = None,
+) -> tuple[ReshardSummary, RunRecord]:
+    """Reshard the validated (or curated) shards into shards of exactly N samples, check them, and gate.
+
+    First the takedown lists and the recheck outcomes are applied to those shards' ledgers
+    (tasks/stages/upkeep.py): rows they remove are rejected in overlay ledgers beside the same
+    tars, which the plan then reads. ``validation`` (the validation phase's summary, where
+    ``validated`` is curation's) and ``download`` give the facts the lists match: URLs, digests,
+    perceptual hashes, the sha256 of the bytes as fetched.
 
     Tasks are few and large (``group_outputs``): one run of consecutive outputs per worker
     thread, or a multiple of that for large datasets. Each output is checked by the task that
@@ -72,16 +96,21 @@ def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> 
     required = cfg.required(recipe.validate_)
     timings = {"start": ph.seconds}
     mark = time.perf_counter()
+    upkeep = _upkeep(ph, validated, download, validation)
+    tars, ledgers = (upkeep.tars, upkeep.ledgers) if upkeep is not None else (validated.tars, validated.ledgers)
+    if upkeep is not None:
+        timings["upkeep"] = time.perf_counter() - mark
+        mark = time.perf_counter()
 
     # The validate phase writes the image and json of every ok sample, and its txt when
     # captions are required (ReshardConfig's default members): its ledgers then vouch for
     # completeness, and counting ok rows replaces the census.
     if set(required) <= set(ReshardConfig().required(recipe.validate_)):
-        inputs = count_inputs(storage, validated.tars, validated.ledgers)
+        inputs = count_inputs(storage, tars, ledgers)
         censuses: list[InputCensus] = []
         accepted_in = sum(s.count for s in inputs)
     else:
-        censuses = _census(ph, validated, required, _task_slots(recipe))
+        censuses = _census(ph, tars, ledgers, required, _task_slots(recipe))
         inputs = [c.shard for c in censuses]
         accepted_in = sum(c.ok for c in censuses)
     incomplete = sum(c.incomplete.num_rows for c in censuses)
@@ -130,9 +159,11 @@ def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> 
         incomplete=incomplete,
         outputs=outputs,
         incomplete_rows=[c.incomplete for c in censuses if c.incomplete.num_rows],
+        upkeep=upkeep,
         timings=timings,
     )
-    ledger = _phase_ledger(outputs, summary.incomplete_rows)
+    removed = [upkeep.removed] if upkeep is not None and upkeep.removed.num_rows else []
+    ledger = _phase_ledger(outputs, summary.incomplete_rows + removed)
     counts = Counts.of(ledger) if ledger.num_rows else Counts.zero()
     seconds = ph.seconds
     ph.record(
@@ -159,9 +190,47 @@ def reshard_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> 
     return summary, ph.run
 
 
-def _census(ph: Phase, validated: ValidateSummary, required: tuple[str, ...], slots: int) -> list[InputCensus]:
+def _upkeep(
+    ph: Phase,
+    kept: ValidateSummary | CurateSummary,
+    download: DownloadSummary | None,
+    validation: ValidateSummary | None,
+) -> UpkeepResult | None:
+    """The takedown lists and the recheck outcomes applied to the kept shards, in one task; None
+    when the recipe names no list and no row was ever rechecked (nothing is read then).
+
+    A list that cannot be read or holds a bad line stops the phase here, naming the list and
+    the line: a bad entry must never match nothing in silence."""
+    from tasks.formats.recheck_store import read_all
+    from tasks.formats.takedown import read_lists
+
+    recipe, storage = ph.recipe, ph.storage
+    lists = read_lists(recipe.takedown, recipe.storage_options)
+    recheck = read_all(storage, recipe.dataset, [s.name for s in recipe.sources])
+    if not lists and not recheck.num_rows:
+        return None
+    facts = validation or (kept if isinstance(kept, ValidateSummary) else None)
+    inputs = {
+        "tars": list(kept.tars),
+        "ledgers": list(kept.ledgers),
+        "lists": lists,
+        "recheck": recheck,
+        "actions": recipe.download.recheck.actions,
+        "facts": list(facts.ledgers) if facts is not None else None,
+        "downloads": list(download.ledgers) if download is not None else [],
+    }
+    (result,) = ph.gather({ph.submit(upkeep_task, storage, recipe.dataset, inputs): "upkeep"}, 0.0, 5.0, "upkeep")
+    counts = result.counts()
+    if counts:
+        ph.logger.info(
+            "reshard: upkeep in %.2f s (%d overlay ledgers written): %s", result.seconds, result.overlays, counts
+        )
+    return result
+
+
+def _census(ph: Phase, tars: list[str], ledgers: list[str], required: tuple[str, ...], slots: int) -> list[InputCensus]:
     """Census of every input, in as many tasks as the cluster has slots (a ledger read each is milliseconds)."""
-    pairs = list(zip(validated.tars, validated.ledgers))
+    pairs = list(zip(tars, ledgers))
     parts = max(1, min(slots, len(pairs)))
     groups = [pairs[k * len(pairs) // parts : (k + 1) * len(pairs) // parts] for k in range(parts)]
     futures = {
@@ -170,7 +239,7 @@ def _census(ph: Phase, validated: ValidateSummary, required: tuple[str, ...], sl
         if g
     }
     censuses = [c for part in ph.gather(futures, 0.0, 10.0, "census") for c in part]
-    order = {t: i for i, t in enumerate(validated.tars)}
+    order = {t: i for i, t in enumerate(tars)}
     return sorted(censuses, key=lambda c: order[c.shard.tar])
 
 
@@ -193,7 +262,12 @@ def _phase_ledger(outputs: list[OutputResult], incomplete: list[pa.Table]) -> pa
                 }
             )
         )
-    parts += [t.select(["key", "source", "status", "reason", "bytes"]) for t in incomplete]
+    parts += [
+        t.select(["key", "source", "status", "reason"]).append_column(
+            "bytes", t.column("bytes") if "bytes" in t.column_names else pa.nulls(t.num_rows, pa.int64())
+        )
+        for t in incomplete
+    ]
     if not parts:
         return pa.table({"source": pa.array([], pa.string()), "status": pa.array([], pa.string())})
     return pa.concat_tables(parts)

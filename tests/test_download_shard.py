@@ -104,12 +104,13 @@ def test_shard_and_ledger_on_local_disk(tmp_path, web, image_dir):
     assert sum(web.hits.values()) == 0
 
 
-def test_same_inputs_give_the_same_ledger_and_samples(tmp_path, web):
+def test_same_inputs_give_the_same_ledger_and_samples(tmp_path, web, monkeypatch):
     """Samples land in completion order, so tar bytes may differ; what they hold may not.
 
     Later phases read through the ledger (row order) and its byte ranges, so releases built
     from either shard are identical.
     """
+    monkeypatch.setenv("SHARDSMITH_NOW", "2026-12-05T02:00:00Z")  # the run's time, each row's fetched_at
     a = Storage(str(tmp_path / "a"))
     b = Storage(str(tmp_path / "b"))
     (tmp_path / "m").mkdir()

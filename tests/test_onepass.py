@@ -56,7 +56,7 @@ def chunk(tmp_path, web):
     return plan.chunks[0], tmp_path
 
 
-def _comparable(storage, rel, drop=("shard", "offset", "length", "members")):
+def _comparable(storage, rel, drop=("shard", "offset", "length", "members", "fetched_at")):
     return [{k: v for k, v in r.items() if k not in drop} for r in read_ledger(storage, rel).to_pylist()]
 
 

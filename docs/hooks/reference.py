@@ -196,9 +196,12 @@ def cli_page() -> str:
     group = typer.main.get_command(app)
     ctx = group.context_class(group, info_name="shardsmith")
     lines = ["# Command line", "", "Generated from the `shardsmith` command's own parser when the site is built.", ""]
-    for name in group.list_commands(ctx):
-        cmd = group.get_command(ctx, name)
-        sub = cmd.context_class(cmd, info_name=name, parent=ctx)
+    todo = [(name, group.get_command(ctx, name), ctx) for name in group.list_commands(ctx)]
+    while todo:
+        name, cmd, parent = todo.pop(0)
+        sub = cmd.context_class(cmd, info_name=name.rsplit(" ", 1)[-1], parent=parent)
+        if hasattr(cmd, "list_commands"):  # a command of commands (`shardsmith takedown add`)
+            todo[:0] = [(f"{name} {n}", cmd.get_command(sub, n), sub) for n in cmd.list_commands(sub)]
         lines += [
             f"## `shardsmith {name}`",
             "",

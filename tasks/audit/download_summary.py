@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 
 from tasks.audit.runrecord import SummaryRow
 from tasks.formats.ledger import Counts
@@ -33,6 +34,12 @@ class DownloadSummary:
     tars: list[str] = field(default_factory=list)
     chunks: list[tuple[str, int]] = field(default_factory=list)  # (source, chunk index) of each tar
     candidates: list[CandidateResult] = field(default_factory=list)  # validated in the same pass
+    # Rows that failed for a passing reason, fetched again (download.retry_failed), and of
+    # those the rows now ok; when the earliest retry of a row of the current versions falls due
+    # (None when no row will be retried).
+    rows_retried: int = 0
+    rows_recovered: int = 0
+    next_retry_at: datetime | None = None
 
     def row(self) -> SummaryRow:
         """The phase's summary row; written before its gate is judged (``gate``: not yet)."""
@@ -63,6 +70,14 @@ def summary_markdown(s: DownloadSummary) -> str:
         f"Storage: `{s.storage}`  ",
         f"Report: `{s.report}`",
     ]
+    if s.rows_retried or s.next_retry_at is not None:
+        when = s.next_retry_at.strftime("%Y-%m-%d %H:%M UTC") if s.next_retry_at is not None else "none"
+        lines += [
+            "",
+            "| rows retried | recovered | next retry due |",
+            "|---:|---:|---|",
+            f"| {s.rows_retried} | {s.rows_recovered} | {when} |",
+        ]
     if s.shards_failed:
         lines += ["", "## Failed shards", "", *[f"- {f}" for f in s.shards_failed]]
     return "\n".join(lines) + "\n"
@@ -73,6 +88,13 @@ def write_summary(storage: Storage, s: DownloadSummary) -> str:
     base = f"{s.dataset}/reports/{s.run}"
     s.report = storage.url(f"{base}/download.md")
     data = asdict(s)
-    storage.write_bytes(f"{base}/download.json", json.dumps(data, indent=2, sort_keys=True).encode())
+    text = json.dumps(data, indent=2, sort_keys=True, default=_json_time)
+    storage.write_bytes(f"{base}/download.json", text.encode())
     storage.write_bytes(f"{base}/download.md", summary_markdown(s).encode())
     return s.report
+
+
+def _json_time(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

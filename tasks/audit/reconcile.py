@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from tasks.audit.changes import BOUNDS, Changes
 from tasks.audit.gate_checks import Check
-from tasks.audit.gate_results import GateResult
+from tasks.audit.gate_results import GateResult, fmt_number
 from tasks.audit.ge_runner import expectation_stats, import_gx, run_suites
 from tasks.formats.reasons import OK, STATUSES
+
+if TYPE_CHECKING:
+    from tasks.formats.recipe_upkeep import UpkeepGate
 
 # --- reconciliation before a release ----------------------------------------------------------
 
@@ -190,9 +194,51 @@ def _none_of(name: str, threshold: str, summary: dict[str, Any], column: str, of
     )
 
 
-def release_gate(rec: Reconciliation, check_outputs: bool = True) -> GateResult:
+def upkeep_checks(changes: Changes | None, bounds: UpkeepGate | None) -> tuple[dict[str, Any], list[Check]]:
+    """gates.upkeep's bounds that are set, as checks on a one-row table of the change rates
+    (``{category}_rate``: the share of the earlier release's released rows; None, which
+    passes, for a first release)."""
+    row: dict[str, Any] = {}
+    checks = []
+    for bound, category in BOUNDS.items():
+        limit = getattr(bounds, bound, None) if bounds is not None else None
+        if limit is None:
+            continue
+        column = f"{category}_rate"
+        rate = changes.rate(category) if changes is not None else None
+        row[column] = rate
+        checks.append(
+            Check(
+                f"{category.replace('_', ' ')} rate <= {fmt_number(limit)} (gates.upkeep.{bound})",
+                f"<= {fmt_number(limit)}",
+                "ExpectColumnValuesToBeBetween",
+                {"column": column, "min_value": 0, "max_value": limit},
+                _observed(rate),
+            )
+        )
+    return row, checks
+
+
+def _observed(rate: float | None) -> Callable[[dict[str, Any]], Any]:
+    """The observed value of a bound's check: the rate itself (GE's result of one row says less)."""
+    return lambda _result: rate
+
+
+UPKEEP_SUITE = "changes"
+# The columns of gates.upkeep's checks: a failed one is a bound exceeded, not a ledger that does not add up.
+UPKEEP_COLUMNS = frozenset(f"{category}_rate" for category in BOUNDS.values())
+
+
+def release_gate(
+    rec: Reconciliation,
+    check_outputs: bool = True,
+    changes: Changes | None = None,
+    bounds: UpkeepGate | None = None,
+) -> GateResult:
     """Reconcile before a release: rows in = ok + rejected + error, no duplicate rows, no
-    output without an ok ledger row (and, with ``check_outputs``, no ok row without its output).
+    output without an ok ledger row (and, with ``check_outputs``, no ok row without its output);
+    and, where gates.upkeep (``bounds``) sets them, bound what changed since the last release
+    (``changes``): a rate over its bound blocks the release like any failed check.
 
     The checks run as Great Expectations expectations on a one-row table of the tallies, so
     the gate costs the same for a thousand rows as for a million.
@@ -217,10 +263,17 @@ def release_gate(rec: Reconciliation, check_outputs: bool = True) -> GateResult:
     ]
     if check_outputs:
         checks.append(_none_of("every ok row released", "0 missing", s, "unreleased_ok", "ok"))
-    outcomes, validations = run_suites(gx, "release", [("reconciliation", frame, checks)])
+    suites = [("reconciliation", frame, checks)]
+    rates, bounded = upkeep_checks(changes, bounds)
+    if bounded:
+        # A column of Nones (no earlier release) is object-typed; GE's between needs numbers.
+        suites.append((UPKEEP_SUITE, pd.DataFrame([rates], dtype="float64"), bounded))
+    outcomes, validations = run_suites(gx, "release", suites)
     stats = {
         **{k: v for k, v in s.items() if k != "examples"},
         "examples": s["examples"],
         "expectations": expectation_stats(outcomes),
     }
+    if changes is not None:
+        stats["changes"] = changes.summary()
     return GateResult.of_suites("release", outcomes, validations, stats)

@@ -12,6 +12,7 @@ import jinja2
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.audit.changes import changes_view
 from tasks.audit.curation_views import curation_view, read_curation
 from tasks.audit.report_views import (
     as_int,
@@ -95,6 +96,7 @@ def render_html(
             verdict_slug=slug(v),
             blocked=run.get("blocked"),
             phases=[phase_view(p) for p in phases_of(run)],
+            changes=changes_view(run.get("changes")),
             samples=samples_view(samples, max_thumbnails_per_reason),
             video=video_view(samples),
             curation=curation_view(curation),
@@ -143,6 +145,9 @@ def summary_text(run: RunView) -> str:
     dur = duration(run.get("started"), run.get("finished"))
     lines.append(times + (f"   ({dur})" if dur else ""))
     lines.append(f"status:   {v}" + (f": {run['blocked']}" if run.get("blocked") else ""))
+    changed = changes_view(run.get("changes"))
+    if changed is not None:
+        lines.append(f"release:  {changed['text']}")
     for row, p in zip(rows, phases_of(run)):
         lines += ["", row_text(row)]
         grouped = group_reasons(p.get("by_reason"))

@@ -91,6 +91,25 @@ def summary_table(rows: Sequence[SummaryRow], datasets: Sequence[str] | None = N
     return lines
 
 
+def changes_lines(data: Any) -> list[str]:
+    """The counts of what the run's release changes since the last one (run.json's
+    ``changes``) as a markdown section; none where the run compared no releases."""
+    from tasks.audit.changes import changes_view
+
+    view = changes_view(data)
+    if view is None:
+        return []
+    since = md(view["since"] or "the last release")
+    lines = ["", f"## Changes since {since}", ""]
+    lines.append(f"{view['released_before']:,} rows released by {since}, {view['released_now']:,} now.")
+    lines += ["", "| change | rows | share | kept | reasons |", "|---|---:|---:|---:|---|"]
+    for c in view["rows"]:
+        kept = "-" if c["kept"] is None else f"{c['kept']:,}"
+        reasons = ", ".join(f"{md(r)} {n:,}" for r, n in c["reasons"][:5])
+        lines.append(f"| {md(c['label'])} | {c['count']:,} | {c['share']} | {kept} | {reasons} |")
+    return lines
+
+
 def image(svg: str, alt: str) -> str:
     """A markdown image of an SVG held in the markdown itself (a data: URI), so the UI shows
     the plot without reaching any server."""
@@ -126,6 +145,7 @@ def run_summary(run: RunView, samples: pa.Table | None, links: dict[str, str], c
             + (f" at `{md(release['path'])}`" if release.get("path") else "")
         )
     lines += ["", *summary_table(rows)]
+    lines += changes_lines(run.get("changes"))
     reasons = reason_rows(run)
     if reasons:
         lines += ["", "## Rows by reason", "", "| phase | reason | status | rows | share |", "|---|---|---|---:|---:|"]

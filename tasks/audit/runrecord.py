@@ -113,6 +113,8 @@ class RunRecord:
         blocked: why the run stopped before a release (default None: it did not).
         flow_run_id: the flow run a user started, which carries the run's artifacts (default None).
         release: the release it made or found (default None: not that far).
+        changes: what its release changes since the one before
+            (``tasks.audit.changes.Changes.to_json``; default None: none compared).
     """
 
     dataset: str
@@ -125,6 +127,7 @@ class RunRecord:
     blocked: str | None = None
     flow_run_id: str | None = None
     release: ReleaseRecord | None = None
+    changes: Mapping[str, Any] | None = None
 
     def with_phase(self, phase: PhaseRecord) -> RunRecord:
         return replace(self, phases=(*self.phases, phase))
@@ -138,12 +141,17 @@ class RunRecord:
     def with_release(self, release: ReleaseRecord) -> RunRecord:
         return replace(self, release=release)
 
+    def with_changes(self, changes: Mapping[str, Any]) -> RunRecord:
+        return replace(self, changes=changes)
+
     def to_json(self) -> dict[str, Any]:
-        """The record as run.json holds it (``release`` only once there is one)."""
+        """The record as run.json holds it (``release`` and ``changes`` only once there are some)."""
         out = {key: getattr(self, key) for key in _RUN_KEYS}
         out["phases"] = [p.to_json() for p in self.phases]
         if self.release is not None:
             out["release"] = self.release.to_json()
+        if self.changes is not None:
+            out["changes"] = dict(self.changes)
         return out
 
 

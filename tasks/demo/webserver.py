@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import collections
+import email.utils
 import os
 import random
 import sys
 from pathlib import Path
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from tasks.demo import ranges
 from tasks.demo.filecache import FileCache, ServedFile
 from tasks.demo.tracked import TrackedServer
 
 DEFAULT_ROBOTS_TXT = "User-agent: *\nDisallow: /private/\n"
+DEFAULT_TDM_POLICY = "https://rights.example/policies/tdm.json"
 
 JPEG_MAGIC = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
 _ZEROS = bytes(64 * 1024)
@@ -34,7 +37,10 @@ class ImageWeb(TrackedServer):
 
     - ``/img/{name}``: the file, Content-Type from the extension, Content-Length, ETag and
       Last-Modified set; a Range (``bytes=N-``, ``bytes=N-M``, ``bytes=-N``) is a 206 with
-      Content-Range unless an If-Range does not match; a first byte past the end is a 416.
+      Content-Range unless an If-Range does not match; a first byte past the end is a 416. An
+      ``If-None-Match`` naming the file's ETag (or, without one, an ``If-Modified-Since`` not
+      before its Last-Modified) is a 304 with no body (counted in ``not_modified``). Every
+      answer carries ``img_headers`` too.
     - ``/drop/{name}?after=N&times=K``: the first K (default 1) requests for this path and
       query send N bytes of their body (whole or ranged, as ``/img``) and close the connection
       (with ``stall=S``, S seconds later: a stalled transfer); later ones are ``/img``'s answer,
@@ -65,7 +71,13 @@ class ImageWeb(TrackedServer):
     - ``/redirect?to=URL``: 302 to URL.
     - ``/redirect-chain/{n}/{name}``: 302 to ``/redirect-chain/{n-1}/{name}``; the file at 0.
     - ``/private/{name}``: the file (the default robots.txt disallows ``/private/``).
+    - ``/plain/{name}``: the file as ``/img`` serves it (Range too), but with no ETag and no
+      Last-Modified: a server that gives no validators.
+    - ``/tdm/{name}``: the file, as ``/img``, with ``tdm-reservation: 1`` and ``tdm-policy``
+      (``tdm_policy``, or the query's ``policy``; none with ``policy=``).
     - ``/robots.txt``: ``robots_txt``; 404 when it is None; that status when it is an int.
+    - ``/.well-known/tdmrep.json``: ``tdmrep_json`` (TDM-Rep's file) as application/json; 404
+      when it is None; that status when it is an int.
 
     ``{name}`` is one path segment naming a file directly in ``root``; names with a separator
     or a leading dot are refused with 403, so an encoded ``..%2F`` cannot leave the root. The
@@ -86,8 +98,13 @@ class ImageWeb(TrackedServer):
             status (e.g. 503, which RFC 9309 crawlers take as "disallow all"). Default disallows
             ``/private/`` for every user agent.
         cache_bytes: memory for cached file bodies. Default 256 MiB.
+        tdmrep_json: body of ``/.well-known/tdmrep.json``, as ``robots_txt``. Default None (404).
+        img_headers: response headers added to every ``/img`` answer (``X-Robots-Tag``,
+            ``tdm-reservation``: a site that changes its configuration between runs may set
+            them on the running server). Default none.
+        tdm_policy: the ``tdm-policy`` of ``/tdm`` answers.
 
-    Stats (``hits``, ``sent``, ``ranges`` ...) as :class:`TrackedServer` keeps them;
+    The attributes of the same names may be changed while the server runs. Stats (``hits``, ``sent``, ``ranges`` ...) as :class:`TrackedServer` keeps them;
     ``reset_stats()`` also restarts the flaky, rate-limit and drop sequences. ``sent`` counts
     the body bytes that ``/img``, ``/drop`` and ``/norange`` wrote.
     """
@@ -99,12 +116,24 @@ class ImageWeb(TrackedServer):
         port: int = 0,
         robots_txt: str | int | None = DEFAULT_ROBOTS_TXT,
         cache_bytes: int = 256 * 1024 * 1024,
+        tdmrep_json: str | bytes | int | None = None,
+        img_headers: dict[str, str] | None = None,
+        tdm_policy: str = DEFAULT_TDM_POLICY,
     ):
         super().__init__(host, port)
         self.root = Path(root) if root is not None else None
         self.robots_txt = robots_txt
+        self.tdmrep_json = tdmrep_json
+        self.img_headers: dict[str, str] = dict(img_headers or {})
+        self.tdm_policy = tdm_policy
+        self.not_modified: collections.Counter[str] = collections.Counter()
         self.cache_bytes = cache_bytes
         self._files = FileCache(self.root, cache_bytes)
+
+    def reset_stats(self) -> None:
+        super().reset_stats()
+        with self.lock:
+            self.not_modified.clear()
 
     # ----------------------------------------------------------------- files
 
@@ -123,6 +152,8 @@ class ImageWeb(TrackedServer):
             [
                 web.get("/img/{name}", self._img),
                 web.get("/private/{name}", self._img),
+                web.get("/tdm/{name}", self._tdm),
+                web.get("/plain/{name}", self._plain),
                 web.get("/drop/{name}", self._drop),
                 web.get("/norange/{name}", self._drop),
                 web.get("/status/{code}", self._status),
@@ -143,6 +174,7 @@ class ImageWeb(TrackedServer):
                 web.get("/redirect", self._redirect),
                 web.get("/redirect-chain/{n}/{name}", self._redirect_chain),
                 web.get("/robots.txt", self._robots),
+                web.get("/.well-known/tdmrep.json", self._tdmrep),
             ]
         )
         return app
@@ -163,12 +195,29 @@ class ImageWeb(TrackedServer):
             raise web.HTTPBadRequest(text=f"{key} must be in {low}..{high}, got {value}\n")
         return value
 
-    async def _img(self, request: web.Request) -> web.StreamResponse:
+    async def _img(self, request: web.Request, extra: dict[str, str] | None = None) -> web.StreamResponse:
         f = self._file(request.match_info["name"])
+        headers = {**ranges.validators(f), **self.img_headers, **(extra or {})}
+        if _not_modified(request, f):
+            with self.lock:
+                self.not_modified[request.path] += 1
+            return web.Response(status=304, headers=headers)
         if "Range" in request.headers:
-            return await self._send(request, f, ranged=True)
+            return await self._send(request, f, ranged=True, extra=headers)
         self._count_sent(request, 0 if request.method == "HEAD" else len(f.body))
-        return web.Response(body=f.body, content_type=f.content_type, headers=ranges.validators(f))
+        return web.Response(body=f.body, content_type=f.content_type, headers=headers)
+
+    async def _plain(self, request: web.Request) -> web.StreamResponse:
+        f = self._file(request.match_info["name"])
+        part = ranges.wanted_part(request, f)
+        with self.streaming(request):
+            return await ranges.send(
+                request, f, part, {hdrs.ACCEPT_RANGES: "bytes"}, lambda n: self._count_sent(request, n)
+            )
+
+    async def _tdm(self, request: web.Request) -> web.StreamResponse:
+        policy = request.query.get("policy", self.tdm_policy)
+        return await self._img(request, {"tdm-reservation": "1", **({"tdm-policy": policy} if policy else {})})
 
     async def _drop(self, request: web.Request) -> web.StreamResponse:
         """``/drop`` and ``/norange``: cut short the first ``times`` requests for this URL."""
@@ -188,6 +237,7 @@ class ImageWeb(TrackedServer):
         cut_after: int | None = None,
         stall: int = 0,
         etag: bool = True,
+        extra: dict[str, str] | None = None,
     ) -> web.StreamResponse:
         part = ranges.wanted_part(request, f) if ranged else None
         with self.streaming(request):
@@ -195,7 +245,7 @@ class ImageWeb(TrackedServer):
                 request,
                 f,
                 part,
-                ranges.validators(f, ranged, etag),
+                {**ranges.validators(f, ranged, etag), **(extra or {})},
                 lambda n: self._count_sent(request, n),
                 cut_after,
                 (lambda: self.stopping_within(stall)) if stall else None,
@@ -350,6 +400,31 @@ class ImageWeb(TrackedServer):
         if isinstance(self.robots_txt, int):
             return web.Response(status=self.robots_txt, text=f"status {self.robots_txt}\n")
         return web.Response(text=self.robots_txt, content_type="text/plain")
+
+    async def _tdmrep(self, request: web.Request) -> web.StreamResponse:
+        body = self.tdmrep_json
+        if body is None:
+            raise web.HTTPNotFound(text="no tdmrep.json\n")
+        if isinstance(body, int):
+            return web.Response(status=body, text=f"status {body}\n")
+        return web.Response(body=body.encode() if isinstance(body, str) else body, content_type="application/json")
+
+
+def _not_modified(request: web.Request, f: ServedFile) -> bool:
+    """Whether a conditional GET is answered 304 (RFC 9110 13.2.2): If-None-Match decides when
+    present (weak comparison, ``*`` matches), else If-Modified-Since (the file not newer)."""
+    if_none_match = request.headers.get(hdrs.IF_NONE_MATCH)
+    if if_none_match is not None:
+        tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+        return "*" in tags or f.etag.removeprefix("W/") in tags
+    since = request.headers.get(hdrs.IF_MODIFIED_SINCE)
+    if since is None:
+        return False
+    try:
+        when = email.utils.parsedate_to_datetime(since)
+    except (TypeError, ValueError):
+        return False  # an invalid date is ignored (RFC 9110 13.1.3)
+    return when.timestamp() >= f.mtime_ns // 1_000_000_000
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,6 +131,9 @@ class DownloadConfig(Frozen):
             ``X-Robots-Tag`` scopes.
         opt_out_directives: ``X-Robots-Tag`` directives that reject a sample as ``opted_out``.
         respect_robots_txt: fetch and honour robots.txt per host.
+        respect_tdmrep: honour TDM-Rep (the W3C TDM Reservation Protocol): a ``tdm-reservation: 1``
+            response header, or a rule of the origin's ``/.well-known/tdmrep.json`` (read once per
+            origin per shard), rejects a row as ``opted_out``, the detail naming the policy. Default on.
         allowed_formats: image formats sniffed from the bytes that are kept (a video source
             keeps ``validate.video.containers``).
         video_max_bytes: the body cap of a video source's rows. Default 512 MiB.
@@ -169,6 +172,7 @@ class DownloadConfig(Frozen):
     user_agent: str = "shardsmith/0.1 (+https://github.com/shardsmith/shardsmith)"
     opt_out_directives: tuple[str, ...] = ("noai", "noimageai", "noml")
     respect_robots_txt: bool = False
+    respect_tdmrep: bool = True
     allowed_formats: tuple[str, ...] = ("jpeg", "png", "webp", "gif", "bmp", "tiff")
     video_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
     video_max_inflight: int = Field(default=4, ge=1, le=64)

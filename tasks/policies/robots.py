@@ -22,18 +22,24 @@ class RobotsRules:
         parser: the parsed file; None when the whole origin is allowed or disallowed.
         allow: with no parser, whether every path is allowed.
         why: with no parser, the detail a refused row carries; with one, where the file came from.
+        reason: with no parser, the reason a refused row carries: ``robots_disallowed``, or,
+            where robots.txt could not be read (a 5xx, a timeout, a connection error), that
+            failure's own reason (``http_503``, ``timeout``, ...). RFC 9309 disallows every fetch
+            meanwhile, but the row failed for a passing reason: a later run fetches it again
+            (``download.retry_failed``), and a recheck counts the host unreachable instead of
+            taking an outage for an opt-out.
     """
 
-    def __init__(self, parser: Protego | None, allow: bool, why: str):
-        self.parser, self.allow, self.why = parser, allow, why
+    def __init__(self, parser: Protego | None, allow: bool, why: str, reason: str = "robots_disallowed"):
+        self.parser, self.allow, self.why, self.reason = parser, allow, why, reason
 
     @classmethod
     def allow_all(cls, why: str) -> RobotsRules:
         return cls(None, True, why)
 
     @classmethod
-    def disallow_all(cls, why: str) -> RobotsRules:
-        return cls(None, False, why)
+    def disallow_all(cls, why: str, reason: str = "robots_disallowed") -> RobotsRules:
+        return cls(None, False, why, reason)
 
     @classmethod
     def parse(cls, body: bytes, where: str) -> RobotsRules:
@@ -43,7 +49,7 @@ class RobotsRules:
         """Whether robots.txt lets the user agent ``ua_token`` fetch ``url`` (the verdict's value);
         refused as ``robots_disallowed``, the detail naming the file and the path."""
         if self.parser is None:
-            return Ruling(url) if self.allow else Ruling(url, "robots_disallowed", self.why)
+            return Ruling(url) if self.allow else Ruling(url, self.reason, self.why)
         if self.parser.can_fetch(url, ua_token):
             return Ruling(url)
         parts = urlsplit(url)

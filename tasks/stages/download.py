@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
-from tasks.formats.ledger import LedgerRow
+from tasks.formats import clock
+from tasks.formats.ledger import DOWNLOAD_LEDGER_SCHEMA, LedgerRow
 from tasks.formats.manifests import ChunkRef, read_chunk, sample_key
 from tasks.formats.names import short_digest
 from tasks.formats.reasons import OK
@@ -49,6 +51,7 @@ def download_shard(
     ledger_rel: str,
     s3_options: dict[str, Any] | None = None,
     rows_from: Callable[..., tuple[list[dict[str, Any]], Iterator[tuple[dict[str, Any], Fetched]]]] | None = None,
+    now: datetime | None = None,
 ) -> ShardResult:
     """Download one chunk into one shard; a shard whose ledger exists is done and skipped.
 
@@ -56,8 +59,11 @@ def download_shard(
     chunk, fetch its URLs); an ingest source passes ``tasks.sources.ingest_rows`` bound to it.
     Samples go into the tar as their fetches complete, so a slow row holds back none after it;
     the ledger, in row order, is what later phases read in order. A shard with no accepted
-    sample is still committed (an empty tar), so every chunk has the same two outputs.
+    sample is still committed (an empty tar), so every chunk has the same two outputs. Every
+    row records the fetch facts (``fetch_facts``) with ``now``, the run's time (default: the
+    clock's now when the shard starts).
     """
+    at = now or clock.now()
     rows: list[list[dict[str, Any]]] = []  # the chunk's rows (an ingest source fills them as it goes)
 
     def results() -> Iterator[tuple[dict[str, Any], Fetched]]:
@@ -70,10 +76,11 @@ def download_shard(
         tar_rel,
         ledger_rel,
         results,
-        lambda got: download_verdict(got[0], got[1], ref.source),
+        lambda got: download_verdict(got[0], got[1], ref.source, at),
         source=ref.source,
         index=ref.index,
-        failed=lambda got, err: failed_row(got[0], ref.source, err),
+        schema=DOWNLOAD_LEDGER_SCHEMA,
+        failed=lambda got, err: failed_row(got[0], ref.source, err, at),
         check=lambda ledger: check_every_row_once(rows[0], ledger, tar_rel),
     )
 
@@ -108,8 +115,22 @@ def _sample_json(row: dict[str, Any], key: str, source: str, entry: LedgerRow) -
     return json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")
 
 
-def download_verdict(row: dict[str, Any], fetched: Fetched, source: str) -> Verdict:
-    """One row's ledger entry, and its sample's members when accepted."""
+def fetch_facts(fetched: Fetched | None, fetched_at: datetime | None, fetches: int = 1) -> dict[str, Any]:
+    """A download ledger row's fetch facts (``tasks.formats.ledger.FETCH_FACTS``): when the row
+    was last fetched (the run's time), by how many runs in all, and the validators the server
+    sent with its answer (for a recheck's conditional request)."""
+    return {
+        "fetched_at": fetched_at,
+        "fetches": fetches,
+        "etag": getattr(fetched, "etag", None),
+        "last_modified": getattr(fetched, "last_modified", None),
+    }
+
+
+def download_verdict(
+    row: dict[str, Any], fetched: Fetched, source: str, fetched_at: datetime | None = None, fetches: int = 1
+) -> Verdict:
+    """One row's ledger entry (with its fetch facts), and its sample's members when accepted."""
     key = sample_key(source, row["row"])
     entry = LedgerRow(
         key=key,
@@ -123,20 +144,23 @@ def download_verdict(row: dict[str, Any], fetched: Fetched, source: str) -> Verd
         detail=fetched.detail,
         origin=row.get("origin"),  # get(): chunks written before it was a column lack it
     )
+    facts = fetch_facts(fetched, fetched_at, fetches)
     if entry.status != OK:
-        return Verdict(entry.as_dict())
+        return Verdict(entry.as_dict() | facts)
     data = take_body(fetched) or b""
     entry.bytes = len(data)
     entry.sha256 = data.sha256() if isinstance(data, SpooledBody) else hashlib.sha256(data).hexdigest()
     members = {EXTENSIONS.get(fetched.format, fetched.format): data, "json": _sample_json(row, key, source, entry)}
     if row["caption"] is not None:
         members["txt"] = row["caption"].encode("utf-8")
-    return Verdict(entry.as_dict(), members)
+    return Verdict(entry.as_dict() | facts, members)
 
 
-def failed_row(row: dict[str, Any], source: str, err: Exception) -> dict[str, Any]:
+def failed_row(
+    row: dict[str, Any], source: str, err: Exception, fetched_at: datetime | None = None, fetches: int = 1
+) -> dict[str, Any]:
     """The ledger row of a manifest row whose recording raised."""
-    return LedgerRow(
+    entry = LedgerRow(
         key=sample_key(source, row["row"]),
         source=source,
         row=row["row"],
@@ -144,7 +168,8 @@ def failed_row(row: dict[str, Any], source: str, err: Exception) -> dict[str, An
         url=row.get("url"),
         detail=f"recording the row: {failure_detail(err)}",
         origin=row.get("origin"),
-    ).as_dict()
+    )
+    return entry.as_dict() | fetch_facts(None, fetched_at, fetches)
 
 
 def check_every_row_once(rows: list[dict[str, Any]], ledger: list[dict[str, Any]], tar_rel: str) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import email.utils
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urljoin, urlsplit
@@ -14,10 +15,12 @@ import aiohttp
 from yarl import URL
 
 from tasks.formats.recipe_download import DownloadConfig
+from tasks.policies import tdmrep
 from tasks.policies.robots import RobotsRules, x_robots_verdict
 from tasks.policies.ruling import Ruling
+from tasks.policies.tdmrep import TdmRules, tdm_verdict
 from tasks.policies.urlguard import AddressPolicy, GuardedResolver, check_url, resolve_file_url
-from tasks.stages.fetch_body import CHUNK, Body, FileBody, Retry, stream_capped
+from tasks.stages.fetch_body import CHUNK, Body, FileBody, Retry, stream_capped, validators
 from tasks.stages.fetched import Fetched, classify, exception_detail, failure
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
@@ -61,8 +64,13 @@ class Fetcher:
 
     Use as ``async with Fetcher(cfg) as f: await f.fetch(url)`` (the body in memory, under
     ``download.max_bytes``) or ``await f.fetch_to(url, dest, max_bytes)`` (the body streamed to
-    a file, resumed with a range request when the connection drops). Neither raises but for a
-    cancellation: every outcome, an unexpected exception included, is a :class:`Fetched`.
+    a file, resumed with a range request when the connection drops); ``await f.fetch_with(url,
+    body)`` hands the answer to a :class:`Body` of the caller's (a recheck's conditional request).
+    None raises but for a cancellation: every outcome, an unexpected exception included, is a
+    :class:`Fetched`.
+
+    robots.txt (``download.respect_robots_txt``) and TDM-Rep's ``/.well-known/tdmrep.json``
+    (``download.respect_tdmrep``) are read once per origin for the Fetcher's life (one shard).
     """
 
     def __init__(self, cfg: DownloadConfig, s3_options: dict[str, Any] | None = None):
@@ -74,6 +82,7 @@ class Fetcher:
         self._global = asyncio.Semaphore(cfg.max_inflight)
         self._hosts: dict[str, asyncio.Semaphore] = {}
         self._robots: dict[str, asyncio.Future] = {}
+        self._tdmrep: dict[str, asyncio.Future] = {}
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.timeout_s)
 
@@ -97,7 +106,7 @@ class Fetcher:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for fut in self._robots.values():
+        for fut in (*self._robots.values(), *self._tdmrep.values()):
             fut.cancel()
         if self._session is not None:
             await self._session.close()
@@ -115,6 +124,13 @@ class Fetcher:
         """Fetch one URL: the policy first, then up to ``retries`` more attempts for transient failures."""
         try:
             return await self._fetch(url, _MemoryBody(self))
+        except BaseException as err:  # noqa: BLE001 - every exception is this URL's record
+            return failure(err)
+
+    async def fetch_with(self, url: str, body: Body) -> Fetched:
+        """Fetch one URL under the policy of :meth:`fetch`, its answer handled by ``body``."""
+        try:
+            return await self._fetch(url, body)
         except BaseException as err:  # noqa: BLE001 - every exception is this URL's record
             return failure(err)
 
@@ -196,6 +212,9 @@ class Fetcher:
                 robots = await self._robots_verdict(url)
                 if not robots.ok:
                     return Fetched(reason=robots.reason, detail=robots.detail)
+            # The origin's tdmrep.json is read before the request, and judged with the answer's
+            # headers: a tdm-reservation header supersedes the file (either way).
+            tdm_rules = await self._tdm_rules(url) if self.cfg.respect_tdmrep else None
             async with self._session.get(
                 URL(url), allow_redirects=False, headers=body.headers(), timeout=body.timeout or self._timeout
             ) as resp:
@@ -232,6 +251,15 @@ class Fetcher:
                 opt_out = x_robots_verdict(resp.headers.getall("X-Robots-Tag", []), self._directives, self.ua_token)
                 if not opt_out.ok:
                     return Fetched(reason=opt_out.reason, http_status=status, detail=opt_out.detail)
+                if self.cfg.respect_tdmrep:
+                    tdm = tdm_verdict(
+                        resp.headers.getall("tdm-reservation", []),
+                        resp.headers.getall("tdm-policy", []),
+                        tdm_rules,
+                        url,
+                    )
+                    if not tdm.ok:
+                        return Fetched(reason=tdm.reason, http_status=status, detail=tdm.detail)
                 return await body.receive(resp)
         return Fetched(
             reason="too_many_redirects",
@@ -274,37 +302,82 @@ class Fetcher:
         """
         url = origin + "/robots.txt"
         try:
-            async with asyncio.timeout(self.cfg.timeout_s):
-                for _hop in range(self.cfg.max_redirects + 1):
-                    async with self._session.get(URL(url), allow_redirects=False) as resp:
-                        location = resp.headers.get("Location")
-                        if resp.status in _REDIRECT_STATUS and location:
-                            target = self._redirect_target(url, location)
-                            url = target.value or location
-                            if not target.ok:
-                                return RobotsRules.disallow_all(
-                                    f"robots.txt redirects to a refused URL ({target.reason}: {target.detail}): disallow all"
-                                )
-                            continue
-                        if 400 <= resp.status < 500:
-                            return RobotsRules.allow_all(f"{url} answered {_status_text(resp)}: allow all")
-                        if resp.status != 200:
-                            return RobotsRules.disallow_all(
-                                f"{url} answered {_status_text(resp)}: disallow all (RFC 9309)"
-                            )
-                        body = bytearray()
-                        async for chunk in resp.content.iter_chunked(64 * 1024):
-                            body += chunk
-                            if len(body) >= _ROBOTS_MAX_BYTES:
-                                break
-                        return RobotsRules.parse(bytes(body[:_ROBOTS_MAX_BYTES]), url)
-                return RobotsRules.disallow_all(
-                    f"{origin}/robots.txt: more than {self.cfg.max_redirects} redirects: disallow all"
-                )
+            got = await self._site_file(url, _ROBOTS_MAX_BYTES)
         except Exception as err:  # noqa: BLE001 - RFC 9309: an unreachable robots.txt disallows all
             return RobotsRules.disallow_all(
-                f"{url} could not be read ({exception_detail(err)}): disallow all (RFC 9309)"
+                f"{url} could not be read ({exception_detail(err)}): disallow all (RFC 9309)", classify(err)[0]
             )
+        if got.refused is not None:
+            refused = got.refused
+            return RobotsRules.disallow_all(
+                f"robots.txt redirects to a refused URL ({refused.reason}: {refused.detail}): disallow all"
+            )
+        if got.status is None:
+            return RobotsRules.disallow_all(f"{url}: more than {self.cfg.max_redirects} redirects: disallow all")
+        if 400 <= got.status < 500:
+            return RobotsRules.allow_all(f"{got.url} answered {got.status_text}: allow all")
+        if got.status != 200:
+            # A 5xx is an outage, not a refusal: the row carries it, and a later run retries it.
+            reason = f"http_{got.status}" if got.status >= 500 else "robots_disallowed"
+            return RobotsRules.disallow_all(f"{got.url} answered {got.status_text}: disallow all (RFC 9309)", reason)
+        return RobotsRules.parse(got.body[:_ROBOTS_MAX_BYTES], got.url)
+
+    async def _tdm_rules(self, url: str) -> TdmRules:
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        fut = self._tdmrep.get(origin)
+        if fut is None:
+            fut = self._tdmrep[origin] = asyncio.ensure_future(self._load_tdmrep(origin))
+        return await asyncio.shield(fut)  # shielded: as robots.txt, one row must not cancel the load
+
+    async def _load_tdmrep(self, origin: str) -> TdmRules:
+        """TDM-Rep's file on the origin: any answer but a 200 (after redirects, each target checked
+        like any URL), a file over ``tdmrep.MAX_BYTES`` or one that is not valid JSON reserves nothing.
+
+        It has half of ``download.timeout_s``: the rows of the origin wait for it within their own
+        deadline, and an origin that never answers for an optional file must not time them out.
+        """
+        url = origin + tdmrep.TDMREP_PATH
+        try:
+            got = await self._site_file(
+                url, tdmrep.MAX_BYTES, accept="application/json", timeout_s=self.cfg.timeout_s / 2
+            )
+        except Exception as err:  # noqa: BLE001 - an unreadable file is no reservation
+            return TdmRules.none(f"{url} could not be read ({exception_detail(err)})")
+        if got.refused is not None:
+            return TdmRules.none(f"{url} redirects to a refused URL ({got.refused.reason})")
+        if got.status != 200:
+            return TdmRules.none(f"{got.url} answered {got.status_text or 'too many redirects'}")
+        if got.over:
+            return TdmRules.none(f"{got.url} is over {tdmrep.MAX_BYTES} bytes: ignored")
+        return TdmRules.parse(got.body, got.url)
+
+    async def _site_file(
+        self, url: str, cap: int, accept: str | None = None, timeout_s: float | None = None
+    ) -> _SiteFile:
+        """A site-wide file (robots.txt, tdmrep.json) within ``timeout_s`` (default
+        ``download.timeout_s``): redirects followed by hand, each target checked like any URL; the
+        body read up to ``cap`` bytes (``over`` when there were more). Raises what the request raises."""
+        headers = {"Accept": accept} if accept else None
+        async with asyncio.timeout(timeout_s or self.cfg.timeout_s):
+            for _hop in range(self.cfg.max_redirects + 1):
+                async with self._session.get(URL(url), allow_redirects=False, headers=headers) as resp:
+                    location = resp.headers.get("Location")
+                    if resp.status in _REDIRECT_STATUS and location:
+                        target = self._redirect_target(url, location)
+                        url = target.value or location
+                        if not target.ok:
+                            return _SiteFile(url, resp.status, _status_text(resp), b"", False, target)
+                        continue
+                    if resp.status != 200:
+                        return _SiteFile(url, resp.status, _status_text(resp), b"", False, None)
+                    body = bytearray()
+                    async for chunk in resp.content.iter_chunked(64 * 1024):
+                        body += chunk
+                        if len(body) > cap:
+                            break
+                    return _SiteFile(url, 200, _status_text(resp), bytes(body[: cap + 1]), len(body) > cap, None)
+            return _SiteFile(url, None, "", b"", False, None)
 
     def _read_object(self, url: str, body: Body) -> Fetched:
         """file:// (under file_root) and s3:// (allowlisted buckets), with the same byte cap."""
@@ -328,6 +401,19 @@ class Fetcher:
         return fetched
 
 
+@dataclass(frozen=True)
+class _SiteFile:
+    """A site-wide file as read: its final URL, status (None: too many redirects), body (at most
+    the cap and one byte: ``over`` says there was more), and the refused redirect, if one was."""
+
+    url: str
+    status: int | None
+    status_text: str
+    body: bytes
+    over: bool
+    refused: Ruling[str] | None
+
+
 class _MemoryBody:
     """The body in memory (images): ``download.max_bytes`` at most, each attempt within ``timeout_s``."""
 
@@ -347,7 +433,14 @@ class _MemoryBody:
         data, problem = await self.fetcher._read_capped(resp)
         if data is None:
             return Fetched(reason="too_large", http_status=resp.status, detail=problem)
-        return Fetched(data=data, http_status=resp.status, content_type=resp.headers.get("Content-Type"))
+        etag, last_modified = validators(resp)
+        return Fetched(
+            data=data,
+            http_status=resp.status,
+            content_type=resp.headers.get("Content-Type"),
+            etag=etag,
+            last_modified=last_modified,
+        )
 
     def read_object(self, fh: BinaryIO) -> Fetched:
         cap = self.fetcher.cfg.max_bytes

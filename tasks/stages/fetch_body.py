@@ -16,6 +16,29 @@ CHUNK = 1 << 20  # body read size; images are 100 KB to MBs, videos far more
 
 # RFC 9110 14.4: "bytes first-last/complete", the complete length "*" when unknown.
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)", re.ASCII | re.IGNORECASE)
+# A validator longer than this is not kept: it would only be sent back, and a row's ledger
+# entry need not carry a server's kilobytes.
+_VALIDATOR_CHARS = 512
+
+
+def validators(resp: aiohttp.ClientResponse) -> tuple[str | None, str | None]:
+    """(ETag, Last-Modified) of an answer, each None when absent, empty or over 512 characters:
+    what a recheck of the row sends back (``If-None-Match`` / ``If-Modified-Since``)."""
+    etag, last_modified = resp.headers.get("ETag"), resp.headers.get("Last-Modified")
+    return (
+        etag.strip() if etag and etag.strip() and len(etag) <= _VALIDATOR_CHARS else None,
+        last_modified.strip()
+        if last_modified and last_modified.strip() and len(last_modified) <= _VALIDATOR_CHARS
+        else None,
+    )
+
+
+def content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    """(first, last, complete length or None for ``*``) of a Content-Range value, or None."""
+    match = _CONTENT_RANGE.fullmatch((value or "").strip())
+    if match is None:
+        return None
+    return int(match[1]), int(match[2]), None if match[3] == "*" else int(match[3])
 
 
 class Retry(Exception):
@@ -124,6 +147,9 @@ class FileBody:
         self.validator: str | None = None
         self.content_type: str | None = None
         self.resumed = 0
+        # The first (200) answer's validators, which the record keeps for a later recheck.
+        self.etag: str | None = None
+        self.last_modified: str | None = None
 
     def headers(self) -> dict[str, str] | None:
         if not self.held or self.validator is None:
@@ -217,6 +243,7 @@ class FileBody:
         self.validator = etag if etag and not etag.startswith("W/") else resp.headers.get("Last-Modified")
         self.total = resp.content_length
         self.content_type = resp.headers.get("Content-Type")
+        self.etag, self.last_modified = validators(resp)
 
     def _continues(self, resp: aiohttp.ClientResponse) -> bool:
         """Whether a 206 continues the file at the byte held, with the complete length seen before."""
@@ -231,6 +258,7 @@ class FileBody:
 
     def _forget(self) -> None:
         self.held, self.total, self.validator = 0, None, None
+        self.etag = self.last_modified = None
 
     def _of(self) -> str:
         return str(self.total) if self.total is not None else "an undeclared number of"
@@ -242,4 +270,6 @@ class FileBody:
             path=str(self.dest),
             size=self.held,
             resumed=self.resumed,
+            etag=self.etag,
+            last_modified=self.last_modified,
         )

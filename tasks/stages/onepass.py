@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
-from tasks.formats.ledger import Counts, committed
+from tasks.formats import clock
+from tasks.formats.ledger import DOWNLOAD_LEDGER_SCHEMA, Counts
 from tasks.formats.manifests import ChunkRef
 from tasks.formats.reasons import OK
 from tasks.formats.recipe_download import DownloadConfig, ValidateConfig
@@ -19,6 +22,7 @@ from tasks.stages.download import (
     fetched_rows,
     shard_paths,
 )
+from tasks.stages.retry import current_versions, list_folders
 from tasks.stages.runner import DecidePool, LedgerRun, ShardResult, ShardRun, committed_shard, decided
 from tasks.stages.validate import DECODE_THREADS, Judge, candidate_config_hash, candidate_paths, validate_shard
 from tasks.stages.validate import failed_row as failed_judge
@@ -33,6 +37,7 @@ def download_and_validate(
     candidates: tuple[str, str],
     s3_options: dict[str, Any] | None = None,
     rows_from: Callable[..., Any] | None = None,
+    now: datetime | None = None,
 ) -> tuple[ShardResult, ShardResult]:
     """Fetch a chunk's rows and judge each fetched sample as it arrives, on a few threads.
 
@@ -44,9 +49,11 @@ def download_and_validate(
     download ledger, whose presence therefore means both are done. A chunk whose download is
     committed but not its candidates (``--phase download`` ran before, or the validation
     config changed) is validated from the raw shard; one with both is skipped. ``rows_from``:
-    as for ``tasks.stages.download.download_shard`` (an ingest source's rows instead of fetches).
+    as for ``tasks.stages.download.download_shard`` (an ingest source's rows instead of fetches);
+    ``now``: the run's time, which the download ledger records as each row's ``fetched_at``.
     """
     start = time.perf_counter()
+    at = now or clock.now()
     (tar_rel, ledger_rel), (cand_tar, cand_ledger) = download, candidates
     # A download whose raw shard is there is validated from it; one whose raw shard is gone (or
     # never kept: download.keep_raw false) cannot make candidates again, so it is fetched again.
@@ -65,11 +72,13 @@ def download_and_validate(
         )
         return got, cand
     rows, results = (rows_from or fetched_rows)(ref, storage, dcfg, s3_options)
-    raw = (ShardRun if dcfg.keep_raw else LedgerRun)(storage, tar_rel, ledger_rel)
+    raw = (ShardRun if dcfg.keep_raw else LedgerRun)(storage, tar_rel, ledger_rel, DOWNLOAD_LEDGER_SCHEMA)
     shard, judge = ShardRun(storage, cand_tar, cand_ledger), Judge(vcfg)
     with raw.writing(), shard.writing(), DecidePool(judge, DECODE_THREADS, failed_judge) as pool:
         for row, fetched in results:
-            verdict = decided(lambda got: download_verdict(*got, ref.source), (row, fetched), _failed(ref.source))
+            verdict = decided(
+                lambda got: download_verdict(*got, ref.source, at), (row, fetched), _failed(ref.source, at)
+            )
             raw.add(verdict)
             entry = verdict.row
             if entry["status"] != OK:
@@ -101,17 +110,26 @@ def chunk_paths(recipe: Any, storage: Storage, refs: list[ChunkRef]) -> dict[Chu
     download is only good for the validation it was judged with, and is named by those
     settings too; except that a chunk whose download an earlier run committed with its raw
     shard keeps that one (validated from it, not fetched again).
+
+    The download is the chunk's current version: the committed retry version of the highest
+    generation (``tasks.stages.retry``: the rows that failed for a passing reason, fetched
+    again), else the base; its candidates are named by its tar as any download's. One listing
+    of each source's download folder finds them all.
     """
     dataset, chash, vhash = recipe.dataset, download_config_hash(recipe), candidate_config_hash(recipe)
     raw = {ref: shard_paths(dataset, ref, chash) for ref in refs}
+    listed = list_folders(storage, [ledger for _, ledger in raw.values()])
+    lean: set[ChunkRef] = set()
     if recipe.download.keep_raw:
-        down = raw
+        base = raw
     else:
-        kept = committed(storage, [ledger for _, ledger in raw.values()])
-        lean = f"{chash}:judged:{vhash}"
-        down = {ref: raw[ref] if raw[ref][1] in kept else shard_paths(dataset, ref, lean) for ref in refs}
+        lean_hash = f"{chash}:judged:{vhash}"
+        kept = {ref for ref in refs if posixpath.basename(raw[ref][1]) in listed[posixpath.dirname(raw[ref][1])]}
+        lean = set(refs) - kept
+        base = {ref: raw[ref] if ref in kept else shard_paths(dataset, ref, lean_hash) for ref in refs}
+    down = current_versions(base, listed, lean)
     return {ref: (down[ref], candidate_paths(dataset, ref.source, ref.index, down[ref][0], vhash)) for ref in refs}
 
 
-def _failed(source: str) -> Any:
-    return lambda got, err: failed_row(got[0], source, err)
+def _failed(source: str, at: datetime) -> Any:
+    return lambda got, err: failed_row(got[0], source, err, at)

@@ -264,7 +264,8 @@ def set_latest(storage: Storage, dataset: str, version: str) -> None:
 
 
 def diff(storage: Storage, dataset: str, a: str, b: str) -> dict[str, Any]:
-    """Samples added and removed between two releases, and why (from the later ledger)."""
+    """Samples added and removed between two releases, and why (from the later ledger). What
+    changed row by row (recovered, dead, taken down ...) is ``tasks.audit.changes.between``."""
     ia, ib = read_index(storage, dataset, a), read_index(storage, dataset, b)
     base = releases_dir(dataset)
     ka = set(read_parquet(storage, f"{base}/{ia['version']}/samples.parquet", ["key"]).column("key").to_pylist())
