@@ -138,7 +138,9 @@ def diff(
     if json_out:
         typer.echo(json.dumps(d, indent=2, sort_keys=True))
         return
-    typer.echo(f"{name} {d['a']} -> {d['b']}: +{d['added']} added, -{d['removed']} removed, {d['kept']} kept")
+    # Samples (keys released); the row block below says why rows came and went (a recovered row
+    # is a sample added here and a row recovered there).
+    typer.echo(f"{name} {d['a']} -> {d['b']}: samples +{d['added']} added, -{d['removed']} removed, {d['kept']} kept")
     for label, n in d["removed_by_reason"].items():
         typer.echo(f"  removed  {label:<40} {n}")
     for k in d["added_keys"]:

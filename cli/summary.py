@@ -65,7 +65,34 @@ def print_summary(result: dict) -> None:
     if rel is not None:
         state = "released" if rel.created else "unchanged, still"
         typer.secho(f"release: {state} {rel.version}: {rel.path}", bold=True, fg="green")
+        changes = getattr(record, "changes", None)
+        if rel.created and changes:
+            from tasks.audit.changes import changes_text
+
+            typer.echo(f"  {changes_text(dict(changes))}")
     typer.echo(f"  report:             {root}/reports/{record.run}/report.html")
+
+
+def _when(value: object) -> str:
+    return value.strftime("%Y-%m-%d %H:%M UTC") if hasattr(value, "strftime") else str(value)
+
+
+def _upkeep_lines(result: dict) -> list[str]:
+    """Under the download row: rows fetched again after a passing failure, and the recheck of
+    released rows (download.retry_failed, download.recheck)."""
+    lines = []
+    dl = result["download"]
+    if dl.rows_retried or dl.next_retry_at is not None:
+        due = f"; next retry due {_when(dl.next_retry_at)}" if dl.next_retry_at is not None else ""
+        lines.append(
+            f"retried {dl.rows_retried} rows that failed for a passing reason, {dl.rows_recovered} recovered{due}"
+        )
+    rc = result.get("recheck")
+    if rc is not None and rc.enabled:
+        seen = ", ".join(f"{k} {v}" for k, v in sorted(rc.counts.items()) if v) or "nothing due"
+        due = f"; next due {_when(rc.next_recheck_at)}" if rc.next_recheck_at is not None else ""
+        lines.append(f"rechecked {rc.checked} of {rc.released} released rows: {seen}{due}")
+    return lines
 
 
 def _bounds(cut: dict) -> str:
@@ -85,6 +112,7 @@ def _details(phase: str, result: dict, root: str) -> list[str]:
     lines = [f"{reason:<24} {n}" for reason, n in by_family(counts.by_reason if counts else {}).items()]
     if phase == "download":
         lines.append(f"{summary.shards_skipped} shards already done, {summary.mb_per_s} MB/s")
+        lines += _upkeep_lines(result)
     if phase == "validate":
         lines.append(f"{summary.duplicates} duplicates")
     if phase == "curate":
@@ -104,6 +132,10 @@ def _details(phase: str, result: dict, root: str) -> list[str]:
         lines.append(f"{st['samples']} samples in {st['packs']} packs, cut-off {st['cutoff']} tokens{fill}")
     if phase == "reshard":
         lines.append(f"{summary.samples} samples in shards of {summary.samples_per_shard} (last holds {summary.tail})")
+        upkeep = getattr(summary, "upkeep", None)
+        if upkeep is not None and upkeep.digest:
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(upkeep.counts().items()))
+            lines.append(f"upkeep (takedowns, rechecks): {shown}")
         if summary.incomplete:
             lines.append(f"{'incomplete_sample':<24} {summary.incomplete}")
     if phase == "precache":

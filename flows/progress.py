@@ -49,6 +49,9 @@ def _rows(result: Any) -> int:
     retried = getattr(result, "retried", None)  # a retry's new version: the rows it fetched again
     if retried is not None:
         return int(retried)
+    checked = getattr(result, "rows", None)  # a shard's rows (ShardResult), a recheck's rows checked
+    if isinstance(checked, int):
+        return checked
     counts = getattr(result, "counts", None)
     rows = getattr(counts, "rows", None)
     if rows is None:

@@ -105,12 +105,12 @@ def test_every_kind_of_change_with_its_rows_reasons_and_rates():
     assert c.categories["newly_failed"].examples == [
         {"key": "a-000000000", "reason": "duplicate_of:b-000000000", "detail": None}
     ]
-    # Dead: one dropped (reason link_dead), one kept (upkeep link_dead), in ledger order.
+    # Dead: one dropped (reason link_dead), one kept (upkeep link_dead), in key order.
     dead = c.categories["dead"]
     assert dead.kept == 1 and dead.by_reason == {"link_dead": 2}
     assert dead.examples == [
-        {"key": "b-000000001", "reason": "link_dead", "detail": "http_404 on recheck", "kept": True},
         {"key": "a-000000003", "reason": "link_dead", "detail": "http_410"},
+        {"key": "b-000000001", "reason": "link_dead", "detail": "http_404 on recheck", "kept": True},
     ]
     assert c.categories["changed"].kept == 1 and keys(c, "changed") == ["a-000000004"]
     assert c.categories["opted_out"].examples[0]["detail"] == "tdm-reservation: 1"
@@ -394,7 +394,7 @@ def test_diff_prints_every_kind_of_change_and_json(tmp_path):
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
     # What it printed before stays: sample keys added and removed, and why.
-    assert lines[0] == "ds v0001 -> v0002: +2 added, -5 removed, 5 kept"
+    assert lines[0] == "ds v0001 -> v0002: samples +2 added, -5 removed, 5 kept"
     assert "  removed  upkeep: taken_down" in out.output
     assert "rows since v0001 (by source and row; shares of the 10 released by v0001):" in out.output
     for label, n in [("recovered", 1), ("newly failed", 1), ("dead links", 2), ("taken down", 1), ("removed", 5)]:

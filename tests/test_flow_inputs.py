@@ -108,4 +108,5 @@ def test_a_folder_of_parquet_part_files_is_one_source(prefect_harness, shared_cl
     pq.write_table(extra, folder / "part-00003-7f3a.snappy.parquet")
     again = run(recipe(tmp_path, folder, rows_per_shard=2), ["download"])["download"]
     assert again.counts.rows == sum(sizes) + 1 and again.shards_skipped == 6 and again.shards == 7
-    assert web.stats()["hits"] == {"/img/p11.png": 1}
+    # (and the origin's TDM-Rep policy, asked once per shard: download.respect_tdmrep)
+    assert web.stats()["hits"] == {"/img/p11.png": 1, "/.well-known/tdmrep.json": 1}

@@ -317,6 +317,22 @@ def test_other_bytes_of_the_same_size_are_a_change(web, image_dir):
     assert "the released" in got.detail
 
 
+def test_a_change_found_earlier_is_compared_with_what_that_check_saw(web, image_dir):
+    # The released bytes were other bytes; the last check saw a.jpg as it is served now and kept
+    # its validators: a 304 to those says "still changed", with no body read...
+    released = b"the bytes of the released picture"
+    f = web._file("a.jpg")
+    seen = "HTTP 200: other bytes than the released (on 2026-12-03)"
+    web.reset_stats()
+    got, _ = _check(f"{web.base_url}/img/a.jpg", released, etag=f.etag, changed=seen, changed_sha256="ab" * 32)
+    assert (got.outcome, got.http_status, got.bytes_read, got.detail) == ("content_changed", 304, 0, seen)
+    assert got.sha256 == "ab" * 32 and web.sent["/img/a.jpg"] == 0
+    # ...while a 200 with the released bytes again (the site put the picture back) is unchanged.
+    data = (image_dir / "a.jpg").read_bytes()
+    back, _ = _check(f"{web.base_url}/img/a.jpg", data, etag='"the-changed-one"', changed=seen)
+    assert (back.outcome, back.http_status) == ("unchanged", 200)
+
+
 def test_without_validators_a_ranged_get_and_the_size_decide(web, image_dir):
     data = (image_dir / "a.jpg").read_bytes()
     same, _ = _check(f"{web.base_url}/plain/a.jpg", data)

@@ -58,7 +58,7 @@ class Category:
         by_reason: rows per reason family, largest first: the reason they had before for
             ``recovered``, the one they have now for the others (``not_in_manifest`` for a
             removed row the new ledger lacks); empty for ``added``.
-        examples: up to ``EXAMPLES`` rows, in ledger order: ``{"key", "reason", "detail"}``,
+        examples: up to ``EXAMPLES`` rows, the first keys in key order: ``{"key", "reason", "detail"}``,
             plus ``"kept": true`` for an upkeep row that stays released.
         kept: of an upkeep category, the rows that stay released (the recipe's action is
             ``keep``); None for the other categories.
@@ -283,7 +283,8 @@ def _category(
     families = pc.replace_substring_regex(reasons.filter(pa.array(mask)), pattern=_FAMILY, replacement=r"\1")
     tally = pc.value_counts(families.drop_null()).to_pylist()
     by_reason = dict(sorted(((t["values"], int(t["counts"])) for t in tally), key=lambda kv: (-kv[1], kv[0])))
-    first = np.flatnonzero(mask)[:examples]
+    picked = np.flatnonzero(mask)  # the examples: the first keys in key order, so a diff reads in order
+    first = picked[pc.sort_indices(keys.take(pa.array(picked))).to_numpy()[:examples]]
     at = pa.array(first)
     shown = []
     for i, key, reason, detail in zip(

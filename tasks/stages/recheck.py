@@ -43,6 +43,10 @@ class DueRow:
         etag, last_modified: the validators sent back: the last check's where it saw the
             released bytes, else the download's; None where there were none (a ranged GET then).
         misses: the checks in a row before this one that could not reach the host.
+        changed, changed_sha256: where the last check found the content changed (and the server
+            gave validators for the new bytes): what it saw, and the new bytes' sha256. The
+            validators sent are then that check's, so a 304 says "still changed" without a body
+            read, while a 200 with the released bytes again says ``unchanged``.
     """
 
     key: str
@@ -54,6 +58,8 @@ class DueRow:
     etag: str | None = None
     last_modified: str | None = None
     misses: int = 0
+    changed: str | None = None
+    changed_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,9 +187,8 @@ def released_rows(storage: Storage, recipe: Any, ledgers: list[str], version: st
         released = samples.group_by(["source", "row"]).aggregate([])
         rows = rows.join(released, keys=["source", "row"], join_type="inner")
     state = recheck_store.read_all(storage, recipe.dataset, sorted(sources))
-    state = state.select(["key", "checked_at", "outcome", "misses", "etag", "last_modified"]).rename_columns(
-        ["key", "st_checked_at", "st_outcome", "st_misses", "st_etag", "st_last_modified"]
-    )
+    columns = ["key", "checked_at", "outcome", "misses", "etag", "last_modified", "detail", "sha256"]
+    state = state.select(columns).rename_columns(["key", *(f"st_{c}" for c in columns[1:])])
     rows = rows.join(state, keys="key", join_type="left outer")
     return rows.select(_released_schema().names).cast(_released_schema()).sort_by([("key", "ascending")])
 
@@ -206,6 +211,8 @@ def _released_schema() -> pa.Schema:
             ("st_misses", pa.int32()),
             ("st_etag", pa.string()),
             ("st_last_modified", pa.string()),
+            ("st_detail", pa.string()),
+            ("st_sha256", pa.string()),
         ]
     )
 
@@ -251,8 +258,9 @@ def next_due(rows: pa.Table, checked: pa.Array | pa.ChunkedArray, now: datetime,
 def _chunk_plans(storage: Storage, dataset: str, taken: pa.Table) -> Iterable[ChunkPlan]:
     by_chunk: dict[tuple[str, str], list[DueRow]] = {}
     for r in taken.to_pylist():
-        # The last check's validators describe the released bytes unless it found them changed.
-        own = r["st_outcome"] not in (None, "content_changed") and (r["st_etag"] or r["st_last_modified"])
+        # The last check's validators: of the released bytes, or of the changed ones it saw.
+        own = r["st_outcome"] is not None and bool(r["st_etag"] or r["st_last_modified"])
+        changed = own and r["st_outcome"] == "content_changed"
         by_chunk.setdefault((r["source"], r["chunk"]), []).append(
             DueRow(
                 key=r["key"],
@@ -264,6 +272,8 @@ def _chunk_plans(storage: Storage, dataset: str, taken: pa.Table) -> Iterable[Ch
                 etag=r["st_etag"] if own else r["etag"],
                 last_modified=r["st_last_modified"] if own else r["last_modified"],
                 misses=r["st_misses"] or 0,
+                changed=r["st_detail"] if changed else None,
+                changed_sha256=r["st_sha256"] if changed else None,
             )
         )
     versions = {source: recheck_store.latest_versions(storage, dataset, source) for source in {s for s, _ in by_chunk}}
@@ -407,6 +417,8 @@ def judge_check(row: DueRow, fetched: Fetched, body: CheckBody, dead_after: int)
     if reason is None:
         detail = "the released bytes" if status is None else f"HTTP {status}: the released bytes"
         if status == 304:
+            if row.changed is not None:  # not modified since the check that found it changed
+                return Check("content_changed", status, row.changed, 0, *seen, row.changed_sha256, body.read)
             detail = "HTTP 304 Not Modified"
         return Check("unchanged", status, detail, 0, *seen, body.sha256, body.read)
     if reason in OPT_OUT_REASONS:
