@@ -7,9 +7,10 @@ import sys
 
 import typer
 
+from cli.demo import demo
 from cli.ops import alerts, serve, warm
 from cli.releases import diff, releases, report
-from cli.running import demo, run
+from cli.running import run
 from cli.takedown import takedown
 
 

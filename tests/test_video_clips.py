@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import av
+import numpy as np
 import pytest
 from PIL import Image
 from video_fixtures import make_video, scene
@@ -109,3 +110,93 @@ def test_every_kept_clip_gets_its_own_file_from_one_pass():
         clip = probe(out.mp4, VideoLimits()).value
         assert (clip.frames, clip.duration_s) == (round((end - start) * 5), end - start)
         assert Image.open(io.BytesIO(out.jpg)).format == "JPEG"
+
+
+def test_a_video_with_no_clip_says_what_its_scenes_were():
+    from tasks.video.process import process_video
+
+    flicker = _video(("a", 0.5), ("b", 0.5), ("a", 0.5), ("b", 0.8), ("a", 0.5), ("b", 0.2))
+    row, outs = process_video("v", flicker, VideoLimits(), ClipConfig(min_s=1.0))
+    assert outs == [] and row["reason"] == "video_no_clips"
+    assert row["detail"] == (
+        "3.00 s declared, 30 frames decoded, 6 scene(s) at clips.scene_threshold 0.2; "
+        "the longest is 0.80 s (1.50-2.30 s), shorter than clips.min_s 1"
+    )
+    row, _ = process_video("v", _video(("a", 0.5)), VideoLimits(), ClipConfig(split="fixed", min_s=1.0))
+    assert row["detail"] == (
+        "0.50 s declared, 5 frames decoded, split: fixed (one span); the longest is 0.50 s (0.00-0.50 s), "
+        "shorter than clips.min_s 1"
+    )
+
+
+def test_a_video_smaller_or_narrower_than_the_gate_expects_is_refused_before_decoding(monkeypatch):
+    import tasks.video.process as process
+
+    def no_decoding(*_):
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(process, "signals", no_decoding)
+    tiny = make_video(seconds=1.0, size=(48, 32))
+    row, outs = process.process_video("v", tiny, VideoLimits(), ClipConfig(), min_side=64, max_aspect=4.0)
+    assert (row["reason"], row["width"], outs) == ("video_too_small", 48, [])
+    assert row["detail"] == "48x32 declared: short side below validate.image.min_side 64"
+    # Declared large enough, but its clips are scaled below the minimum by clips.max_side.
+    row, _ = process.process_video(
+        "v", make_video(seconds=1.0, size=(320, 96)), VideoLimits(), ClipConfig(max_side=160), min_side=64
+    )
+    assert row["reason"] == "video_too_small" and "clips 160x48 at clips.max_side 160" in row["detail"]
+    row, _ = process.process_video(
+        "v", make_video(seconds=1.0, size=(400, 80)), VideoLimits(), ClipConfig(), min_side=64, max_aspect=4.0
+    )
+    assert row["reason"] == "aspect_ratio" and row["detail"].startswith("400x80 declared: aspect 5.00")
+
+
+MARK = (0, 255, 0)
+
+
+def _marked(i: int, t: float):
+    img = scene("a", i, SIZE)
+    img[:12, :12] = MARK  # the stored frame's top-left corner, clear of the moving square
+    return img
+
+
+def _corner(img) -> str:
+    """Which corner of an RGB image (rows x columns x 3) holds the green mark."""
+    h, w = img.shape[:2]
+    corners = {
+        "top-left": img[:4, :4],
+        "top-right": img[:4, -4:],
+        "bottom-left": img[-4:, :4],
+        "bottom-right": img[-4:, -4:],
+    }
+    return max(corners, key=lambda k: int(corners[k][..., 1].mean()) - int(corners[k][..., 0].mean()))
+
+
+@pytest.mark.parametrize(
+    ("matrix", "turn", "corner"),
+    [
+        ((0, 1, -1, 0), (90, False), "top-right"),
+        ((-1, 0, 0, -1), (180, False), "bottom-right"),
+        ((0, -1, 1, 0), (270, False), "bottom-left"),
+        ((-1, 0, 0, 1), (0, True), "top-right"),  # mirrored: flipped left to right
+    ],
+)
+def test_clips_and_keyframes_come_out_as_a_player_shows_a_rotated_video(matrix, turn, corner):
+    from video_fixtures import display_matrix
+
+    from tasks.video.process import process_video
+
+    data = display_matrix(make_video(seconds=2.0, fps=FPS, size=SIZE, draw=_marked), *matrix)
+    info = probe(data, VideoLimits()).value
+    assert (info.rotation, info.mirrored, info.width, info.height) == (*turn, *SIZE)
+    shown = SIZE[::-1] if turn[0] in (90, 270) else SIZE
+    row, outs = process_video("v", data, VideoLimits(), ClipConfig(max_s=2.0), side=80)
+    (out,) = outs
+    assert row["clips_kept"] == 1
+    with av.open(io.BytesIO(out.mp4)) as box:
+        frame = next(box.decode(video=0)).to_ndarray(format="rgb24")
+    assert frame.shape[1::-1] == shown
+    assert _corner(frame) == corner
+    keyframe = Image.open(io.BytesIO(out.jpg)).convert("RGB")
+    assert keyframe.size == tuple(round(80 * s / max(SIZE)) for s in shown)
+    assert _corner(np.asarray(keyframe)) == corner

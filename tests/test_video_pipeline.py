@@ -181,6 +181,27 @@ def test_a_manifest_of_videos_is_released_as_clips_with_every_video_accounted_fo
     assert (second[:, :, 0, 0].float().mean(dim=0) > torch.tensor([150.0, 130.0, -1.0])).all()
 
 
+def test_small_and_scene_less_videos_end_as_one_row_each_and_never_fail_the_gate(tmp_path, prefect_api_url):
+    flicker = [("a" if k % 2 == 0 else "b", i) for k in range(6) for i in range(5)]  # six 0.5 s scenes
+    files = {
+        "good.mp4": make_video(seconds=2, fps=10, size=(128, 72)),
+        "tiny.mp4": make_video(seconds=2, fps=10, size=(48, 32)),  # below validate.image.min_side 64
+        "wee.webm": make_video(seconds=2, fps=10, size=(32, 96), container="webm", codec="libvpx-vp9"),
+        "flicker.mp4": make_video(seconds=3, fps=10, size=(128, 72), draw=lambda n, t: scene(*flicker[n], (128, 72))),
+    }
+    names, store = _release(tmp_path, files, prefect_api_url)  # the gate passed: the run released
+    fates = _fates(store, names)
+    assert fates["good.mp4"] == ("ok", None)
+    assert fates["tiny.mp4"] == fates["wee.webm"] == ("rejected", "video_too_small")
+    assert fates["flicker.mp4"] == ("rejected", "video_no_clips")
+    rows = [r for p in (store / "validate").rglob("*.ledger.parquet") for r in pq.read_table(p).to_pylist()]
+    detail = {names[r["row"]]: r["detail"] for r in rows if r["key"] == f"v-{r['row']:09d}"}
+    assert detail["tiny.mp4"] == "48x32 declared: short side below validate.image.min_side 64"
+    assert detail["flicker.mp4"].endswith(
+        "6 scene(s) at clips.scene_threshold 0.2; the longest is 0.50 s (0.00-0.50 s), shorter than clips.min_s 1"
+    )
+
+
 def test_hostile_videos_through_the_cli_end_as_one_row_each_and_the_run_releases_the_rest(tmp_path, prefect_api_url):
     cases = _hostile()
     names, store = _release(tmp_path, {n: d for n, (d, _) in cases.items()}, prefect_api_url, clips="{min_s: 1}")

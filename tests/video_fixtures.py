@@ -6,7 +6,7 @@ import struct
 
 from tasks.demo.videos import make_video, scene
 
-__all__ = ["boxes", "find_box", "make_video", "patch", "scene"]
+__all__ = ["boxes", "display_matrix", "find_box", "make_video", "patch", "scene"]
 
 
 def boxes(data: bytes, start: int = 0, end: int | None = None):
@@ -42,3 +42,15 @@ def patch(data: bytes, offset: int, fmt: str, *values: int) -> bytes:
     buf = bytearray(data)
     struct.pack_into(fmt, buf, offset, *values)
     return bytes(buf)
+
+
+def display_matrix(data: bytes, a: int, b: int, c: int, d: int) -> bytes:
+    """The mp4 with its video track's display matrix (tkhd) set to [a b 0; c d 0; 0 0 1]: a
+    phone's rotation. FFmpeg's muxer no longer writes the ``rotate`` tag as one, so edit it."""
+    off, _ = find_box(data, ["moov", "trak", "tkhd"])
+    version = data[off + 8]
+    # header, version/flags, then times, track id and duration (wider in version 1), then
+    # reserved, layer, group, volume and reserved
+    matrix = off + 8 + 4 + (32 if version == 1 else 20) + 8 + 8
+    one = 1 << 16
+    return patch(data, matrix, ">9i", a * one, b * one, 0, c * one, d * one, 0, 0, 0, 1 << 30)

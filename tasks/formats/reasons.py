@@ -86,7 +86,10 @@ REASONS: dict[str, tuple[str, str]] = {
     "undecodable_image": (REJECTED, "the decoder failed on the bytes, or no decoder for the format"),
     "animated_image": (REJECTED, "an animated image while validate.image.animated is reject"),
     "image_too_small": (REJECTED, "the short side is below validate.image.min_side"),
-    "aspect_ratio": (REJECTED, "long side / short side is above validate.image.max_aspect_ratio"),
+    "aspect_ratio": (
+        REJECTED,
+        "long side / short side (of an image, or of a video's clips, from its declared size) is above validate.image.max_aspect_ratio",
+    ),
     # video (tasks/video/probe.py): all from the container's headers, before a frame is decoded
     "not_a_video": (
         REJECTED,
@@ -106,6 +109,10 @@ REASONS: dict[str, tuple[str, str]] = {
     "video_too_long": (
         REJECTED,
         "declared duration over validate.video.max_duration_s, or declared frames over validate.video.max_frames; never decoded",
+    ),
+    "video_too_small": (
+        REJECTED,
+        "the clips' short side (declared width x height, scaled to validate.video.clips.max_side) is below validate.image.min_side, which the validation gate holds every sample to; never decoded",
     ),
     "video_too_short": (REJECTED, "declared duration below validate.video.min_duration_s (zero, or none declared)"),
     "video_truncated": (

@@ -250,7 +250,17 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
 
     clean = partial(caption_verdict, rules=cfg.caption)
     verdicts = []
-    for r, m, keyframe in judge_video(key, members[ext], meta, row, cfg.video, caption, clean):
+    for r, m, keyframe in judge_video(
+        key,
+        members[ext],
+        meta,
+        row,
+        cfg.video,
+        caption,
+        clean,
+        min_side=cfg.image.min_side,
+        max_aspect=cfg.image.max_aspect_ratio,
+    ):
         # Counted per reason without its payload (duplicate_of:<clip key>).
         if keyframe is not None and r["reason"] is not None and judge.took_thumbnail(r["reason"].split(":", 1)[0]):
             judge.keep_thumbnail(r["key"], keyframe)

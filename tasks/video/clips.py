@@ -165,21 +165,10 @@ def cut(sig: Signals, info: VideoInfo, cfg: ClipConfig, spans: list[tuple[float,
     With ``split: captions`` the clips are cut from ``spans`` (seconds; a caption's time span
     each, clamped to the video), and a clip's ``scene`` is the index of its span.
     """
-    n = len(sig.times)
-    if n == 0:
+    if not len(sig.times):
         return []
-    step = 1.0 / info.fps if info.fps else float(np.median(np.diff(sig.times))) if n > 1 else 0.0
-    ends = sig.times + step
-    if cfg.split == "captions":
-        if spans is None:
-            raise ValueError("split: captions needs the captions' time spans")
-        # A frame belongs to a span when it starts inside it.
-        bounds = [
-            (int(np.searchsorted(sig.times, a - 1e-6)), int(np.searchsorted(sig.times, b - 1e-6))) for a, b in spans
-        ]
-    else:
-        starts = scene_starts(sig, cfg.scene_threshold) if cfg.split == "scenes" else [0]
-        bounds = list(zip(starts, starts[1:] + [n], strict=True))
+    ends = _frame_ends(sig, info)
+    bounds = _bounds(sig, cfg, spans)
     clips: list[Clip] = []
     seen: list[tuple[tuple[int, ...], np.ndarray, int]] = []  # (hashes, frames, index) of kept clips
     for scene, (lo, hi) in enumerate(bounds):
@@ -194,6 +183,55 @@ def cut(sig: Signals, info: VideoInfo, cfg: ClipConfig, spans: list[tuple[float,
                 clips.append(_judge(sig, cfg, len(clips), first, end, scene, float(ends[end - 1]), seen))
             first = end
     return clips
+
+
+def _frame_ends(sig: Signals, info: VideoInfo) -> np.ndarray:
+    """Where each decoded frame ends, in seconds (its start plus one frame)."""
+    n = len(sig.times)
+    step = 1.0 / info.fps if info.fps else float(np.median(np.diff(sig.times))) if n > 1 else 0.0
+    return sig.times + step
+
+
+def _bounds(sig: Signals, cfg: ClipConfig, spans: list[tuple[float, float]] | None) -> list[tuple[int, int]]:
+    """The frames [lo, hi) of every scene (``scenes``), of the whole video (``fixed``) or of every
+    caption span (``captions``): what ``cut`` windows into clips."""
+    if cfg.split == "captions":
+        if spans is None:
+            raise ValueError("split: captions needs the captions' time spans")
+        # A frame belongs to a span when it starts inside it.
+        return [
+            (int(np.searchsorted(sig.times, a - 1e-6)), int(np.searchsorted(sig.times, b - 1e-6))) for a, b in spans
+        ]
+    starts = scene_starts(sig, cfg.scene_threshold) if cfg.split == "scenes" else [0]
+    return list(zip(starts, starts[1:] + [len(sig.times)], strict=True))
+
+
+def no_clips_detail(
+    sig: Signals, info: VideoInfo, cfg: ClipConfig, spans: list[tuple[float, float]] | None = None
+) -> str:
+    """Why ``cut`` found no clip: the video's length, how many scenes (or caption spans) it
+    split into, the longest of them, and ``min_s`` none of them reached."""
+    head = f"{info.duration_s:.2f} s declared"
+    if not len(sig.times):
+        return f"{head}, no frame decoded"
+    ends = _frame_ends(sig, info)
+    bounds = _bounds(sig, cfg, spans)
+    lengths = [float(ends[hi - 1] - sig.times[lo]) if hi > lo else 0.0 for lo, hi in bounds]
+    longest = max(range(len(lengths)), key=lengths.__getitem__) if lengths else None
+    what = {
+        "scenes": f"{len(bounds)} scene(s) at clips.scene_threshold {cfg.scene_threshold:g}",
+        "fixed": "split: fixed (one span)",
+        "captions": f"{len(bounds)} caption span(s)",
+    }[cfg.split]
+    decoded = f"{len(sig.times)} frames decoded"
+    if longest is None:
+        return f"{head}, {decoded}, {what}: nothing to cut"
+    lo, hi = bounds[longest]
+    at = f"{float(sig.times[lo]):.2f}-{float(ends[hi - 1]):.2f} s" if hi > lo else "no frame inside it"
+    return (
+        f"{head}, {decoded}, {what}; the longest is {lengths[longest]:.2f} s ({at}), "
+        f"shorter than clips.min_s {cfg.min_s:g}"
+    )
 
 
 def _judge(sig: Signals, cfg: ClipConfig, index: int, first: int, end: int, scene: int, end_s: float, seen) -> Clip:
@@ -228,11 +266,27 @@ def _judge(sig: Signals, cfg: ClipConfig, index: int, first: int, end: int, scen
     return Clip(index, first, end, start_s, round(end_s, 3), scene, motion, luma, hashes, reason, detail)
 
 
+def display_size(info: VideoInfo) -> tuple[int, int]:
+    """Width and height as a player shows the video (a quarter turn swaps them)."""
+    return (info.height, info.width) if info.rotation in (90, 270) else (info.width, info.height)
+
+
+def orient(img: np.ndarray, info: VideoInfo) -> np.ndarray:
+    """A decoded frame's pixels (rows x columns [x channels]) turned as a player shows them."""
+    turned = np.rot90(img, k=(-info.rotation // 90) % 4) if info.rotation % 360 else img
+    return np.ascontiguousarray(turned[:, ::-1] if info.mirrored else turned)
+
+
+def _turned(info: VideoInfo) -> bool:
+    return bool(info.rotation % 360 or info.mirrored)
+
+
 def clip_size(info: VideoInfo, cfg: ClipConfig) -> tuple[int, int]:
-    """A transcoded clip's width and height: the long side at most ``max_side``, never
-    upscaled, both even (H.264's 4:2:0 needs them so)."""
-    scale = min(1.0, cfg.max_side / max(info.width, info.height))
-    return max(2, int(info.width * scale) // 2 * 2), max(2, int(info.height * scale) // 2 * 2)
+    """A transcoded clip's width and height as a player shows it: the long side at most
+    ``max_side``, never upscaled, both even (H.264's 4:2:0 needs them so)."""
+    width, height = display_size(info)
+    scale = min(1.0, cfg.max_side / max(width, height))
+    return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
 
 
 class _ClipWriter:
@@ -243,6 +297,8 @@ class _ClipWriter:
         import av.video.reformatter
 
         self.w, self.h = clip_size(info, cfg)
+        self.av, self.info, self.turned = av, info, _turned(info)
+        self.to_yuv = av.video.reformatter.VideoReformatter()  # a second one: each keeps its own scaler
         self.scaler = av.video.reformatter.VideoReformatter()  # one per clip, not one per frame
         self.rate = cfg.fps or info.fps or 25.0
         self.source_fps = info.fps or self.rate
@@ -268,7 +324,13 @@ class _ClipWriter:
         t = (i - self.clip.first) / self.source_fps
         if t * self.rate + 1e-6 < self.written:  # a lower output rate drops frames evenly
             return
-        picture = self.scaler.reformat(frame, width=self.w, height=self.h, format="yuv420p")
+        if self.turned:  # scaled as stored, then turned as a player shows it
+            stored = (self.h, self.w) if self.info.rotation in (90, 270) else (self.w, self.h)
+            rgb = self.scaler.reformat(frame, width=stored[0], height=stored[1], format="rgb24").to_ndarray()
+            upright = self.av.VideoFrame.from_ndarray(orient(rgb, self.info), format="rgb24")
+            picture = self.to_yuv.reformat(upright, format="yuv420p")
+        else:
+            picture = self.scaler.reformat(frame, width=self.w, height=self.h, format="yuv420p")
         picture.pts, picture.time_base = self.written, self.tick  # numbered at the output rate
         self.written += 1
         for packet in self.stream.encode(picture):
@@ -303,6 +365,7 @@ def render(
     frame (long side ``side``), by clip index, in one decode pass over the video (clips may
     overlap: caption spans do)."""
     import av
+    from PIL import Image
 
     todo = sorted(clips, key=lambda c: c.first)
     scale = side / max(info.width, info.height)
@@ -332,7 +395,10 @@ def render(
                         writer.add(i, frame)
                     if i == (clip.first + clip.end) // 2:
                         out = io.BytesIO()
-                        frame.to_image(width=size[0], height=size[1]).save(out, "JPEG", quality=85)
+                        image = frame.to_image(width=size[0], height=size[1])
+                        if _turned(info):
+                            image = Image.fromarray(orient(np.asarray(image), info))
+                        image.save(out, "JPEG", quality=85)
                         jpgs[clip.index] = out.getvalue()
         for index, (_, writer) in list(active.items()):
             if writer is not None:

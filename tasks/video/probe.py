@@ -14,8 +14,10 @@ Decisions (tests/test_video_probe.py pins each, on files PyAV writes and on thei
   is whole but whose media data is cut holds fewer packets than the index declares. Packets
   are counted by demuxing (no decoding), which costs a read of the bytes already in memory.
   An index at the end of the file (no "faststart") is a valid file and passes.
-- Rotation (a display matrix in the stream's side data) is reported, not applied: the clip
-  cutter applies it when it decodes.
+- Orientation (a display matrix: every portrait phone video has one) is reported, not applied:
+  the clip cutter turns the frames when it decodes, so clips and keyframes come out as a player
+  shows them. This PyAV exposes the matrix on decoded frames only, not on the stream, so once
+  every limit has passed the probe decodes the first packet for it.
 """
 
 from __future__ import annotations
@@ -74,9 +76,24 @@ class VideoInfo:
     fps: float
     duration_s: float
     frames: int
-    rotation: int
+    rotation: int  # degrees a player turns the frames clockwise: 0, 90, 180 or 270
     audio: bool
     streams: int
+    mirrored: bool = False  # a player then flips them left to right
+
+
+# A display matrix's (a, b, c, d), as signs, to (clockwise degrees, mirrored): frame pixel (x, y)
+# is shown at (a x + c y, b x + d y). Matrices that are not quarter turns are ignored.
+_TURNS: dict[tuple[int, ...], tuple[int, bool]] = {
+    (1, 0, 0, 1): (0, False),
+    (0, 1, -1, 0): (90, False),
+    (-1, 0, 0, -1): (180, False),
+    (0, -1, 1, 0): (270, False),
+    (-1, 0, 0, 1): (0, True),
+    (0, 1, 1, 0): (90, True),
+    (1, 0, 0, -1): (180, True),
+    (0, -1, -1, 0): (270, True),
+}
 
 
 def probe(data: Payload, limits: VideoLimits) -> Ruling[VideoInfo]:
@@ -137,10 +154,16 @@ def _check(box, container: str, limits: VideoLimits) -> Ruling[VideoInfo]:
         return Ruling(
             reason="video_too_short", detail=f"{duration:.3f} s declared (minimum {limits.min_duration_s:g} s)"
         )
-    present = sum(1 for packet in box.demux(video) if packet.size)
+    present, first = 0, None
+    for packet in box.demux(video):
+        if packet.size:
+            present += 1
+            if first is None:
+                first = packet
     if declared and present < declared:
         return Ruling(reason="video_truncated", detail=f"{present} of {declared} declared frames present")
     frames = declared or present
+    rotation, mirrored = _orientation(video, first)
     info = VideoInfo(
         container=container,
         codec=codec,
@@ -149,9 +172,10 @@ def _check(box, container: str, limits: VideoLimits) -> Ruling[VideoInfo]:
         fps=round(fps, 3),
         duration_s=round(duration, 3),
         frames=frames,
-        rotation=_rotation(video),
+        rotation=rotation,
         audio=bool(streams.audio),
         streams=len(streams),
+        mirrored=mirrored,
     )
     return Ruling(value=info)
 
@@ -165,20 +189,22 @@ def _duration(box, video) -> float:
     return 0.0
 
 
-def _rotation(video) -> int:
-    """Degrees a player turns the frames (a display matrix, or the old ``rotate`` tag)."""
-    tag = (video.metadata or {}).get("rotate")
-    if tag is not None:
-        try:
-            return int(float(tag)) % 360
-        except ValueError:
-            return 0
-    side = getattr(video, "side_data", None)
-    if side:
-        for key, value in dict(side).items():
-            if "DISPLAYMATRIX" in str(key).upper():
-                try:
-                    return int(round(float(value))) % 360
-                except (TypeError, ValueError):
-                    return 0
-    return 0
+def _orientation(video, first) -> tuple[int, bool]:
+    """How a player turns the frames (clockwise degrees, then mirrored or not): the first
+    decoded frame's display matrix, else the old ``rotate`` tag; (0, False) when neither."""
+    import numpy as np
+
+    try:
+        decoded = video.codec_context.decode(first) + video.codec_context.decode(None) if first else []
+    except Exception:  # noqa: BLE001 - FFmpeg's errors: the cutter's decode pass refuses the video
+        decoded = []
+    for frame in decoded[:1]:
+        for side in frame.side_data:
+            if "DISPLAYMATRIX" in str(side.type).upper():
+                a, b, _, c, d, *_ = np.frombuffer(memoryview(side), "=i4")[:9].tolist()  # FFmpeg's, native order
+                return _TURNS.get(tuple(int(np.sign(v)) for v in (a, b, c, d)), (0, False))
+    try:
+        degrees = int(float((video.metadata or {}).get("rotate", 0))) % 360
+    except ValueError:
+        return 0, False
+    return (degrees, False) if degrees in (0, 90, 180, 270) else (0, False)

@@ -1,7 +1,8 @@
 """One source video to its ledger rows: a row for the video, a row for every clip cut from it, and the kept clips' files.
 
 Nothing is lost between videos and clips: every video ends as exactly one row (``ok`` with its
-facts and how many clips it gave, or refused with the probe's reason), and every clip as one row
+facts and how many clips it gave, or refused: with the probe's reason, ``video_too_small`` or
+``aspect_ratio`` from its declared size, or ``video_no_clips``), and every clip as one row
 that names its source video's key and its time span (kept, or ``clip_static``, ``clip_black``,
 ``duplicate_of:<clip key>``). A decoder failure after the probe passed refuses the video
 (``undecodable_video``); it never raises out of here.
@@ -14,7 +15,7 @@ from typing import Any
 
 from tasks.formats.reasons import status_of
 from tasks.formats.spooled import Payload
-from tasks.video.clips import Clip, ClipConfig, cut, render, signals
+from tasks.video.clips import Clip, ClipConfig, clip_size, cut, display_size, no_clips_detail, render, signals
 from tasks.video.probe import VideoInfo, VideoLimits, probe
 
 
@@ -38,17 +39,26 @@ def process_video(
     cfg: ClipConfig,
     side: int = 160,
     spans: list[tuple[float, float]] | None = None,
+    min_side: int = 1,
+    max_aspect: float | None = None,
 ) -> tuple[dict[str, Any], list[ClipOut]]:
     """The video's row and its clips (none when the video is refused); each kept clip's
     keyframe (its middle frame) is a JPEG whose long side is ``side``. ``spans``: the captions'
-    time spans, for ``split: captions``."""
+    time spans, for ``split: captions``. ``min_side``, ``max_aspect``: what the validation gate
+    expects of every sample (``validate.image``): a video whose clips would be smaller or
+    narrower is refused from its declared size, before a frame is decoded."""
     ruling = probe(data, limits)
     if ruling.reason is not None or ruling.value is None:
         return _video_row(key, len(data), None, ruling.reason, ruling.detail), []
     info = ruling.value
+    reason, detail = _size_verdict(info, cfg, min_side, max_aspect)
+    if reason is not None:
+        return _video_row(key, len(data), info, reason, detail), []
     try:
         sig = signals(data, info)
         clips = cut(sig, info, cfg, spans)
+        if not clips:
+            return _video_row(key, len(data), info, "video_no_clips", no_clips_detail(sig, info, cfg, spans)), []
         # One more decode pass: every kept clip's mp4, every clip's keyframe (the report shows
         # a refused clip by its keyframe).
         files = render(data, info, clips, cfg, side, encode={c.index for c in clips if c.reason is None})
@@ -57,6 +67,22 @@ def process_video(
         return _video_row(key, len(data), info, "undecodable_video", f"{type(err).__name__}: {err}"), []
     kept = sum(o.row["status"] == "ok" for o in outs)
     return _video_row(key, len(data), info, None, None, clips=len(outs), kept=kept), outs
+
+
+def _size_verdict(
+    info: VideoInfo, cfg: ClipConfig, min_side: int, max_aspect: float | None
+) -> tuple[str | None, str | None]:
+    """``video_too_small`` or ``aspect_ratio`` when the clips' size (the declared one, scaled to
+    ``clips.max_side``) breaks what the gate expects of a sample; (None, None) otherwise."""
+    w, h = clip_size(info, cfg)
+    declared = f"{info.width}x{info.height} declared"
+    if min(w, h) < min_side:
+        scaled = "" if (w, h) == display_size(info) else f", clips {w}x{h} at clips.max_side {cfg.max_side}"
+        return "video_too_small", f"{declared}{scaled}: short side below validate.image.min_side {min_side}"
+    aspect = max(w, h) / min(w, h)
+    if max_aspect is not None and aspect > max_aspect:
+        return "aspect_ratio", f"{declared}: aspect {aspect:.2f} above validate.image.max_aspect_ratio {max_aspect:g}"
+    return None, None
 
 
 def _video_row(

@@ -3,9 +3,9 @@
 What the ledger gets: a video that gave clips is accounted for by its clips' rows, every one
 naming the video (``video``) and its span (``start_s``, ``end_s``), kept or refused
 (``clip_static``, ``clip_black``, ``duplicate_of:<clip key>``); a video that gave none has one
-row of its own with the reason (the probe's, ``video_no_clips``, ``undecodable_video``). So a
-video is never lost between the download ledger, which has its row, and the clips. Every row
-carries what the probe read of its video (``VIDEO_FACTS``: duration, size, frame rate, codec,
+row of its own with the reason (the probe's, ``video_too_small``, ``video_no_clips``,
+``undecodable_video`` ...). So a video is never lost between the download ledger, which has
+its row, and the clips. Every row carries what the probe read of its video (``VIDEO_FACTS``: duration, size, frame rate, codec,
 container; nulls where the probe refused it), for the report's per-video counts.
 """
 
@@ -38,13 +38,18 @@ def judge_video(
     cfg: VideoRules,
     caption: str | None,
     clean: Callable[[str | None], Ruling[str]],
+    *,
+    min_side: int,
+    max_aspect: float,
 ) -> list[tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]]:
     """The (ledger row, members or None, keyframe of a refused clip or None) of every clip of
     the video under ``key``, or of the video alone.
 
     ``meta`` is the downloaded sample's json and ``row`` the ledger row its license and caption
     checks made (source, row, url, license ...); ``caption`` the cleaned caption, or None;
-    ``clean`` the caption rules, for the captions of time spans (``split: captions``).
+    ``clean`` the caption rules, for the captions of time spans (``split: captions``);
+    ``min_side`` and ``max_aspect`` the image rules' (``validate.image``), which the validation
+    gate holds every sample to: a video whose clips would break them is refused unopened.
     """
     segments: list[Segment] | None = None
     if cfg.clips.split == "captions":
@@ -53,9 +58,9 @@ def judge_video(
             return [(_refused(row, read.reason, read.detail), None, None)]
         segments = read.value
     spans = [(s.start, s.end) for s in segments] if segments is not None else None
-    video, clips = process_video(key, data, cfg, cfg.clips, side=cfg.clips.max_side, spans=spans)
-    if video["reason"] is None and not clips:
-        video.update(reason="video_no_clips", detail=f"{video['duration_s']:.2f} s, clips.min_s {cfg.clips.min_s:g}")
+    video, clips = process_video(
+        key, data, cfg, cfg.clips, side=cfg.clips.max_side, spans=spans, min_side=min_side, max_aspect=max_aspect
+    )
     if video["reason"] is not None:
         out = _refused(row, video["reason"], video["detail"])
         out.update(format=video["container"], width=video["width"], height=video["height"], bytes=len(data))
