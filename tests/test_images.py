@@ -561,3 +561,25 @@ def test_reasons_are_registered():
     if missing:
         pytest.skip(f"tasks/formats/reasons.py does not list {missing} yet")
     assert all(REASONS[r][0] == REJECTED for r in images.REASONS)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_an_image_over_pillows_warning_size_is_noted_in_its_row_not_warned(monkeypatch, fmt):
+    # Pillow warns for an image over Image.MAX_IMAGE_PIXELS (and under twice it); the caps decide,
+    # and the accepted image's detail says it was that large: no warning reaches a terminal.
+    import warnings
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 40), (200, 30, 30)).save(buf, fmt)
+    with warnings.catch_warnings(record=True) as seen:
+        got = process_image(buf.getvalue(), ImageRules(min_side=8))
+    assert got.reason is None and got.width == 40
+    assert got.detail == (
+        "40x40 = 1600 px: over Pillow's decompression-bomb warning (1000 px, Image.MAX_IMAGE_PIXELS), "
+        "within validate.image.max_pixels 50000000"
+    )
+    assert not [w for w in seen if issubclass(w.category, Image.DecompressionBombWarning)]
+    # Within the warning size: no note.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)
+    assert process_image(buf.getvalue(), ImageRules(min_side=8)).detail is None

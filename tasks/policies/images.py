@@ -67,6 +67,7 @@ Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from PIL import Image
@@ -88,6 +89,19 @@ from tasks.policies.decoders import (
     webp_info,
 )
 from tasks.policies.sniff import is_truncated, sniff_format
+
+# Pillow warns (DecompressionBombWarning) for an image over Image.MAX_IMAGE_PIXELS and under
+# twice it. The caps below decide about such an image, and its row says it was that large
+# (``_large_note``): a warning from a worker would only reach the terminal, in the middle of the
+# progress lines, naming no row. Installed where images are judged (``_quiet_bomb_warning``), as
+# a test's or a tool's reset of the warning filters would drop one installed at import.
+_BOMB_FILTER = ("ignore", None, Image.DecompressionBombWarning, None, 0)
+
+
+def _quiet_bomb_warning() -> None:
+    if _BOMB_FILTER not in warnings.filters:
+        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
 
 __all__ = ["REASONS", "ImageOutcome", "process_image"]
 
@@ -116,7 +130,8 @@ class ImageOutcome:
 
     Args:
         reason: ``None`` when accepted, else a stable reason from tasks/formats/reasons.py.
-        detail: a short human-readable explanation of a rejection.
+        detail: a short human-readable explanation of a rejection; of an accepted image, a note
+            where there is one (its size over Pillow's decompression-bomb warning).
         data: the re-encoded image (accepted only).
         ext: its extension: ``jpg``, ``png`` or ``webp``.
         width, height: size of ``data``.
@@ -171,8 +186,20 @@ def _over_cap(width: int, height: int, rules: ImageRules) -> str | None:
     return None
 
 
+def _large_note(width: int, height: int, rules: ImageRules) -> str | None:
+    """The note of an accepted image over Pillow's decompression-bomb warning size, or None."""
+    guard = Image.MAX_IMAGE_PIXELS
+    if not guard or width * height <= guard:
+        return None
+    return (
+        f"{width}x{height} = {width * height} px: over Pillow's decompression-bomb warning ({guard} px, "
+        f"Image.MAX_IMAGE_PIXELS), within validate.image.max_pixels {rules.max_pixels}"
+    )
+
+
 def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) -> ImageOutcome:
     """Decide on one image's bytes and, when accepted, re-encode and hash it (see the module docstring)."""
+    _quiet_bomb_warning()
     size = len(data)
     if size < rules.min_bytes:
         return ImageOutcome("file_too_small", f"{size} bytes < min_bytes {rules.min_bytes}")
@@ -285,6 +312,7 @@ def _decide(
     encoded = data if keep else pixels.encode(out, rules.output_format, rules.quality)
     return ImageOutcome(
         None,
+        _large_note(width, height, rules),
         data=encoded,
         ext=OUTPUT_EXT[rules.output_format],
         width=out.width,

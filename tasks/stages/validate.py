@@ -291,6 +291,8 @@ def _judge(
             want_thumb = judge.want_thumbnail(reason)
             if want_thumb:
                 outcome = process_image(members[image_ext], cfg.image, thumbnail=True)
+        elif reason is None:
+            detail = outcome.detail  # a note on an accepted image (its size), if any
     row = _base_row(key, down, spdx, caption, reason, detail)
     thumbnail = None
     if outcome is not None:
