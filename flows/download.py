@@ -27,7 +27,6 @@ from tasks.stages.retry import (
     due_rows,
     next_retry_at,
     read_current,
-    retried_sources,
     retry_chunks,
     task_groups,
     version_paths,
@@ -135,7 +134,7 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
     # The ledgers of finished chunks, read once: their counts, the gate's rows, and which rows
     # are due a retry (a run that retries nothing reads what it read before retries came).
     tables = read_current(storage, [paths[r][1] for r in refs if r in finished])
-    retry_cfg, retrying = recipe.download.retry_failed, retried_sources(recipe)
+    retry_cfg, retrying = recipe.download.retry_failed, set(recipe.fetched_sources)
     vhash = candidate_config_hash(recipe)
     futures, todo_rows, todo_shards = {}, 0, 0
     retries: dict[str, list[RetryJob]] = {}  # by source

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import email.utils
 import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from aiohttp import hdrs, web
+from aiohttp import web
 
 from tasks.demo import ranges
 from tasks.demo.filecache import FileCache, ServedFile
@@ -148,7 +147,7 @@ class Origin(TrackedServer):
         if status is not None:
             return web.Response(status=status, text=f"status {status}\n")
         f = self._files.get(name)
-        if _not_modified(request, f):
+        if ranges.not_modified(request, f):
             with self.lock:
                 self.not_modified[request.path] = self.not_modified.get(request.path, 0) + 1
             return web.Response(status=304, headers=self._headers(f, True))
@@ -171,24 +170,6 @@ class Origin(TrackedServer):
         if self.tdmrep is None:
             raise web.HTTPNotFound(text="no tdmrep.json\n")
         return web.Response(text=json.dumps(self.tdmrep), content_type="application/json")
-
-
-def _not_modified(request: web.Request, f: ServedFile) -> bool:
-    """RFC 9110 13.1: If-None-Match (weak comparison) decides when present, else If-Modified-Since."""
-    match = request.headers.get(hdrs.IF_NONE_MATCH)
-    if match is not None:
-        if match.strip() == "*":
-            return True
-        mine = f.etag.removeprefix("W/")
-        return any(tag.strip().removeprefix("W/") == mine for tag in match.split(","))
-    since = request.headers.get(hdrs.IF_MODIFIED_SINCE)
-    if since is None:
-        return False
-    try:
-        when = email.utils.parsedate_to_datetime(since).timestamp()
-    except (TypeError, ValueError):
-        return False  # an unreadable date is ignored, as RFC 9110 asks
-    return int(f.mtime_ns // 1_000_000_000) <= when
 
 
 class NightWeb:

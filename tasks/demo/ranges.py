@@ -1,7 +1,8 @@
-"""Byte ranges for the loopback web: Range and If-Range answered as RFC 9110 asks, and bodies sent in pieces that can stop short."""
+"""Conditional and byte-range answers for the loopback web: If-None-Match, If-Modified-Since, Range and If-Range as RFC 9110 asks, and bodies sent in pieces that can stop short."""
 
 from __future__ import annotations
 
+import email.utils
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
@@ -89,3 +90,20 @@ async def send(
         return resp
     await resp.write_eof()
     return resp
+
+
+def not_modified(request: web.Request, f: ServedFile) -> bool:
+    """Whether a conditional GET is answered 304 (RFC 9110 13.2.2): If-None-Match decides when
+    present (weak comparison, ``*`` matches), else If-Modified-Since (the file not newer)."""
+    if_none_match = request.headers.get(hdrs.IF_NONE_MATCH)
+    if if_none_match is not None:
+        tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+        return "*" in tags or f.etag.removeprefix("W/") in tags
+    since = request.headers.get(hdrs.IF_MODIFIED_SINCE)
+    if since is None:
+        return False
+    try:
+        when = email.utils.parsedate_to_datetime(since)
+    except (TypeError, ValueError):
+        return False  # an invalid date is ignored (RFC 9110 13.1.3)
+    return when.timestamp() >= f.mtime_ns // 1_000_000_000

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import email.utils
 import os
 import random
 import sys
@@ -198,7 +197,7 @@ class ImageWeb(TrackedServer):
     async def _img(self, request: web.Request, extra: dict[str, str] | None = None) -> web.StreamResponse:
         f = self._file(request.match_info["name"])
         headers = {**ranges.validators(f), **self.img_headers, **(extra or {})}
-        if _not_modified(request, f):
+        if ranges.not_modified(request, f):
             with self.lock:
                 self.not_modified[request.path] += 1
             return web.Response(status=304, headers=headers)
@@ -408,23 +407,6 @@ class ImageWeb(TrackedServer):
         if isinstance(body, int):
             return web.Response(status=body, text=f"status {body}\n")
         return web.Response(body=body.encode() if isinstance(body, str) else body, content_type="application/json")
-
-
-def _not_modified(request: web.Request, f: ServedFile) -> bool:
-    """Whether a conditional GET is answered 304 (RFC 9110 13.2.2): If-None-Match decides when
-    present (weak comparison, ``*`` matches), else If-Modified-Since (the file not newer)."""
-    if_none_match = request.headers.get(hdrs.IF_NONE_MATCH)
-    if if_none_match is not None:
-        tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
-        return "*" in tags or f.etag.removeprefix("W/") in tags
-    since = request.headers.get(hdrs.IF_MODIFIED_SINCE)
-    if since is None:
-        return False
-    try:
-        when = email.utils.parsedate_to_datetime(since)
-    except (TypeError, ValueError):
-        return False  # an invalid date is ignored (RFC 9110 13.1.3)
-    return when.timestamp() >= f.mtime_ns // 1_000_000_000
 
 
 def main(argv: list[str] | None = None) -> int:

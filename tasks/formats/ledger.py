@@ -238,14 +238,22 @@ def read_ledger(storage: Storage, rel: str, columns: list[str] | None = None) ->
 
 
 def read_ledgers(
-    storage: Storage, rels: list[str], columns: list[str] | None = None, missing_ok: bool = False, threads: int = 16
+    storage: Storage,
+    rels: list[str],
+    columns: list[str] | None = None,
+    missing_ok: bool = False,
+    threads: int = 16,
+    optional: list[str] | None = None,
 ) -> dict[str, pa.Table | None]:
     """Many ledgers at once (threads: on object stores each is a request); ``None`` for a
-    missing one when ``missing_ok``."""
+    missing one when ``missing_ok``. ``optional``: columns after ``columns`` that a ledger
+    written before them may lack (nulls then, as ``read_ledger_with``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(rel: str) -> pa.Table | None:
         try:
+            if optional:
+                return read_ledger_with(storage, rel, columns or [], optional)
             return read_parquet(storage, rel, columns)
         except FileNotFoundError:
             if missing_ok:

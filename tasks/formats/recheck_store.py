@@ -7,6 +7,7 @@ import re
 import pyarrow as pa
 
 from tasks.formats.ledger import read_parquet, write_parquet
+from tasks.formats.names import split_version
 from tasks.formats.storage import Storage
 
 # One row per rechecked sample (its latest check): a version is the previous one's rows with
@@ -40,8 +41,7 @@ def chunk_stem(download_ledger: str) -> str:
     """The chunk a download ledger belongs to, as recheck versions name it: the ledger's file
     name without ``.ledger.parquet`` and without a retry version's suffix (``.rNNN-xxxxxxxx``),
     so rechecks of a chunk carry over its retry versions."""
-    name = download_ledger.rsplit("/", 1)[-1].removesuffix(".ledger.parquet")
-    return re.sub(r"\.r\d{3}-[0-9a-f]{8}$", "", name)
+    return split_version(download_ledger.rsplit("/", 1)[-1].removesuffix(".ledger.parquet"))[0]
 
 
 def version_path(dataset: str, source: str, chunk: str, gen: int) -> str:

@@ -104,6 +104,13 @@ class Recipe(Frozen):
         return self
 
     @property
+    def fetched_sources(self) -> list[str]:
+        """The sources whose rows are fetched from their URLs (``kind: manifest``): the ones a later
+        run retries and rechecks. Existing data (shards, parquet, files) was fetched by another
+        tool, which may have re-encoded the bytes, so its URLs do not serve the released ones."""
+        return [s.name for s in self.sources if s.kind == "manifest"]
+
+    @property
     def has_video(self) -> bool:
         """Some source's rows are videos (``media: video``)."""
         return any(s.media == "video" for s in self.sources)

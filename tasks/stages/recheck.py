@@ -156,18 +156,12 @@ class RecheckSummary:
 # --------------------------------------------------------------------------- which rows are due
 
 
-def recheck_sources(recipe: Any) -> list[str]:
-    """Sources whose rows are rechecked: URL manifests. An ingested source's bytes came from a
-    tool that may have re-encoded them, so its URLs' bytes are not the released ones."""
-    return [s.name for s in recipe.sources if s.kind == "manifest"]
-
-
 def released_rows(storage: Storage, recipe: Any, ledgers: list[str], version: str | None) -> pa.Table:
     """The rows of release ``version`` that a recheck can check: ok in the download ``ledgers``
     (the current version of each chunk) of a URL-manifest source, with the chunk (``chunk``),
     the fetch facts (null in older ledgers) and the latest recheck state (``st_*``, null where
     none). With no release (``version`` None), every ok row of those ledgers."""
-    sources = set(recheck_sources(recipe))
+    sources = set(recipe.fetched_sources)
     empty = _released_schema().empty_table()
     if not sources:
         return empty

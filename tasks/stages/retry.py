@@ -8,10 +8,8 @@ import io
 import json
 import os
 import posixpath
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,11 +29,12 @@ from tasks.formats.ledger import (
     VIDEO_LEDGER_SCHEMA,
     Counts,
     read_ledger,
-    read_ledger_with,
+    read_ledgers,
     write_parquet,
 )
 from tasks.formats.ledger import read_parquet as read_table
 from tasks.formats.manifests import ChunkRef, read_chunk
+from tasks.formats.names import split_version
 from tasks.formats.reasons import ERROR, OK, is_transient
 from tasks.formats.recipe_download import DownloadConfig, ValidateConfig
 from tasks.formats.recipe_upkeep import RetryFailed
@@ -52,9 +51,6 @@ from tasks.stages.validate import failed_row as failed_judge
 K = TypeVar("K")
 Pair = tuple[str, str]  # (tar, ledger)
 LEDGER_SUFFIX = ".ledger.parquet"
-# A retry version's stem: the base stem, then ``.r{gen:03d}-{d8}`` (tasks/formats/recheck_store.py
-# strips the same suffix to name a chunk across its versions).
-_VERSION = re.compile(r"^(?P<base>.+)\.r(?P<gen>\d{3})-(?P<d8>[0-9a-f]{8})$")
 # What the download flow reads of every current ledger, once a run: counts, the gate's columns and
 # what decides a retry; the fetch facts are optional (ledgers written before them lack them).
 FLOW_COLUMNS = ["key", "source", "row", "status", "reason", "bytes"]
@@ -110,7 +106,7 @@ def due_rows(table: pa.Table, cfg: RetryFailed, now: datetime) -> list[int]:
     fetches (null: 1), and ``fetched_at + after_hours * 2 ** (fetches - 1) <= now`` (a null
     ``fetched_at`` is due). None when ``cfg.enabled`` is false. The table needs ``row``,
     ``status``, ``reason``, ``fetched_at`` and ``fetches`` (``read_current``). Only rows of URL
-    manifests may be retried: the caller passes only their ledgers (``retried_sources``)."""
+    manifests may be retried: the caller passes only their ledgers (``Recipe.fetched_sources``)."""
     eligible, due = _due_times(table, cfg)
     mask = eligible & (due <= _micros(now))
     if not mask.any():
@@ -129,38 +125,15 @@ def next_retry_at(table: pa.Table, cfg: RetryFailed) -> datetime | None:
     return _EPOCH if not np.isfinite(first) else _EPOCH + timedelta(microseconds=round(first))
 
 
-def retried_sources(recipe: Any) -> set[str]:
-    """The sources whose rows a later run may fetch again: URL manifests (never existing data)."""
-    return {s.name for s in recipe.sources if s.kind == "manifest"}
-
-
-def read_current(storage: Storage, rels: list[str], threads: int = 16) -> dict[str, pa.Table | None]:
+def read_current(storage: Storage, rels: list[str]) -> dict[str, pa.Table | None]:
     """``FLOW_COLUMNS`` and the fetch facts that decide a retry (``DUE_FACTS``, nulls where a
-    ledger predates them) of each ledger; ``None`` for a missing one. Threads, as
-    ``tasks.formats.ledger.read_ledgers``: on object stores each read is a request."""
-
-    def one(rel: str) -> pa.Table | None:
-        try:
-            return read_ledger_with(storage, rel, FLOW_COLUMNS, DUE_FACTS)
-        except FileNotFoundError:
-            return None
-
-    unique = list(dict.fromkeys(rels))
-    if len(unique) <= 1:
-        return {rel: one(rel) for rel in unique}
-    with ThreadPoolExecutor(max_workers=min(threads, len(unique))) as pool:
-        return dict(zip(unique, pool.map(one, unique)))
+    ledger predates them) of each ledger; ``None`` for a missing one."""
+    return read_ledgers(storage, rels, FLOW_COLUMNS, missing_ok=True, optional=DUE_FACTS)
 
 
 # ---------------------------------------------------------------------------------------------
 # Versions of a chunk
 # ---------------------------------------------------------------------------------------------
-
-
-def split_version(stem: str) -> tuple[str, int]:
-    """(base stem, generation) of a download stem: generation 0 for the base, N for ``.rNNN-xxxxxxxx``."""
-    m = _VERSION.match(stem)
-    return (m["base"], int(m["gen"])) if m else (stem, 0)
 
 
 def version_paths(previous: Pair, rows: Iterable[int]) -> Pair:
@@ -188,9 +161,12 @@ def current_versions(bases: dict[K, Pair], listed: dict[str, set[str]], ledger_o
     for folder, names in listed.items():
         by_base = found.setdefault(folder, {})
         for name in names:
-            m = _VERSION.match(name.removesuffix(LEDGER_SUFFIX)) if name.endswith(LEDGER_SUFFIX) else None
-            if m is not None:
-                by_base.setdefault(m["base"], []).append((int(m["gen"]), m.group(0)))
+            if not name.endswith(LEDGER_SUFFIX):
+                continue
+            stem = name.removesuffix(LEDGER_SUFFIX)
+            base, gen = split_version(stem)
+            if gen:
+                by_base.setdefault(base, []).append((gen, stem))
     out: dict[K, Pair] = {}
     for key, (tar, ledger) in bases.items():
         folder, names = posixpath.dirname(ledger), listed.get(posixpath.dirname(ledger), set())
