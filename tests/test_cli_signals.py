@@ -115,8 +115,10 @@ from tasks.formats.storage import Storage
 fs.STOP_GRACE_S = 1.0
 with fs.stop_on_signals(fs.Session("local")):
     with RunLock(Storage(sys.argv[1]), "ds", "stuck"):
-        print("held", flush=True)
         try:
+            # Said inside the try: the test's SIGINT may come as soon as it reads this line, and
+            # one that came before the try would end the run cleanly, not leave it stuck.
+            print("held", flush=True)
             time.sleep(600)
         except KeyboardInterrupt:  # a stop that never gets to release the lock
             while True:
