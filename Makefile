@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: setup demo examples docs test lint system-deps bench-download energon-venv clean
+.PHONY: setup demo examples docs test gpu-check lint system-deps bench-download energon-venv clean
 ENERGON := .bench/energon-venv
 
 # uv installs what pip would, a few times faster (tools/install.py hands it pip's configuration);
@@ -48,6 +48,12 @@ lint: setup
 
 test: setup $(ENERGON)/.installed
 	$(VENV)/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder --durations=25
+
+# On a machine with a GPU: every gpu-marked test and the GPU modes of the precache, curation and
+# clip-decode benchmarks, in under ten minutes, all into .bench/gpu-check/results.md
+# (tools/gpu_check.py). Without a GPU it says so in one line and succeeds.
+gpu-check: setup
+	$(VENV)/bin/python tools/gpu_check.py
 
 # Debian packages the browser check (headless Chromium driven by chromedriver) and the
 # PostgreSQL check of tests/test_deployments.py need. .ci/run installs them (CI runs as root

@@ -7,7 +7,7 @@ import contextlib
 import datetime as dt
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -29,7 +29,6 @@ from harness.tools import (
     I2D_RESIZE_MODE,
     I2D_TIMEOUT_S,
     REPO,
-    ToolRun,
     add_tool_flags,
     ensure_img2dataset,
     first_image_size,
@@ -40,7 +39,7 @@ from harness.tools import (
     summary,
     write_recipe,
 )
-from web_report import report
+from web_report import Run, report
 
 SCENARIOS = ("validate", "faulty", "download", "fixed")
 FAULT_KINDS = ("404", "500", "slow", "timeout", "truncated", "corrupt", "html", "empty")
@@ -183,20 +182,6 @@ def write_faulty_manifest(
 
 
 # ------------------------------------------------------------------------------------ runs
-
-
-@dataclass
-class Run(ToolRun):
-    """A run of a scenario. Its ``cpu_s`` includes a pre-started Prefect server's CPU meanwhile;
-    ``prefect_cpu_s`` is that server's share of it (sampled when embedded in the CLI)."""
-
-    scenario: str = ""
-    reshard_s: float | None = None
-    reasons: dict[str, int] = field(default_factory=dict)
-    by_kind: dict[str, list[int]] = field(default_factory=dict)  # img2dataset, faulty: kind -> [ok, rows]
-    first_size: tuple[int, int] | None = None
-    disk_mb: float | None = None  # what the run left on disk: shards, ledgers, reports (logs apart)
-    error: str | None = None
 
 
 class Roles:

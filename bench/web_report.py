@@ -1,19 +1,30 @@
-"""bench_web.py's report: tables per run and per tool, ratios against issue 13's targets, fixed costs."""
+"""bench_web.py's runs and their report: tables per run and per tool, ratios against issue 13's targets, fixed costs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from harness.report import fmt, med, ratio, table
-from harness.tools import I2D_REQUIREMENT, I2D_TIMEOUT_S, spread
-
-if TYPE_CHECKING:
-    from bench_web import Run
+from harness.tools import I2D_REQUIREMENT, I2D_TIMEOUT_S, ToolRun, spread
 
 TARGET_RATE = 1.5  # shardsmith / img2dataset samples/s, at least
 TARGET_CPU = 0.67  # shardsmith / img2dataset CPU s per 1,000 accepted samples, at most
 TARGET_SMALL_S = 15.0  # a 20-row manifest end to end, wall
 TARGET_NOOP_S = 10.0  # rerunning committed work (and re-checking it before a reshard), wall
+
+
+@dataclass
+class Run(ToolRun):
+    """A run of a scenario. Its ``cpu_s`` includes a pre-started Prefect server's CPU meanwhile;
+    ``prefect_cpu_s`` is that server's share of it (sampled when embedded in the CLI)."""
+
+    scenario: str = ""
+    reshard_s: float | None = None
+    reasons: dict[str, int] = field(default_factory=dict)
+    by_kind: dict[str, list[int]] = field(default_factory=dict)  # img2dataset, faulty: kind -> [ok, rows]
+    first_size: tuple[int, int] | None = None
+    disk_mb: float | None = None  # what the run left on disk: shards, ledgers, reports (logs apart)
+    error: str | None = None
 
 
 def _ok(runs: list[Run]) -> list[Run]:

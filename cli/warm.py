@@ -2,7 +2,7 @@
 
 A small run is mostly start-up: Prefect's client and server, Dask's cluster, Great Expectations
 and the flows take seconds to import and start, the run itself less. The first ``shardsmith
-run`` starts a warm service (``flows/warm.py``) that keeps them: a Prefect server, a Dask
+run`` starts a warm service (``cli/warm_service.py``) that keeps them: a Prefect server, a Dask
 cluster and a process with every module imported, which forks a child per command. The
 child runs this very CLI on the command's arguments, environment, working directory and
 standard streams (passed over a Unix socket), so a run through the service behaves and prints
@@ -128,7 +128,7 @@ def _alive(pid_path: Path) -> bool:
     except (OSError, ValueError):
         return False
     try:
-        return b"flows.warm" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"cli.warm_service" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc (macOS): the pid alone
 
@@ -157,7 +157,7 @@ def start_service(env: dict[str, str]) -> bool:
             sock_path.unlink()  # a service that died without removing it
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "flows.warm", str(sock_path)],
+                [sys.executable, "-m", "cli.warm_service", str(sock_path)],
                 env={**service_env(env), IDLE_ENV: env.get(IDLE_ENV, str(DEFAULT_IDLE_S))},
                 stdin=subprocess.DEVNULL,
                 stdout=log,

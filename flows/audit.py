@@ -74,8 +74,10 @@ def phase_record(
     shards: int | None = None,
     packing: dict[str, Any] | None = None,
     timings: dict[str, float] | None = None,
+    skipped: bool = False,
 ) -> PhaseRecord:
-    """A phase's entry in the run record, from its counts, ledger and gate."""
+    """A phase's entry in the run record, from its counts, ledger and gate (``skipped``: every
+    shard was done by an earlier run)."""
     return PhaseRecord(
         phase=phase,
         rows=counts.rows,
@@ -93,6 +95,7 @@ def phase_record(
         shards=shards,
         packing=packing,
         timings=timings,
+        skipped=skipped,
     )
 
 

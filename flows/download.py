@@ -272,7 +272,16 @@ def download_flow(recipe: Recipe, run: RunRecord, fuse_validation: bool = False)
         [r.ledger for r in results], (manifest_rows, recipe.gates.download),
         lambda: download_gate(ledger, manifest_rows, recipe.gates.download),
     )  # fmt: skip
-    ph.record(counts, ledger, summary.samples_per_s, gate, links, seconds=seconds, shards=summary.shards)
+    ph.record(
+        counts,
+        ledger,
+        summary.samples_per_s,
+        gate,
+        links,
+        seconds=seconds,
+        shards=summary.shards,
+        skipped=summary.skipped,
+    )
     # gather_all has set the progress to 100 %.
     ph.close(gate, why="; ".join(p.note for p in plans if p.note), done=False)
     return summary, ph.run

@@ -7,7 +7,7 @@ from prefect import task
 
 from flows.curate import CurateSummary
 from flows.finetune_release import release_finetune
-from flows.phase import Phase, phase_flow
+from flows.phase import Phase, all_skipped, phase_flow
 from flows.validate import ValidateSummary
 from tasks.audit.download_summary import DownloadSummary
 from tasks.audit.runrecord import RunRecord
@@ -115,7 +115,16 @@ def finetune_flow(
     )
     packs = pack_ledger(outputs)
     fresh_packs = ph.rate(sum(len(o.packs) for o in outputs if not o.skipped))
-    ph.record(Counts.of(packs), packs, fresh_packs, gate, ph.links(gate), name="reshard", shards=len(outputs))
+    ph.record(
+        Counts.of(packs),
+        packs,
+        fresh_packs,
+        gate,
+        ph.links(gate),
+        name="reshard",
+        shards=len(outputs),
+        skipped=all_skipped(outputs),
+    )
     ph.close(gate, done=False)
 
     ledger, samples, report = final_tables(rows, plan, outputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy as _copy
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -172,6 +172,13 @@ def task_options(recipe: Recipe) -> dict[str, Any]:
 # after walking every field of every shard result.
 
 
+def all_skipped(*groups: Iterable[Any]) -> bool:
+    """Whether a phase had shards and an earlier run had done every one (each result's
+    ``skipped``): it did nothing now, so its summaries say ``skipped`` instead of a rate."""
+    results = [r for group in groups for r in group]
+    return bool(results) and all(r.skipped for r in results)
+
+
 class Phase:
     """One run of a phase flow: what every phase does around its own tasks, written once.
 
@@ -237,12 +244,14 @@ class Phase:
         shards: int | None = None,
         packing: dict[str, Any] | None = None,
         timings: dict[str, float] | None = None,
+        skipped: bool = False,
     ) -> PhaseRecord:
         """Add the phase's entry (``name``: another than the phase's own) to the run record;
-        ``shards``, ``packing`` and ``timings`` as ``PhaseRecord`` takes them."""
+        ``shards``, ``packing``, ``timings`` and ``skipped`` (:func:`all_skipped`) as
+        ``PhaseRecord`` takes them."""
         seconds = self.seconds if seconds is None else seconds
         entry = phase_record(
-            name or self.name, counts, ledger, seconds, samples_per_s, gate, links, shards, packing, timings
+            name or self.name, counts, ledger, seconds, samples_per_s, gate, links, shards, packing, timings, skipped
         )
         self.run = self.run.with_phase(entry)
         return entry

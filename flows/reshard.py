@@ -11,7 +11,7 @@ import pyarrow as pa
 from prefect import task
 
 from flows.curate import CurateSummary
-from flows.phase import Phase, phase_flow
+from flows.phase import Phase, all_skipped, phase_flow
 from flows.runtime import default_workers
 from flows.validate import ValidateSummary
 from tasks.audit.download_summary import DownloadSummary
@@ -174,6 +174,7 @@ def reshard_flow(
         links,
         seconds=seconds,
         shards=len(outputs),
+        skipped=all_skipped(outputs),
     )
     ph.close(gate)
     timings["report"] = time.perf_counter() - mark

@@ -175,7 +175,7 @@ def early_server() -> LocalServer | None:
     profile is seen later, by :class:`flows.session.Session`, which stops this server unused.
     """
     if os.environ.get("PREFECT_API_URL") or os.environ.get("SHARDSMITH_WARM_API"):
-        return None  # a configured server, or the warm service's (flows/warm.py)
+        return None  # a configured server, or the warm service's (cli/warm_service.py)
     return LocalServer().start()
 
 

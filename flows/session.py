@@ -23,7 +23,7 @@ from flows.runtime import (
     startup_timeout,
     worker_env,
 )
-from flows.warm import API_ENV, CLUSTER_ENV, scheduler_address
+from flows.warm_cluster import API_ENV, CLUSTER_ENV, scheduler_address
 
 
 class Session:
@@ -54,7 +54,7 @@ class Session:
                 server.stop()
         if configured:
             self.api_url = str(configured)
-        elif warm_api:  # the warm service's server (flows/warm.py): waited for, never stopped here
+        elif warm_api:  # the warm service's server (cli/warm_service.py): waited for, never stopped here
             self.server = LocalServer.at(warm_api)
             self.api_url = warm_api
         else:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from prefect import task
 
-from flows.phase import Phase, phase_flow
+from flows.phase import Phase, all_skipped, phase_flow
 from tasks.audit.download_summary import DownloadSummary
 from tasks.audit.runrecord import RunRecord
 from tasks.audit.validate_samples import gate_samples, report_samples
@@ -187,6 +187,7 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
         links,
         seconds=seconds,
         shards=summary.shards,
+        skipped=all_skipped(cands, results),
     )
     summary.report = ph.close(gate, samples)
     ph.logger.info(

@@ -3,7 +3,11 @@
 It starts a local cluster as a run would (flows.runtime.start_cluster: one worker per core, our
 worker settings and preload), writes the scheduler's address to ``FILE`` (written whole, then
 renamed: a reader sees it complete or not at all) and keeps the cluster until SIGTERM or until
-the process ``PARENT`` (the warm service) is gone.
+the process ``PARENT`` (the warm service, ``cli/warm_service.py``) is gone.
+
+Also what a run forked by the warm service reads to find the service's server and cluster
+(flows/session.py): the variables the service sets in its children, and the scheduler's address
+once this process has written it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,26 @@ import sys
 import time
 
 POLL_S = 0.5
+# Set by the warm service in each command it forks: its Prefect API, and the file that holds
+# its cluster's scheduler address.
+API_ENV = "SHARDSMITH_WARM_API"
+CLUSTER_ENV = "SHARDSMITH_WARM_CLUSTER"
+
+
+def scheduler_address(path: str, timeout: float) -> str:
+    """The warm cluster's scheduler address, once :func:`main` has written it (whole, then
+    renamed into place)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the warm service's Dask cluster did not start within {timeout:.0f} s ({path})"
+                ) from None
+            time.sleep(0.05)
 
 
 def main(argv: list[str]) -> None:

@@ -71,6 +71,11 @@ execution: {{cluster: local, workers: 1}}
     assert out["download"]["shards_skipped"] == out["download"]["shards"]
     assert out["reshard"]["samples"] == 4 and out["reshard"]["outputs"][0]["layout"]["rows"] == 4
     assert len(list((tmp_path / "store" / "again" / "reports").iterdir())) == 3
+    # Its download and validate did nothing now: their rows say "skipped", not 0 samples/s.
+    latest = max((tmp_path / "store" / "again" / "reports").glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+    phases = {p["phase"]: p for p in json.loads(latest.read_text())["phases"]}
+    assert phases["download"].get("skipped") is True and phases["validate"].get("skipped") is True, phases
+    assert "skipped" not in phases["reshard"] and phases["reshard"]["samples_per_s"] > 0
 
 
 def test_the_tasks_ahead_cap_the_workers_a_run_starts(tmp_path):

@@ -584,3 +584,46 @@ def test_curation_section_shows_scores_deciles_and_duplicate_groups():
     assert figs == [("a", ""), ("b", "semantic_duplicate")]
     assert "cos 0.97" in group and "&lt;b&gt;a red cat&lt;/b&gt;" in group and "no image" in group
     assert 'data-score="alignment" data-removed="1"' in page and 'data-reason="low_alignment"' in page
+
+
+@pytest.mark.parametrize(
+    ("low", "high"),
+    [(0.1, 0.5), (0.45, None), (None, 0.1), (0.5, 0.1), (0.3, 0.31)],
+    ids=["at-both-edges", "low-at-the-right-edge", "high-at-the-left-edge", "crossed", "close-together"],
+)
+def test_a_curation_plot_is_titled_once_and_keeps_its_cut_labels_inside(low, high):
+    """The Prefect UI's score plots: "alignment (n=3)", never "(n=3) (n=3)", and each cut's
+    label whole inside the SVG however near an edge its cut stands ("low cut 0.45", not "ow cut")."""
+    import xml.etree.ElementTree as ET
+
+    from tasks.audit.curation_views import CUT_CHAR_W
+    from tasks.audit.report import plot_svgs
+
+    svg_ns = "{http://www.w3.org/2000/svg}"
+    score = {"name": "alignment", "n": 3, "mean": 0.3, "values": [0.1, 0.3, 0.5], "rule": "", "removed": 0}
+    data = {
+        "model": "ab" * 32,
+        "samples": 3,
+        "scores": [{**score, "low": low, "high": high}],
+        "deciles": {},
+        "groups": [],
+    }
+    thumbs = pa.table({"key": pa.array([], pa.string()), "caption": pa.array([], pa.string())})
+    thumbs = thumbs.append_column("thumbnail", pa.array([], pa.binary()))
+    svg = plot_svgs({"phases": []}, None, curation=(data, thumbs))["curation-alignment"]
+    root = ET.fromstring(svg)
+    texts = [e.text or "" for e in root.iter(f"{svg_ns}text")]
+    assert "alignment (n=3)" in texts and "(n=3) (n=3)" not in svg
+    width = float(root.get("width"))
+    labels = [e for e in root.iter(f"{svg_ns}text") if e.get("class") == "cut-label"]
+    wanted = [f"{side} cut {v:g}" for side, v in (("low", low), ("high", high)) if v is not None]
+    assert [e.text for e in labels] == wanted
+    spans = []
+    for e in labels:
+        x, w = float(e.get("x")), CUT_CHAR_W * len(e.text)
+        start = x - w if e.get("text-anchor") == "end" else x
+        assert 0 <= start and start + w <= width, (e.text, start, width)
+        spans.append((float(e.get("y")), start, start + w))
+    if len(spans) == 2:  # two labels never overwrite each other
+        (y0, a0, b0), (y1, a1, b1) = spans
+        assert y0 != y1 or b0 <= a1 or b1 <= a0

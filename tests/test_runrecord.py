@@ -136,3 +136,38 @@ def test_text_and_markdown_format_the_same_rows():
     assert table in run_summary(run, None, {}).splitlines()
     failed = dataclasses.replace(summary_rows(run)[0], gate="FAIL", phase="a|b")
     assert summary_table([failed], ["ds"])[-1] == "| ds | a\\|b | 10 | 7 | 2 | 1 | 3 | 1.5 | 4.7 | **FAIL** |"
+
+
+def test_a_phase_that_did_nothing_now_says_skipped_not_a_rate(tmp_path):
+    """A rerun whose shards were all done before has no rate: every summary (the terminal, the
+    run's markdown, the phase's Prefect artifact, the HTML report) says "skipped", not "0"."""
+    from tasks.audit.phase_markdown import phase_markdown
+    from tasks.audit.report import render_html
+    from tasks.audit.report_web import Link
+
+    skipped = dataclasses.replace(download(), samples_per_s=0.0, skipped=True)
+    run = record().with_phase(skipped)
+    (row,) = summary_rows(run)
+    assert row.skipped
+    assert row_text(row) == "download: 10 rows, 7 ok, 2 rejected, 1 error (3 shards, 1.5 s, skipped, gate PASS)"
+    table = "| download | 10 | 7 | 2 | 1 | 3 | 1.5 | skipped | PASS |"
+    assert table in run_summary(run, None, {}).splitlines()
+    assert table in phase_markdown(run, skipped, Link("/r/report.html", False, "serve it")).splitlines()
+    page = render_html(run, None)
+    assert '<td class="num" data-col="samples_per_s">skipped</td>' in page
+    assert "1.5 s, skipped" in page and "0 samples/s" not in page
+    # run.json holds it only when true: a phase that did work is written as it always was.
+    assert skipped.to_json()["skipped"] is True and "skipped" not in download().to_json()
+    write_report(Storage(str(tmp_path)), "r", run, None)
+    back, _ = load_run(Storage(str(tmp_path)), "r")
+    assert phase_records(back)[0] == dataclasses.replace(skipped, shards=None)
+    # The download phase's own summary, written before its gate.
+    from tasks.audit.download_summary import DownloadSummary, summary_markdown
+    from tasks.formats.ledger import Counts
+
+    done = DownloadSummary("demo", "r", "/data", 2, 2, [], Counts.zero(), 0.2, 0.0, 0.0)
+    assert done.skipped and "| download | 0 | 0 | 0 | 0 | 2 | 0.2 | skipped | not yet |" in summary_markdown(done)
+    assert not dataclasses.replace(done, shards_skipped=1).skipped
+    # A phase that did work at a rate that rounds to 0 still says 0.
+    (slow,) = summary_rows(record().with_phase(dataclasses.replace(download(), samples_per_s=0.0)))
+    assert "1.5 s, 0 samples/s" in row_text(slow)

@@ -18,6 +18,11 @@ CURATION_THUMBS = "curation-thumbs.parquet"
 PER_DECILE = 3  # samples shown per decile of each score
 GROUPS = 12  # duplicate groups shown
 THUMB_SIDE = 112
+# A cut's label (font-size 10 in plots.svg.j2): an upper bound of its characters' width, its
+# gap to the cut's line and to the plot's edge, and the lines between two cuts' labels.
+CUT_CHAR_W = 6.0
+CUT_GAP = 3.0
+CUT_LINE = 12
 
 
 def _thumbnail(data: bytes, side: int = THUMB_SIDE) -> bytes | None:
@@ -191,6 +196,20 @@ def read_curation(storage: Storage, rel_dir: str) -> tuple[dict[str, Any], pa.Ta
     return json.loads(storage.read_bytes(rel)), read_parquet(storage, f"{rel_dir}/{CURATION_THUMBS}")
 
 
+def _cut_label(x: float, text: str, width: float, side: str) -> dict[str, Any]:
+    """Where a cut's label stands: beside its line, on the side of what the cut keeps (a low
+    cut's label to its right, a high cut's to its left), and on the other side where that side
+    has no room, so that the whole label stays inside the plot's ``width``."""
+    w = CUT_CHAR_W * len(text)
+    right_fits = x + CUT_GAP + w <= width - CUT_GAP
+    left_fits = x - CUT_GAP - w >= CUT_GAP
+    if (side == "low" and right_fits) or (side != "low" and not left_fits and right_fits):
+        return {"label_x": f"{x + CUT_GAP:.2f}", "anchor": "start"}
+    if left_fits:
+        return {"label_x": f"{x - CUT_GAP:.2f}", "anchor": "end"}
+    return {"label_x": f"{CUT_GAP:.2f}", "anchor": "start"}  # wider than either side: from the edge
+
+
 def curation_view(curation: tuple[dict[str, Any], pa.Table] | None) -> dict[str, Any] | None:
     """The report template's curation section: histograms with cuts, decile strips, groups."""
     from tasks.audit.report_views import _histogram, fmt_num
@@ -211,18 +230,20 @@ def curation_view(curation: tuple[dict[str, Any], pa.Table] | None) -> dict[str,
 
     scores = []
     for s in data["scores"]:
-        h = _histogram(s["name"], f"{s['name']} (n={s['n']})", np.array(s["values"], dtype=float), False)
+        # The title is the score's name: a standalone plot adds the count itself (plots.svg.j2).
+        h = _histogram(s["name"], s["name"], np.array(s["values"], dtype=float), False)
         if s["n"]:
             lo, hi = float(h["bars"][0]["lo"]), float(h["bars"][-1]["hi"])
             span = (hi - lo) or 1.0
-            h["cuts"] = [
-                {
-                    "x": f"{h['left'] + (h['right'] - h['left']) * (min(max(v, lo), hi) - lo) / span:.2f}",
-                    "text": f"{side} cut {fmt_num(v)}",
-                }
-                for side, v in (("low", s["low"]), ("high", s["high"]))
-                if v is not None
-            ]
+            h["cuts"] = []
+            for side, v in (("low", s["low"]), ("high", s["high"])):
+                if v is None:
+                    continue
+                x = h["left"] + (h["right"] - h["left"]) * (min(max(v, lo), hi) - lo) / span
+                text = f"{side} cut {fmt_num(v)}"
+                # one line per cut, so a low and a high cut close together do not overwrite each other
+                y = h["top"] + 2 + CUT_LINE * len(h["cuts"])
+                h["cuts"].append({"x": f"{x:.2f}", "text": text, "y": y, **_cut_label(x, text, h["width"], side)})
         deciles = [
             {
                 **d,

@@ -41,11 +41,25 @@ class DownloadSummary:
     rows_recovered: int = 0
     next_retry_at: datetime | None = None
 
+    @property
+    def skipped(self) -> bool:
+        """Every shard was downloaded by an earlier run: nothing was fetched now."""
+        return self.shards > 0 and self.shards_skipped == self.shards
+
     def row(self) -> SummaryRow:
         """The phase's summary row; written before its gate is judged (``gate``: not yet)."""
         c = self.counts
         return SummaryRow(
-            "download", self.shards, c.rows, c.ok, c.rejected, c.error, self.samples_per_s, "not yet", self.seconds
+            "download",
+            self.shards,
+            c.rows,
+            c.ok,
+            c.rejected,
+            c.error,
+            self.samples_per_s,
+            "not yet",
+            self.seconds,
+            self.skipped,
         )
 
 

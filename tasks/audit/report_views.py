@@ -198,7 +198,10 @@ def phase_view(p: dict) -> dict:
     speed = []
     if p.get("seconds") is not None:
         speed.append(f"{fmt_num(p.get('seconds'))} s")
-    if p.get("samples_per_s") is not None:
+    skipped = p.get("skipped") is True  # every shard done before: no rate (runrecord.PhaseRecord)
+    if skipped:
+        speed.append("skipped")
+    elif p.get("samples_per_s") is not None:
         speed.append(f"{fmt_num(p.get('samples_per_s'))} samples/s")
     reason_rows = []
     for g, n in group_reasons(p.get("by_reason")).items():
@@ -240,7 +243,7 @@ def phase_view(p: dict) -> dict:
         "counts": {**counts, "rows": total},
         "shares": {**{s: _share(n, total) for s, n in counts.items()}, "rows": "100.0%" if total else "n/a"},
         "seconds": fmt_num(p.get("seconds")),
-        "samples_per_s": fmt_num(p.get("samples_per_s")),
+        "samples_per_s": "skipped" if skipped else fmt_num(p.get("samples_per_s")),
         "speed": ", ".join(speed),
         "bar": status_bar(counts, total),
         "reasons": reason_rows,

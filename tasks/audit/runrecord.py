@@ -33,6 +33,8 @@ class PhaseRecord:
             whose format the releases made so far hold.
         packing: fine-tuning's packing statistics (default None: not recorded).
         timings: precache's seconds per step (default None: not recorded).
+        skipped: every shard of the phase was done by an earlier run, so it did nothing now and
+            its rate says nothing (default False; run.json holds it only when True).
     """
 
     phase: str
@@ -50,11 +52,14 @@ class PhaseRecord:
     shards: int | None = None
     packing: Mapping[str, Any] | None = None
     timings: Mapping[str, float] | None = None
+    skipped: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The entry as run.json holds it (``shards`` is not in it)."""
         out = {key: getattr(self, key) for key in _PHASE_KEYS}
         out.update({key: getattr(self, key) for key in _OPTIONAL_PHASE_KEYS if getattr(self, key) is not None})
+        if self.skipped:
+            out["skipped"] = True
         return out
 
     @classmethod
@@ -75,6 +80,7 @@ class PhaseRecord:
             links=_mapping(data.get("links")),
             packing=data["packing"] if isinstance(data.get("packing"), Mapping) else None,
             timings=data["timings"] if isinstance(data.get("timings"), Mapping) else None,
+            skipped=data.get("skipped") is True,
         )
 
 
@@ -183,6 +189,8 @@ class SummaryRow:
         gate: ``PASS``, ``FAIL``, ``none`` (no gate recorded), or ``not yet`` where a summary
             is written before its gate is judged.
         seconds: wall seconds, or None.
+        skipped: the phase did nothing now (every shard done before): no rate to show
+            (default False).
     """
 
     phase: str
@@ -194,6 +202,7 @@ class SummaryRow:
     samples_per_s: float | None
     gate: str
     seconds: float | None
+    skipped: bool = False
 
 
 def summary_rows(run: RunView) -> list[SummaryRow]:
@@ -204,7 +213,7 @@ def summary_rows(run: RunView) -> list[SummaryRow]:
 def summary_row(p: PhaseRecord) -> SummaryRow:
     """A phase's summary row."""
     counts = (p.rows, p.ok, p.rejected, p.error)
-    return SummaryRow(p.phase, p.shards, *counts, p.samples_per_s, gate_word(p.gate), p.seconds)
+    return SummaryRow(p.phase, p.shards, *counts, p.samples_per_s, gate_word(p.gate), p.seconds, p.skipped)
 
 
 def gate_word(gate: Mapping[str, Any] | None) -> str:
@@ -230,8 +239,10 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 
 # The columns of a summary row in a table, and the cells of one row (numbers for people;
-# "-" where the record does not say). Markdown tables escape the cells themselves.
+# "-" where the record does not say; "skipped" for the rate of a phase that did nothing now).
+# Markdown tables escape the cells themselves.
 SUMMARY_COLUMNS = ("phase", "rows", "ok", "rejected", "error", "shards", "seconds", "samples/s", "gate")
+SKIPPED = "skipped"
 
 
 def row_cells(row: SummaryRow) -> list[str]:
@@ -242,7 +253,8 @@ def row_cells(row: SummaryRow) -> list[str]:
         return "-" if x is None else fmt_num(x)
 
     counts = [fmt_int(n) for n in (row.rows, row.ok, row.rejected, row.error)]
-    return [row.phase, *counts, maybe(row.shards), maybe(row.seconds), maybe(row.samples_per_s), row.gate]
+    rate = SKIPPED if row.skipped else maybe(row.samples_per_s)
+    return [row.phase, *counts, maybe(row.shards), maybe(row.seconds), rate, row.gate]
 
 
 def row_text(row: SummaryRow) -> str:
@@ -252,7 +264,9 @@ def row_text(row: SummaryRow) -> str:
     detail = [f"{fmt_int(row.shards)} shards"] if row.shards is not None else []
     if row.seconds is not None:
         detail.append(f"{fmt_num(row.seconds)} s")
-    if row.samples_per_s is not None:
+    if row.skipped:
+        detail.append(SKIPPED)
+    elif row.samples_per_s is not None:
         detail.append(f"{fmt_num(row.samples_per_s)} samples/s")
     detail.append(f"gate {row.gate}")
     return (

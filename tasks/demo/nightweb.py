@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -156,20 +156,25 @@ class Origin(TrackedServer):
             return await ranges.send(request, f, part, self._headers(f, True), lambda n: self._count_sent(request, n))
 
     async def _robots(self, request: web.Request) -> web.StreamResponse:
-        down = await self._outage(request)
-        if down is not None:
-            return down
-        if self.robots_txt is None:
-            raise web.HTTPNotFound(text="no robots.txt\n")
-        return web.Response(text=self.robots_txt, content_type="text/plain")
+        return await self._policy_file(request, "robots.txt", lambda: self.robots_txt, "text/plain")
 
     async def _tdmrep(self, request: web.Request) -> web.StreamResponse:
+        def body() -> str | None:
+            return None if self.tdmrep is None else json.dumps(self.tdmrep)
+
+        return await self._policy_file(request, "tdmrep.json", body, "application/json")
+
+    async def _policy_file(
+        self, request: web.Request, name: str, body: Callable[[], str | None], content_type: str
+    ) -> web.StreamResponse:
+        """An origin's policy file: its outage first, then ``body()`` as read now; 404 when None."""
         down = await self._outage(request)
         if down is not None:
             return down
-        if self.tdmrep is None:
-            raise web.HTTPNotFound(text="no tdmrep.json\n")
-        return web.Response(text=json.dumps(self.tdmrep), content_type="application/json")
+        text = body()
+        if text is None:
+            raise web.HTTPNotFound(text=f"no {name}\n")
+        return web.Response(text=text, content_type=content_type)
 
 
 class NightWeb:

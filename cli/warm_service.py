@@ -1,13 +1,13 @@
 """The warm service: a Prefect server, a Dask cluster and the CLI's modules, kept between commands.
 
-``python -m flows.warm SOCKET``, started by the first ``shardsmith run`` (``cli/warm.py``). It
-starts a local Prefect server and a Dask cluster as processes of their own, imports what a run
-imports (Prefect, Dask's client, Great Expectations, the flows), then listens on ``SOCKET``.
-For each command it forks a child that takes the command's standard streams, working
-directory, umask and environment and runs the CLI in them; the child finds the server and the
-cluster through ``SHARDSMITH_WARM_API`` and ``SHARDSMITH_WARM_CLUSTER`` (flows/session.py).
-Children are separate processes, so concurrent commands share the server and the cluster
-and nothing else. The process stays single-threaded, so a fork copies no lock that another
+``python -m cli.warm_service SOCKET``, started by the first ``shardsmith run`` (``cli/warm.py``).
+It starts a local Prefect server and a Dask cluster (``flows/warm_cluster.py``) as processes of
+their own, imports what a run imports (Prefect, Dask's client, Great Expectations, the flows),
+then listens on ``SOCKET``. For each command it forks a child that takes the command's standard
+streams, working directory, umask and environment and runs the CLI in them; the child finds the
+server and the cluster through ``SHARDSMITH_WARM_API`` and ``SHARDSMITH_WARM_CLUSTER``
+(flows/session.py). Children are separate processes, so concurrent commands share the server and
+the cluster and nothing else. The process stays single-threaded, so a fork copies no lock that another
 thread holds. It stops after ``SHARDSMITH_WARM_IDLE_S`` seconds without a command, on SIGTERM
 (``shardsmith warm stop``), or when its server or cluster dies, each time after its running
 commands end; the server and the cluster stop with it.
@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flows.warm_cluster import API_ENV, CLUSTER_ENV
+
 if TYPE_CHECKING:
     from flows.runtime import LocalServer
 
-API_ENV = "SHARDSMITH_WARM_API"
-CLUSTER_ENV = "SHARDSMITH_WARM_CLUSTER"
 # What a command imports on its way through a run, imported once here instead.
 WARM_MODULES = (
     "cli.main",
@@ -75,22 +75,6 @@ WARM_MODULES = (
 )
 REQUEST_LIMIT = 1 << 20
 POLL_S = 0.25
-
-
-def scheduler_address(path: str, timeout: float) -> str:
-    """The warm cluster's scheduler address, once ``flows/warm_cluster.py`` has written it
-    (whole, then renamed into place)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except FileNotFoundError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the warm service's Dask cluster did not start within {timeout:.0f} s ({path})"
-                ) from None
-            time.sleep(0.05)
 
 
 def log(message: str) -> None:
