@@ -12,8 +12,12 @@ Random weights cost what trained ones do. Then, per round:
 - ``encoder``: the same model on the same batches, decoded beforehand and held in memory: what no
   pipeline can remove.
 
-Printed: samples/s of each and the encoder's share of the stage (encoder seconds / stage
-seconds; issue 32 asks >= 0.9: decoding and I/O keep the encoder fed). ``--threads`` sets torch's
+Each round runs the stage twice, side by side: ``--baseline`` (default ``fp32-77``: fp32 with
+every caption padded to the 77-token context, what curation did before compute_dtype) and
+``--compute-dtype`` (default ``auto``: bf16 on a CPU with AVX512-BF16 or AMX, captions in batches
+formed by length, each padded to its longest). Printed: samples/s of each, the ratio, the
+encoder's share of the stage (encoder seconds / stage seconds; issue 41 asks >= 0.9: decoding and
+I/O keep the encoder fed), and the cosine of the two runs' embeddings. ``--threads`` sets torch's
 threads (a Dask worker runs with one: ``OMP_NUM_THREADS=1``).
 """
 
@@ -101,12 +105,41 @@ def make_shard(storage: Storage, n: int) -> tuple[str, str]:
     return tar, ledger
 
 
-def encoder_only(enc, batches, captions) -> float:
+def encoder_only(enc, batches, captions, batch_size) -> float:
     start = time.perf_counter()
-    for keys, pixels in batches:
+    keys = []
+    for k, pixels in batches:
         enc.images(pixels)
-        enc.texts([captions[k] for k in keys])
+        keys += k
+    enc.texts([captions[k] for k in keys], batch_size)
     return time.perf_counter() - start
+
+
+class Padded77:
+    """The encoder as curation ran it before issue 41: fp32, every caption padded to the context."""
+
+    def __init__(self, enc) -> None:
+        self.enc = enc
+        self.preprocess = enc.preprocess
+
+    def images(self, pixels):
+        return self.enc.images(pixels)
+
+    def texts(self, captions, batch_size=None):
+        import numpy as np
+        import torch
+
+        from tasks.models.dual_encoder import _normalised
+
+        out = []
+        step = batch_size or len(captions)
+        for at in range(0, len(captions), step):
+            tok = self.enc.tokenizer(
+                captions[at : at + step], padding="max_length", truncation=True, max_length=77, return_tensors="pt"
+            )
+            with torch.inference_mode():
+                out.append(_normalised(self.enc.model.get_text_features(**tok)))
+        return np.concatenate(out)
 
 
 def main() -> int:
@@ -115,51 +148,103 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (Dask workers run with OMP_NUM_THREADS=1)")
+    ap.add_argument("--compute-dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    ap.add_argument("--baseline", default="fp32-77", choices=["fp32-77", "fp32"], help="fp32-77: captions padded to 77")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
 
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     import torch
 
-    from tasks.curate.embed import LEDGER_COLUMNS, _captions, embed_shard, iter_pixels
-    from tasks.curate.encoder import load_encoder
+    import tasks.curate.embed as embed
+    from tasks.curate.embed import LEDGER_COLUMNS, _captions, embed_shard
     from tasks.formats.ledger import read_parquet
     from tasks.formats.recipe_curate import CurateConfig
-    from tasks.stages.precache import LocalShard, PrecacheInput
+    from tasks.models.batches import LocalShard, iter_pixels
+    from tasks.models.dual_encoder import load_encoder
+    from tasks.models.placement import compute_dtype
     from tasks.stages.runner import records_of_layout
 
     torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA GPU visible: run this with --device cuda on a GPU machine", file=sys.stderr)
+        return 2
     base = REPO / ".bench" / "curate"
     storage = Storage(str(base))
     model = make_model(base / "vit-b32-random")
     tar, ledger = make_shard(storage, args.samples)
-    cfg = CurateConfig(model=str(model), decode="cpu", device="cpu", batch_size=args.batch_size)
-    enc, _ = load_encoder(str(model), None, None, "cpu")
+    decode = "gpu" if args.device == "cuda" else "cpu"
+    dtype = compute_dtype(args.compute_dtype, args.device)
+    modes = {
+        "baseline": CurateConfig(
+            model=str(model), decode=decode, device=args.device, batch_size=args.batch_size, compute_dtype="fp32"
+        ),
+        "new": CurateConfig(
+            model=str(model), decode=decode, device=args.device, batch_size=args.batch_size, compute_dtype=dtype
+        ),
+    }
+    encoders = {
+        "baseline": load_encoder(str(model), None, None, args.device, "fp32")[0],
+        "new": load_encoder(str(model), None, None, args.device, dtype)[0],
+    }
+    if args.baseline == "fp32-77":
+        encoders["baseline"] = Padded77(encoders["baseline"])
 
     rows = sorted(read_parquet(storage, ledger, LEDGER_COLUMNS).to_pylist(), key=lambda r: r["offset"])
-    import pyarrow as pa
-
     layout = pa.Table.from_pylist([{k: r[k] for k in ("key", "offset", "length", "members")} for r in rows])
-    local = LocalShard(storage, PrecacheInput(tar, "", tuple(records_of_layout(layout))))
-    batches = list(iter_pixels(local.tar, local.idx, len(rows), enc.preprocess, cfg))
+    local = LocalShard(storage, tar, records_of_layout(layout))
+    batches = list(iter_pixels(local.tar, local.idx, len(rows), encoders["new"].preprocess, modes["new"]))
     captions = _captions(local.tar, rows)
+    tokens = [len(encoders["new"].tokenizer(c)["input_ids"]) for c in captions.values()]
     local.close()
 
-    stage, encoder, decode = [], [], []
+    real_load = embed.load_encoder
+    stage: dict[str, list[float]] = {m: [] for m in modes}
+    alone: dict[str, list[float]] = {m: [] for m in modes}
+    outs: dict[str, str] = {}
     for r in range(args.repeats):
-        out = f"out/{r}.parquet"
-        shutil.rmtree(base / "out", ignore_errors=True)
-        with clock() as lap:
-            res = embed_shard(storage, cfg, tar, ledger, out, f"bench-{r}")
-        stage.append(lap.wall)
-        decode.append(res.timings["decode_s"])
-        encoder.append(encoder_only(enc, batches, captions))
-        print(
-            f"round {r + 1}: stage {args.samples / stage[-1]:.2f} samples/s ({stage[-1]:.2f} s, waiting for DALI {decode[-1]:.2f} s); encoder alone {args.samples / encoder[-1]:.2f} samples/s"
+        for mode, cfg in modes.items():
+            out = f"out/{mode}-{r}.parquet"
+            shutil.rmtree(base / "out", ignore_errors=True) if mode == "baseline" else None
+            embed.load_encoder = lambda *a, _m=mode, **k: (encoders[_m], False)
+            try:
+                with clock() as lap:
+                    res = embed_shard(storage, cfg, tar, ledger, out, f"bench-{r}")
+            finally:
+                embed.load_encoder = real_load
+            stage[mode].append(lap.wall)
+            alone[mode].append(encoder_only(encoders[mode], batches, captions, args.batch_size))
+            outs[mode] = out
+            print(
+                f"round {r + 1} {mode:8s}: stage {args.samples / stage[mode][-1]:6.2f} samples/s "
+                f"(waiting for DALI {res.timings['decode_s']:.2f} s); encoder alone {args.samples / alone[mode][-1]:6.2f} samples/s"
+            )
+    cos = {}
+    for col in ("image", "text"):
+        a, b = (
+            np.asarray(pq.read_table(base / outs[m], columns=[col]).column(col).to_pylist(), np.float32)
+            for m in ("baseline", "new")
         )
-    s, e = statistics.median(stage), statistics.median(encoder)
+        cos[col] = float((a * b).sum(axis=1).min())
     print(
-        f"\nViT-B/32-sized CLIP, {args.samples} samples, batch {args.batch_size}, torch threads {args.threads}: "
-        f"stage {args.samples / s:.2f} samples/s, encoder alone {args.samples / e:.2f} samples/s; "
-        f"encoder share of the stage {e / s:.3f} (median of {args.repeats})"
+        f"\nViT-B/32-sized CLIP, {args.samples} samples, batch {args.batch_size}, torch threads {args.threads}, "
+        f"{args.device}; captions {min(tokens)}-{max(tokens)} tokens (mean {sum(tokens) / len(tokens):.1f}); "
+        f"median of {args.repeats}:"
+    )
+    before = "fp32, captions at 77 (before)" if args.baseline == "fp32-77" else "fp32, captions at their length"
+    label = {"baseline": before, "new": f"{dtype}, captions at their length"}
+    for mode in modes:
+        s, e = statistics.median(stage[mode]), statistics.median(alone[mode])
+        print(
+            f"  {label[mode]:34s} stage {args.samples / s:7.2f} samples/s, encoder alone {args.samples / e:7.2f} samples/s, "
+            f"encoder share {e / s:.3f}"
+        )
+    ratio = statistics.median(stage["baseline"]) / statistics.median(stage["new"])
+    print(
+        f"  ratio new / before (stage samples/s): {ratio:.2f}x; lowest cosine to the baseline's embeddings: "
+        f"image {cos['image']:.4f}, text {cos['text']:.4f}"
     )
     return 0
 

@@ -10,8 +10,13 @@ JPEGs of 200..1000 px with captions) under ``.bench/precache/`` and tiny random-
 - ``encoders``: the same encoders on the same batches, decoded beforehand and held in memory:
   the part of the stage no pipeline can remove.
 
-Printed: samples/s of each and the ratio encoders / stage (the share of the stage's time spent in
-the encoders; the issue aims for >= 0.9). ``--device cuda`` runs the GPU variant (DALI ``mixed``
+Each round runs the stage twice, side by side: the baseline (fp32, captions padded to
+``max_length``: precache before issue 41) and ``--compute-dtype`` (default ``auto``: bf16 on a CPU
+with AVX512-BF16 or AMX; each batch's captions at their longest). ``--text t5-small`` (default)
+uses a random T5 encoder of t5-small's shape (6 layers, width 512), ``--text demo`` the demo's tiny
+CLIP text model. Printed: samples/s of each and the ratio encoders / stage (the share of the
+stage's time spent in the encoders; the issue aims for >= 0.9), the ratio new / baseline, and
+the largest difference of the two runs' latents and caption states. ``--device cuda`` runs the GPU variant (DALI ``mixed``
 decode and the encoders on the GPU, fp16) and adds DALI decode images/s and VAE encode images/s at
 each ``--resolutions`` size; without a GPU it says so and exits 2.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import shutil
 import statistics
@@ -66,6 +72,37 @@ def make_shard(storage: Storage, n: int):
     return PrecacheInput(rel, sha, tuple(records))
 
 
+def make_t5_small(path: Path) -> Path:
+    """A random T5 encoder of t5-small's shape with the demo's word-level tokenizer."""
+    if (path / "config.json").exists():
+        return path
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    from tasks.demo.models import make_tokenizer
+
+    make_tokenizer(path, 77)
+    torch.manual_seed(0)
+    cfg = T5Config(d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128)
+    T5EncoderModel(cfg).save_pretrained(path)
+    return path
+
+
+def padded_text(enc):
+    """The baseline's caption encoder: fp32, every caption padded to ``max_length``."""
+    import torch
+
+    def encode_text(captions):
+        tok = enc.tokenizer(
+            captions, padding="max_length", truncation=True, max_length=enc.cfg.text.max_length, return_tensors="pt"
+        )
+        with torch.inference_mode():
+            out = enc.text(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"])
+        return {"text_emb.npy": out.last_hidden_state, "text_mask.npy": tok["attention_mask"].to(torch.uint8)}
+
+    return encode_text
+
+
 def encoders_only(enc, batches) -> float:
     import torch
 
@@ -81,10 +118,9 @@ def encoders_only(enc, batches) -> float:
 
 
 def collect_batches(storage: Storage, shard, cfg: PrecacheConfig) -> list:
-    from tasks.stages.precache import LocalShard
-    from tasks.stages.precache_batches import iter_batches
+    from tasks.models.batches import LocalShard, iter_batches
 
-    local = LocalShard(storage, shard)
+    local = LocalShard(storage, shard.tar, shard.records)
     try:
         # Clone: DALI reuses its output buffers for the next batch.
         out = []
@@ -100,7 +136,7 @@ def gpu_figures(storage: Storage, shard, models: dict, resolutions: list[int], b
     """DALI mixed decode images/s and VAE encode images/s at each resolution (GPU only)."""
     import torch
 
-    from tasks.stages.precache_models import load_encoders
+    from tasks.models.frozen import load_encoders
 
     for res in resolutions:
         cfg = PrecacheConfig(
@@ -128,6 +164,8 @@ def main() -> int:
     ap.add_argument("--resolution", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--compute-dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    ap.add_argument("--text", default="t5-small", choices=["t5-small", "demo"])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (Dask workers run with OMP_NUM_THREADS=1)")
     ap.add_argument(
         "--resolutions", type=int, nargs="+", default=[256, 512], help="GPU figures at these sizes (--device cuda)"
@@ -136,6 +174,7 @@ def main() -> int:
     ap.add_argument("--dir", default=str(REPO / ".bench" / "precache"))
     args = ap.parse_args()
 
+    import numpy as np
     import torch
 
     torch.set_num_threads(args.threads)
@@ -143,64 +182,87 @@ def main() -> int:
         print("no CUDA GPU visible: run this with --device cuda on a GPU machine", file=sys.stderr)
         return 2
     from tasks.demo.models import make_all
+    from tasks.formats.shards import iter_samples
+    from tasks.models.frozen import load_encoders
     from tasks.stages.precache import precache_shard
-    from tasks.stages.precache_models import load_encoders
 
     base = Path(args.dir)
     models = make_all(base / "models")
     if args.vae:
         models["vae"] = Path(args.vae)
+    text_model = make_t5_small(base / "models" / "t5-small") if args.text == "t5-small" else models["clip-text"]
     storage = Storage(str(base / "work"))
     shard = make_shard(storage, args.samples)
     decode = "gpu" if args.device == "cuda" else "cpu"
-    cfg = PrecacheConfig(
-        image_latents={"model": str(models["vae"]), "resolution": args.resolution},
-        text={"model": str(models["clip-text"]), "max_length": 32},
-        batch_size=args.batch,
-        decode=decode,
-        device=args.device,
-    )
-    enc, load_s = load_encoders(cfg)
+
+    def config(dtype: str) -> PrecacheConfig:
+        return PrecacheConfig(
+            image_latents={"model": str(models["vae"]), "resolution": args.resolution},
+            text={"model": str(text_model), "max_length": 77},
+            batch_size=args.batch,
+            decode=decode,
+            device=args.device,
+            dtype="fp32",
+            compute_dtype=dtype,
+        )
+
+    cfgs = {"baseline": config("fp32"), "new": config(args.compute_dtype)}
+    encs = {}
+    for mode, cfg in cfgs.items():
+        encs[mode], load_s = load_encoders(cfg)
+    encs["baseline"].encode_text = padded_text(encs["baseline"])
     print(
         f"machine: {os.cpu_count()} cores, torch {torch.__version__} threads {torch.get_num_threads()}, device {args.device}"
     )
     print(
-        f"shard: {args.samples} demo images ({os.path.getsize(storage.path(shard.tar)) / 1e6:.1f} MB), batch {args.batch}, {args.resolution} px; models loaded in {load_s:.1f} s (not timed below)"
+        f"shard: {args.samples} demo images ({os.path.getsize(storage.path(shard.tar)) / 1e6:.1f} MB), batch {args.batch}, "
+        f"{args.resolution} px, text encoder {args.text}; new: compute dtypes {encs['new'].dtypes}"
     )
-    batches = collect_batches(storage, shard, cfg)
-    encoders_only(enc, batches[:1])  # warm-up: first-call allocations
-    # CPU seconds of this process (all its threads: DALI's and torch's) beside wall seconds:
-    # on a shared machine other work stretches wall time, hardly the CPU time a run needs.
-    stage_s, enc_s, stage_cpu, enc_cpu, parts = [], [], [], [], []
-    for r in range(args.rounds):
-        shutil.rmtree(storage.path(f"out{r}"), ignore_errors=True)
-        with clock() as stage:
-            res = precache_shard(storage, cfg, shard, f"out{r}")
-        with clock() as encoders:
-            enc_s.append(encoders_only(enc, batches))
-        stage_s.append(stage.wall)
-        stage_cpu.append(stage.cpu)
-        enc_cpu.append(encoders.cpu)
-        parts.append(res.timings)
-        shutil.rmtree(storage.path(f"out{r}"), ignore_errors=True)
+    batches = collect_batches(storage, shard, cfgs["new"])
+    for enc in encs.values():
+        encoders_only(enc, batches[:1])  # warm-up: first-call allocations
+    stage_s: dict[str, list[float]] = {m: [] for m in cfgs}
+    enc_s: dict[str, list[float]] = {m: [] for m in cfgs}
+    parts: dict[str, dict] = {}
+    kept: dict[str, str] = {}
+    for _ in range(args.rounds):
+        for mode, cfg in cfgs.items():
+            shutil.rmtree(storage.path(f"out-{mode}"), ignore_errors=True)
+            with clock() as stage:
+                res = precache_shard(storage, cfg, shard, f"out-{mode}")
+            with clock():
+                enc_s[mode].append(encoders_only(encs[mode], batches))
+            stage_s[mode].append(stage.wall)
+            parts[mode] = res.timings
+            kept[mode] = res.tar
     n = args.samples
-    st, en = statistics.median(stage_s), statistics.median(enc_s)
-    print(f"{'':10s} {'median s':>9s} {'samples/s':>10s}   rounds")
-    print(f"{'stage':10s} {st:9.2f} {n / st:10.1f}   " + " ".join(f"{x:.2f}" for x in stage_s))
-    print(f"{'encoders':10s} {en:9.2f} {n / en:10.1f}   " + " ".join(f"{x:.2f}" for x in enc_s))
-    print(
-        f"ratio encoders / stage, wall: {en / st:.3f}  (per round: "
-        + " ".join(f"{e / s:.3f}" for e, s in zip(enc_s, stage_s))
-        + ")"
+    print(f"{'':26s} {'median s':>9s} {'samples/s':>10s} {'encoders share':>15s}   rounds")
+    for mode in cfgs:
+        st, en = statistics.median(stage_s[mode]), statistics.median(enc_s[mode])
+        label = "baseline (fp32, padded)" if mode == "baseline" else f"new ({args.compute_dtype})"
+        print(f"{label:26s} {st:9.2f} {n / st:10.1f} {en / st:15.3f}   " + " ".join(f"{x:.2f}" for x in stage_s[mode]))
+        print("   inside the stage (last round): " + ", ".join(f"{k} {v:.2f}" for k, v in parts[mode].items()))
+    ratio = statistics.median(stage_s["baseline"]) / statistics.median(stage_s["new"])
+
+    def arrays(rel):
+        with storage.open(rel, "rb") as fh:
+            return {
+                s.key: {m: np.load(io.BytesIO(d)) for m, d in s.members.items()} for s in iter_samples(fh, path=rel)
+            }
+
+    a, b = arrays(kept["baseline"]), arrays(kept["new"])
+    diff = {m: max(float(np.abs(a[k][m] - b[k][m]).max()) for k in a) for m in ("latent_mean.npy", "text_emb.npy")}
+    lat_a = np.stack([a[k]["latent_mean.npy"] for k in a]).astype(np.float64)
+    lat_b = np.stack([b[k]["latent_mean.npy"] for k in a]).astype(np.float64)
+    rel = float(np.sqrt(((lat_a - lat_b) ** 2).mean() / (lat_a**2).mean()))
+    masked = max(
+        float(np.abs((a[k]["text_emb.npy"] - b[k]["text_emb.npy"])[a[k]["text_mask.npy"] > 0]).max()) for k in a
     )
-    sc, ec = statistics.median(stage_cpu), statistics.median(enc_cpu)
     print(
-        f"ratio encoders / stage, CPU s: {ec / sc:.3f}  (stage {sc:.1f} CPU s, encoders {ec:.1f} CPU s; per round: "
-        + " ".join(f"{e / s:.3f}" for e, s in zip(enc_cpu, stage_cpu))
-        + ")"
+        f"ratio new / baseline (stage samples/s): {ratio:.2f}x; largest difference: latent_mean {diff['latent_mean.npy']:.4f}, "
+        f"caption states where the mask is 1 {masked:.4f} (padding: the baseline's pad-token states, zeros now); "
+        f"latent_mean relative RMS difference {rel:.4f}"
     )
-    mid = parts[len(parts) // 2]
-    print("inside the stage (middle round): " + ", ".join(f"{k} {v:.2f}" for k, v in mid.items()))
     if args.device == "cuda":
         gpu_figures(storage, shard, models, args.resolutions, args.batch)
     return 0

@@ -102,7 +102,7 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
         from flows.pretraining import run_phases
         from flows.runtime import NoGPU
         from tasks.formats.locks import LockHeld, LockLost
-        from tasks.stages.precache_models import PrecacheError
+        from tasks.models.placement import ModelError
 
         @flow(name=f"shardsmith-{recipe.dataset}")
         def cli_run() -> dict:
@@ -123,7 +123,7 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
                 return cli_run()
             except RecipeError as err:
                 raise fail(f"{recipe_path}: {err}", 2) from None
-            except (ManifestError, PhaseFailed, NoGPU, GateFailed, LockHeld, LockLost, PrecacheError) as err:
+            except (ManifestError, PhaseFailed, NoGPU, GateFailed, LockHeld, LockLost, ModelError) as err:
                 raise fail(f"{type(err).__name__}: {err}", 1) from None
 
 

@@ -10,7 +10,7 @@ import dask
 import pyarrow as pa
 from prefect import task
 
-from flows.phase import Phase, phase_flow
+from flows.phase import Phase, all_skipped, phase_flow
 from flows.semdedup import run_semdedup
 from flows.validate import ValidateSummary
 from tasks.audit.runrecord import RunRecord
@@ -33,7 +33,8 @@ class CurateSummary:
 
     ``embedded``: samples embedded in this run (0 when every side shard was reused);
     ``reused``: samples whose stored embeddings were read instead; ``cuts``: each filter's
-    bounds as applied; ``model``: the dual encoder's digest.
+    bounds as applied; ``model``: the dual encoder's digest; ``compute_dtype``: what its towers
+    computed in (``curate.compute_dtype`` resolved on a worker).
     """
 
     dataset: str
@@ -45,6 +46,7 @@ class CurateSummary:
     reused: int
     model: str
     cuts: list[dict[str, Any]] = field(default_factory=list)
+    compute_dtype: str = "fp32"
     seconds: float = 0.0
     samples_per_s: float = 0.0
     report: str = ""
@@ -56,12 +58,15 @@ class CurateSummary:
 
 
 @task(name="curate-digests")
-def digests_task(cfg: CurateConfig) -> tuple[str, list[Any]]:
-    """The dual encoder's digest and the heads' (on a worker: where the models are)."""
-    from tasks.curate.encoder import folder_digest, need_model_dir
+def digests_task(cfg: CurateConfig) -> tuple[str, str, list[Any]]:
+    """The dual encoder's digest, the dtype it computes in, and the heads' digests (on a worker:
+    where the models are and run)."""
+    from tasks.curate.embed import curate_placement
+    from tasks.models.dual_encoder import need_model_dir
+    from tasks.models.placement import folder_digest
 
     need_model_dir(cfg.model)
-    return folder_digest(cfg.model, cfg.tokenizer), heads_key(cfg)
+    return folder_digest(cfg.model, cfg.tokenizer), curate_placement(cfg)[1], heads_key(cfg)
 
 
 @task(name="curate-embed", task_run_name="embed-{name}")
@@ -160,15 +165,17 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
     storage, cfg = ph.storage, recipe.curate
     timings = {"start": ph.seconds}
     mark = time.perf_counter()
-    model, heads = digests_task.submit(cfg).result()
+    annotations = {"resources": {"GPU": 1}} if recipe.execution.cluster == "cuda" else {}
+    with dask.annotate(**annotations):
+        model, dtype, heads = digests_task.submit(cfg).result()
     shards = []
     for tar, led, (source, index) in zip(validated.tars, validated.ledgers, validated.chunks):
-        emb = embeddings_path(recipe.dataset, model, led)
+        emb = embeddings_path(recipe.dataset, model, led, dtype)
         shards.append(ShardInput(tar, led, source, index, emb, scores_path(recipe.dataset, emb, heads)))
     shards, embedded, reused, enc_timings = _embed(ph, cfg, shards)
     timings["embed"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
-    dedup, dedup_done = run_semdedup(ph, cfg, shards, model)
+    dedup, dedup_done = run_semdedup(ph, cfg, shards, model if dtype == "fp32" else f"{model}-{dtype}")
     timings["semdedup"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
     applied, decisions = decide_task.submit(storage, recipe.dataset, cfg, shards, dedup).result()
@@ -223,6 +230,7 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
         embedded=embedded,
         reused=reused,
         model=model,
+        compute_dtype=dtype,
         cuts=[c.__dict__ for c in applied],
         seconds=round(seconds, 3),
         samples_per_s=ph.rate(sum(r.rows for r in results if not r.skipped), seconds),
@@ -240,6 +248,7 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
         {**links, **views},
         seconds=seconds,
         shards=summary.shards,
+        skipped=all_skipped(results),
         timings=summary.timings,
     )
     summary.report = ph.close(gate)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import annotated_types
 from pydantic import BaseModel, Field, model_validator
 
 from tasks.formats.recipe import ExecutionConfig
 from tasks.formats.recipe_base import Frozen
-from tasks.formats.recipe_curate import CurateGate, ScoreRule, SemDedupRule
+from tasks.formats.recipe_curate import CurateConfig, CurateGate, ScoreRule, SemDedupRule
 from tasks.formats.recipe_download import DownloadConfig
 from tasks.formats.recipe_outputs import DownloadGate, ReshardConfig, ValidateGate
 
@@ -75,6 +75,8 @@ class RecipeOverrides(Frozen):
         semdedup_threshold: curation, cosine at or above which two images are duplicates
             (``curate.semdedup.threshold``).
         curate_max_removed_rate: curation gate, removed / samples in at most (``gates.curate.max_removed_rate``).
+        curate_compute_dtype: what curation's dual encoder computes in: auto, fp32, bf16 or fp16
+            (``curate.compute_dtype``).
         extra: any other recipe key, dotted (``{"validate.image.min_side": 128}``), as ``--set`` takes.
     """
 
@@ -152,6 +154,12 @@ class RecipeOverrides(Frozen):
         "max_removed_rate",
         "gates.curate.max_removed_rate",
         "Curation gate: samples removed / samples in at most this.",
+    )
+    curate_compute_dtype: Literal["auto", "fp32", "bf16", "fp16"] | None = _like(
+        CurateConfig,
+        "compute_dtype",
+        "curate.compute_dtype",
+        "Curation: what the dual encoder computes in; auto is bf16 where the CPU or GPU has it, fp32 otherwise.",
     )
     extra: dict[Annotated[str, Field(pattern=_DOTTED)], Any] = Field(
         default_factory=dict, description='Other recipe keys, dotted: {"validate.image.min_side": 128}.'

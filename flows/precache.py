@@ -8,25 +8,26 @@ from typing import Any
 import dask
 from prefect import get_run_logger, task
 
-from flows.phase import Phase, phase_flow
+from flows.phase import Phase, all_skipped, phase_flow
 from flows.reshard import ReshardSummary
 from tasks.audit.runrecord import RunRecord
 from tasks.formats.ledger import Counts, committed, committed_pairs
 from tasks.formats.recipe import Recipe
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.formats.storage import Storage
+from tasks.models.frozen import check_models
 from tasks.stages.precache import (
     PrecacheInput,
     PrecacheResult,
     channel_table,
     output_names,
+    placement,
     precache_shard,
     read_ledgers,
     recorded,
     shard_table,
     summary_name,
 )
-from tasks.stages.precache_models import check_models
 
 
 @dataclass
@@ -44,16 +45,22 @@ class PrecacheSummary:
 
 @task(name="precache-shard", task_run_name="precache-{name}")
 def precache_task(
-    storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, prefix: str, name: str
+    storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, prefix: str, dtypes: dict[str, str], name: str
 ) -> PrecacheResult:
-    return precache_shard(storage, cfg, shard, prefix)
+    return precache_shard(storage, cfg, shard, prefix, dtypes)
+
+
+@task(name="precache-placement")
+def placement_task(cfg: PrecacheConfig) -> dict[str, str]:
+    """The compute dtype of each model block, resolved where the encoders run (a worker)."""
+    return placement(cfg)
 
 
 def _side_shards(storage: Storage, cfg: PrecacheConfig, reshard: ReshardSummary, curated: Any) -> list[tuple[str, ...]]:
     """Per output shard, curation's side shards that hold its samples, when curation embedded them
     with ``precache.image_embedding``'s very model (the same folder digest); else none."""
-    from tasks.curate.encoder import folder_digest
     from tasks.formats.ledger import read_tables
+    from tasks.models.placement import folder_digest
 
     none: list[tuple[str, ...]] = [() for _ in reshard.outputs]
     if cfg.image_embedding is None or curated is None or folder_digest(cfg.image_embedding.model) != curated.model:
@@ -95,7 +102,10 @@ def precache_flow(
     sides = _side_shards(storage, cfg, reshard, curated)
     inputs = [PrecacheInput(o.tar, o.sha256, tuple(o.records), side) for o, side in zip(reshard.outputs, sides)]
     prefix = f"{recipe.dataset}/precache"
-    names = {shard.tar: output_names(cfg, prefix, shard) for shard in inputs}
+    annotations = {"resources": {"GPU": 1}} if recipe.execution.cluster == "cuda" else {}
+    with dask.annotate(**annotations):
+        dtypes = placement_task.submit(cfg).result()
+    names = {shard.tar: output_names(cfg, prefix, shard, dtypes) for shard in inputs}
     # A latent shard is committed when its ledger, its record and the shard itself are stored.
     stored = committed_pairs(storage, list(names.values()))
     records = committed(storage, [summary_name(ledger) for _, ledger in names.values()])
@@ -104,10 +114,9 @@ def precache_flow(
         recorded(storage, summary_name(names[s.tar][1]), s.tar) for s in inputs if names[s.tar][1] in done
     ]
     todo = [s for s in inputs if names[s.tar][1] not in done]
-    annotations = {"resources": {"GPU": 1}} if recipe.execution.cluster == "cuda" else {}
     with dask.annotate(**annotations):
         futures = {
-            ph.submit(precache_task, storage, cfg, shard, prefix, shard.tar.rsplit("/", 1)[-1]): shard.tar
+            ph.submit(precache_task, storage, cfg, shard, prefix, dtypes, shard.tar.rsplit("/", 1)[-1]): shard.tar
             for shard in todo
         }
     order = {s.tar: i for i, s in enumerate(inputs)}
@@ -134,7 +143,17 @@ def precache_flow(
         timings=timings,
     )
     fresh = ph.rate(sum(r.samples for r in results if not r.skipped), seconds)
-    ph.record(Counts.of(ledger), ledger, fresh, gate, links, seconds=seconds, shards=len(results), timings=timings)
+    ph.record(
+        Counts.of(ledger),
+        ledger,
+        fresh,
+        gate,
+        links,
+        seconds=seconds,
+        shards=len(results),
+        timings=timings,
+        skipped=all_skipped(results),
+    )
     ph.close(gate)
     ph.logger.info(
         "precache: %d samples in %d latent shards (%s)", summary.samples, len(results), ", ".join(summary.encodings)

@@ -53,7 +53,12 @@ def _extra(
     if latent_shards:
         extra["precache"] = {"shards": latent_shards, "encodings": encodings}
     if curated is not None:
-        extra["curation"] = {"model_sha256": curated.model, "cuts": curated.cuts, "removed": curated.counts.by_reason}
+        extra["curation"] = {
+            "model_sha256": curated.model,
+            "compute_dtype": curated.compute_dtype,
+            "cuts": curated.cuts,
+            "removed": curated.counts.by_reason,
+        }
     return extra or None
 
 

@@ -73,7 +73,7 @@ def _open_clip_reference(sd: dict, pixels, tokens, heads_v: int, heads_t: int, q
 
 @pytest.mark.parametrize("quick_gelu", [True, False])
 def test_open_clip_weights_compute_what_open_clip_computes(tmp_path, quick_gelu):
-    from tasks.curate.encoder import DualEncoder
+    from tasks.models.dual_encoder import DualEncoder
 
     path = make_open_clip(tmp_path / "oc", seed=3, quick_gelu=quick_gelu)
     enc = DualEncoder(str(path))
@@ -103,7 +103,8 @@ def test_open_clip_weights_compute_what_open_clip_computes(tmp_path, quick_gelu)
 
 
 def test_open_clip_variants_are_refused_by_name(tmp_path):
-    from tasks.curate.encoder import CurateError, DualEncoder
+    from tasks.models.dual_encoder import DualEncoder
+    from tasks.models.placement import CurateError
 
     path = make_open_clip(tmp_path / "oc")
     cfg = json.loads((path / "open_clip_config.json").read_text())
@@ -114,7 +115,7 @@ def test_open_clip_variants_are_refused_by_name(tmp_path):
 
 
 def test_transformers_clip_and_siglip_give_unit_embeddings_and_their_preprocessing(tmp_path):
-    from tasks.curate.encoder import DualEncoder
+    from tasks.models.dual_encoder import DualEncoder
 
     clip = DualEncoder(str(make_clip(tmp_path / "clip")))
     assert clip.kind == "clip" and clip.preprocess.center_crop and clip.preprocess.size == 32
@@ -131,7 +132,8 @@ def test_transformers_clip_and_siglip_give_unit_embeddings_and_their_preprocessi
 
 
 def test_a_missing_or_unknown_model_says_what_to_do(tmp_path):
-    from tasks.curate.encoder import CurateError, DualEncoder
+    from tasks.models.dual_encoder import DualEncoder
+    from tasks.models.placement import CurateError
 
     with pytest.raises(CurateError, match="curate.model: no model directory.*never downloaded"):
         DualEncoder(str(tmp_path / "nowhere"))
@@ -144,7 +146,7 @@ def test_a_missing_or_unknown_model_says_what_to_do(tmp_path):
 def test_folder_digest_follows_content_not_place(tmp_path):
     import shutil
 
-    from tasks.curate.encoder import folder_digest
+    from tasks.models.placement import folder_digest
 
     a = make_clip(tmp_path / "a")
     b = tmp_path / "b"
@@ -190,9 +192,9 @@ def test_laion_mlp_head_applies_its_layers_in_order(tmp_path):
 
 
 def test_a_head_that_does_not_fit_the_model_is_named(tmp_path):
-    from tasks.curate.encoder import CurateError
     from tasks.curate.heads import load_head
     from tasks.formats.recipe_curate import HeadConfig
+    from tasks.models.placement import CurateError
 
     path = make_linear_head(tmp_path / "h.pth", 768)
     with pytest.raises(CurateError, match="curate.heads.nsfw: the head takes 768-d embeddings, the model gives 16-d"):
@@ -206,7 +208,7 @@ def test_checkpoints_made_by_open_clip_give_open_clips_outputs(name):
     """tests/data/open_clip_tiny was made by open_clip 3.3.0 itself (tools/make_open_clip_fixture.py)."""
     from pathlib import Path
 
-    from tasks.curate.openclip import load_open_clip
+    from tasks.models.openclip import load_open_clip
 
     base = Path(__file__).parent / "data" / "open_clip_tiny"
     expected = json.loads((base / "expected.json").read_text())["models"][name]

@@ -18,8 +18,11 @@ GOLDEN_FLOATS = GOLDEN_DIGESTS.with_name("demo_release_floats.json")
 # The golden release leaves curation out: its scores, written into every kept sample's json,
 # are floats a CPU's kernels decide in their last bits (see tests/release_digests.py), and the
 # image shards would then differ from machine to machine. Curation is pinned by behaviour
-# instead: tests/test_flow_curate.py, tests/test_curate*.py and the demo's own check.
-NO_CURATION = {"curate.model": None, "precache.image_embedding": None}
+# instead: tests/test_flow_curate.py, tests/test_curate*.py and the demo's own check. Precache
+# computes in fp32 here: ``auto`` is bf16 on a CPU with AVX512-BF16 or AMX only, and the golden
+# floats must not depend on which CPU runs the test (bf16 is pinned by tests/test_precache.py
+# and tests/test_compute_dtype.py).
+NO_CURATION = {"curate.model": None, "precache.image_embedding": None, "precache.compute_dtype": "fp32"}
 
 
 @pytest.fixture(scope="module")

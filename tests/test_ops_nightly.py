@@ -18,12 +18,17 @@ def test_overrides_map_to_recipe_keys_with_the_recipe_bounds(monkeypatch):
 
     monkeypatch.delenv("SHARDSMITH_CLUSTER", raising=False)
     o = RecipeOverrides(
-        samples_per_shard=500, max_reject_rate=0.2, keep_raw=False, extra={"validate.image.min_side": 128}
+        samples_per_shard=500,
+        max_reject_rate=0.2,
+        keep_raw=False,
+        curate_compute_dtype="fp32",
+        extra={"validate.image.min_side": 128},
     )
     assert o.dotted() == {
         "reshard.samples_per_shard": 500,
         "gates.validate.max_reject_rate": 0.2,
         "download.keep_raw": False,
+        "curate.compute_dtype": "fp32",
         "validate.image.min_side": 128,
     }
     # Dotted keys at the top level, as callers and --set pass them, land in extra.
@@ -36,6 +41,7 @@ def test_overrides_map_to_recipe_keys_with_the_recipe_bounds(monkeypatch):
         {"samples_per_shard": 0},
         {"max_reject_rate": 1.5},
         {"download_timeout_s": 0},
+        {"curate_compute_dtype": "int8"},
         {"extra": {"Not Dotted": 1}},
         {"unknown": 1},
     ):

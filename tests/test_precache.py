@@ -115,7 +115,7 @@ def test_values_are_the_encoders_outputs(tmp_path, tiny):
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar")
-    r = precache_shard(st, cfg(tiny, dtype="fp32"), shard, "precache")
+    r = precache_shard(st, cfg(tiny, dtype="fp32", compute_dtype="fp32"), shard, "precache")
     got = read_latents(st, r.tar)
     vae = AutoencoderKL.from_pretrained(tiny["vae"]).eval()
     tok = AutoTokenizer.from_pretrained(tiny["clip-text"])
@@ -132,8 +132,45 @@ def test_values_are_the_encoders_outputs(tmp_path, tiny):
         ids = tok([_caption(i)], padding="max_length", truncation=True, max_length=16, return_tensors="pt")
         with torch.no_grad():
             emb = text(**ids).last_hidden_state[0].numpy()
-        np.testing.assert_allclose(members["text_emb.npy"], emb, atol=1e-5)
+        # Run at the batch's longest caption, not at max_length: the same states where the mask
+        # is 1 (what padding to max_length gives), zeros where it is 0.
+        mask = ids["attention_mask"][0].numpy().astype(bool)
+        np.testing.assert_allclose(members["text_emb.npy"][mask], emb[mask], atol=1e-5)
+        assert not members["text_emb.npy"][~mask].any()
         assert members["text_mask.npy"].tolist() == ids["attention_mask"][0].tolist()
+
+
+def test_bf16_compute_stays_within_the_tolerance_of_fp32(tmp_path, tiny):
+    """compute_dtype bf16 (autocast; the weights stay fp32) against fp32 on the same shard: the
+    same keys, latents within the tolerance the fp32 check above allows for JPEG, caption states
+    close, and the dtype named in index.json's encodings and in the shard's name."""
+    from tasks.stages.precache import precache_shard
+
+    st = Storage(str(tmp_path))
+    shard = write_shard(st, "reshard/shard-000000.tar")
+    a = precache_shard(st, cfg(tiny, dtype="fp32", compute_dtype="fp32"), shard, "precache")
+    b = precache_shard(st, cfg(tiny, dtype="fp32", compute_dtype="bf16"), shard, "precache")
+    assert a.tar != b.tar  # another dtype, another latent shard: never mixed
+    assert a.encodings["image_latents"]["compute_dtype"] == "fp32"
+    assert b.encodings["image_latents"]["compute_dtype"] == "bf16" and b.encodings["text"]["compute_dtype"] == "bf16"
+    for (ka, ma), (kb, mb) in zip(read_latents(st, a.tar), read_latents(st, b.tar)):
+        assert ka == kb
+        np.testing.assert_allclose(mb["latent_mean.npy"], ma["latent_mean.npy"], atol=0.02)
+        np.testing.assert_allclose(mb["text_emb.npy"], ma["text_emb.npy"], atol=0.05)
+        assert mb["text_mask.npy"].tolist() == ma["text_mask.npy"].tolist()
+    # A block's own compute_dtype wins over precache's.
+    c = precache_shard(
+        st,
+        cfg(
+            tiny,
+            dtype="fp32",
+            compute_dtype="bf16",
+            text={"model": str(tiny["clip-text"]), "max_length": 16, "compute_dtype": "fp32"},
+        ),
+        shard,
+        "precache",
+    )
+    assert c.encodings["text"]["compute_dtype"] == "fp32" and c.encodings["image_latents"]["compute_dtype"] == "bf16"
 
 
 def test_bf16_is_stored_as_raw_bits_and_sample_policy_is_seeded_by_key(tmp_path, tiny):
@@ -199,7 +236,8 @@ def test_vision_features_and_text_only(tmp_path, tiny):
 
 
 def test_missing_models_are_named_and_never_downloaded(tmp_path, tiny):
-    from tasks.stages.precache_models import PrecacheError, check_models
+    from tasks.models.frozen import check_models
+    from tasks.models.placement import PrecacheError
 
     with pytest.raises(
         PrecacheError, match=r"precache.image_latents.model: no model directory at '/nowhere/vae'.*never downloaded"
@@ -208,7 +246,7 @@ def test_missing_models_are_named_and_never_downloaded(tmp_path, tiny):
     with pytest.raises(PrecacheError, match="precache.text.tokenizer"):
         check_models(PrecacheConfig(text={"model": str(tiny["t5"]), "tokenizer": str(tmp_path / "missing")}))
     with pytest.raises(PrecacheError, match="not a known text encoder"):
-        from tasks.stages.precache_models import Encoders
+        from tasks.models.frozen import Encoders
 
         Encoders(PrecacheConfig(text={"model": str(tiny["vae"])}), "cpu")
 

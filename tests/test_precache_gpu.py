@@ -20,9 +20,9 @@ def tiny(tmp_path_factory):
 
 
 def test_gpu_decode_and_encode_match_the_cpu_path(tmp_path, tiny):
+    from tasks.models.frozen import precache_device as resolve_device
+    from tasks.models.placement import decode_device
     from tasks.stages.precache import precache_shard
-    from tasks.stages.precache_batches import decode_device
-    from tasks.stages.precache_models import resolve_device
 
     st = Storage(str(tmp_path))
     shard = write_shard(st, "reshard/shard-000000.tar")
@@ -31,6 +31,7 @@ def test_gpu_decode_and_encode_match_the_cpu_path(tmp_path, tiny):
         text={"model": str(tiny["clip-text"]), "max_length": 16},
         batch_size=8,
         dtype="fp32",
+        compute_dtype="fp32",  # the devices compared, not the precisions
     )
     gpu_cfg = PrecacheConfig(**base, decode="gpu", device="cuda")
     assert decode_device(gpu_cfg) == "mixed" and resolve_device(gpu_cfg) == "cuda"
@@ -42,6 +43,21 @@ def test_gpu_decode_and_encode_match_the_cpu_path(tmp_path, tiny):
         # nvJPEG and libjpeg-turbo may differ by a level; solid colours keep that small.
         np.testing.assert_allclose(a["latent_mean.npy"], b["latent_mean.npy"], atol=0.05)
         np.testing.assert_allclose(a["text_emb.npy"], b["text_emb.npy"], atol=1e-3)
+
+
+def test_auto_computes_in_bf16_on_a_gpu_that_has_it(tmp_path, tiny):
+    import torch
+
+    from tasks.models.placement import compute_dtype
+    from tasks.stages.precache import precache_shard
+
+    want = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    assert compute_dtype("auto", "cuda") == want
+    st = Storage(str(tmp_path))
+    shard = write_shard(st, "reshard/shard-000000.tar", n=4)
+    cfg = PrecacheConfig(image_latents={"model": str(tiny["vae"]), "resolution": 64}, batch_size=4, device="cuda")
+    result = precache_shard(st, cfg, shard, "p")
+    assert result.encodings["image_latents"]["compute_dtype"] == want
 
 
 def test_cuda_cluster_runs_precache_tasks_on_gpu_workers(tmp_path, tiny):

@@ -13,7 +13,7 @@ from video_fixtures import find_box, make_video
 
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.formats.storage import Storage
-from tasks.stages.precache_models import PrecacheError
+from tasks.models.placement import PrecacheError
 from tasks.video.clips import Clip, ClipConfig, transcode
 from tasks.video.dali_frames import clip_decoder, dali_decode, decode_clips
 from tasks.video.frames import decode_clip

@@ -16,7 +16,7 @@ from tasks.demo.videos import make_video, scene
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.formats.shards import ShardWriter, iter_samples
 from tasks.formats.storage import Storage
-from tasks.stages.precache_models import PrecacheError
+from tasks.models.placement import PrecacheError
 
 KINDS = ("wan", "ltx", "cogvideox", "hunyuan")
 CLASSES = {
@@ -46,6 +46,7 @@ def cfg(models, kind="wan", frames=5, store="mean_logvar", resolution=64, **clip
             "image_latents": {"model": str(models["vae"]), "resolution": resolution, "store": store},
             "clip_latents": {"frames": frames, "fps": 4, "model": str(models[kind]), **clip},
             "dtype": "fp32",
+            "compute_dtype": "fp32",
             "batch_size": 3,
         }
     )
@@ -81,10 +82,10 @@ def read_latents(storage: Storage, rel: str) -> dict[str, dict[str, np.ndarray]]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_allowed_class_loads_from_its_folder_and_compresses_time(models, kind):
-    from tasks.curate.encoder import folder_digest
-    from tasks.video.video_vae import VideoVae
+    from tasks.models.placement import folder_digest
+    from tasks.models.video_vae import VideoVae
 
-    vae = VideoVae(cfg(models, kind), "cpu", torch.float32)
+    vae = VideoVae(cfg(models, kind), "cpu", "fp32")
     assert type(vae.model).__name__ == CLASSES[kind]
     pixels = torch.rand(2, 5, 3, 64, 64) * 2 - 1
     out = vae.encode(pixels, ["a", "b"])
@@ -102,8 +103,22 @@ def test_each_allowed_class_loads_from_its_folder_and_compresses_time(models, ki
         assert meta["latents_mean"] is None and meta["scaling_factor"] != 1.0
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_class_computes_in_bf16_close_to_fp32(models, kind):
+    """compute_dtype bf16 (linear and convolution weights kept in it, autocast around) runs
+    every allowed class and stays near fp32's latents."""
+    from tasks.models.video_vae import VideoVae
+
+    pixels = torch.rand(2, 5, 3, 64, 64) * 2 - 1
+    want = VideoVae(cfg(models, kind), "cpu", "fp32").encode(pixels, ["a", "b"])["latent_mean.npy"]
+    got = VideoVae(cfg(models, kind), "cpu", "bf16").encode(pixels, ["a", "b"])["latent_mean.npy"]
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    rel = float((got - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt())
+    assert 0 < rel < 0.05, rel
+
+
 def test_frames_and_resolution_the_model_cannot_take_are_refused_before_any_work(models, tmp_path):
-    from tasks.stages.precache_models import check_models
+    from tasks.models.frozen import check_models
 
     with pytest.raises(PrecacheError, match=r"precache\.clip_latents\.frames is 8.*1 \+ k \* 4 frames: 1, 5, 9"):
         check_models(cfg(models, frames=8))
@@ -130,12 +145,10 @@ def _clip_cfg(model):
 
 
 def test_a_pipeline_folder_is_read_through_its_subfolder(models, tmp_path):
-    from tasks.video.video_vae import VideoVae
+    from tasks.models.video_vae import VideoVae
 
     shutil.copytree(models["ltx"], tmp_path / "pipe" / "vae")
-    vae = VideoVae(
-        cfg(models, "ltx").model_copy(update={"clip_latents": _sub(tmp_path / "pipe")}), "cpu", torch.float32
-    )
+    vae = VideoVae(cfg(models, "ltx").model_copy(update={"clip_latents": _sub(tmp_path / "pipe")}), "cpu", "fp32")
     assert vae.describe()["model"] == "pipe/vae" and type(vae.model).__name__ == "AutoencoderKLLTXVideo"
 
 
@@ -146,9 +159,9 @@ def _sub(path):
 
 
 def test_a_shard_of_clips_stores_the_video_vaes_latents_and_records_it(tmp_path, models):
+    from tasks.models.video_vae import VideoVae
     from tasks.stages.precache import precache_shard
     from tasks.video.frames import decode_clip
-    from tasks.video.video_vae import VideoVae
 
     st = Storage(str(tmp_path))
     shard = write_clip_shard(st, "reshard/shard-000000.tar")
@@ -156,7 +169,7 @@ def test_a_shard_of_clips_stores_the_video_vaes_latents_and_records_it(tmp_path,
     r = precache_shard(st, c, shard, "precache")
     got = read_latents(st, r.tar)
     assert list(got) == [rec.key for rec in shard.records]
-    vae = VideoVae(c, "cpu", torch.float32)
+    vae = VideoVae(c, "cpu", "fp32")
     for i, (key, members) in enumerate(got.items()):
         assert set(members) >= {"clip_latent_mean.npy", "clip_latent_logvar.npy", "latent_mean.npy"}
         mean = members["clip_latent_mean.npy"]

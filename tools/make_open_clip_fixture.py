@@ -2,7 +2,7 @@
 
 open_clip needs torchvision, which does not install beside the project's pinned CPU torch, so this
 runs in a venv of its own, once; the test suite then checks that shardsmith's open_clip reader
-(tasks/curate/openclip.py) computes what open_clip computed:
+(tasks/models/openclip.py) computes what open_clip computed:
 
     python3.11 -m venv /tmp/ocvenv
     /tmp/ocvenv/bin/pip install torch==2.14.1 torchvision==0.29.1 open_clip_torch safetensors

@@ -1,18 +1,32 @@
-"""Every sample's fate in one pass over the stored scores: the filters' cuts over the whole dataset, then each shard's fates table."""
+"""Every sample's fate from the stored scores: the filters' cuts over the whole dataset, then each shard's fates table.
+
+Memory stays flat with the size of the dataset: the cuts read only the score columns that keep
+a fraction, shard by shard, in passes (``scores.cuts_over``); then each shard's table is read,
+decided, written and let go before the next ones (a few at once, in threads).
+"""
 
 from __future__ import annotations
 
-import math
+import json
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from tasks.curate.scores import ALIGNMENT, Cut, cuts, fate, score_names
-from tasks.formats.ledger import read_tables, write_parquet
-from tasks.formats.names import digest_of
+from tasks.curate.scores import ALIGNMENT, Cut, cuts_over, duplicated, filtered_many, score_names, undecodable
+from tasks.formats.ledger import write_parquet
+from tasks.formats.names import short_digest
 from tasks.formats.recipe_curate import CurateConfig
 from tasks.formats.storage import Storage
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 FATE_COLUMNS = ["key", "reason", "detail", "duplicate_of", "similarity"]
 
@@ -58,35 +72,91 @@ def decide(
     cfg: CurateConfig,
     shards: list[ShardInput],
     duplicates: dict[str, tuple[str, float]],
+    threads: int = 4,
 ) -> tuple[list[Cut], list[ShardDecision]]:
     """The cuts over all scores, and per shard a fates table: one row per sample with its scores
     and, for a removed one, its reason and detail (``scores.fate``). ``duplicates``: key ->
     (kept key, similarity) from semantic dedup. A fates table already stored (same content,
-    same name) is not written again."""
-    names = score_names(cfg)
-    tables = read_tables(storage, [s.scores for s in shards])
-    all_scores = pa.concat_tables([tables[s.scores] for s in shards]) if shards else pa.table({})
-    applied = cuts(cfg, all_scores) if shards else []
-    out = []
-    for s in shards:
-        t = tables[s.scores]
-        cols = {n: t.column(n).to_pylist() for n in names if n in t.column_names}
-        errors = t.column("error").to_pylist() if "error" in t.column_names else [None] * t.num_rows
-        rows = []
-        for i, key in enumerate(t.column("key").to_pylist()):
-            scored = {n: _finite(cols[n][i]) for n in cols}
-            dup = duplicates.get(key)
-            reason, detail = fate(scored, applied, dup, errors[i])
-            rows.append(
-                {
-                    "key": key,
-                    "reason": reason,
-                    "detail": detail,
-                    "duplicate_of": dup[0] if dup else None,
-                    "similarity": dup[1] if dup else None,
-                    **scored,
-                }
-            )
+    same name) is not written again. ``threads``: shards read (and decided) at once."""
+    names = list(dict.fromkeys(score_names(cfg)))
+    if not shards:
+        return [], []
+    applied = dataset_cuts(storage, cfg, shards, threads)
+
+    def one(shard: ShardInput) -> ShardDecision:
+        return _decide_shard(storage, dataset, shard, names, applied, duplicates)
+
+    return applied, list(_ordered_map(one, shards, threads))
+
+
+def dataset_cuts(storage: Storage, cfg: CurateConfig, shards: list[ShardInput], threads: int = 4) -> list[Cut]:
+    """The filters' cuts over every shard's scores (``scores.cuts_over``): the columns of the
+    kept fractions alone, a shard at a time (``threads`` read at once), in two passes."""
+    return cuts_over(cfg, lambda wanted: _ordered_map(lambda s: _read(storage, s.scores, wanted), shards, threads))
+
+
+def _read(storage: Storage, rel: str, columns: list[str]) -> pa.Table:
+    """Those of ``columns`` that the parquet file ``rel`` has (only their column chunks are read)."""
+    with storage.open(rel, "rb") as fh:
+        pf = pq.ParquetFile(fh, pre_buffer=False)
+        have = set(pf.schema_arrow.names)
+        return pf.read(columns=[c for c in dict.fromkeys(columns) if c in have], use_threads=False)
+
+
+def _decide_shard(
+    storage: Storage,
+    dataset: str,
+    shard: ShardInput,
+    names: list[str],
+    applied: list[Cut],
+    duplicates: dict[str, tuple[str, float]],
+) -> ShardDecision:
+    """One shard's fates table, written unless stored; the fates as ``scores.fate`` gives them
+    row by row, found column by column."""
+    t = _read(storage, shard.scores, ["key", "error", *names])
+    n = t.num_rows
+    keys = t.column("key").to_pylist()
+    # A score as the fates table holds it: float32 (as float64), None where null or NaN.
+    scored = {name: _float32(t.column(name)) for name in names if name in t.column_names}
+    values = {name: pa.array(v, mask=~ok).to_pylist() for name, (v, ok) in scored.items()}
+    reason = np.full(n, None, dtype=object)
+    detail = np.full(n, None, dtype=object)
+    open_ = np.ones(n, bool)  # no reason yet
+    if "error" in t.column_names and t.column("error").null_count < n:
+        err = t.column("error")
+        errors = err.to_pylist()
+        failed = _valid(err)
+        for i in np.flatnonzero(failed).tolist():
+            reason[i], detail[i] = undecodable(errors[i])
+        open_ &= ~failed
+    for cut in applied:  # the first filter failed, in recipe order
+        if cut.name not in scored:
+            continue
+        v, ok = scored[cut.name]
+        low = ok & (v < cut.low) if cut.low is not None else np.zeros(n, bool)
+        high = ok & ~low & (v > cut.high) if cut.high is not None else np.zeros(n, bool)
+        for side, hit in (("low", low), ("high", high)):
+            at = np.flatnonzero(hit & open_)
+            if len(at):
+                reason[at], detail[at] = filtered_many(cut, side, v[at].tolist())
+        open_ &= ~(low | high)
+    dups = [duplicates.get(k) for k in keys] if duplicates else [None] * n
+    if duplicates:
+        for i, still in enumerate(open_.tolist()):
+            dup = dups[i]
+            if still and dup is not None:
+                reason[i], detail[i] = duplicated(dup)
+    columns: dict[str, list[Any]] = {
+        "key": keys,
+        "reason": reason.tolist(),
+        "detail": detail.tolist(),
+        "duplicate_of": [d[0] if d else None for d in dups],
+        "similarity": [d[1] if d else None for d in dups],
+        **values,
+    }
+    digest = rows_digest(shard.ledger, shard.embedded_by, columns, set(values), {"key", "reason", "detail"})
+    path = fates_path(dataset, digest)
+    if not storage.exists(path):
         schema = pa.schema(
             [
                 ("key", pa.string()),
@@ -94,20 +164,71 @@ def decide(
                 ("detail", pa.string()),
                 ("duplicate_of", pa.string()),
                 ("similarity", pa.float32()),
-                *((n, pa.float32()) for n in cols),
+                *((name, pa.float32()) for name in scored),
             ]
         )
-        table = pa.Table.from_pylist(rows, schema=schema)
-        digest = digest_of(s.ledger, s.embedded_by, rows)
-        path = fates_path(dataset, digest)
-        if not storage.exists(path):
-            write_parquet(storage, path, table)
-        out.append(ShardDecision(s, path, digest, sum(r["reason"] is not None for r in rows)))
-    return applied, out
+        arrays = [pa.array(columns[c], f.type) for c, f in zip(FATE_COLUMNS, schema)]
+        arrays += [pa.array(v.astype(np.float32), pa.float32(), mask=~ok) for v, ok in scored.values()]
+        write_parquet(storage, path, pa.Table.from_arrays(arrays, schema=schema))
+    return ShardDecision(shard, path, digest, n - columns["reason"].count(None))
 
 
-def _finite(value: float | None) -> float | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(np.float32(value))
+def rows_digest(
+    ledger: str, embedded_by: str, columns: dict[str, list[Any]], floats: set[str], strings: set[str]
+) -> str:
+    """``digest_of(ledger, embedded_by, rows)`` of the rows that ``columns`` make (a dict per
+    row, a key per column): the name a fates table always had, its JSON text written a column
+    at a time (about twice as fast as encoding the dicts). ``floats``, ``strings``: the columns
+    that hold only floats, only strings, and None."""
+    encoded = []
+    for name in sorted(columns):  # json.dumps(..., sort_keys=True): a row's keys in order
+        col = columns[name]
+        if col.count(None) == len(col):
+            encoded.append(["null"] * len(col))
+        elif name in floats:
+            encoded.append(json.dumps(col)[1:-1].split(", "))
+        elif name in strings:
+            encoded.append([encode_basestring_ascii(x) if x is not None else "null" for x in col])
+        else:
+            encoded.append([_json(x) for x in col])
+    template = "{" + ", ".join(f"{_json(name).replace('%', '%%')}: %s" for name in sorted(columns)) + "}"
+    rows = ", ".join([template % row for row in zip(*encoded)])
+    return short_digest(f"[{_json(ledger)}, {_json(embedded_by)}, [{rows}]]")
+
+
+def _json(x: Any) -> str:
+    """``x`` as ``digest_of``'s ``json.dumps`` writes it inside its parts."""
+    if x is None:
+        return "null"
+    if type(x) is str:
+        return encode_basestring_ascii(x)
+    return json.dumps(x, sort_keys=True, default=str)
+
+
+def _float32(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(values as float32 in float64, valid): a score column as ``fate`` sees it, null and NaN not valid."""
+    v = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64).astype(np.float32).astype(np.float64)
+    return v, _valid(col) & ~np.isnan(v)
+
+
+def _valid(col: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _ordered_map(fn: Callable[[T], R], items: list[T], threads: int) -> Iterator[R]:
+    """``fn`` over ``items`` in threads, results in order, at most ``threads`` of them under way
+    and one waiting: the memory of a few items, however many there are."""
+    if threads <= 1 or len(items) <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decide") as pool:
+        pending: deque[Future[R]] = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) > threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def mean_alignment(scores: pa.Table) -> float | None:

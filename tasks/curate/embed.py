@@ -19,15 +19,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.curate.encoder import CurateError, DualEncoder, Preprocess, load_encoder, resolve_device
 from tasks.formats.ledger import read_parquet, write_parquet
 from tasks.formats.names import digest_of
 from tasks.formats.reasons import OK
 from tasks.formats.recipe_curate import CurateConfig
 from tasks.formats.storage import Storage
-from tasks.stages.precache import LocalShard, PrecacheInput
-from tasks.stages.precache_batches import decode_device, member_key, pipeline_options, read_shard, to_torch
-from tasks.stages.precache_models import IMAGE_EXTS
+from tasks.models.batches import LocalShard, iter_pillow, iter_pixels
+from tasks.models.dual_encoder import DualEncoder, load_encoder
+from tasks.models.placement import CurateError, compute_dtype, resolve_device
 from tasks.stages.runner import records_of_layout
 
 CAPTION_EXT = ".txt"
@@ -53,10 +52,18 @@ class EmbedResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def embeddings_path(dataset: str, model_digest: str, ledger: str) -> str:
-    """The side shard of a validated shard (named by its ledger) for a model (by its digest)."""
+def embeddings_path(dataset: str, model_digest: str, ledger: str, dtype: str = "fp32") -> str:
+    """The side shard of a validated shard (named by its ledger) for a model (by its digest)
+    computing in ``dtype``: embeddings of another compute dtype are another set, never mixed."""
     stem = posixpath.basename(ledger).removesuffix(".ledger.parquet")
-    return f"{dataset}/curate/embeddings/{model_digest[:16]}/{stem}-{digest_of(ledger)[:8]}.parquet"
+    return f"{dataset}/curate/embeddings/{model_digest[:16]}-{dtype}/{stem}-{digest_of(ledger)[:8]}.parquet"
+
+
+def curate_placement(cfg: CurateConfig) -> tuple[str, str]:
+    """(device, compute dtype) of the dual encoder on this worker, as ``curate.device`` and
+    ``curate.compute_dtype`` say."""
+    device = resolve_device(cfg.device, "curate.device", CurateError)
+    return device, compute_dtype(cfg.compute_dtype, device)
 
 
 def embedding_schema(dim: int, metadata: dict[str, str] | None = None) -> pa.Schema:
@@ -109,47 +116,6 @@ def _captions(tar_path: str, rows: list[dict[str, Any]]) -> dict[str, str | None
     return out
 
 
-def iter_pixels(
-    tar_path: str, idx_path: str, count: int, pre: Preprocess, cfg: CurateConfig
-) -> Iterator[tuple[list[str], Any]]:
-    """(keys, pixels) batches of one shard in shard order; DALI decodes and resizes ahead of the encoder."""
-    from nvidia.dali import fn, pipeline_def, types
-
-    device = decode_device(cfg, "curate.decode")
-    size = pre.size
-
-    @pipeline_def(**pipeline_options(cfg.batch_size, cfg.prefetch, device))
-    def pipe():
-        encoded = read_shard(tar_path, idx_path, [IMAGE_EXTS])
-        images = fn.decoders.image(encoded, device=device, output_type=types.RGB)
-        if pre.center_crop:
-            images = fn.resize(images, resize_shorter=size, antialias=True)
-        else:
-            images = fn.resize(images, resize_x=size, resize_y=size, antialias=True)
-        pixels = fn.crop_mirror_normalize(
-            images,
-            crop=(size, size),
-            mean=[m * 255 for m in pre.mean],
-            std=[s * 255 for s in pre.std],
-            output_layout="CHW",
-            dtype=types.FLOAT,
-        )
-        return encoded, pixels
-
-    p = pipe()
-    p.build()
-    done = 0
-    try:
-        while done < count:
-            encoded, pixels = p.run()
-            take = min(cfg.batch_size, count - done)
-            keys = [member_key(encoded[i].source_info()) for i in range(take)]
-            done += take
-            yield keys, to_torch(pixels)[:take]
-    finally:
-        del p
-
-
 def embed_shard(storage: Storage, cfg: CurateConfig, tar: str, ledger: str, out: str, run: str) -> EmbedResult:
     """Embed the ok samples of one validated shard into the side shard ``out``; a side shard
     already there with one row per sample is returned as it is (``embedded`` 0)."""
@@ -160,7 +126,8 @@ def embed_shard(storage: Storage, cfg: CurateConfig, tar: str, ledger: str, out:
         return done
     timings = {"load_s": 0.0, "decode_s": 0.0, "encode_s": 0.0, "write_s": 0.0}
     start = time.perf_counter()
-    enc, _ = load_encoder(cfg.model or "", cfg.tokenizer, cfg.max_length, resolve_device(cfg.device))
+    device, dtype = curate_placement(cfg)
+    enc, _ = load_encoder(cfg.model or "", cfg.tokenizer, cfg.max_length, device, dtype)
     timings["load_s"] = time.perf_counter() - start
     rows = sorted(ok.to_pylist(), key=lambda r: r["offset"])
     images: dict[str, np.ndarray] = {}
@@ -177,7 +144,12 @@ def embed_shard(storage: Storage, cfg: CurateConfig, tar: str, ledger: str, out:
     zero = np.zeros(dim, np.float32)
     image = np.stack([images.get(k, zero) for k in keys]) if keys else np.zeros((0, dim), np.float32)
     text = np.stack([texts.get(k, zero) for k in keys]) if keys else image
-    meta = {"shardsmith.model": cfg.model or "", "shardsmith.run": run, "shardsmith.shard": tar}
+    meta = {
+        "shardsmith.model": cfg.model or "",
+        "shardsmith.run": run,
+        "shardsmith.shard": tar,
+        "shardsmith.compute_dtype": dtype,
+    }
     side = pa.table(
         {
             "key": ok.column("key"),
@@ -223,97 +195,33 @@ def _embed_rows(
             ]
         ),
     )
-    local = LocalShard(storage, PrecacheInput(tar, "", tuple(records_of_layout(layout))))
+    local = LocalShard(storage, tar, records_of_layout(layout))
     try:
         captions = _captions(local.tar, rows)
         try:
-            _encode(
-                enc, iter_pixels(local.tar, local.idx, len(rows), enc.preprocess, cfg), captions, images, texts, timings
-            )
+            _encode_images(enc, iter_pixels(local.tar, local.idx, len(rows), enc.preprocess, cfg), images, timings)
         except RuntimeError:
             images.clear()
-            texts.clear()
-            _encode(
-                enc,
-                iter_pillow(local.tar, rows, enc.preprocess, cfg.batch_size, failed),
-                captions,
-                images,
-                texts,
-                timings,
-            )
+            _encode_images(enc, iter_pillow(local.tar, rows, enc.preprocess, cfg.batch_size, failed), images, timings)
     finally:
         local.close()
+    # The text tower once over the shard's captions, in batches formed by length (DualEncoder.texts).
+    t = time.perf_counter()
+    with_text = [r["key"] for r in rows if captions.get(r["key"]) and r["key"] in images]
+    if with_text:
+        texts.update(zip(with_text, enc.texts([captions[k] or "" for k in with_text], cfg.batch_size)))
+    timings["encode_s"] += time.perf_counter() - t
 
 
-def _encode(
-    enc: DualEncoder,
-    batches: Iterator[tuple[list[str], Any]],
-    captions: dict[str, str | None],
-    images: dict[str, np.ndarray],
-    texts: dict[str, np.ndarray],
-    timings: dict[str, float],
+def _encode_images(
+    enc: DualEncoder, batches: Iterator[tuple[list[str], Any]], images: dict[str, np.ndarray], timings: dict[str, float]
 ) -> None:
-    """Both towers over ``batches`` of (keys, pixels); the decode wait and the encoding timed apart."""
+    """The image tower over ``batches`` of (keys, pixels); the decode wait and the encoding timed apart."""
     t = time.perf_counter()
     for keys, pixels in batches:
         timings["decode_s"] += time.perf_counter() - t
         t = time.perf_counter()
         if keys:
-            for key, vec in zip(keys, enc.images(pixels)):
-                images[key] = vec
-            with_text = [k for k in keys if captions.get(k)]
-            if with_text:
-                for key, vec in zip(with_text, enc.texts([captions[k] or "" for k in with_text])):
-                    texts[key] = vec
+            images.update(zip(keys, enc.images(pixels)))
         timings["encode_s"] += time.perf_counter() - t
         t = time.perf_counter()
-
-
-def iter_pillow(
-    tar_path: str, rows: list[dict[str, Any]], pre: Preprocess, batch: int, failed: dict[str, str]
-) -> Iterator[tuple[list[str], Any]]:
-    """(keys, pixels) batches decoded by Pillow, one sample at a time; a sample that does not
-    decode goes into ``failed`` with the error, and the others go on."""
-    import torch
-
-    # The bytes passed validation's caps (pixels read from the header before any decode).
-    keys: list[str] = []
-    arrays: list[np.ndarray] = []
-    mean = np.array(pre.mean, np.float32)[:, None, None]
-    std = np.array(pre.std, np.float32)[:, None, None]
-    with open(tar_path, "rb") as fh:
-        for r in rows:
-            member = next((m for m in r["members"] if m["name"].rsplit(".", 1)[-1] in IMAGE_EXTS.split(";")), None)
-            try:
-                if member is None:
-                    raise ValueError("the sample has no image member")
-                fh.seek(member["offset"])
-                arrays.append((_pillow_pixels(fh.read(member["size"]), pre) - mean) / std)
-                keys.append(r["key"])
-            except Exception as err:  # noqa: BLE001 - one sample's failure is its own row
-                failed[r["key"]] = f"{type(err).__name__}: {err}"
-            if len(keys) == batch:
-                yield keys, torch.from_numpy(np.stack(arrays))
-                keys, arrays = [], []
-    if keys:
-        yield keys, torch.from_numpy(np.stack(arrays))
-
-
-def _pillow_pixels(data: bytes, pre: Preprocess) -> np.ndarray:
-    """(3, S, S) float32 in [0, 1], resized (and cropped) as the encoder wants."""
-    import io
-
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as src:
-        img = src.convert("RGB")
-    s = pre.size
-    if pre.center_crop:
-        scale = s / min(img.size)
-        w, h = max(s, round(img.width * scale)), max(s, round(img.height * scale))
-        img = img.resize((w, h), Image.Resampling.BILINEAR, reducing_gap=None)
-        left, top = (w - s) // 2, (h - s) // 2
-        img = img.crop((left, top, left + s, top + s))
-    else:
-        img = img.resize((s, s), Image.Resampling.BILINEAR)
-    return np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0

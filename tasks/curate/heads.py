@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.curate.encoder import CurateError
 from tasks.formats.recipe_curate import HeadConfig
+from tasks.models.placement import CurateError
 
 _NATURAL = re.compile(r"(\d+)")
 

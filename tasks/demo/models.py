@@ -246,7 +246,7 @@ MAKERS = {
 def make_all(root: str | Path, names: tuple[str, ...] = tuple(MAKERS)) -> dict[str, Path]:
     """The tiny models ``names`` (default all: ``vae``, ``video-vae`` (Wan), ``clip-text``, ``t5``,
     ``clip-vision``, ``clip``) under ``root``; a model already there is kept."""
-    from tasks.stages.precache_models import quiet_model_loading
+    from tasks.models.placement import quiet_model_loading
 
     root = Path(root)
     todo = [name for name in names if not (root / name / "config.json").exists()]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
+
+# A model block's compute precision: ``auto`` resolves per worker (tasks/models/placement.py).
+ComputeDtype = Literal["auto", "fp32", "bf16", "fp16"]
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.formats.recipe_base import Frozen
+from tasks.formats.recipe_base import ComputeDtype, Frozen
 
 HEAD_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
@@ -124,6 +124,10 @@ class CurateConfig(Frozen):
         prefetch: batches DALI decodes ahead of the encoder.
         decode: ``auto`` decodes on the GPU (DALI ``mixed``) when the worker has one.
         device: ``auto`` runs the encoder on the GPU when the worker has one.
+        compute_dtype: the precision the towers compute in (weights stay fp32; matrix products
+            run under autocast). ``auto`` takes bf16 on CPUs with AVX512-BF16 or AMX and on GPUs
+            that support it, fp32 otherwise. Side shards are named by it (and record it), so
+            embeddings of two dtypes never mix; the stored embeddings are float16 either way.
         alignment: the image-text alignment filter (cosine of the two embeddings, DataComp's
             CLIP score); removed samples are ``low_alignment``.
         heads: named heads over the image embedding: ``aesthetic`` (removed:
@@ -139,6 +143,7 @@ class CurateConfig(Frozen):
     prefetch: int = Field(default=2, ge=1, le=64)
     decode: Literal["auto", "cpu", "gpu"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    compute_dtype: ComputeDtype = "auto"
     alignment: ScoreRule | None = None
     heads: dict[str, HeadConfig] = Field(default_factory=dict)
     semdedup: SemDedupRule | None = None

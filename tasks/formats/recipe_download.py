@@ -9,8 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tasks.formats.recipe_base import NAME_PATTERN, Frozen
 from tasks.formats.recipe_upkeep import Recheck, RetryFailed
-from tasks.video.clips import ClipConfig
-from tasks.video.probe import VideoLimits
+from tasks.formats.recipe_video import ClipConfig, VideoLimits
 
 
 class VideoRules(VideoLimits):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.formats.recipe_base import Frozen
+from tasks.formats.recipe_base import ComputeDtype, Frozen
 from tasks.formats.recipe_download import ValidateConfig
 
 
@@ -45,12 +45,14 @@ class ImageLatentsConfig(Frozen):
         store: ``mean_logvar`` keeps the latent distribution (mean and log-variance, so training
             can sample fresh noise every epoch), ``mean`` only the mean, ``sample`` one draw
             seeded by the key.
+        compute_dtype: this encoder's compute precision (default ``None``: ``precache.compute_dtype``).
     """
 
     model: str = Field(min_length=1)
     subfolder: str | None = None
     resolution: int = Field(default=256, ge=8, le=4096, multiple_of=8)
     store: Literal["mean_logvar", "mean", "sample"] = "mean_logvar"
+    compute_dtype: ComputeDtype | None = None
 
 
 class ClipLatentsConfig(Frozen):
@@ -78,6 +80,7 @@ class ClipLatentsConfig(Frozen):
             Both take the same frames; pixels differ by decoder and resizer rounding. A clip
             that fails to decode fails the shard with an error naming it and its sample.
             Default auto.
+        compute_dtype: this encoder's compute precision (default ``None``: ``precache.compute_dtype``).
     """
 
     frames: int = Field(default=8, ge=1, le=256)
@@ -85,6 +88,7 @@ class ClipLatentsConfig(Frozen):
     model: str | None = Field(default=None, min_length=1)
     subfolder: str | None = None
     decoder: Literal["auto", "pyav", "dali"] = "auto"
+    compute_dtype: ComputeDtype | None = None
 
 
 class TextEmbeddingsConfig(Frozen):
@@ -95,11 +99,13 @@ class TextEmbeddingsConfig(Frozen):
         tokenizer: local directory of its tokenizer (default: ``model``).
         max_length: captions are padded and truncated to this many tokens; the attention mask
             is stored beside the embedding.
+        compute_dtype: this encoder's compute precision (default ``None``: ``precache.compute_dtype``).
     """
 
     model: str = Field(min_length=1)
     tokenizer: str | None = None
     max_length: int = Field(default=77, ge=1, le=4096)
+    compute_dtype: ComputeDtype | None = None
 
 
 class VisionFeaturesConfig(Frozen):
@@ -108,10 +114,12 @@ class VisionFeaturesConfig(Frozen):
     Args:
         model: local directory of the vision model; never downloaded.
         resolution: input size (default: the model config's ``image_size``).
+        compute_dtype: this encoder's compute precision (default ``None``: ``precache.compute_dtype``).
     """
 
     model: str = Field(min_length=1)
     resolution: int | None = Field(default=None, ge=8, le=4096)
+    compute_dtype: ComputeDtype | None = None
 
 
 class ImageEmbeddingConfig(Frozen):
@@ -122,9 +130,11 @@ class ImageEmbeddingConfig(Frozen):
 
     Args:
         model: local folder of the dual encoder, as ``curate.model`` takes it; never downloaded.
+        compute_dtype: this encoder's compute precision (default ``None``: ``precache.compute_dtype``).
     """
 
     model: str = Field(min_length=1)
+    compute_dtype: ComputeDtype | None = None
 
 
 class PrecacheConfig(Frozen):
@@ -144,6 +154,11 @@ class PrecacheConfig(Frozen):
         prefetch: batches DALI prepares ahead.
         decode: ``auto`` decodes on the GPU (DALI ``mixed``) when the worker has one.
         device: ``auto`` runs the encoders on the GPU when the worker has one.
+        compute_dtype: the precision the encoders compute in (weights stay fp32; matrix
+            products and convolutions run under autocast): ``auto`` takes bf16 on CPUs with
+            AVX512-BF16 or AMX and on GPUs that support it, fp32 otherwise. Each encoder's block
+            may set its own ``compute_dtype`` instead. The dtypes used name the latent shards and
+            are recorded per encoding in index.json. ``dtype`` (storage) is its own setting.
     """
 
     image_latents: ImageLatentsConfig | None = None
@@ -156,6 +171,7 @@ class PrecacheConfig(Frozen):
     prefetch: int = Field(default=2, ge=1, le=64)
     decode: Literal["auto", "cpu", "gpu"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    compute_dtype: ComputeDtype = "auto"
 
     @property
     def enabled(self) -> bool:

@@ -12,8 +12,6 @@ import hashlib
 import io
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,14 +20,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.formats.indexes import ShardIndexInput, dali_index_name, dali_indexes
 from tasks.formats.ledger import PRECACHE_SCHEMA, read_parquet
 from tasks.formats.names import digest_of
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.formats.shards import MemberRecord, SampleRecord
 from tasks.formats.storage import Storage
-from tasks.stages.precache_batches import iter_batches
-from tasks.stages.precache_models import PrecacheError, dtype_of, load_encoders
+from tasks.models.batches import LocalShard, iter_batches
+from tasks.models.frozen import compute_dtypes, load_encoders, precache_device
+from tasks.models.placement import PrecacheError, dtype_of
 from tasks.stages.runner import ShardResult, ShardRun, Verdict
 from tasks.video.clip_latents import encode_clips
 
@@ -128,9 +126,17 @@ SUMMARY_FIELDS = (
 # ---------------------------------------------------------------------------------------------
 
 
-def output_names(cfg: PrecacheConfig, prefix: str, shard: PrecacheInput) -> tuple[str, str]:
-    """The latent shard and its ledger, named by the input's checksum and the config."""
-    digest = digest_of(shard.sha256, cfg.model_dump(mode="json"))
+def placement(cfg: PrecacheConfig) -> dict[str, str]:
+    """Per model block, the compute dtype it runs in on this worker (``auto`` resolved)."""
+    return compute_dtypes(cfg, precache_device(cfg))
+
+
+def output_names(
+    cfg: PrecacheConfig, prefix: str, shard: PrecacheInput, dtypes: dict[str, str] | None = None
+) -> tuple[str, str]:
+    """The latent shard and its ledger, named by the input's checksum, the config and the
+    compute dtypes (``placement``: outputs computed in another dtype are another shard)."""
+    digest = digest_of(shard.sha256, cfg.model_dump(mode="json"), dtypes if dtypes is not None else placement(cfg))
     stem = Path(shard.tar).name.removesuffix(".tar")
     return f"{prefix}/{digest}/{stem}.tar", f"{prefix}/{digest}/{stem}.ledger.parquet"
 
@@ -155,34 +161,16 @@ def _stored(t: Any, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return stored.cpu().numpy(), back
 
 
-class LocalShard:
-    """The shard as a local file with a DALI index beside it (DALI reads local paths only)."""
-
-    def __init__(self, storage: Storage, shard: PrecacheInput) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix="shardsmith-precache-")
-        name = Path(shard.tar).name
-        if storage.is_local:
-            self.tar = storage.path(shard.tar)
-        else:
-            self.tar = os.path.join(self.tmp.name, name)
-            storage.fs.get(storage.path(shard.tar), self.tar)
-        size = os.path.getsize(self.tar)
-        self.idx = os.path.join(self.tmp.name, dali_index_name(name))
-        data = dali_indexes([ShardIndexInput(name=name, size=size, samples=shard.records)])[dali_index_name(name)]
-        Path(self.idx).write_bytes(data)
-
-    def close(self) -> None:
-        self.tmp.cleanup()
-
-
-def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, prefix: str) -> PrecacheResult:
+def precache_shard(
+    storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, prefix: str, dtypes: dict[str, str] | None = None
+) -> PrecacheResult:
     """Encode one shard into its latent shard; a rerun whose ledger exists returns the record.
 
     Per sample, a ledger row: ``ok``, or ``error`` with ``nonfinite_encoding`` when any stored
     value is NaN or infinite (the gate then blocks the release). A key DALI read that is not
     the key at that position of the image shard is recorded (``aligned`` false) for the gate.
     """
-    tar, ledger = output_names(cfg, prefix, shard)
+    tar, ledger = output_names(cfg, prefix, shard, dtypes)
     summary = summary_name(ledger)
     if storage.exists(ledger) and storage.exists(summary) and storage.exists(tar):
         return recorded(storage, summary, shard.tar)
@@ -194,11 +182,11 @@ def precache_shard(storage: Storage, cfg: PrecacheConfig, shard: PrecacheInput, 
     expected = [r.key for r in shard.records]
     by_key = {r.key: r for r in shard.records}
     run = ShardRun(storage, tar, ledger, PRECACHE_SCHEMA, order=None)
-    local = LocalShard(storage, shard)
+    local = LocalShard(storage, shard.tar, shard.records)
     vectors = None
     try:
         if cfg.image_embedding is not None:
-            from tasks.curate.precache_embed import image_embeddings
+            from tasks.stages.precache_embed import image_embeddings
 
             t = time.perf_counter()
             vectors, reused = image_embeddings(storage, cfg, shard, local)

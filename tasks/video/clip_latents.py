@@ -6,15 +6,9 @@ from typing import Any
 
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.formats.shards import SampleRecord
-from tasks.stages.precache_models import PrecacheError
+from tasks.models.frozen import CLIP_PREFIX as PREFIX
+from tasks.models.placement import PrecacheError
 from tasks.video.dali_frames import decode_clips
-
-# The members the image VAE's outputs become for clips (``latent.npy`` -> ``clip_latent.npy``).
-PREFIX = "clip_"
-
-
-def clip_members(image_members: list[str]) -> list[str]:
-    return [PREFIX + m for m in image_members]
 
 
 def encode_clips(
@@ -44,5 +38,5 @@ def encode_clips(
         return {PREFIX + m: t for m, t in latents.items()}
     # Each frame's draw (store: sample) is seeded by its clip's key and its place in the clip.
     frame_keys = [f"{k}@{t}" for k in keys for t in range(clip.frames)]
-    out = encoders.encode_images(pixels, frame_keys)
+    out = encoders.encode_images(pixels, frame_keys, "clip_latents")
     return {PREFIX + m: t.reshape(len(keys), clip.frames, *t.shape[1:]) for m, t in out.items()}

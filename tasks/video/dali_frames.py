@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.formats.recipe_outputs import PrecacheConfig
-from tasks.stages.precache_models import PrecacheError
+from tasks.models.placement import PrecacheError, decode_device
 from tasks.video.frames import DEFAULT_MAX_PIXELS, FramePicker, decode_clip, fit_geometry
 
 # What DALI 2.4's CPU build decodes (its docs: H.264, HEVC, AV1 and MPEG-4 are the GPU's only).
@@ -82,8 +82,6 @@ def clip_decoder(cfg: PrecacheConfig) -> tuple[str, str]:
     """``(decoder, device)`` for ``precache.clip_latents``: ``("dali", "mixed")`` on a worker
     with a GPU (as ``precache.decode`` decides), ``("pyav", "cpu")`` otherwise; ``decoder:
     dali`` on a worker without one is ``("dali", "cpu")``."""
-    from tasks.stages.precache_batches import decode_device
-
     choice = cfg.clip_latents.decoder if cfg.clip_latents is not None else "auto"
     if choice == "pyav":
         return "pyav", "cpu"
@@ -131,7 +129,7 @@ class _Pipe:
         import numpy as np
         import torch
 
-        from tasks.stages.precache_batches import to_torch
+        from tasks.models.batches import to_torch
 
         with self.lock:
             p = self.pipe

@@ -24,45 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from tasks.formats.recipe_video import VideoLimits
 from tasks.formats.spooled import Payload, SpooledBody, media_source
 from tasks.policies.ruling import Ruling
 from tasks.policies.sniff import SNIFF_BYTES, container_verdict
 
 # Container names as FFmpeg's demuxers call them, and the sniffed families they read.
 CONTAINERS = {"mp4": "mov", "webm": "matroska", "mkv": "matroska", "avi": "avi"}
-
-
-class VideoLimits(BaseModel):
-    """What a video may declare before shardsmith decodes any of it.
-
-    Args:
-        containers: sniffed families accepted (``mp4`` also covers mov and m4v). Default mp4,
-            webm, mkv.
-        codecs: FFmpeg codec names accepted for the video stream. Default h264, hevc, vp8, vp9,
-            av1, mpeg4.
-        max_width, max_height: declared frame size. Default 3840 x 2160.
-        max_pixels: declared width x height. Default 3840 * 2160.
-        max_duration_s: declared duration. Default 3600.
-        min_duration_s: declared duration below this is ``video_too_short``. Default 0.1.
-        max_frames: declared frames of the video stream. Default 216,000 (an hour at 60 fps).
-        max_streams: streams of every kind. Default 16.
-        probe_bytes: how far FFmpeg may read to find the streams. Default 5 MB.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    containers: tuple[str, ...] = ("mp4", "webm", "mkv")
-    codecs: tuple[str, ...] = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4")
-    max_width: int = Field(3840, gt=0)
-    max_height: int = Field(2160, gt=0)
-    max_pixels: int = Field(3840 * 2160, gt=0)
-    max_duration_s: float = Field(3600.0, gt=0)
-    min_duration_s: float = Field(0.1, ge=0)
-    max_frames: int = Field(216_000, gt=0)
-    max_streams: int = Field(16, gt=0)
-    probe_bytes: int = Field(5_000_000, ge=32)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,34 +1,54 @@
-"""Batches of decoded images for the precache encoders, read with DALI through each shard's index."""
+"""Batches of decoded images for the encoders: DALI through each shard's index (nvJPEG on a GPU
+worker), or Pillow one sample at a time where DALI cannot decode an image."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tasks.formats.indexes import ShardIndexInput, dali_index_name, dali_indexes
 from tasks.formats.recipe_outputs import PrecacheConfig
-from tasks.stages.precache_models import IMAGE_EXTS, PrecacheError
+from tasks.formats.shards import SampleRecord
+from tasks.formats.storage import Storage
+from tasks.models.placement import IMAGE_EXTS, decode_device
+from tasks.models.preprocess import Preprocess, pillow_pixels
+
+
+class LocalShard:
+    """A shard as a local file with a DALI index beside it (DALI reads local paths only).
+
+    Args:
+        storage: where the shard is.
+        tar: its path under the storage root (copied to a temporary folder unless local).
+        records: its sample records, in order (the index is built from them).
+    """
+
+    def __init__(self, storage: Storage, tar: str, records: tuple[SampleRecord, ...] | list[SampleRecord]) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="shardsmith-shard-")
+        name = Path(tar).name
+        if storage.is_local:
+            self.tar = storage.path(tar)
+        else:
+            self.tar = os.path.join(self.tmp.name, name)
+            storage.fs.get(storage.path(tar), self.tar)
+        size = os.path.getsize(self.tar)
+        self.idx = os.path.join(self.tmp.name, dali_index_name(name))
+        data = dali_indexes([ShardIndexInput(name=name, size=size, samples=tuple(records))])[dali_index_name(name)]
+        Path(self.idx).write_bytes(data)
+
+    def close(self) -> None:
+        self.tmp.cleanup()
+
 
 # ---------------------------------------------------------------------------------------------
 # Decode: a DALI pipeline over one shard
 # ---------------------------------------------------------------------------------------------
-
-
-def decode_device(cfg: PrecacheConfig | Any, what: str = "precache.decode") -> str:
-    """``mixed`` (nvJPEG on the GPU) or ``cpu``, from the recipe's ``decode`` setting (of the
-    precache or curate config, named by ``what``) and what the worker has."""
-    import torch
-
-    if cfg.decode == "gpu":
-        if not torch.cuda.is_available():
-            raise PrecacheError(f"{what} is gpu but this worker sees no CUDA GPU")
-        return "mixed"
-    if cfg.decode == "cpu":
-        return "cpu"
-    return "mixed" if torch.cuda.is_available() else "cpu"
 
 
 @dataclass
@@ -153,3 +173,77 @@ def member_key(source_info: str) -> str:
     """``/path/shard.tar:photos-000000036.jpg`` -> ``photos-000000036``."""
     member = source_info.rsplit(":", 1)[-1]
     return member.rsplit("/", 1)[-1].split(".", 1)[0]
+
+
+def iter_pixels(
+    tar_path: str, idx_path: str, count: int, pre: Preprocess, cfg: Any, what: str = "curate.decode"
+) -> Iterator[tuple[list[str], Any]]:
+    """(keys, pixels) batches of one shard in shard order for a dual encoder's image tower:
+    DALI decodes, resizes (and crops) and normalises ahead of the encoder. ``cfg``: a config
+    with ``batch_size``, ``prefetch`` and ``decode`` (curate's, or precache's)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    device = decode_device(cfg, what)
+    size = pre.size
+
+    @pipeline_def(**pipeline_options(cfg.batch_size, cfg.prefetch, device))
+    def pipe():
+        encoded = read_shard(tar_path, idx_path, [IMAGE_EXTS])
+        images = fn.decoders.image(encoded, device=device, output_type=types.RGB)
+        if pre.center_crop:
+            images = fn.resize(images, resize_shorter=size, antialias=True)
+        else:
+            images = fn.resize(images, resize_x=size, resize_y=size, antialias=True)
+        pixels = fn.crop_mirror_normalize(
+            images,
+            crop=(size, size),
+            mean=[m * 255 for m in pre.mean],
+            std=[s * 255 for s in pre.std],
+            output_layout="CHW",
+            dtype=types.FLOAT,
+        )
+        return encoded, pixels
+
+    p = pipe()
+    p.build()
+    done = 0
+    try:
+        while done < count:
+            encoded, pixels = p.run()
+            take = min(cfg.batch_size, count - done)
+            keys = [member_key(encoded[i].source_info()) for i in range(take)]
+            done += take
+            yield keys, to_torch(pixels)[:take]
+    finally:
+        del p
+
+
+def iter_pillow(
+    tar_path: str, rows: list[dict[str, Any]], pre: Preprocess, batch: int, failed: dict[str, str]
+) -> Iterator[tuple[list[str], Any]]:
+    """(keys, pixels) batches decoded by Pillow, one sample at a time (``rows``: ledger rows
+    with their ``members``); a sample that does not decode goes into ``failed`` with the error,
+    and the others go on."""
+    import torch
+
+    # The bytes passed validation's caps (pixels read from the header before any decode).
+    keys: list[str] = []
+    arrays: list[np.ndarray] = []
+    mean = np.array(pre.mean, np.float32)[:, None, None]
+    std = np.array(pre.std, np.float32)[:, None, None]
+    with open(tar_path, "rb") as fh:
+        for r in rows:
+            member = next((m for m in r["members"] if m["name"].rsplit(".", 1)[-1] in IMAGE_EXTS.split(";")), None)
+            try:
+                if member is None:
+                    raise ValueError("the sample has no image member")
+                fh.seek(member["offset"])
+                arrays.append((pillow_pixels(fh.read(member["size"]), pre) - mean) / std)
+                keys.append(r["key"])
+            except Exception as err:  # noqa: BLE001 - one sample's failure is its own row
+                failed[r["key"]] = f"{type(err).__name__}: {err}"
+            if len(keys) == batch:
+                yield keys, torch.from_numpy(np.stack(arrays))
+                keys, arrays = [], []
+    if keys:
+        yield keys, torch.from_numpy(np.stack(arrays))

@@ -1,8 +1,7 @@
-"""The frozen encoders of the precache phase: checked, loaded once per worker process, run on batches."""
+"""The frozen encoders of the precache phase (VAE, text and vision encoders, and the video VAE through video_vae.py): checked, loaded once per worker process, run on batches."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -10,30 +9,40 @@ from pathlib import Path
 from typing import Any
 
 from tasks.formats.recipe_outputs import PrecacheConfig
+from tasks.models.latents import maybe_float, stored_latents
+from tasks.models.placement import (
+    STORAGE_DTYPES,
+    PrecacheError,
+    compute_dtype,
+    frozen,
+    need_dir,
+    quiet_model_loading,
+    resolve_device,
+    running,
+)
+from tasks.models.preprocess import normalisation
 
-IMAGE_EXTS = "jpg;jpeg;png;webp"
-STORAGE_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-
-
-class PrecacheError(RuntimeError):
-    """A precache that cannot run: a missing model, an unreadable shard, a model of a kind we do not know."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Models: loaded once per worker process
-# ---------------------------------------------------------------------------------------------
-
+# The members the image VAE's outputs become for clips (``latent.npy`` -> ``clip_latent.npy``).
+CLIP_PREFIX = "clip_"
 _MODELS: dict[str, Encoders] = {}
 _MODELS_LOCK = threading.Lock()
+# The model blocks of a precache config that name a model, and so a compute dtype.
+BLOCKS = ("image_latents", "clip_latents", "text", "vision", "image_embedding")
 
 
-def need_dir(path: str | None, what: str) -> Path:
-    if not path or not Path(path).is_dir():
-        raise PrecacheError(
-            f"{what}: no model directory at {path!r}; models are never downloaded at run time, "
-            "point the recipe at a local save_pretrained folder"
-        )
-    return Path(path)
+def clip_members(image_members: list[str]) -> list[str]:
+    return [CLIP_PREFIX + m for m in image_members]
+
+
+def compute_dtypes(cfg: PrecacheConfig, device: str) -> dict[str, str]:
+    """Per configured model block, the dtype it computes in on ``device``: its own
+    ``compute_dtype`` when it sets one, else ``precache.compute_dtype`` (``auto`` resolved)."""
+    out = {}
+    for name in BLOCKS:
+        block = getattr(cfg, name)
+        if block is not None:
+            out[name] = compute_dtype(getattr(block, "compute_dtype", None) or cfg.compute_dtype, device)
+    return out
 
 
 def check_models(cfg: PrecacheConfig) -> None:
@@ -46,7 +55,7 @@ def check_models(cfg: PrecacheConfig) -> None:
         need_dir(cfg.text.model, "precache.text.model")
         need_dir(cfg.text.tokenizer or cfg.text.model, "precache.text.tokenizer")
     if cfg.clip_latents and cfg.clip_latents.model:
-        from tasks.video.video_vae import check_video_vae
+        from tasks.models.video_vae import check_video_vae
 
         check_video_vae(cfg)
     if cfg.vision:
@@ -55,40 +64,9 @@ def check_models(cfg: PrecacheConfig) -> None:
         need_dir(cfg.image_embedding.model, "precache.image_embedding.model")
 
 
-def resolve_device(cfg: PrecacheConfig) -> str:
+def precache_device(cfg: PrecacheConfig) -> str:
     """``cuda`` when asked for, or on ``auto`` when this worker sees a GPU; ``cpu`` otherwise."""
-    import torch
-
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise PrecacheError("precache.device is cuda but this worker sees no CUDA GPU")
-    if cfg.device == "cpu":
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def quiet_model_loading(diffusers: bool) -> None:
-    """No progress bars from loading or saving models (transformers' "Loading weights", the
-    Hub's, and diffusers' when ``diffusers``: importing diffusers only for this would cost a
-    text-only load seconds of CPU).
-
-    In a Dask worker they interleave with the CLI's own progress lines, and each bar's tqdm
-    creates a multiprocessing lock: a worker that the cluster's close ends before its
-    finalizers run leaves those locks registered, and Python's resource tracker warns of
-    "leaked semaphore objects" as the run exits. Idempotent; process-wide, as the libraries keep it.
-    """
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # the Hub's bars too
-    if diffusers:
-        from diffusers.utils import logging as diffusers_logging
-
-        diffusers_logging.disable_progress_bar()
-
-
-def dtype_of(name: str) -> Any:
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
+    return resolve_device(cfg.device, "precache.device")
 
 
 class Encoders:
@@ -96,18 +74,17 @@ class Encoders:
 
     Args:
         cfg: the recipe's precache config.
-        device: ``cpu`` or ``cuda``. Models run in fp32 on the CPU (fp16 kernels there are slow
-            or missing) and in the storage dtype on the GPU (bf16 -> bf16, fp16 -> fp16).
+        device: ``cpu`` or ``cuda``. Weights stay fp32; each model computes in its block's
+            compute dtype (``compute_dtypes``), under autocast.
     """
 
     def __init__(self, cfg: PrecacheConfig, device: str) -> None:
-        import torch
 
         check_models(cfg)
         quiet_model_loading(diffusers=cfg.image_latents is not None)
         self.cfg = cfg
         self.device = device
-        self.compute_dtype = torch.float32 if device == "cpu" else dtype_of(cfg.dtype)
+        self.dtypes = compute_dtypes(cfg, device)
         self.vae = self.tokenizer = self.text = self.vision = self.video_vae = None
         self.vision_mean = self.vision_std = None
         self.vision_size = None
@@ -117,17 +94,18 @@ class Encoders:
             kw = {"subfolder": cfg.image_latents.subfolder} if cfg.image_latents.subfolder else {}
             # low_cpu_mem_usage needs accelerate, which we do not depend on for one load per worker.
             self.vae = AutoencoderKL.from_pretrained(
-                cfg.image_latents.model,
-                local_files_only=True,
-                torch_dtype=self.compute_dtype,
-                low_cpu_mem_usage=False,
-                **kw,
+                cfg.image_latents.model, local_files_only=True, low_cpu_mem_usage=False, **kw
             )
-            self.vae.to(device=device).eval().requires_grad_(False)
+            # The VAE also encodes clip frames unless a video VAE does: its weights stay fp32
+            # when the two blocks compute in different dtypes.
+            clip = cfg.clip_latents
+            shared = clip is not None and clip.model is None
+            same = not shared or self.dtypes["clip_latents"] == self.dtypes["image_latents"]
+            frozen(self.vae, device, self.dtypes["image_latents"] if same else "fp32")
         if cfg.clip_latents and cfg.clip_latents.model:
-            from tasks.video.video_vae import VideoVae
+            from tasks.models.video_vae import VideoVae
 
-            self.video_vae = VideoVae(cfg, device, self.compute_dtype)
+            self.video_vae = VideoVae(cfg, device, self.dtypes["clip_latents"])
         if cfg.text:
             from transformers import AutoTokenizer
 
@@ -135,45 +113,63 @@ class Encoders:
             model_class = _text_model_class(kind, cfg.text.model)
             self.tokenizer = AutoTokenizer.from_pretrained(cfg.text.tokenizer or cfg.text.model, local_files_only=True)
             self.text = model_class.from_pretrained(cfg.text.model, local_files_only=True)
-            self.text.to(device=device, dtype=self.compute_dtype).eval().requires_grad_(False)
+            frozen(self.text, device, self.dtypes["text"])
+            self.text_kind = kind
         if cfg.vision:
             from transformers import AutoConfig
 
             model_class = _vision_model_class(_model_type(cfg.vision.model, "precache.vision.model"), cfg.vision.model)
             config = AutoConfig.from_pretrained(cfg.vision.model, local_files_only=True)
             self.vision = model_class.from_pretrained(cfg.vision.model, local_files_only=True)
-            self.vision.to(device=device, dtype=self.compute_dtype).eval().requires_grad_(False)
+            frozen(self.vision, device, self.dtypes["vision"])
             vcfg = getattr(config, "vision_config", config)
             self.vision_size = cfg.vision.resolution or int(vcfg.image_size)
-            self.vision_mean, self.vision_std = _normalisation(Path(cfg.vision.model))
+            self.vision_mean, self.vision_std = normalisation(Path(cfg.vision.model))
 
     # -- encoders on one batch; inputs are torch tensors on any device ----------------------
 
-    def encode_images(self, pixels: Any, keys: list[str]) -> dict[str, Any]:
-        """``pixels``: (B, 3, R, R) in [-1, 1]. Returns the stored arrays' tensors by member name."""
+    def encode_images(self, pixels: Any, keys: list[str], block: str = "image_latents") -> dict[str, Any]:
+        """``pixels``: (B, 3, R, R) in [-1, 1]. Returns the stored arrays' tensors by member name;
+        ``block``: whose compute dtype (``clip_latents`` for clip frames through this VAE)."""
         import torch
 
-        with torch.inference_mode():
-            dist = self.vae.encode(pixels.to(self.device, self.compute_dtype)).latent_dist
+        with running(self.device, self.dtypes.get(block, self.dtypes["image_latents"])):
+            dist = self.vae.encode(pixels.to(self.device, torch.float32)).latent_dist
             return stored_latents(dist, self.cfg.image_latents.store, keys)
 
     def encode_text(self, captions: list[str]) -> dict[str, Any]:
+        """Hidden states ``(B, max_length, D)`` and the mask. Each batch is run at its longest
+        caption's length (SigLIP's at ``max_length``, as it was trained), then padded with zeros
+        to ``max_length``: the mask keeps padding out of every real token's state, so this is
+        what running every caption at ``max_length`` gives, less the cost of the padding."""
         import torch
 
+        length = self.cfg.text.max_length
+        siglip = self.text_kind == "siglip_text_model"
         tok = self.tokenizer(
-            captions, padding="max_length", truncation=True, max_length=self.cfg.text.max_length, return_tensors="pt"
+            captions,
+            padding="max_length" if siglip else "longest",
+            truncation=True,
+            max_length=length,
+            return_tensors="pt",
         )
-        with torch.inference_mode():
+        with running(self.device, self.dtypes["text"]):
             out = self.text(
                 input_ids=tok["input_ids"].to(self.device), attention_mask=tok["attention_mask"].to(self.device)
             )
-        return {"text_emb.npy": out.last_hidden_state, "text_mask.npy": tok["attention_mask"].to(torch.uint8)}
+        states, mask = out.last_hidden_state.float(), tok["attention_mask"].to(torch.uint8)
+        states = states * mask.to(states.device, states.dtype)[:, :, None]
+        pad = length - states.shape[1]
+        if pad > 0:
+            states = torch.nn.functional.pad(states, (0, 0, 0, pad))
+            mask = torch.nn.functional.pad(mask, (0, pad))
+        return {"text_emb.npy": states, "text_mask.npy": mask}
 
     def encode_vision(self, pixels: Any) -> dict[str, Any]:
         import torch
 
-        with torch.inference_mode():
-            out = self.vision(pixel_values=pixels.to(self.device, self.compute_dtype))
+        with running(self.device, self.dtypes["vision"]):
+            out = self.vision(pixel_values=pixels.to(self.device, torch.float32))
         return {"vision_emb.npy": out.last_hidden_state}
 
     def describe(self) -> dict[str, dict[str, Any]]:
@@ -193,8 +189,6 @@ class Encoders:
                 "model": Path(il.model).name + (f"/{il.subfolder}" if il.subfolder else ""),
             }
         if self.vae is not None and self.cfg.clip_latents is not None:
-            from tasks.video.clip_latents import clip_members
-
             out["clip_latents"] = {
                 **out["image_latents"],
                 "members": clip_members(out["image_latents"]["members"]),
@@ -226,31 +220,9 @@ class Encoders:
                 "resolution": self.vision_size,
                 "model": Path(self.cfg.vision.model).name,
             }
+        for name, info in out.items():
+            info["compute_dtype"] = self.dtypes.get(name, self.dtypes.get("image_latents"))
         return out
-
-
-def stored_latents(dist: Any, store: str, seeds: list[str]) -> dict[str, Any]:
-    """What ``image_latents.store`` keeps of a VAE's latent distribution, by member name: mean
-    and log-variance, the mean, or one draw per sample seeded by its string in ``seeds`` (so a
-    rerun stores the same draw)."""
-    import torch
-
-    if store == "mean_logvar":
-        return {"latent_mean.npy": dist.mean, "latent_logvar.npy": dist.logvar}
-    if store == "mean":
-        return {"latent.npy": dist.mean}
-    noise = torch.stack([torch.randn(dist.mean.shape[1:], generator=_key_generator(s)) for s in seeds])
-    return {"latent.npy": dist.mean + dist.std * noise.to(dist.mean.device, dist.mean.dtype)}
-
-
-def maybe_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def _key_generator(key: str) -> Any:
-    import torch
-
-    return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
 
 
 def _model_type(path: str, what: str) -> str | None:
@@ -297,19 +269,9 @@ def _vision_model_class(kind: str, path: str) -> Any:
     return _model_class(VISION_MODELS, kind, path, "vision")
 
 
-def _normalisation(path: Path) -> tuple[list[float], list[float]]:
-    """The vision encoder's pixel mean and std, from its preprocessor config (CLIP's otherwise)."""
-    pre = path / "preprocessor_config.json"
-    if pre.exists():
-        data = json.loads(pre.read_text())
-        if "image_mean" in data and "image_std" in data:
-            return [float(x) for x in data["image_mean"]], [float(x) for x in data["image_std"]]
-    return [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
-
-
 def load_encoders(cfg: PrecacheConfig) -> tuple[Encoders, float]:
     """The worker's encoders for ``cfg``, loaded on first use; and the seconds the load took."""
-    device = resolve_device(cfg)
+    device = precache_device(cfg)
     key = json.dumps([cfg.model_dump(mode="json"), device], sort_keys=True)
     with _MODELS_LOCK:
         if key in _MODELS:

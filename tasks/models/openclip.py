@@ -13,8 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks.curate.encoder import CLIP_MEAN, CLIP_STD, OPEN_CLIP_CONFIG, CurateError, Preprocess
+from tasks.models.placement import CurateError
+from tasks.models.preprocess import CLIP_MEAN, CLIP_STD, Preprocess
 
+OPEN_CLIP_CONFIG = "open_clip_config.json"
 WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin", "open_clip_pytorch_model.pt")
 # Settings of open_clip's towers that change what they compute, with the value this reader supports.
 SUPPORTED_VISION = {

@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from tasks.curate.embed import iter_pixels
-from tasks.curate.encoder import load_encoder, resolve_device
 from tasks.formats.ledger import read_parquet
-from tasks.formats.recipe_curate import CurateConfig
 from tasks.formats.recipe_outputs import PrecacheConfig
 from tasks.formats.storage import Storage
+from tasks.models.batches import iter_pixels
+from tasks.models.dual_encoder import load_encoder
+from tasks.models.frozen import compute_dtypes, precache_device
 
 
 def image_embeddings(
@@ -21,14 +21,23 @@ def image_embeddings(
     """key -> L2-normalised image embedding for every sample of ``shard`` (a ``PrecacheInput``),
     and whether all of them came from curation's side shards (``shard.side_shards``).
 
-    Samples the side shards do not hold (no curation with this model, or a side shard gone) are
-    encoded from ``local`` (the shard and its DALI index on local disk), the whole shard at once.
+    Samples the side shards do not hold (no curation with this model, a side shard gone, or one
+    computed in another dtype than ``image_embedding``'s) are encoded from ``local`` (the shard
+    and its DALI index on local disk), the whole shard at once.
     """
+    import pyarrow.parquet as pq
+
+    device = precache_device(cfg)
+    dtype = compute_dtypes(cfg, device)["image_embedding"]
     keys = [r.key for r in shard.records]
     wanted = set(keys)
     found: dict[str, np.ndarray] = {}
     for side in shard.side_shards:
         try:
+            with storage.open(side, "rb") as fh:
+                meta = pq.ParquetFile(fh).schema_arrow.metadata or {}
+            if meta.get(b"shardsmith.compute_dtype", b"fp32").decode() != dtype:
+                continue
             table = read_parquet(storage, side, ["key", "image"])
         except FileNotFoundError:
             continue
@@ -41,11 +50,8 @@ def image_embeddings(
     if cfg.image_embedding is None:
         raise ValueError("image_embeddings: precache.image_embedding is not configured")
     model = cfg.image_embedding.model
-    enc, _ = load_encoder(model, None, None, resolve_device(cfg.device))
-    ccfg = CurateConfig(
-        model=model, batch_size=cfg.batch_size, prefetch=cfg.prefetch, decode=cfg.decode, device=cfg.device
-    )
-    for batch_keys, pixels in iter_pixels(local.tar, local.idx, len(keys), enc.preprocess, ccfg):
+    enc, _ = load_encoder(model, None, None, device, dtype)
+    for batch_keys, pixels in iter_pixels(local.tar, local.idx, len(keys), enc.preprocess, cfg, "precache.decode"):
         for key, vec in zip(batch_keys, enc.images(pixels)):
             found[key] = vec
     return found, False

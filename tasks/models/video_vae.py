@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.formats.recipe_outputs import PrecacheConfig
-from tasks.stages.precache_models import PrecacheError, maybe_float, need_dir, stored_latents
+from tasks.models.latents import maybe_float, stored_latents
+from tasks.models.placement import PrecacheError, folder_digest, frozen, need_dir, running
 
 
 @dataclass(frozen=True)
@@ -137,22 +138,20 @@ class VideoVae:
     Args:
         cfg: the recipe's precache config, with ``clip_latents.model`` set.
         device: ``cpu`` or ``cuda``.
-        dtype: the torch dtype it computes in (as the image VAE's).
+        dtype: the compute dtype (``fp32``, ``bf16``, ``fp16``), under autocast.
     """
 
-    def __init__(self, cfg: PrecacheConfig, device: str, dtype: Any) -> None:
+    def __init__(self, cfg: PrecacheConfig, device: str, dtype: str) -> None:
         import diffusers
-
-        from tasks.curate.encoder import folder_digest
 
         self.check = check_video_vae(cfg)
         self.device = device
         self.dtype = dtype
         # low_cpu_mem_usage needs accelerate, which we do not depend on for one load per worker.
         self.model = getattr(diffusers, self.check.class_name).from_pretrained(
-            str(self.check.path), local_files_only=True, torch_dtype=dtype, low_cpu_mem_usage=False
+            str(self.check.path), local_files_only=True, low_cpu_mem_usage=False
         )
-        self.model.to(device=device).eval().requires_grad_(False)
+        frozen(self.model, device, dtype)
         # Of the VAE's own folder (not a whole pipeline's around it): its weights and config.
         self.digest = folder_digest(str(self.check.path))
 
@@ -162,8 +161,10 @@ class VideoVae:
         ``image_latents.store`` says; a ``sample`` draw is seeded by the clip's key."""
         import torch
 
-        with torch.inference_mode():
-            video = pixels.permute(0, 2, 1, 3, 4).to(self.device, self.dtype)  # (B, 3, T, R, R), as diffusers takes it
+        with running(self.device, self.dtype):
+            video = pixels.permute(0, 2, 1, 3, 4).to(
+                self.device, torch.float32
+            )  # (B, 3, T, R, R), as diffusers takes it
             dist = self.model.encode(video).latent_dist
             if dist.mean.shape[2] != self.check.latent_frames:
                 raise PrecacheError(

@@ -1,0 +1,162 @@
+"""The dual encoder of the curation phase (and of precache's image embedding): a CLIP-family model from a local folder, loaded once per worker."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.models.openclip import OPEN_CLIP_CONFIG, load_open_clip
+from tasks.models.placement import CurateError, need_dir, quiet_transformers, running
+from tasks.models.placement import frozen as frozen_model
+from tasks.models.preprocess import Preprocess, read_json, transformers_preprocess
+
+TRANSFORMERS_MODELS = {"clip": "CLIPModel", "siglip": "SiglipModel"}
+
+
+def need_model_dir(path: str | None, what: str = "curate.model") -> Path:
+    return need_dir(path, what, CurateError)
+
+
+class DualEncoder:
+    """Image and text towers of one CLIP-family model, frozen, on one device.
+
+    Args:
+        path: the model folder (transformers CLIP or SigLIP, or an open_clip checkpoint).
+        tokenizer: folder of the tokenizer (default: ``path``).
+        max_length: caption tokens at most (default: the text tower's context length).
+        device: ``cpu`` or ``cuda``.
+        dtype: the compute dtype (``fp32``, ``bf16``, ``fp16``; placement.compute_dtype resolves
+            ``auto``): the weights stay fp32, the towers run under autocast.
+
+    ``images`` and ``texts`` return L2-normalised float32 embeddings, one row per input.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        tokenizer: str | None = None,
+        max_length: int | None = None,
+        device: str = "cpu",
+        dtype: str = "fp32",
+    ):
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # see placement.quiet_model_loading
+        root = need_model_dir(path)
+        self.device = device
+        self.dtype = dtype
+        with quiet_transformers():
+            if (root / OPEN_CLIP_CONFIG).exists():
+                self.model, self.preprocess = load_open_clip(root)
+                self.kind = "open_clip"
+            else:
+                self.model, self.preprocess, self.kind = _load_transformers(root)
+        tok_dir = tokenizer or path
+        need_model_dir(tok_dir, "curate.tokenizer")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+        except (OSError, ValueError) as err:
+            raise CurateError(
+                f"curate.tokenizer {tok_dir}: no tokenizer there ({type(err).__name__}: {err}); put its files "
+                "(tokenizer.json, or vocab.json and merges.txt) beside the model or set curate.tokenizer"
+            ) from None
+        context = int(self.model.config.text_config.max_position_embeddings)
+        self.max_length = min(max_length or context, context)
+        frozen_model(self.model, device, dtype)
+
+    @functools.cached_property
+    def dim(self) -> int:
+        """Width of the shared embedding space."""
+        return int(self._text_batch([self.tokenizer("a")["input_ids"]]).shape[1])
+
+    def images(self, pixels: Any) -> np.ndarray:
+        """``pixels``: (B, 3, S, S) normalised as ``preprocess`` says, on any device."""
+        import torch
+
+        with running(self.device, self.dtype):
+            out = self.model.get_image_features(pixel_values=pixels.to(self.device, torch.float32))
+        return _normalised(out)
+
+    def texts(self, captions: list[str], batch_size: int | None = None) -> np.ndarray:
+        """One embedding per caption, in their order. The captions are tokenised once, ordered
+        by length and run in batches of ``batch_size`` (default: all at once), each padded to
+        its longest caption: the attention mask makes that what padding to the context length
+        gives, at the cost of the tokens there are. SigLIP was trained on captions padded to its
+        full length and pools the last token: its captions are padded to ``max_length``."""
+        from tasks.models.placement import length_order
+
+        if not captions:
+            return np.zeros((0, self.dim), np.float32)
+        ids = self.tokenizer(captions, truncation=True, max_length=self.max_length)["input_ids"]
+        order = length_order([len(i) for i in ids])
+        step = batch_size or len(captions)
+        out: np.ndarray | None = None
+        for at in range(0, len(order), step):
+            part = order[at : at + step]
+            vectors = self._text_batch([ids[i] for i in part])
+            if out is None:
+                out = np.zeros((len(captions), vectors.shape[1]), np.float32)
+            out[part] = vectors
+        assert out is not None
+        return out
+
+    def _text_batch(self, ids: list[list[int]]) -> np.ndarray:
+        siglip = self.kind == "siglip"
+        tok = self.tokenizer.pad(
+            {"input_ids": ids},
+            padding="max_length" if siglip else "longest",
+            max_length=self.max_length if siglip else None,
+            return_tensors="pt",
+        )
+        kwargs = {"input_ids": tok["input_ids"].to(self.device)}
+        if not siglip:
+            kwargs["attention_mask"] = tok["attention_mask"].to(self.device)
+        with running(self.device, self.dtype):
+            out = self.model.get_text_features(**kwargs)
+        return _normalised(out)
+
+
+def _normalised(out: Any) -> np.ndarray:
+    """The projected embeddings (transformers 5 returns them as ``pooler_output``), L2-normalised."""
+    t = getattr(out, "pooler_output", out)
+    a = t.float().cpu().numpy()
+    norm = np.linalg.norm(a, axis=1, keepdims=True)
+    return a / np.maximum(norm, 1e-12)
+
+
+def _load_transformers(root: Path) -> tuple[Any, Preprocess, str]:
+    import transformers
+
+    config = read_json(root / "config.json") if (root / "config.json").exists() else {}
+    kind = config.get("model_type")
+    if kind not in TRANSFORMERS_MODELS:
+        raise CurateError(
+            f"curate.model {root}: model_type {kind!r} is not a dual encoder shardsmith loads "
+            f"(transformers: {', '.join(sorted(TRANSFORMERS_MODELS))}; or an open_clip checkpoint with {OPEN_CLIP_CONFIG})"
+        )
+    model = getattr(transformers, TRANSFORMERS_MODELS[kind]).from_pretrained(root, local_files_only=True)
+    size = int(model.config.vision_config.image_size)
+    return model, transformers_preprocess(root, size), kind
+
+
+_ENCODERS: dict[tuple, DualEncoder] = {}
+_ENCODERS_LOCK = threading.Lock()
+
+
+def load_encoder(
+    path: str, tokenizer: str | None, max_length: int | None, device: str, dtype: str = "fp32"
+) -> tuple[DualEncoder, bool]:
+    """The worker's encoder, loaded on first use and kept for its next shards; and whether it was loaded now."""
+    key = (os.path.abspath(path), tokenizer, max_length, device, dtype)
+    with _ENCODERS_LOCK:
+        if key in _ENCODERS:
+            return _ENCODERS[key], False
+        enc = DualEncoder(path, tokenizer, max_length, device, dtype)
+        _ENCODERS[key] = enc
+        return enc, True
