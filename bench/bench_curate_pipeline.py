@@ -1,0 +1,342 @@
+"""Issue 41's comparison a team would make: a curated set from the loopback web corpus, two ways.
+
+- ``baseline``: img2dataset 1.47 at its defaults (its venv, ``harness.tools``), then clip-retrieval's
+  ``clip_inference`` over its webdataset shards (its own venv, ``.bench/clip-retrieval-venv``, the
+  model given as ``hf_clip:FOLDER``), then a filter script that keeps what ``curate.alignment.min``
+  keeps (cosine of the image and caption embeddings >= ``--min``) and copies the kept samples into
+  new shards;
+- ``shardsmith``: ``shardsmith run --phase curate`` of a recipe with the same download and resize
+  settings (``harness.tools.write_recipe``) and ``curate: {model: FOLDER, alignment: {min: X}}``.
+
+Both read the same model folder: bench_curate_embed.make_model's random CLIPModel of ViT-B/32's
+shape (its weights hard-linked), with CLIP's BPE tokenizer (built from the ``clip`` package's own
+vocabulary) and a ``preprocessor_config.json``: clip-retrieval's ``hf_clip:`` loader ignores the
+folder's tokenizer and tokenises with ``clip.tokenize``, so the folder must hold the same tokens
+for the two tools to embed the same captions (the demo's word-level tokenizer would not).
+
+Each round times both whole pipelines (wall, and CPU of every process tree: the three baseline
+commands added up; shardsmith's embedded Prefect server included) and compares the decisions
+sample by sample, matched by URL. The venv pins torch to the CPU wheel; the PyPI torchvision wheel
+beside it cannot load its C++ ops (it links CUDA libraries), so a small module the venv runs at
+start-up (``SHIM``) lets ``import torchvision`` succeed without them (see ``SHIM``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bench_curate_embed import make_model
+from bench_web import I2D_NET, I2D_RESIZE
+from harness.photos import ensure_unique_pool, write_manifest
+from harness.procs import BENCH_DIR, Session, settle, timed
+from harness.report import add_round_flags, alternated, command, emit, machine, med, now, revision, table
+from harness.servers import child_env, prefect_env, serve
+from harness.tools import (
+    REPO,
+    ToolRun,
+    add_tool_flags,
+    ensure_img2dataset,
+    i2d_command,
+    i2d_outputs,
+    run_command,
+    summary,
+    write_recipe,
+)
+
+CR_VENV = BENCH_DIR / "clip-retrieval-venv"
+CR_PY = CR_VENV / "bin" / "python"
+# torch pinned to the CPU wheel on local disk (unpinned, pip takes a multi-GB CUDA build);
+# torchvision 0.28 is the release paired with it; clip-anytorch imports pkg_resources (setuptools < 81).
+CR_REQUIREMENTS = ("clip-retrieval==2.45.0", "torch==2.13.0", "torchvision==0.28.0", "setuptools<81")
+CR_EXE = CR_VENV / "bin" / "clip-retrieval"
+# The PyPI torchvision wheel links CUDA libraries the CPU torch lacks, so its C++ ops do not load,
+# and its import then fails registering fakes for two of them: a module that the venv's .pth
+# runs in every process (clip_inference spawns some) defines those two first. hf_clip never
+# calls a torchvision op (transformers' CLIPImageProcessor preprocesses with PIL).
+SHIM = """import importlib.abc, sys
+class TorchvisionOps(importlib.abc.MetaPathFinder):
+    done = False
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchvision" and not self.done:
+            self.done = True
+            import torch
+            for op in ("nms", "qnms"):
+                torch.library.define(f"torchvision::{op}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+sys.meta_path.insert(0, TorchvisionOps())
+"""
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled", "WANDB_SILENT": "true"}
+FILTER = '''"""Keep samples whose image-caption cosine is >= MIN; copy them out of img2dataset's shards."""
+import glob, os, sys, tarfile
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+emb, shards, out, lo = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+def load(kind):
+    a = np.concatenate([np.load(f) for f in sorted(glob.glob(f"{emb}/{kind}_emb/*.npy"))]).astype(np.float32)
+    return a / np.linalg.norm(a, axis=1, keepdims=True)
+keys = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(f"{emb}/metadata/*.parquet"))])["image_path"]
+score = (load("img") * load("text")).sum(axis=1)
+keep = {k for k, s in zip(keys.to_pylist(), score) if s >= lo}
+os.makedirs(out, exist_ok=True)
+pq.write_table(pa.table({"key": keys, "alignment": score, "kept": [k in keep for k in keys.to_pylist()]}), f"{out}/decisions.parquet")
+for path in sorted(glob.glob(f"{shards}/*.tar")):
+    with tarfile.open(path) as src, tarfile.open(f"{out}/{os.path.basename(path)}", "w") as dst:
+        for m in src:
+            if m.isfile() and m.name.split(".", 1)[0] in keep:
+                dst.addfile(m, src.extractfile(m))
+'''
+
+
+def ensure_clip_retrieval() -> Path:
+    """clip-retrieval in its own venv, made (pip) when missing; never a project dependency."""
+    if (CR_VENV / ".complete").exists():
+        return CR_PY
+    print(f"installing {' '.join(CR_REQUIREMENTS)} into {CR_VENV} (once) ...", flush=True)
+    shutil.rmtree(CR_VENV, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(CR_VENV)], check=True)
+    subprocess.run([str(CR_PY), "-m", "pip", "install", "--quiet", *CR_REQUIREMENTS], check=True)
+    site = next((CR_VENV / "lib").glob("python*/site-packages"))
+    (site / "torchvision_cpu_shim.py").write_text(SHIM)
+    (site / "torchvision_cpu_shim.pth").write_text("import torchvision_cpu_shim\n")
+    (CR_VENV / ".complete").write_text("\n".join(CR_REQUIREMENTS) + "\n")
+    return CR_PY
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-to-character table, as clip/simple_tokenizer.py has it."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def shared_model() -> Path:
+    """make_model's weights with CLIP's BPE tokenizer, CLIP token ids and CLIP's preprocessing."""
+    src = make_model(BENCH_DIR / "curate" / "vit-b32-random")
+    dst = BENCH_DIR / "curate" / "vit-b32-random-bpe"
+    if (dst / "preprocessor_config.json").exists():
+        return dst
+    from transformers import CLIPTokenizer
+
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    os.link(src / "model.safetensors", dst / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["text_config"].update(bos_token_id=49406, eos_token_id=49407, pad_token_id=49407)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    bpe = next((CR_VENV / "lib").glob("python*/site-packages/clip/bpe_simple_vocab_16e6.txt.gz"))
+    merges = gzip.open(bpe).read().decode().split("\n")[1 : 49152 - 256 - 2 + 1]
+    units = list(bytes_to_unicode().values())
+    vocab = [*units, *(u + "</w>" for u in units), *("".join(m.split()) for m in merges)]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    (dst / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
+    (dst / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    CLIPTokenizer(str(dst / "vocab.json"), str(dst / "merges.txt"), model_max_length=77).save_pretrained(dst)
+    pre = {"image_processor_type": "CLIPImageProcessor", "processor_class": "CLIPProcessor", "do_resize": True,
+           "size": {"shortest_edge": 224}, "resample": 3, "do_center_crop": True,
+           "crop_size": {"height": 224, "width": 224}, "do_rescale": True, "rescale_factor": 1 / 255,
+           "do_normalize": True, "do_convert_rgb": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+           "image_std": [0.26862954, 0.26130258, 0.27577711]}  # fmt: skip
+    (dst / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    return dst
+
+
+def add(run: ToolRun, t, stage: str) -> None:
+    """Add one timed command of a pipeline to its run (stages in ``extra``)."""
+    run.wall_s += t.wall_s
+    run.cpu_s += t.cpu_s
+    run.other_cpu_s += t.other_s
+    run.server_cpu_s += t.watched.get("server", 0.0)
+    run.peak_rss_mb = max(run.peak_rss_mb, t.sampler.peak_rss / 2**20)
+    run.extra.setdefault("stages", {})[stage] = (t.wall_s, t.cpu_s)
+
+
+def run_baseline(s: Session, args, rnd: int, manifest: Path, model: Path, watch: dict) -> tuple[ToolRun, dict]:
+    d = s.work / f"baseline-{rnd}"
+    d.mkdir(parents=True)
+    run = ToolRun("baseline", rnd)
+    a = args
+    cmd = i2d_command(manifest, d / "i2d", a.workers, a.threads, a.rows_per_shard, *I2D_RESIZE, *I2D_NET)
+    env = child_env(NO_ALBUMENTATIONS_UPDATE="1", **OFFLINE)
+    add(run, timed(s.children, cmd, env, d, d / "i2d.log", watch), "img2dataset")
+    meta, _ = i2d_outputs(d / "i2d", ["key", "url", "status"])
+    names = sorted(p.stem for p in (d / "i2d").glob("*.tar"))
+    if len(names) != int(names[-1]) - int(names[0]) + 1:
+        raise SystemExit(f"img2dataset's shards are not numbered in a row: {names}")
+    shards = f"{d / 'i2d'}/{{{names[0]}..{names[-1]}}}.tar" if len(names) > 1 else str(d / "i2d" / f"{names[0]}.tar")
+    cmd = [str(CR_EXE), "inference", "--input_dataset", shards, "--input_format", "webdataset",
+           "--output_folder", str(d / "emb"), "--clip_model", f"hf_clip:{model}", "--batch_size", str(a.cr_batch),
+           "--num_prepro_workers", str(min(a.cr_workers, len(names))), "--enable_wandb", "False"]  # fmt: skip
+    add(run, timed(s.children, cmd, env, d, d / "clip.log", watch), "clip_inference")
+    (d / "filter.py").write_text(FILTER)
+    cmd = [str(CR_PY), str(d / "filter.py"), str(d / "emb"), str(d / "i2d"), str(d / "curated"), repr(a.min)]
+    add(run, timed(s.children, cmd, env, d, d / "filter.log", watch), "filter")
+    import pyarrow.parquet as pq
+
+    dec = pq.read_table(d / "curated" / "decisions.parquet").to_pydict()
+    url = dict(zip(meta["key"], meta["url"]))
+    run.rows, run.ok = len(meta["key"]), len(dec["key"])
+    run.extra["kept"] = sum(dec["kept"])
+    return run, {url[k]: (s_, kept) for k, s_, kept in zip(dec["key"], dec["alignment"], dec["kept"])}
+
+
+def run_shardsmith(s: Session, args, rnd: int, manifest: Path, model: Path, watch: dict) -> tuple[ToolRun, dict]:
+    d = s.work / f"shardsmith-{rnd}"
+    d.mkdir(parents=True)
+    recipe, store = d / "recipe.yaml", d / "store"
+    write_recipe(recipe, store, manifest, args.rows_per_shard, args.workers)
+    dtype = f"  compute_dtype: {args.compute_dtype}\n" if args.compute_dtype else ""
+    curate = f"curate:\n  model: {model}\n  alignment: {{min: {args.min!r}}}\n{dtype}"
+    recipe.write_text(recipe.read_text() + curate + "gates:\n  curate: {max_removed_rate: 1.0}\n")
+    env = prefect_env(s.work / "prefect-home", None, **OFFLINE)
+    t = timed(s.children, run_command(recipe, "curate"), env, REPO, d / "stderr.log", watch)
+    run = ToolRun("shardsmith", rnd)
+    add(run, t, "shardsmith run --phase curate")
+    res = summary(t.stdout)
+    cur = res["curate"]
+    run.extra["phases"] = {p: res[p]["seconds"] for p in ("download", "validate", "curate")}
+    import pyarrow.parquet as pq
+
+    ledgers = [pq.read_table(store / rel, columns=["key", "url"]).to_pydict() for rel in res["download"]["ledgers"]]
+    url = {k: u for t in ledgers for k, u in zip(t["key"], t["url"])}
+    cols = ["key", "status", "reason", "alignment"]
+    rows = [r for rel in cur["ledgers"] for r in pq.read_table(store / rel, columns=cols).to_pylist()]
+    run.rows, run.ok = res["download"]["counts"]["rows"], cur["counts"]["rows"]
+    run.extra["kept"] = cur["counts"]["ok"]
+    run.extra["embeddings"] = Path(next(iter(cur["side_shards"].values()), "?")).parent.name  # names the dtype
+    other = [r["reason"] for r in rows if r["status"] != "ok" and r["reason"] != "low_alignment"]
+    if other:
+        print(f"  note: shardsmith removed {len(other)} samples for other reasons: {sorted(set(other))}", flush=True)
+    return run, {url[r["key"]]: (r["alignment"], r["status"] == "ok") for r in rows if r["alignment"] is not None}
+
+
+def agreement(base: dict, ss: dict, lo: float) -> dict:
+    """Decisions compared by URL: how many agree, the score differences, and where the others lie.
+
+    Two scores on either side of the threshold are within their difference of it, so every
+    disagreement lies within ``max_diff`` of the threshold; ``band`` counts the samples there.
+    """
+    common = sorted(base.keys() & ss.keys())
+    diffs = sorted(abs(base[u][0] - ss[u][0]) for u in common)
+    worst = diffs[-1] if diffs else 0.0
+    differ = [u for u in common if base[u][1] != ss[u][1]]
+    return {
+        "common": len(common), "only_baseline": len(base.keys() - ss.keys()), "only_shardsmith": len(ss.keys() - base.keys()),
+        "agree": len(common) - len(differ), "differ": len(differ), "max_diff": worst,
+        "p99_diff": diffs[int(0.99 * (len(diffs) - 1))] if diffs else 0.0, "mean_diff": sum(diffs) / max(len(diffs), 1),
+        "band": sum(abs(ss[u][0] - lo) <= worst for u in common),
+        "furthest": max((max(abs(base[u][0] - lo), abs(ss[u][0] - lo)) for u in differ), default=0.0),
+        "median_score": med(v[0] for v in ss.values()),
+        "examples": [(u.rsplit("/", 1)[-1], round(base[u][0], 4), round(ss[u][0], 4)) for u in differ[:4]],
+    }  # fmt: skip
+
+
+def report(runs: list[ToolRun], agree: list[dict], meta: dict) -> str:
+    lines = [f"- {k}: {v}" for k, v in meta.items() if k != "min"] + [
+        "",
+        "Per run (CPU: every process of the pipeline; stages: wall s / CPU s):",
+        "",
+    ]
+    lines += table(
+        ["pipeline", "round", "wall s", "CPU s", "in curation / rows", "kept", "samples/s", "CPU s / 1k", "other load", "stages"],
+        [[r.tool, r.round, f"{r.wall_s:.1f}", f"{r.cpu_s:.1f}", f"{r.ok} / {r.rows}", r.extra["kept"], f"{r.rate:.2f}",
+          f"{r.cpu_per_1k:.1f}", f"{r.other_load:.2f}",
+          "; ".join(f"{k} {w:.1f}/{c:.1f}" for k, (w, c) in r.extra["stages"].items())
+          + "".join(f"; phase {k} {v:.1f} s" for k, v in r.extra.get("phases", {}).items())
+          + (f"; embeddings {r.extra['embeddings']}" if "embeddings" in r.extra else "")] for r in runs],
+    )  # fmt: skip
+    m = {
+        t: {k: med(getattr(r, k) for r in runs if r.tool == t) for k in ("wall_s", "rate", "cpu_per_1k")}
+        for t in ("baseline", "shardsmith")
+    }
+    b, x = m["baseline"], m["shardsmith"]
+    lines += ["", f"Medians: baseline {b['wall_s']:.1f} s = {b['rate']:.2f} samples/s, {b['cpu_per_1k']:.1f} CPU s / 1k; "
+              f"shardsmith {x['wall_s']:.1f} s = {x['rate']:.2f} samples/s, {x['cpu_per_1k']:.1f} CPU s / 1k.",
+              f"Ratio shardsmith / baseline: **{x['rate'] / b['rate']:.2f}x** samples/s (wall; target >= 1.5x); CPU per sample "
+              f"{b['cpu_per_1k'] / x['cpu_per_1k']:.2f}x less (target > 1x).", ""]  # fmt: skip
+    for rnd, g in enumerate(agree, 1):
+        lines.append(
+            f"Decisions, round {rnd}: **{g['agree']} of {g['common']}** samples matched by URL agree "
+            f"({100 * g['agree'] / max(g['common'], 1):.2f}%); only in baseline {g['only_baseline']}, only in shardsmith "
+            f"{g['only_shardsmith']}. |score difference|: max {g['max_diff']:.4f}, 99th percentile {g['p99_diff']:.4f}, "
+            f"mean {g['mean_diff']:.4f} (median score {g['median_score']:.4f}, threshold {meta['min']}). The {g['differ']} "
+            f"that differ lie within {g['furthest']:.4f} of the threshold, among the {g['band']} samples within the max "
+            f"difference of it; e.g. (image, baseline score, shardsmith score): {g['examples']}"
+        )  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    # fmt: off
+    p = argparse.ArgumentParser(prog="bench/bench_curate_pipeline.py", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--urls", type=int, default=10_000, help="URLs in the manifest, each a distinct image (500: a smoke run)")
+    p.add_argument("--min", type=float, default=-0.021, help="curate.alignment.min and the filter's threshold (default: about the median score here)")
+    p.add_argument("--compute-dtype", choices=("auto", "fp32", "bf16", "fp16"), help="curate.compute_dtype (unset: not in the recipe)")
+    p.add_argument("--cr-batch", type=int, default=256, help="clip_inference --batch_size (its default)")
+    p.add_argument("--cr-workers", type=int, default=2, help="clip_inference --num_prepro_workers (one per core; at most one per shard)")
+    p.add_argument("--warmup", type=int, default=64, help="URLs of an untimed run of each pipeline first (0: none)")
+    # fmt: on
+    add_round_flags(p, "curate-pipeline", repeats=2, quiet_wait=60.0)
+    add_tool_flags(p, rows_per_shard=1000)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ensure_img2dataset()
+    ensure_clip_retrieval()
+    model = shared_model()
+    pool, sizes = ensure_unique_pool(max(args.urls, args.warmup), 0)
+    names = list(sizes)
+    runs: list[ToolRun] = []
+    agree: list[dict] = []
+    steps = {"baseline": run_baseline, "shardsmith": run_shardsmith}
+    with Session("curate-pipeline", args.keep) as s:
+        loop = serve(s, pool, prefect=False)
+        (s.work / "prefect-home").mkdir()
+        manifest, small = s.work / "manifest.parquet", s.work / "small.parquet"
+        write_manifest(manifest, [f"{loop.base_url}/img/{n}" for n in names[: args.urls]])
+        if args.warmup:
+            write_manifest(small, [f"{loop.base_url}/img/{n}" for n in names[: args.warmup]])
+            print(f"warm-up (not timed): each pipeline on {args.warmup} URLs ...", flush=True)
+            for tool, step in steps.items():
+                step(s, args, 0, small, model, loop.watch)
+                shutil.rmtree(s.work / f"{tool}-0", ignore_errors=True)
+        print(f"{args.urls} URLs at {loop.base_url}; model {model}; alignment min {args.min}", flush=True)
+        decided: dict[int, dict] = {}
+        for rnd, tool in alternated(list(steps), args.repeats):
+            settle(args.quiet_wait)
+            run, decisions = steps[tool](s, args, rnd, manifest, model, loop.watch)
+            runs.append(run)
+            print(f"  round {rnd} {tool:<10} {run.wall_s:7.1f} s wall = {run.rate:6.2f} samples/s; {run.cpu_per_1k:.1f} "
+                  f"CPU s/1k; {run.ok}/{run.rows} in curation, {run.extra['kept']} kept; other load {run.other_load:.2f}", flush=True)  # fmt: skip
+            decided.setdefault(rnd, {})[tool] = decisions
+            if len(decided[rnd]) == 2:
+                agree.append(agreement(decided[rnd]["baseline"], decided[rnd]["shardsmith"], args.min))
+            if not args.keep:
+                shutil.rmtree(s.work / f"{tool}-{rnd}", ignore_errors=True)
+    meta = {
+        "command": f"`{command('bench_curate_pipeline.py', argv)}`", "date": now(), "machine": machine(memory=True),
+        "load average before": s.load_before, "code": revision(),
+        "corpus": f"{args.urls} URLs, one distinct image each ({sum(sizes[n] for n in names[: args.urls]) / 1e6:.0f} MB), loopback",
+        "settings": f"{args.workers} processes (img2dataset --thread_count {args.threads}; shardsmith Dask workers), "
+        f"{args.rows_per_shard} rows per shard, 256 px border, jpg q95; clip_inference --batch_size {args.cr_batch} "
+        f"--num_prepro_workers {args.cr_workers}; alignment min {args.min}; compute_dtype {args.compute_dtype or 'not set'}",
+        "min": args.min,
+    }  # fmt: skip
+    emit(report(runs, agree, meta), args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
