@@ -94,7 +94,8 @@ for path in sorted(glob.glob(f"{shards}/*.tar")):
 
 def ensure_clip_retrieval() -> Path:
     """clip-retrieval in its own venv, made (pip) when missing; never a project dependency."""
-    if (CR_VENV / ".complete").exists():
+    stamp = CR_VENV / ".complete"  # the requirements it was made with: a change makes it again
+    if stamp.exists() and stamp.read_text() == "\n".join(CR_REQUIREMENTS) + "\n":
         return CR_PY
     print(f"installing {' '.join(CR_REQUIREMENTS)} into {CR_VENV} (once) ...", flush=True)
     shutil.rmtree(CR_VENV, ignore_errors=True)
@@ -103,7 +104,7 @@ def ensure_clip_retrieval() -> Path:
     site = next((CR_VENV / "lib").glob("python*/site-packages"))
     (site / "torchvision_cpu_shim.py").write_text(SHIM)
     (site / "torchvision_cpu_shim.pth").write_text("import torchvision_cpu_shim\n")
-    (CR_VENV / ".complete").write_text("\n".join(CR_REQUIREMENTS) + "\n")
+    stamp.write_text("\n".join(CR_REQUIREMENTS) + "\n")
     return CR_PY
 
 
