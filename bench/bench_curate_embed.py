@@ -207,7 +207,8 @@ def main() -> int:
     for r in range(args.repeats):
         for mode, cfg in modes.items():
             out = f"out/{mode}-{r}.parquet"
-            shutil.rmtree(base / "out", ignore_errors=True) if mode == "baseline" else None
+            if mode == "baseline":
+                shutil.rmtree(base / "out", ignore_errors=True)
             embed.load_encoder = lambda *a, _m=mode, **k: (encoders[_m], False)
             try:
                 with clock() as lap:

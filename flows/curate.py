@@ -175,7 +175,7 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
     shards, embedded, reused, enc_timings = _embed(ph, cfg, shards)
     timings["embed"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
-    dedup, dedup_done = run_semdedup(ph, cfg, shards, model if dtype == "fp32" else f"{model}-{dtype}")
+    dedup, dedup_done = run_semdedup(ph, cfg, shards, f"{model}-{dtype}")
     timings["semdedup"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
     applied, decisions = decide_task.submit(storage, recipe.dataset, cfg, shards, dedup).result()

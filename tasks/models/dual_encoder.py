@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from tasks.models.openclip import OPEN_CLIP_CONFIG, load_open_clip
-from tasks.models.placement import CurateError, need_dir, quiet_transformers, running
+from tasks.models.placement import CurateError, length_order, need_dir, quiet_transformers, running
 from tasks.models.placement import frozen as frozen_model
 from tasks.models.preprocess import Preprocess, read_json, transformers_preprocess
 
@@ -89,8 +89,6 @@ class DualEncoder:
         its longest caption: the attention mask makes that what padding to the context length
         gives, at the cost of the tokens there are. SigLIP was trained on captions padded to its
         full length and pools the last token: its captions are padded to ``max_length``."""
-        from tasks.models.placement import length_order
-
         if not captions:
             return np.zeros((0, self.dim), np.float32)
         ids = self.tokenizer(captions, truncation=True, max_length=self.max_length)["input_ids"]

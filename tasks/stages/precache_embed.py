@@ -25,8 +25,6 @@ def image_embeddings(
     computed in another dtype than ``image_embedding``'s) are encoded from ``local`` (the shard
     and its DALI index on local disk), the whole shard at once.
     """
-    import pyarrow.parquet as pq
-
     device = precache_device(cfg)
     dtype = compute_dtypes(cfg, device)["image_embedding"]
     keys = [r.key for r in shard.records]
@@ -34,12 +32,10 @@ def image_embeddings(
     found: dict[str, np.ndarray] = {}
     for side in shard.side_shards:
         try:
-            with storage.open(side, "rb") as fh:
-                meta = pq.ParquetFile(fh).schema_arrow.metadata or {}
-            if meta.get(b"shardsmith.compute_dtype", b"fp32").decode() != dtype:
-                continue
             table = read_parquet(storage, side, ["key", "image"])
         except FileNotFoundError:
+            continue
+        if (table.schema.metadata or {}).get(b"shardsmith.compute_dtype", b"fp32").decode() != dtype:
             continue
         table = table.filter(pc.is_valid(table.column("image")))
         for key, vec in zip(table.column("key").to_pylist(), _rows(table.column("image"))):
