@@ -89,7 +89,7 @@ $(ENERGON)/.installed: $(STAMP)
 energon-venv: $(ENERGON)/.installed
 
 bench-download: setup
-	$(VENV)/bin/python bench/bench_download.py
+	$(VENV)/bin/python bench/bench_web.py --download --reencode --prefect server
 
 clean:
 	rm -rf $(VENV) shardsmith-demo .bench site

@@ -1,54 +1,24 @@
-"""Issue 41's comparison a team would make: a curated set from the loopback web corpus, two ways.
+"""The curated set two ways, issue 41: img2dataset + clip-retrieval's clip_inference + a filter, beside shardsmith run --phase curate.
 
-- ``baseline``: img2dataset 1.47 at its defaults (its venv, ``harness.tools``), then clip-retrieval's
-  ``clip_inference`` over its webdataset shards (its own venv, ``.bench/clip-retrieval-venv``, the
-  model given as ``hf_clip:FOLDER``), then a filter script that keeps what ``curate.alignment.min``
-  keeps (cosine of the image and caption embeddings >= ``--min``) and copies the kept samples into
-  new shards;
-- ``shardsmith``: ``shardsmith run --phase curate`` of a recipe with the same download and resize
-  settings (``harness.tools.write_recipe``) and ``curate: {model: FOLDER, alignment: {min: X}}``.
-
-Both read the same model folder: bench_curate_embed.make_model's random CLIPModel of ViT-B/32's
-shape (its weights hard-linked), with CLIP's BPE tokenizer (built from the ``clip`` package's own
-vocabulary) and a ``preprocessor_config.json``: clip-retrieval's ``hf_clip:`` loader ignores the
-folder's tokenizer and tokenises with ``clip.tokenize``, so the folder must hold the same tokens
-for the two tools to embed the same captions (the demo's word-level tokenizer would not).
-
-Each round times both whole pipelines (wall, and CPU of every process tree: the three baseline
-commands added up; shardsmith's embedded Prefect server included) and compares the decisions
-sample by sample, matched by URL. The venv pins torch to the CPU wheel; the PyPI torchvision wheel
-beside it cannot load its C++ ops (it links CUDA libraries), so a small module the venv runs at
-start-up (``SHIM``) lets ``import torchvision`` succeed without them (see ``SHIM``).
+img2dataset 1.47 at its defaults, clip-retrieval 2.45 (its own venv) and a filter at cosine >= ``--min``; both read one
+random ViT-B/32-shaped CLIP with CLIP's BPE tokenizer. Printed: wall, CPU, samples/s, the ratio, decisions compared by URL.
 """
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from bench_curate_embed import make_model
-from bench_web import I2D_NET, I2D_RESIZE
-from harness.photos import ensure_unique_pool, write_manifest
-from harness.procs import BENCH_DIR, Session, settle, timed
-from harness.report import add_round_flags, alternated, command, emit, machine, med, now, revision, table
+import harness.tools as ht
+from bench_models import make_model
+from harness.photos import ensure_pool, write_manifest
+from harness.procs import BENCH_DIR, REPO, Session, timed
+from harness.report import emit, medians, parse, parser, rounds, table
 from harness.servers import child_env, prefect_env, serve
-from harness.tools import (
-    REPO,
-    ToolRun,
-    add_tool_flags,
-    ensure_img2dataset,
-    i2d_command,
-    i2d_outputs,
-    run_command,
-    summary,
-    write_recipe,
-)
 
 CR_VENV = BENCH_DIR / "clip-retrieval-venv"
 CR_PY = CR_VENV / "bin" / "python"
@@ -92,20 +62,9 @@ for path in sorted(glob.glob(f"{shards}/*.tar")):
 '''
 
 
-def ensure_clip_retrieval() -> Path:
-    """clip-retrieval in its own venv, made (pip) when missing; never a project dependency."""
-    stamp = CR_VENV / ".complete"  # the requirements it was made with: a change makes it again
-    if stamp.exists() and stamp.read_text() == "\n".join(CR_REQUIREMENTS) + "\n":
-        return CR_PY
-    print(f"installing {' '.join(CR_REQUIREMENTS)} into {CR_VENV} (once) ...", flush=True)
-    shutil.rmtree(CR_VENV, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(CR_VENV)], check=True)
-    subprocess.run([str(CR_PY), "-m", "pip", "install", "--quiet", *CR_REQUIREMENTS], check=True)
-    site = next((CR_VENV / "lib").glob("python*/site-packages"))
+def _shim(site: Path) -> None:
     (site / "torchvision_cpu_shim.py").write_text(SHIM)
     (site / "torchvision_cpu_shim.pth").write_text("import torchvision_cpu_shim\n")
-    stamp.write_text("\n".join(CR_REQUIREMENTS) + "\n")
-    return CR_PY
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -151,25 +110,13 @@ def shared_model() -> Path:
     return dst
 
 
-def add(run: ToolRun, t, stage: str) -> None:
-    """Add one timed command of a pipeline to its run (stages in ``extra``)."""
-    run.wall_s += t.wall_s
-    run.cpu_s += t.cpu_s
-    run.other_cpu_s += t.other_s
-    run.server_cpu_s += t.watched.get("server", 0.0)
-    run.peak_rss_mb = max(run.peak_rss_mb, t.sampler.peak_rss / 2**20)
-    run.extra.setdefault("stages", {})[stage] = (t.wall_s, t.cpu_s)
-
-
-def run_baseline(s: Session, args, rnd: int, manifest: Path, model: Path, watch: dict) -> tuple[ToolRun, dict]:
-    d = s.work / f"baseline-{rnd}"
-    d.mkdir(parents=True)
-    run = ToolRun("baseline", rnd)
-    a = args
-    cmd = i2d_command(manifest, d / "i2d", a.workers, a.threads, a.rows_per_shard, *I2D_RESIZE, *I2D_NET)
+def run_baseline(s: Session, args, rnd: int, manifest: Path, model: Path, watch: dict) -> tuple[ht.ToolRun, dict]:
+    (d := s.work / f"baseline-{rnd}").mkdir(parents=True)
+    run, a = ht.ToolRun("baseline", rnd), args
+    cmd = ht.i2d_command(manifest, d / "i2d", a.workers, a.threads, a.rows_per_shard, *ht.I2D_RESIZE, *ht.I2D_NET)
     env = child_env(NO_ALBUMENTATIONS_UPDATE="1", **OFFLINE)
-    add(run, timed(s.children, cmd, env, d, d / "i2d.log", watch), "img2dataset")
-    meta, _ = i2d_outputs(d / "i2d", ["key", "url", "status"])
+    run.add(timed(s.children, cmd, env, d, d / "i2d.log", watch), "img2dataset")
+    meta, _ = ht.i2d_outputs(d / "i2d", ["key", "url", "status"])
     names = sorted(p.stem for p in (d / "i2d").glob("*.tar"))
     if len(names) != int(names[-1]) - int(names[0]) + 1:
         raise SystemExit(f"img2dataset's shards are not numbered in a row: {names}")
@@ -177,10 +124,10 @@ def run_baseline(s: Session, args, rnd: int, manifest: Path, model: Path, watch:
     cmd = [str(CR_EXE), "inference", "--input_dataset", shards, "--input_format", "webdataset",
            "--output_folder", str(d / "emb"), "--clip_model", f"hf_clip:{model}", "--batch_size", str(a.cr_batch),
            "--num_prepro_workers", str(min(a.cr_workers, len(names))), "--enable_wandb", "False"]  # fmt: skip
-    add(run, timed(s.children, cmd, env, d, d / "clip.log", watch), "clip_inference")
+    run.add(timed(s.children, cmd, env, d, d / "clip.log", watch), "clip_inference")
     (d / "filter.py").write_text(FILTER)
     cmd = [str(CR_PY), str(d / "filter.py"), str(d / "emb"), str(d / "i2d"), str(d / "curated"), repr(a.min)]
-    add(run, timed(s.children, cmd, env, d, d / "filter.log", watch), "filter")
+    run.add(timed(s.children, cmd, env, d, d / "filter.log", watch), "filter")
     import pyarrow.parquet as pq
 
     dec = pq.read_table(d / "curated" / "decisions.parquet").to_pydict()
@@ -190,21 +137,15 @@ def run_baseline(s: Session, args, rnd: int, manifest: Path, model: Path, watch:
     return run, {url[k]: (s_, kept) for k, s_, kept in zip(dec["key"], dec["alignment"], dec["kept"])}
 
 
-def run_shardsmith(s: Session, args, rnd: int, manifest: Path, model: Path, watch: dict) -> tuple[ToolRun, dict]:
-    d = s.work / f"shardsmith-{rnd}"
-    d.mkdir(parents=True)
-    recipe, store = d / "recipe.yaml", d / "store"
-    write_recipe(recipe, store, manifest, args.rows_per_shard, args.workers)
-    dtype = f"  compute_dtype: {args.compute_dtype}\n" if args.compute_dtype else ""
-    curate = f"curate:\n  model: {model}\n  alignment: {{min: {args.min!r}}}\n{dtype}"
-    recipe.write_text(recipe.read_text() + curate + "gates:\n  curate: {max_removed_rate: 1.0}\n")
+def run_shardsmith(s: Session, args, rnd: int, manifest: Path, model: Path, watch: dict) -> tuple[ht.ToolRun, dict]:
+    (d := s.work / f"shardsmith-{rnd}").mkdir(parents=True)
+    curate = {"model": str(model), "alignment": {"min": args.min}} | ({"compute_dtype": args.compute_dtype} if args.compute_dtype else {})  # fmt: skip
+    recipe = ht.write_recipe(d / "recipe.yaml", store := d / "store", manifest, args.rows_per_shard, args.workers, curate=curate, gates={"curate": {"max_removed_rate": 1.0}})  # fmt: skip
     env = prefect_env(s.work / "prefect-home", None, **OFFLINE)
-    t = timed(s.children, run_command(recipe, "curate"), env, REPO, d / "stderr.log", watch)
-    run = ToolRun("shardsmith", rnd)
-    add(run, t, "shardsmith run --phase curate")
-    res = summary(t.stdout)
+    t = timed(s.children, ht.run_command(recipe, "curate"), env, REPO, d / "stderr.log", watch)
+    run, res = ht.ToolRun("shardsmith", rnd), ht.summary(t.stdout)
+    run.add(t, "shardsmith run --phase curate")
     cur = res["curate"]
-    run.extra["phases"] = {p: res[p]["seconds"] for p in ("download", "validate", "curate")}
     import pyarrow.parquet as pq
 
     ledgers = [pq.read_table(store / rel, columns=["key", "url"]).to_pydict() for rel in res["download"]["ledgers"]]
@@ -213,7 +154,6 @@ def run_shardsmith(s: Session, args, rnd: int, manifest: Path, model: Path, watc
     rows = [r for rel in cur["ledgers"] for r in pq.read_table(store / rel, columns=cols).to_pylist()]
     run.rows, run.ok = res["download"]["counts"]["rows"], cur["counts"]["rows"]
     run.extra["kept"] = cur["counts"]["ok"]
-    run.extra["embeddings"] = Path(next(iter(cur["side_shards"].values()), "?")).parent.name  # names the dtype
     other = [r["reason"] for r in rows if r["status"] != "ok" and r["reason"] != "low_alignment"]
     if other:
         print(f"  note: shardsmith removed {len(other)} samples for other reasons: {sorted(set(other))}", flush=True)
@@ -221,11 +161,8 @@ def run_shardsmith(s: Session, args, rnd: int, manifest: Path, model: Path, watc
 
 
 def agreement(base: dict, ss: dict, lo: float) -> dict:
-    """Decisions compared by URL: how many agree, the score differences, and where the others lie.
-
-    Two scores on either side of the threshold are within their difference of it, so every
-    disagreement lies within ``max_diff`` of the threshold; ``band`` counts the samples there.
-    """
+    """Decisions compared by URL: how many agree, the score differences, and where the others lie (two scores on
+    either side of the threshold are within their difference of it; ``band``: the samples within ``max_diff`` of it)."""
     common = sorted(base.keys() & ss.keys())
     diffs = sorted(abs(base[u][0] - ss[u][0]) for u in common)
     worst = diffs[-1] if diffs else 0.0
@@ -233,78 +170,53 @@ def agreement(base: dict, ss: dict, lo: float) -> dict:
     return {
         "common": len(common), "only_baseline": len(base.keys() - ss.keys()), "only_shardsmith": len(ss.keys() - base.keys()),
         "agree": len(common) - len(differ), "differ": len(differ), "max_diff": worst,
-        "p99_diff": diffs[int(0.99 * (len(diffs) - 1))] if diffs else 0.0, "mean_diff": sum(diffs) / max(len(diffs), 1),
+        "p99_diff": diffs[int(0.99 * (len(diffs) - 1))] if diffs else 0.0,
         "band": sum(abs(ss[u][0] - lo) <= worst for u in common),
         "furthest": max((max(abs(base[u][0] - lo), abs(ss[u][0] - lo)) for u in differ), default=0.0),
-        "median_score": med(v[0] for v in ss.values()),
-        "examples": [(u.rsplit("/", 1)[-1], round(base[u][0], 4), round(ss[u][0], 4)) for u in differ[:4]],
+                "examples": [(u.rsplit("/", 1)[-1], round(base[u][0], 4), round(ss[u][0], 4)) for u in differ[:4]],
     }  # fmt: skip
 
 
-def report(runs: list[ToolRun], agree: list[dict], meta: dict) -> str:
-    lines = [f"- {k}: {v}" for k, v in meta.items() if k != "min"] + [
-        "",
-        "Per run (CPU: every process of the pipeline; stages: wall s / CPU s):",
-        "",
-    ]
-    lines += table(
-        ["pipeline", "round", "wall s", "CPU s", "in curation / rows", "kept", "samples/s", "CPU s / 1k", "other load", "stages"],
-        [[r.tool, r.round, f"{r.wall_s:.1f}", f"{r.cpu_s:.1f}", f"{r.ok} / {r.rows}", r.extra["kept"], f"{r.rate:.2f}",
-          f"{r.cpu_per_1k:.1f}", f"{r.other_load:.2f}",
-          "; ".join(f"{k} {w:.1f}/{c:.1f}" for k, (w, c) in r.extra["stages"].items())
-          + "".join(f"; phase {k} {v:.1f} s" for k, v in r.extra.get("phases", {}).items())
-          + (f"; embeddings {r.extra['embeddings']}" if "embeddings" in r.extra else "")] for r in runs],
-    )  # fmt: skip
-    m = {
-        t: {k: med(getattr(r, k) for r in runs if r.tool == t) for k in ("wall_s", "rate", "cpu_per_1k")}
-        for t in ("baseline", "shardsmith")
-    }
-    b, x = m["baseline"], m["shardsmith"]
-    lines += ["", f"Medians: baseline {b['wall_s']:.1f} s = {b['rate']:.2f} samples/s, {b['cpu_per_1k']:.1f} CPU s / 1k; "
-              f"shardsmith {x['wall_s']:.1f} s = {x['rate']:.2f} samples/s, {x['cpu_per_1k']:.1f} CPU s / 1k.",
-              f"Ratio shardsmith / baseline: **{x['rate'] / b['rate']:.2f}x** samples/s (wall; target >= 1.5x); CPU per sample "
-              f"{b['cpu_per_1k'] / x['cpu_per_1k']:.2f}x less (target > 1x).", ""]  # fmt: skip
+def report(runs: list[ht.ToolRun], agree: list[dict], args) -> list[str]:
+    rate, cpu = medians(runs, lambda r: r.rate), medians(runs, lambda r: r.cpu_per_1k)
+    rows = [(r.tool, r.round, f"{r.wall_s:.1f}", f"{r.cpu_s:.1f}", f"{r.rate:.2f}", f"{r.cpu_per_1k:.1f}", r.extra["kept"],
+             "; ".join(f"{k} {w:.1f}" for k, (w, _) in r.extra["stages"].items())) for r in runs]  # fmt: skip
+    lines = [
+        f"{args.urls} URLs, one distinct image each; {args.workers} processes, {args.rows_per_shard} rows per shard, 256 px border, jpg q95; "  # fmt: skip
+        f"clip_inference --batch_size {args.cr_batch} --num_prepro_workers {args.cr_workers}; alignment min {args.min}; "
+        f"compute_dtype {args.compute_dtype or 'not set'}", "",
+        *table(("pipeline", "round", "wall s", "CPU s", "samples/s", "CPU s / 1k", "kept", "stages (wall s)"), rows), "",
+        f"- shardsmith / baseline: **{rate['shardsmith'] / rate['baseline']:.2f}x** samples/s (target >= 1.5x), "
+        f"**{cpu['baseline'] / cpu['shardsmith']:.2f}x** less CPU per sample (medians)",
+    ]  # fmt: skip
     for rnd, g in enumerate(agree, 1):
         lines.append(
-            f"Decisions, round {rnd}: **{g['agree']} of {g['common']}** samples matched by URL agree "
-            f"({100 * g['agree'] / max(g['common'], 1):.2f}%); only in baseline {g['only_baseline']}, only in shardsmith "
-            f"{g['only_shardsmith']}. |score difference|: max {g['max_diff']:.4f}, 99th percentile {g['p99_diff']:.4f}, "
-            f"mean {g['mean_diff']:.4f} (median score {g['median_score']:.4f}, threshold {meta['min']}). The {g['differ']} "
-            f"that differ lie within {g['furthest']:.4f} of the threshold, among the {g['band']} samples within the max "
-            f"difference of it; e.g. (image, baseline score, shardsmith score): {g['examples']}"
-        )  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    # fmt: off
-    p = argparse.ArgumentParser(prog="bench/bench_curate_pipeline.py", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--urls", type=int, default=10_000, help="URLs in the manifest, each a distinct image (500: a smoke run)")
-    p.add_argument("--min", type=float, default=-0.021, help="curate.alignment.min and the filter's threshold (default: about the median score here)")
-    p.add_argument("--compute-dtype", choices=("auto", "fp32", "bf16", "fp16"), help="curate.compute_dtype (unset: not in the recipe)")
-    p.add_argument("--cr-batch", type=int, default=256, help="clip_inference --batch_size (its default)")
-    p.add_argument("--cr-workers", type=int, default=2, help="clip_inference --num_prepro_workers (one per core; at most one per shard)")
-    p.add_argument("--warmup", type=int, default=64, help="URLs of an untimed run of each pipeline first (0: none)")
-    # fmt: on
-    add_round_flags(p, "curate-pipeline", repeats=2, quiet_wait=60.0)
-    add_tool_flags(p, rows_per_shard=1000)
-    return p.parse_args(argv)
+            f"- decisions, round {rnd}: **{g['agree']} of {g['common']}** matched by URL agree; only in one set: "
+            f"{g['only_baseline']} / {g['only_shardsmith']}; |score difference| max {g['max_diff']:.4f}, 99th percentile "
+            f"{g['p99_diff']:.4f}; the {g['differ']} that differ lie within {g['furthest']:.4f} of the threshold "
+            f"({g['band']} samples within the max difference of it); e.g. {g['examples']}"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    ensure_img2dataset()
-    ensure_clip_retrieval()
+    p = parser(__doc__, repeats=2, quiet_wait=60.0, keep="curate-pipeline")
+    p.add_argument("--urls", type=int, default=10_000, help="URLs in the manifest, each a distinct image (500: a smoke run)")  # fmt: skip
+    p.add_argument("--min", type=float, default=-0.021, help="curate.alignment.min and the filter's threshold (about the median score here)")  # fmt: skip
+    p.add_argument("--compute-dtype", choices=("auto", "fp32", "bf16", "fp16"), help="curate.compute_dtype (unset: not in the recipe)")  # fmt: skip
+    p.add_argument("--cr-batch", type=int, default=256, help="clip_inference --batch_size (its default)")
+    p.add_argument("--cr-workers", type=int, default=2, help="clip_inference --num_prepro_workers (at most one per shard)")  # fmt: skip
+    p.add_argument("--warmup", type=int, default=64, help="URLs of an untimed run of each pipeline first (0: none)")
+    ht.add_tool_flags(p, rows_per_shard=1000)
+    args = parse(p, argv)
+    ht.ensure_img2dataset()
+    ht.ensure_venv(CR_VENV, [CR_REQUIREMENTS], _shim)
     model = shared_model()
-    pool, sizes = ensure_unique_pool(max(args.urls, args.warmup), 0)
-    names = list(sizes)
-    runs: list[ToolRun] = []
-    agree: list[dict] = []
+    pool, sizes = ensure_pool(max(args.urls, args.warmup), 0)
+    names, agree, decided = list(sizes), [], {}
     steps = {"baseline": run_baseline, "shardsmith": run_shardsmith}
     with Session("curate-pipeline", args.keep) as s:
         loop = serve(s, pool, prefect=False)
-        (s.work / "prefect-home").mkdir()
         manifest, small = s.work / "manifest.parquet", s.work / "small.parquet"
         write_manifest(manifest, [f"{loop.base_url}/img/{n}" for n in names[: args.urls]])
         if args.warmup:
@@ -313,29 +225,17 @@ def main(argv: list[str] | None = None) -> int:
             for tool, step in steps.items():
                 step(s, args, 0, small, model, loop.watch)
                 shutil.rmtree(s.work / f"{tool}-0", ignore_errors=True)
-        print(f"{args.urls} URLs at {loop.base_url}; model {model}; alignment min {args.min}", flush=True)
-        decided: dict[int, dict] = {}
-        for rnd, tool in alternated(list(steps), args.repeats):
-            settle(args.quiet_wait)
-            run, decisions = steps[tool](s, args, rnd, manifest, model, loop.watch)
-            runs.append(run)
-            print(f"  round {rnd} {tool:<10} {run.wall_s:7.1f} s wall = {run.rate:6.2f} samples/s; {run.cpu_per_1k:.1f} "
-                  f"CPU s/1k; {run.ok}/{run.rows} in curation, {run.extra['kept']} kept; other load {run.other_load:.2f}", flush=True)  # fmt: skip
-            decided.setdefault(rnd, {})[tool] = decisions
+
+        def run(tool: str, rnd: int) -> ht.ToolRun:
+            r, decided.setdefault(rnd, {})[tool] = steps[tool](s, args, rnd, manifest, model, loop.watch)
             if len(decided[rnd]) == 2:
                 agree.append(agreement(decided[rnd]["baseline"], decided[rnd]["shardsmith"], args.min))
             if not args.keep:
                 shutil.rmtree(s.work / f"{tool}-{rnd}", ignore_errors=True)
-    meta = {
-        "command": f"`{command('bench_curate_pipeline.py', argv)}`", "date": now(), "machine": machine(memory=True),
-        "load average before": s.load_before, "code": revision(),
-        "corpus": f"{args.urls} URLs, one distinct image each ({sum(sizes[n] for n in names[: args.urls]) / 1e6:.0f} MB), loopback",
-        "settings": f"{args.workers} processes (img2dataset --thread_count {args.threads}; shardsmith Dask workers), "
-        f"{args.rows_per_shard} rows per shard, 256 px border, jpg q95; clip_inference --batch_size {args.cr_batch} "
-        f"--num_prepro_workers {args.cr_workers}; alignment min {args.min}; compute_dtype {args.compute_dtype or 'not set'}",
-        "min": args.min,
-    }  # fmt: skip
-    emit(report(runs, agree, meta), args.markdown)
+            return r
+
+        runs = rounds(list(steps), args.repeats, run, args.quiet_wait)
+    emit("The curated set two ways (`bench_curate_pipeline.py`)", report(runs, agree, args), argv, args.markdown)
     return 0
 
 

@@ -1,35 +1,21 @@
-"""Do curation's scores mean something? On the demo corpus, whose rows' truth is known.
+"""Curation quality, issue 32: do the scores mean something? On the demo corpus, whose rows' truth is known.
 
-One invocation makes the demo corpus (``--images`` pictures, seed 0: its manifests end with
-captions of another picture, augmented copies of kept pictures and watermarked pictures,
-``tasks/demo/curation_rows.py``) under ``.bench/curation/``, and runs ``shardsmith run
-recipes/demo.yaml --phase curate`` on it with validation's pixel dedup off (so every copy
-reaches curation and both methods judge the same pairs) and no curation filter (every sample
-scored). Then, from what the run stored (the scores tables, the side shards of embeddings and
-the validation ledgers' pHash):
-
-- alignment: ROC AUC of the mismatched rows against the rest (issue 32: >= 0.95), and the
-  largest gap between them;
-- duplicates, pair by pair over every pair of samples: the augmented copies found by image
-  embedding cosine beside those found by pHash Hamming distance (validation's near-duplicate
-  key, the baseline), each at its best threshold for a precision of at least 1.0, 0.95 and
-  0.9 (issue 32: recall >= 0.9, above pHash's, at equal precision);
-- watermark: ROC AUC of the watermarked rows against the rest, by the demo's watermark head.
+``--phase curate`` with no filter; the alignment AUC of the mismatched captions, the watermark head's AUC, and the recall
+of planted copies by embedding cosine beside pHash Hamming distance (the baseline) at equal precision.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.procs import BENCH_DIR, REPO
+from harness.report import emit, parse, parser, table
+from harness.servers import child_env
+from harness.tools import run_command
 
 
 def auc(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -42,49 +28,32 @@ def best_recall(scores: np.ndarray, truth: np.ndarray, n_true: int, min_precisio
     """(recall, threshold): the most true pairs found by ``score >= threshold`` with precision >= ``min_precision``."""
     order = np.argsort(-scores, kind="stable")
     tp = np.cumsum(truth[order])
-    k = np.arange(1, len(order) + 1)
-    ok = (tp / k) >= min_precision - 1e-12
-    # Only cut between distinct scores: a threshold keeps every tie.
-    distinct = np.r_[scores[order][1:] != scores[order][:-1], True]
-    ok &= distinct
+    ok = (tp / np.arange(1, len(order) + 1)) >= min_precision - 1e-12
+    ok &= np.r_[
+        scores[order][1:] != scores[order][:-1], True
+    ]  # only cut between distinct scores: a threshold keeps every tie
     if not ok.any():
         return 0.0, float("inf")
     best = int(np.argmax(np.where(ok, tp, -1)))
     return float(tp[best] / n_true), float(scores[order][best])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=300)
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__, repeats=1)
+    p.add_argument("--images", type=int, default=300, help="pictures of the demo corpus (default 300)")
+    args = parse(p, argv)
 
     import pyarrow.parquet as pq
 
     from tasks.demo.corpus import prepare_demo
 
-    demo = ROOT / ".bench" / "curation" / f"demo-{args.images}"
+    demo = BENCH_DIR / "curation" / f"demo-{args.images}"
     server, expected = prepare_demo(demo, n=args.images, port=0)
     try:
-        env = dict(os.environ, SHARDSMITH_DEMO_DIR=str(demo))
-        sets = [
-            "validate.dedup.near=false",
-            "validate.dedup.exact=false",
-            "curate.alignment=null",
-            "curate.heads.watermark.max=null",
-            "curate.semdedup=null",
-            "gates.curate.max_removed_rate=1",
-        ]
-        cmd = [
-            str(ROOT / ".venv" / "bin" / "shardsmith"),
-            "run",
-            str(ROOT / "recipes" / "demo.yaml"),
-            "--phase",
-            "curate",
-            "--json",
-        ]
-        for s in sets:
-            cmd += ["--set", s]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+        sets = ["validate.dedup.near=false", "validate.dedup.exact=false", "curate.alignment=null",
+                "curate.heads.watermark.max=null", "curate.semdedup=null", "gates.curate.max_removed_rate=1"]  # fmt: skip
+        cmd = run_command(REPO / "recipes" / "demo.yaml", "curate", *sets)
+        out = subprocess.run(cmd, env=child_env(SHARDSMITH_DEMO_DIR=str(demo)), capture_output=True, text=True, cwd=REPO)  # fmt: skip
         if out.returncode:
             print(out.stderr[-3000:])
             return 1
@@ -106,15 +75,9 @@ def main() -> int:
     w_auc = auc(wm[is_wm], wm[~is_wm])
 
     # Pairs: every pair of curated samples; the true ones are (copy, its original).
-    val = [
-        r
-        for p in result["validate"]["ledgers"]
-        for r in pq.read_table(store / p, columns=["key", "status", "phash"]).to_pylist()
-    ]
-    phash = {r["key"]: r["phash"] for r in val if r["status"] == "ok"}
-    emb_files = sorted((store / "demo" / "curate" / "embeddings").rglob("*.parquet"))
-    vectors = {}
-    for f in emb_files:
+    val = [r for p in result["validate"]["ledgers"] for r in pq.read_table(store / p, columns=["key", "status", "phash"]).to_pylist()]  # fmt: skip
+    phash, vectors = {r["key"]: r["phash"] for r in val if r["status"] == "ok"}, {}
+    for f in sorted((store / "demo" / "curate" / "embeddings").rglob("*.parquet")):
         t = pq.read_table(f, columns=["key", "image"])
         for k, v in zip(t.column("key").to_pylist(), t.column("image").to_pylist()):
             if v is not None and k in by_key:
@@ -122,11 +85,7 @@ def main() -> int:
     keys = sorted(k for k in by_key if k in vectors and k in phash)
     # The original of each copy, by picture name: the manifests say which row holds which picture.
     original_key = _original_keys(demo, expected)
-    true_pairs = {
-        frozenset((c, original_key[c]))
-        for c, v in truth.items()
-        if v["kind"] == "copy" and c in vectors and original_key[c] in vectors
-    }
+    true_pairs = {frozenset((c, original_key[c])) for c, v in truth.items() if v["kind"] == "copy" and c in vectors and original_key[c] in vectors}  # fmt: skip
     x = np.stack([vectors[k] for k in keys])
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     ph = np.array([phash[k] for k in keys], dtype=np.uint64)
@@ -136,33 +95,25 @@ def main() -> int:
     is_true = np.array([frozenset((keys[i], keys[j])) in true_pairs for i, j in zip(*iu)])
     n_true = len(true_pairs)
 
-    print(
-        f"demo corpus of {args.images} pictures: {len(by_key)} curated samples; {int(is_mis.sum())} mismatched captions, {n_true} copies, {int(is_wm.sum())} watermarked"
-    )
-    print(
-        f"alignment: ROC AUC of the mismatched rows {a_auc:.4f}; mismatched max {align[is_mis].max():.4f}, others' p1 {np.percentile(align[~is_mis], 1):.4f}, min {align[~is_mis].min():.4f}"
-    )
-    print(
-        f"watermark head: ROC AUC {w_auc:.4f}; watermarked min {wm[is_wm].min():.4f}, others' max {wm[~is_wm].max():.4f}"
-    )
-    print(f"duplicates over {len(cos):,} pairs, {n_true} true (copy, original):")
+    rows = [("alignment: ROC AUC of the mismatched captions (target >= 0.95)", f"**{a_auc:.3f}**",
+             f"mismatched at most {align[is_mis].max():.3f}, others at least {align[~is_mis].min():.3f}"),
+            ("watermark head: ROC AUC of the watermarked", f"{w_auc:.3f}", f"marked at least {wm[is_wm].min():.3f}, others at most {wm[~is_wm].max():.3f}")]  # fmt: skip
     for p in (1.0, 0.95, 0.9):
         r_e, t_e = best_recall(cos, is_true, n_true, p)
         r_p, t_p = best_recall(-ham.astype(float), is_true, n_true, p)
-        print(
-            f"  precision >= {p:.2f}: embedding cosine recall {r_e:.3f} (cos >= {t_e:.4f}); pHash recall {r_p:.3f} (hamming <= {-t_p:g}); ratio {r_e / max(r_p, 1e-9):.2f}x"
-        )
+        rows.append((f"copies found at precision >= {p:.2f}: embedding cosine / pHash (the baseline)", f"**{r_e / max(r_p, 1e-9):.2f}x**",  # fmt: skip
+                     f"recall {r_e:.3f} (cos >= {t_e:.4f}) / {r_p:.3f} (Hamming <= {-t_p:g}); target: recall >= 0.9, above pHash's"))  # fmt: skip
     by_kind: dict[str, list[float]] = {}
     for c, v in truth.items():
         if v["kind"] == "copy" and c in vectors and original_key[c] in vectors:
-            i, j = keys.index(c), keys.index(original_key[c])
-            by_kind.setdefault(v["augmentation"], []).append(float(x[i] @ x[j]))
-    print(
-        "  copy cosine to its original, by augmentation: "
-        + ", ".join(f"{k} {min(v):.3f}..{max(v):.3f}" for k, v in sorted(by_kind.items()))
-    )
-    others = cos[~is_true]
-    print(f"  distinct pairs' cosine: p99.9 {np.percentile(others, 99.9):.4f}, max {others.max():.4f}")
+            by_kind.setdefault(v["augmentation"], []).append(float(x[keys.index(c)] @ x[keys.index(original_key[c])]))
+    lines = [
+        f"The demo corpus of {args.images} pictures: {len(by_key)} curated samples, {len(cos):,} pairs; {int(is_mis.sum())} mismatched captions, "  # fmt: skip
+        f"{n_true} copies, {int(is_wm.sum())} watermarked", "", *table(("figure", "value", "detail"), rows, "lrl"), "",
+        "- copy cosine to its original: " + ", ".join(f"{k} {min(v):.3f}..{max(v):.3f}" for k, v in sorted(by_kind.items())),  # fmt: skip
+        f"- distinct pairs' cosine: p99.9 {np.percentile(cos[~is_true], 99.9):.4f}, max {cos[~is_true].max():.4f}",
+    ]  # fmt: skip
+    emit("Do the scores mean something? (`bench_curation_quality.py`)", lines, argv, args.markdown)
     return 0
 
 

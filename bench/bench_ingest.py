@@ -1,49 +1,32 @@
-"""Fine-tuning ingest benchmark: records/s and peak RSS of the streamed ingest beside the old whole-file read.
+"""Ingest (``--stage``), each beside what it replaced or competes with.
 
-Records files of LLaVA-style instruction records are generated once under ``.bench/ingest/``
-(``--jsonl-gb`` and ``--json-gb`` sizes; each record has an id, one image path or none (one
-in ten is text-only), 2 to 8 turns of 5 to 120 words; one in 50 has its roles swapped, and in
-the JSONL files one line in 1,000 is not JSON (not in the arrays: the old reader fails a whole
-array on one broken element; tests/test_records.py covers that path)). For each file and round, methods
-alternate, each in a fresh child process:
-
-- ``new``: ``tasks.finetune.ingest`` as the flow runs it, without Prefect: ``plan_ingest``
-  (hash + per-range record count) in the child, ``ingest_range`` for every range over a pool of
-  ``--workers`` processes, then ``finish_ingest``;
-- ``old``: the ingest of commit ``OLD_REV`` (the ``tasks`` package of that commit, taken from
-  git into ``.bench/trees/``): one task reads the file whole, then checks it.
-
-Printed per run: records, seconds, records/s, CPU seconds (child and workers), and peak RSS (the largest ``ru_maxrss`` of the
-child and of its pool workers); then medians per method and size, the ratio new/old where
-both ran, and the ratio of each method's peak RSS at the largest size to its smallest (1.0x:
-memory does not grow with the file). ``--parsers`` adds a parse-only comparison on the JSON
-array: the stdlib streaming reader (``tasks.finetune.records``) beside ``ijson.items`` (yajl2_c) when
-ijson is importable (it is not a project dependency).
+``finetune`` (issue 17): records/s and peak RSS of the streamed fine-tuning ingest beside the whole-file read of 54abba3.
+``byo`` (issue 15): img2dataset's output released as is beside ``cp`` + ``sync`` of its bytes, and ingested with a
+resize beside downloading the same images from loopback; samples/s.
 """
 
 from __future__ import annotations
 
-import argparse
+import hashlib
+import io
 import json
 import os
-import platform
 import random
 import shutil
-import statistics
 import sys
-import time
+import tarfile
 from pathlib import Path
 
-from harness.procs import REPO, clock, peak_rss_mb, process_cpu, run_json
-from harness.report import in_turn
-from harness.tools import tree_at
+import harness.tools as ht
+from harness.photos import ensure_pool, write_manifest
+from harness.procs import BENCH_DIR, REPO, Session, measured, run_child, timed
+from harness.report import emit, in_turn, medians, parse, parser, rounds, summary, table
+from harness.servers import child_env, prefect_env, serve
 
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-BENCH = REPO / ".bench" / "ingest"
-OLD_REV = "54abba3"  # the last commit with the whole-file ingest
+OLD_REV = "54abba3"  # the last commit with the whole-file fine-tuning ingest
 WORDS = "the a cat dog image shows what is on of in person table red blue car street sky tree building people standing sitting".split()
+LABELS = {"cp": "cp -r + sync of img2dataset's output", "keep": "shardsmith ingest -> release, skip_reencode",
+          "ingest": "shardsmith ingest -> validate with resize -> release", "download": "shardsmith download -> validate with resize -> release"}  # fmt: skip
 
 
 def record(rng: random.Random, i: int) -> dict:
@@ -59,11 +42,8 @@ def record(rng: random.Random, i: int) -> dict:
 
 
 def generate(path: Path, gigabytes: float) -> int:
-    """Write records until the file reaches the size; returns the record count (kept in a sidecar).
-
-    Conversations come from a pool of 997 made once (writing gigabytes one random word at a
-    time takes longer than reading them); ids and image paths are unique per record.
-    """
+    """Records until the file reaches the size, from a pool of 997 conversations (unique ids and image paths); the
+    record count (kept in a sidecar). One record in ten text-only, one in 50 roles swapped, 1 JSONL line in 1,000 broken."""
     meta = path.with_suffix(path.suffix + ".records")
     if path.exists() and meta.exists():
         return int(meta.read_text())
@@ -90,9 +70,6 @@ def generate(path: Path, gigabytes: float) -> int:
     tmp.rename(path)
     meta.write_text(str(n))
     return n
-
-
-# --- child runs -----------------------------------------------------------------------------
 
 
 def _range_job(job):
@@ -130,130 +107,162 @@ def run_old(path: Path, out: Path, rows_per_shard: int) -> int:
     return ingest_source(Storage(str(out)), "bench", source, FinetuneConfig(), {}).rows
 
 
-def child(method: str, path: Path, out: Path, workers: int, rows_per_shard: int) -> None:
+def finetune_child(method: str, path: Path, workers: int, rows_per_shard: int) -> dict:
+    out = BENCH_DIR / "ingest" / f"out-{method}"
     if method == "old":  # the old code whole: its modules have moved or gone since
-        sys.path.insert(0, str(tree_at(OLD_REV)))
+        sys.path.insert(0, str(ht.tree_at(OLD_REV)))
         import tasks.finetune  # noqa: F401 - imports are set-up, not ingest
     else:
         import tasks.finetune.ingest  # noqa: F401
-
     shutil.rmtree(out, ignore_errors=True)
-
-    with clock(process_cpu) as lap:
-        rows = run_new(path, out, workers, rows_per_shard) if method == "new" else run_old(path, out, rows_per_shard)
-    peak = max(peak_rss_mb(), peak_rss_mb(children=True))
-    shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({"rows": rows, "seconds": lap.wall, "cpu": lap.cpu, "peak_mb": peak}))
-
-
-def parse_only(path: Path) -> dict[str, float]:
-    """Elements per CPU second of a JSON array: the stdlib streaming reader and, when
-    importable, ijson (CPU time, as the other work on a shared machine would skew wall time)."""
-    from tasks.finetune.records import iter_records
-
-    out = {}
-    with open(path, "rb") as fh:
-        start = time.process_time()
-        n = sum(1 for _ in iter_records(fh, path.name, 1 << 20))
-        out["stdlib raw_decode (tasks.finetune.records)"] = n / (time.process_time() - start)
     try:
-        import ijson
-    except ImportError:
-        return out
-    with open(path, "rb") as fh:
-        start = time.process_time()
-        n = sum(1 for _ in ijson.items(fh, "item"))
-        out[f"ijson.items ({ijson.backend})"] = n / (time.process_time() - start)
-    return out
+        if method == "new":
+            return measured(lambda: {"rows": run_new(path, out, workers, rows_per_shard)})
+        return measured(lambda: {"rows": run_old(path, out, rows_per_shard)})
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
-# --- driver ---------------------------------------------------------------------------------
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jsonl-gb", default="0.2,2", help="JSONL sizes in GB (comma-separated)")
-    parser.add_argument("--json-gb", default="0.1,1", help="JSON array sizes in GB")
-    parser.add_argument("--methods", default="new,old")
-    parser.add_argument("--old-max-gb", type=float, default=0.5, help="run the old path only up to this size")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds at the smallest size")
-    parser.add_argument("--large-repeats", type=int, default=1, help="rounds at larger sizes")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rows-per-shard", type=int, default=5000)
-    parser.add_argument("--parsers", action="store_true")
-    parser.add_argument(
-        "--parsers-only", action="store_true", help="only the parse comparison (on existing or new files)"
-    )
-    parser.add_argument("--child", nargs=2, metavar=("METHOD", "FILE"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args.child[0], Path(args.child[1]), BENCH / f"out-{args.child[0]}", args.workers, args.rows_per_shard)
-        return
-
-    BENCH.mkdir(parents=True, exist_ok=True)
-    files = [(BENCH / f"llava-{gb}gb.jsonl", float(gb)) for gb in args.jsonl_gb.split(",") if gb] + [
-        (BENCH / f"llava-{gb}gb.json", float(gb)) for gb in args.json_gb.split(",") if gb
-    ]
-    counts = {}
+def finetune(args) -> list[str]:
+    folder = BENCH_DIR / "ingest"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [(folder / f"llava-{gb}gb.{ext}", float(gb)) for ext, sizes in (("jsonl", args.jsonl_gb), ("json", args.json_gb)) for gb in sizes.split(",") if gb]  # fmt: skip
+    counts, runs = {path: generate(path, gb) for path, gb in files}, []
     for path, gb in files:
-        t = time.perf_counter()
-        counts[path] = generate(path, gb)
-        print(
-            f"{path.name}: {counts[path]} records, {path.stat().st_size / 1e9:.2f} GB ({time.perf_counter() - t:.0f} s to make or find)",
-            flush=True,
-        )
-    results: dict[tuple[str, str], list[dict]] = {}
-    methods = [] if args.parsers_only else args.methods.split(",")
-    for path, gb in files:
-        smallest = gb == min(g for p, g in files if p.suffix == path.suffix)
-        here = [m for m in methods if m != "old" or gb <= args.old_max_gb]
+        smallest = gb == min(g for q, g in files if q.suffix == path.suffix)
+        methods = ["new"] + (["old"] if gb <= args.old_max_gb else [])
         for r in range(args.repeats if smallest else args.large_repeats):
-            for m in in_turn(here, r, first=0):
-                cmd = [sys.executable, __file__, "--child", m, str(path), "--workers", str(args.workers)]
-                cmd += ["--rows-per-shard", str(args.rows_per_shard)]
-                res = run_json(cmd, {**os.environ, "PYTHONPATH": str(REPO)})
+            for m in in_turn(methods, r, first=0):
+                res = run_child(__file__, m, path, "--workers", args.workers, "--rows-per-shard", args.rows_per_shard, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
                 if res["rows"] != counts[path]:
                     raise SystemExit(f"{m} on {path.name}: {res['rows']} rows, the file has {counts[path]} records")
-                results.setdefault((path.name, m), []).append(res)
-                print(
-                    f"round {r + 1} {path.name:22s} {m:4s} {res['rows']:9d} records {res['seconds']:8.1f} s {res['rows'] / res['seconds']:9.0f} records/s {res['cpu']:8.1f} CPU s peak {res['peak_mb']:7.0f} MB",
-                    flush=True,
-                )
-    load = os.getloadavg()
-    print(
-        f"\n{os.cpu_count()} CPUs, {platform.machine()}, python {platform.python_version()}, {args.workers} workers, rows_per_shard {args.rows_per_shard}, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
-    )
-    print(f"{'file':22s} {'method':6s} {'records/s':>10s} {'per CPU s':>10s} {'peak MB':>8s} {'vs old':>7s}")
-    for path, _gb in files:
-        for m in methods:
-            runs = results.get((path.name, m))
-            if not runs:
-                print(f"{path.name:22s} {m:6s} {'(not run: over --old-max-gb)':>30s}")
-                continue
-            rate = statistics.median(r["rows"] / r["seconds"] for r in runs)
-            old = results.get((path.name, "old"))
-            ratio = (
-                f"{rate / statistics.median(r['rows'] / r['seconds'] for r in old):6.2f}x" if old and m != "old" else ""
-            )
-            per_cpu = statistics.median(r["rows"] / r["cpu"] for r in runs)
-            print(
-                f"{path.name:22s} {m:6s} {rate:10.0f} {per_cpu:10.0f} {statistics.median(r['peak_mb'] for r in runs):8.0f} {ratio:>7s}"
-            )
+                runs.append(res | {"tool": f"{path.name} {m}"})
+                print(f"  round {r + 1} {path.name} {m}: {res['rows'] / res['seconds']:.0f} records/s, {res['peak_mb']:.0f} MB", flush=True)  # fmt: skip
+    rate, per_cpu = medians(runs, lambda r: r["rows"] / r["seconds"]), medians(runs, lambda r: r["rows"] / r["cpu"])
+    peak = medians(runs, lambda r: r["peak_mb"])
+    rows = [(k.split()[0], k.split()[1], f"{v:,.0f}", f"{rate[k] / rate[k.replace('new', 'old')]:.2f}x" if k.endswith("new") and k.replace("new", "old") in rate else "",  # fmt: skip
+             f"{per_cpu[k]:,.0f}", f"{peak[k]:.0f}") for k, v in rate.items()]  # fmt: skip
+    lines = [f"{args.workers} workers, rows_per_shard {args.rows_per_shard}; medians", "", *table(("file", "method", "records/s", "new / old", "records per CPU s", "peak RSS MB"), rows, "llrrrr"), ""]  # fmt: skip
     for suffix in (".jsonl", ".json"):
-        sized = sorted((gb, p) for p, gb in files if p.suffix == suffix)
-        for m in methods:
-            ends = [results.get((p.name, m)) for _, p in (sized[0], sized[-1])] if len(sized) > 1 else []
+        sized = sorted((gb, q) for q, gb in files if q.suffix == suffix)
+        for m in ("new", "old"):
+            ends = [peak.get(f"{q.name} {m}") for _, q in (sized[0], sized[-1])] if len(sized) > 1 else []
             if ends and all(ends):
-                small, large = (statistics.median(r["peak_mb"] for r in e) for e in ends)
-                print(
-                    f"peak RSS {suffix} {m}: {large:.0f} MB at {sized[-1][0]} GB / {small:.0f} MB at {sized[0][0]} GB = {large / small:.2f}x"
-                )
-    if args.parsers or args.parsers_only:
-        for path, _ in files:
-            if path.suffix == ".json":
-                for name, rate in parse_only(path).items():
-                    print(f"parse only {path.name}: {name}: {rate:,.0f} elements per CPU s")
+                lines.append(f"- peak RSS {suffix} {m}: {ends[1]:.0f} MB at {sized[-1][0]} GB / {ends[0]:.0f} MB at {sized[0][0]} GB = {ends[1] / ends[0]:.2f}x")  # fmt: skip
+    return lines
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def ensure_i2d_output(s: Session, args, manifest: Path, server_pid: int) -> Path:
+    """img2dataset's own output of the manifest at its defaults, made once per size and seed."""
+    folder = BENCH_DIR / "byo" / f"i2d-{args.shards}x{args.per_shard}-s{args.seed}"
+    if (folder / ".complete").exists():
+        return folder
+    ht.ensure_img2dataset()
+    tmp = folder.parent / (folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    print(f"img2dataset downloads {args.shards * args.per_shard} images into {folder} (once) ...", flush=True)
+    cmd = ht.i2d_command(manifest, tmp / "out", args.workers, args.threads, args.per_shard, *ht.I2D_RESIZE, "--timeout", "20")  # fmt: skip
+    timed(s.children, cmd, ht.i2d_env(), tmp, tmp / "stderr.log", {"server": server_pid})
+    statuses = ht.i2d_outputs(tmp / "out", ["status"])[0].get("status", [])
+    if (ok := sum(x == "success" for x in statuses)) != len(statuses):
+        raise SystemExit(f"img2dataset wrote {ok} of {len(statuses)} samples; see {tmp}")
+    shutil.rmtree(folder, ignore_errors=True)
+    (tmp / "out").rename(folder)
+    shutil.rmtree(tmp, ignore_errors=True)
+    (folder / ".complete").write_text(json.dumps({"samples": ok}))
+    return folder
+
+
+def released(store: Path) -> tuple[int, int]:
+    """(samples in the latest release, those whose image bytes are the ingested input's)."""
+    base = store / "byo" / "releases"
+    version = (base / "LATEST").read_text().strip()
+    samples = kept = 0
+    for shard in json.loads((base / version / "index.json").read_text())["shards"]:
+        path = base / version / shard["name"]
+        with tarfile.open(fileobj=io.BytesIO(path.read_bytes() if path.exists() else (store / shard["path"]).read_bytes())) as tf:  # fmt: skip
+            members = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+        for name, blob in members.items():
+            if name.endswith(".json"):
+                meta = json.loads(blob)
+                image = members.get(name[: -len("json")] + meta["format"])
+                samples += 1
+                kept += image is not None and hashlib.sha256(image).hexdigest() == meta.get("src_sha256")
+    return samples, kept
+
+
+def byo(args) -> list[str]:
+    pool_dir, sizes = ensure_pool(args.shards * args.per_shard, args.seed)
+    with Session("byo", args.keep) as s:
+        loop = serve(s, pool_dir, prefect=True)
+        manifest = s.work / "manifest.parquet"
+        write_manifest(manifest, [f"{loop.base_url}/img/{name}" for name in sizes])
+        shards = ensure_i2d_output(s, args, manifest, loop.watch["server"])
+        samples, shard_bytes = json.loads((shards / ".complete").read_text())["samples"], folder_bytes(shards)
+        ingest = {"kind": "webdataset", "manifest": f"{shards}/", "url_column": "url"}
+        resize = {"resize_mode": "border", "image_size": args.image_size, "output_format": "jpeg", "quality": 95}
+        recipes = {"keep": (ingest, {"skip_reencode": True, "output_format": "jpeg"}), "ingest": (ingest, resize),
+                   "download": ({"manifest": str(manifest), "rows_per_shard": args.per_shard}, resize)}  # fmt: skip
+
+        def run(tool: str, rnd: int) -> dict:
+            (out := s.work / f"{tool}-{rnd}").mkdir()
+            if tool == "cp":
+                t = timed(s.children, ["bash", "-c", 'cp -r "$0" "$1" && sync', str(shards), str(out / "copy")], child_env(), s.work, out / "log", loop.watch)  # fmt: skip
+                if folder_bytes(out / "copy") != shard_bytes:
+                    raise SystemExit(f"cp copied {folder_bytes(out / 'copy')} of {shard_bytes} bytes")
+                n, kept = samples, None
+            else:  # the web benchmark's recipe with this part's source and image settings
+                source, image = recipes[tool]
+                recipe = ht.write_recipe(out / "recipe.yaml", out / "store", Path("unused"), 1, args.workers, dataset="byo", sources=[{"name": "bench", **source}], validate={"image": image})  # fmt: skip
+                env = prefect_env(s.work / "prefect-home", loop.api)
+                t = timed(s.children, ht.run_command(recipe), env, REPO, out / "stderr.log", loop.watch)
+                n, kept = released(out / "store")
+            if not args.keep:
+                shutil.rmtree(out, ignore_errors=True)
+            return {"tool": tool, "wall": t.wall_s, "samples/s": n / t.wall_s, "CPU s": t.cpu_s, "kept": kept}
+
+        runs = []
+        for part in (("cp", "keep"), ("ingest", "download")):
+            runs += rounds([t for t in part if t in args.tools], args.repeats, run, args.quiet_wait)
+    rate = medians(runs, lambda r: r["samples/s"])
+    columns = {"wall s": ("wall", ".2f"), "samples/s": ("samples/s", ".1f"), "CPU s": ("CPU s", ".1f"), "released samples with the input's bytes": ("kept", ".0f")}  # fmt: skip
+    lines = [
+        f"Input: img2dataset's output, {args.shards} shards x {args.per_shard} samples, {shard_bytes / 1e6:.1f} MB; the download path fetches "  # fmt: skip
+        f"the same {len(sizes)} pool images ({sum(sizes.values()) / 1e6:.1f} MB); {args.workers} workers; part b resizes to {args.image_size} px; medians of {args.repeats} rounds",  # fmt: skip
+        "", *summary([r | {"tool": LABELS[r["tool"]]} for r in runs], columns), "",
+    ]  # fmt: skip
+    for tool, base, what in (("keep", "cp", "part a, release as is"), ("ingest", "download", "part b, ingest with resize")):  # fmt: skip
+        if tool in rate and base in rate:
+            lines.append(f"- {what}: {tool} / {base} **{rate[tool] / rate[base]:.3f}x** samples/s")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__, repeats=3, quiet_wait=60.0, keep="byo")
+    p.add_argument("--stage", choices=("finetune", "byo"), default="finetune", help="what is measured (default finetune)")  # fmt: skip
+    p.add_argument("--jsonl-gb", default="0.2,2", help="finetune: JSONL sizes in GB, comma-separated (default 0.2,2)")
+    p.add_argument("--json-gb", default="0.1,1", help="finetune: JSON array sizes in GB (default 0.1,1)")
+    p.add_argument("--old-max-gb", type=float, default=0.5, help="finetune: the old path only up to this size (default 0.5)")  # fmt: skip
+    p.add_argument("--large-repeats", type=int, default=1, help="finetune: rounds at the larger sizes (--repeats: at the smallest)")  # fmt: skip
+    p.add_argument("--rows-per-shard", type=int, default=5000, help="finetune: rows per shard (default 5000)")
+    p.add_argument("--shards", type=int, default=10, help="byo: img2dataset shards to ingest (default 10)")
+    p.add_argument("--per-shard", type=int, default=1000, help="byo: samples per shard; the download path's rows_per_shard (default 1000)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="byo: seed of the image pool")
+    p.add_argument("--image-size", type=int, default=224, help="byo: part b's resize target, border mode (default 224)")
+    ht.add_tool_flags(p, rows_per_shard=None)  # byo: img2dataset's threads when it makes the shards
+    args = parse(p, argv, tools=tuple(LABELS))
+    if args.child:
+        print(json.dumps(finetune_child(args.child[0], Path(args.child[1]), args.workers, args.rows_per_shard)))
+        return 0
+    title = "Fine-tuning ingest" if args.stage == "finetune" else "Bring your own data"
+    emit(f"{title} (`bench_ingest.py --stage {args.stage}`)", finetune(args) if args.stage == "finetune" else byo(args), argv, args.markdown)  # fmt: skip
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

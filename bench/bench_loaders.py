@@ -1,103 +1,58 @@
-"""Loader benchmark: samples/s from a local release, shardsmith's loaders beside webdataset's own pipeline.
+"""Loaders: samples/s a training job gets from a local release, shardsmith's loaders beside webdataset's own pipeline.
 
-One invocation builds (or reuses) a pretraining release with precached latents under
-``.bench/loaders/`` (``--samples`` photo-like JPEGs from the demo corpus generator, 4 latent
-channels at 32x32 in float16, text embeddings 77x64), then runs, alternating, for
-``--repeats`` rounds, each through a torch DataLoader with ``--workers`` workers and batches
-of ``--batch``:
-
-- ``wds-images``: ``webdataset.WebDataset(shards).shuffle(256).decode("pil")`` + a PIL resize
-  of the short side to 256 and a center crop (the baseline: webdataset's documented pipeline);
-- ``wds-images-same-decode``: the same reader, decoding with shardsmith's ``decode_image``
-  (so the two differ only in how tars are read and shuffled);
-- ``shardsmith-images``: ``ReleaseDataset(release, image_size=256)``;
-- ``dali-cpu-images``: ``DaliLoader`` on the CPU (``device_id=None``), ``--workers`` threads;
-- ``wds-latents``: ``webdataset.WebDataset(latent shards)`` + ``numpy.load`` of each member
-  (baseline for latents);
-- ``shardsmith-latents``: ``ReleaseDataset(release, mode="latents")`` (mean/logvar draw and
-  scaling included);
-- ``dali-cpu-latents``: ``DaliLoader(latents=True)`` on the CPU.
-
-Printed: median samples/s per method over the rounds, and the ratio of each to its baseline
-in the same rounds (images: ``wds-images``; latents: ``wds-latents``); beside them, samples per
-CPU second (this process and its DataLoader workers), which a shared machine disturbs less.
+Through a torch DataLoader: ``wds-images`` (``.decode("pil")`` + resize and crop to 256: the baseline) beside
+``shardsmith-images`` (``ReleaseDataset``); ``wds-latents`` (``numpy.load`` of each member: the baseline) beside
+``shardsmith-latents`` and ``dali-cpu-latents`` (``DaliLoader``). Printed: samples/s and per CPU second, with ratios.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
-import os
-import platform
-import statistics
 import sys
 from pathlib import Path
 
-from harness.procs import REPO, clock, process_cpu
-from harness.report import alternated
-
-for extra in (REPO, REPO / "tests"):
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
+from harness.procs import BENCH_DIR, REPO, clock, process_cpu
+from harness.report import emit, medians, parse, parser, rounds, table
 
 SIZE = 256
-
-
-def _photo(i: int, pool: list[bytes]) -> bytes:
-    return pool[i % len(pool)]
+METHODS = ("wds-images", "shardsmith-images", "wds-latents", "shardsmith-latents", "dali-cpu-latents")
 
 
 def build_release(root: Path, samples: int, per_shard: int) -> str:
-    """A local release with latents; reused when it exists (its dataset URL is returned)."""
+    """A local release with latents, reused when it exists (its dataset URL)."""
+    sys.path.insert(0, str(REPO / "tests"))
     import numpy as np
     import release_fixtures as fx
     from PIL import Image
 
     from tasks.demo.images import render_image
 
-    fx.LATENT_SHAPE = (4, 32, 32)
-    fx.TEXT_SHAPE = (77, 64)
+    fx.LATENT_SHAPE, fx.TEXT_SHAPE = (4, 32, 32), (77, 64)
     name = f"n{samples}-s{per_shard}"
-    url = str(root / name / "bench")
     if (root / name / "bench" / "releases" / "LATEST").exists():
-        return url
+        return str(root / name / "bench")
     pool = []
     for k in range(64):
-        _, data, _ = render_image(11, k)
-        im = Image.open(io.BytesIO(data)).convert("RGB")
         buf = io.BytesIO()
-        im.save(buf, format="JPEG", quality=90)
+        Image.open(io.BytesIO(render_image(11, k)[1])).convert("RGB").save(buf, format="JPEG", quality=90)
         pool.append(buf.getvalue())
     counts = [per_shard] * (samples // per_shard) + ([samples % per_shard] if samples % per_shard else [])
     print(f"building {samples} samples in {len(counts)} shards under {root / name} ...", flush=True)
     np.random.seed(0)
-    return fx.pretraining_release(
-        str(root / name), counts, dataset="bench", latents=True, image=lambda i: _photo(i, pool)
-    )
+    return fx.pretraining_release(str(root / name), counts, dataset="bench", latents=True, image=lambda i: pool[i % 64])
 
 
-def _resize_crop_pil(im):
+def _wds_pil(sample):
     import numpy as np
     import torch
     from PIL import Image
 
-    w, h = im.size
-    s = SIZE / min(w, h)
-    nw, nh = max(SIZE, round(w * s)), max(SIZE, round(h * s))
-    im = im.convert("RGB").resize((nw, nh), Image.BILINEAR)
+    im = sample["jpg"].convert("RGB")
+    s = SIZE / min(im.size)
+    nw, nh = max(SIZE, round(im.width * s)), max(SIZE, round(im.height * s))
     left, top = (nw - SIZE) // 2, (nh - SIZE) // 2
-    im = im.crop((left, top, left + SIZE, top + SIZE))
-    return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)
-
-
-def _wds_pil(sample):
-    return _resize_crop_pil(sample["jpg"]), sample["txt"]
-
-
-def _wds_same_decode(sample):
-    from loaders.dataset import decode_image
-
-    return decode_image(sample["jpg"], SIZE), sample["txt"].decode()
+    im = im.resize((nw, nh), Image.BILINEAR).crop((left, top, left + SIZE, top + SIZE))
+    return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1), sample["txt"]
 
 
 def _wds_latent(sample):
@@ -105,9 +60,7 @@ def _wds_latent(sample):
     import torch
 
     # What a webdataset user writes: numpy.load of each member (float16 here, no bf16 view).
-    return {
-        k: torch.from_numpy(np.load(io.BytesIO(v), allow_pickle=False)) for k, v in sample.items() if k.endswith(".npy")
-    }
+    return {k: torch.from_numpy(np.load(io.BytesIO(v), allow_pickle=False)) for k, v in sample.items() if k.endswith(".npy")}  # fmt: skip
 
 
 def _collate_tuples(batch):
@@ -122,98 +75,67 @@ def _collate_dicts(batch):
     return {k: torch.stack([b[k] for b in batch]) for k in batch[0] if not k.startswith("__")}
 
 
-def count_loader(loader, field) -> int:
-    n = 0
-    for batch in loader:
-        n += len(batch[field]) if isinstance(batch, dict) else len(batch[0])
-    return n
-
-
-def run_method(method: str, release, args) -> tuple[int, float, float]:
-    """(samples read, wall seconds, CPU seconds of this process and its DataLoader workers) for one
-    pass over the release; imports and a DALI pipeline's build are set-up, outside the clock."""
+def run_method(method: str, release, args) -> dict:
+    """One pass over the release: samples, samples/s and samples per CPU second (imports and a
+    DALI pipeline's build are set-up, outside the clock)."""
     from torch.utils.data import DataLoader
 
     from loaders.dataset import ReleaseDataset
 
+    latents = method.endswith("latents")
     if method.startswith("dali-"):
         from loaders.dali import DaliLoader
 
-        dl = DaliLoader(
-            release,
-            args.batch,
-            latents=method.endswith("latents"),
-            image_size=SIZE,
-            device_id=None,
-            num_threads=max(1, args.workers),
-            initial_fill=256,
-        )
+        dl = DaliLoader(release, args.batch, latents=True, image_size=SIZE, device_id=None, num_threads=max(1, args.workers), initial_fill=256)  # fmt: skip
         with clock(process_cpu) as lap:
             n = sum(b["valid"] for b in dl)
-        return n, lap.wall, lap.cpu
+        return {"tool": method, "samples": n, "samples/s": n / lap.wall, "per CPU s": n / lap.cpu}
     with clock(process_cpu) as lap:
         if method.startswith("wds-"):
             import webdataset as wds
 
-            latents = method == "wds-latents"
             shards = [release.local_path(s.name) for s in (release.precache_shards if latents else release.shards)]
-            ds = wds.WebDataset(shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False)
-            ds = ds.shuffle(256)
+            ds = wds.WebDataset(shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False).shuffle(256)  # fmt: skip
             if latents:
                 ds, collate = ds.map(_wds_latent), _collate_dicts
-            elif method == "wds-images":
-                ds, collate = ds.decode("pil").map(_wds_pil), _collate_tuples
             else:
-                ds, collate = ds.map(_wds_same_decode), _collate_tuples
+                ds, collate = ds.decode("pil").map(_wds_pil), _collate_tuples
             loader = DataLoader(ds.batched(args.batch, collation_fn=collate), batch_size=None, num_workers=args.workers)
-            n = count_loader(loader, "latent_mean.npy")
+            field = "latent_mean.npy"
         else:
-            mode = "latents" if method.endswith("latents") else "images"
+            mode = "latents" if latents else "images"
             ds = ReleaseDataset(release, mode=mode, image_size=SIZE, batch_size=args.batch, rank=0, world_size=1)
-            n = count_loader(DataLoader(ds, batch_size=None, num_workers=args.workers), "key")
-    return n, lap.wall, lap.cpu
+            loader, field = DataLoader(ds, batch_size=None, num_workers=args.workers), "key"
+        n = sum(len(b[field]) if isinstance(b, dict) else len(b[0]) for b in loader)
+    return {"tool": method, "samples": n, "samples/s": n / lap.wall, "per CPU s": n / lap.cpu}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=2000)
-    parser.add_argument("--per-shard", type=int, default=250)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--methods",
-        default="wds-images,wds-images-same-decode,shardsmith-images,dali-cpu-images,wds-latents,shardsmith-latents,dali-cpu-latents",
-    )
-    parser.add_argument("--root", default=str(REPO / ".bench" / "loaders"))
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--per-shard", type=int, default=250)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--root", type=Path, default=BENCH_DIR / "loaders")
+    args = parse(p, argv, tools=METHODS)
 
     from loaders.release import open_release
 
-    release = open_release(build_release(Path(args.root), args.samples, args.per_shard))
-    methods = args.methods.split(",")
-    rates: dict[str, list[float]] = {m: [] for m in methods}
-    per_cpu: dict[str, list[float]] = {m: [] for m in methods}
-    for rnd, m in alternated(methods, args.repeats):
-        n, secs, cpu = run_method(m, release, args)
-        rates[m].append(n / secs)
-        per_cpu[m].append(n / cpu)
-        print(
-            f"round {rnd} {m:26s} {n:6d} samples {secs:7.2f} s {n / secs:9.1f} samples/s {cpu:7.2f} CPU s {n / cpu:9.1f} samples/CPU s",
-            flush=True,
-        )
-    print(
-        f"\n{release.samples} samples, {len(release.shards)} shards, batch {args.batch}, {args.workers} workers, "
-        f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, python {platform.python_version()}"
-    )
-    print(f"{'method':26s} {'samples/s':>10s} {'ratio':>8s} {'per CPU s':>10s} {'ratio':>8s}")
-    for m in methods:
+    release = open_release(build_release(args.root, args.samples, args.per_shard))
+    runs = rounds(args.tools, args.repeats, lambda m, _: run_method(m, release, args))
+    rate, per_cpu = medians(runs, lambda r: r["samples/s"]), medians(runs, lambda r: r["per CPU s"])
+    rows = []
+    for m in args.tools:
         base = "wds-latents" if m.endswith("latents") else "wds-images"
-        med, cmed = statistics.median(rates[m]), statistics.median(per_cpu[m])
-        ratio = med / statistics.median(rates[base]) if base in rates else float("nan")
-        cratio = cmed / statistics.median(per_cpu[base]) if base in per_cpu else float("nan")
-        print(f"{m:26s} {med:10.1f} {ratio:7.2f}x {cmed:10.1f} {cratio:7.2f}x  (vs {base})")
+        ratios = [f"{d[m] / d[base]:.2f}x" if base in d else "-" for d in (rate, per_cpu)]
+        rows.append((m, f"{rate[m]:.1f}", ratios[0], f"{per_cpu[m]:.1f}", ratios[1], base))
+    lines = [
+        f"{release.samples} samples in {len(release.shards)} shards, batch {args.batch}, {args.workers} DataLoader workers; medians of {args.repeats} rounds",  # fmt: skip
+        "", *table(("method", "samples/s", "ratio", "samples per CPU s", "ratio", "baseline"), rows),
+    ]  # fmt: skip
+    emit("Loaders (`bench_loaders.py`)", lines, argv, args.markdown)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,46 +1,20 @@
-"""Packing benchmark: both packers beside pad-to-longest batches and a fixed 512-token drop rule.
+"""Packing: both fine-tuning packers beside pad-to-longest batches and a fixed 512-token drop rule, then tiling beside one resize.
 
-One invocation draws ``--samples`` synthetic instruction samples shaped like LLaVA-style
-fine-tuning data (long-tailed): 30% text-only chats, the rest with one image (NVLM tiling of a
-random aspect ratio, 1..6 tiles plus a thumbnail, 256 tokens per tile) or, for 10%, two to four
-images; text lengths log-normal, with a heavy multi-turn tail. Lengths are cut off at the
-recipe's padding percentile (99th) with the truncate policy approximated as a cap; then, at
-the recipe budget (8192 tokens, 16 images per pack):
-
-- ``balanced_greedy`` and ``ffd``: fill ratio (useful tokens / packs x budget) and seconds,
-  with the ratio to sorting the lengths (``sorted``, the baseline every packer pays);
-- ``pad-to-longest``: batches of ``--batch`` consecutive samples padded to their longest;
-- ``fixed-512``: samples over 512 tokens dropped, the rest padded to 512 (fill and dropped share).
-
-Then tiling throughput: ``tile_image`` (grid choice, resize, crop, thumbnail) plus JPEG
-encoding of the tiles, images/s, beside a single 448 px resize-and-encode per image (the
-baseline), on ``--images`` photos from the demo corpus generator.
+Synthetic LLaVA-style samples (30% text-only, NVLM-tiled images, a multi-turn tail) cut off at a percentile and packed at
+8192 tokens and 16 images; ``tile_image`` + JPEG of every tile beside one 448 px resize + JPEG, on demo photos scaled 4x.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
-import platform
-import statistics
 import sys
 
 import numpy as np
 
-from harness.procs import REPO, clock
-from harness.report import table
-
-sys.path.insert(0, str(REPO))
-
-from tasks.finetune.packing import (  # noqa: E402
-    fixed_drop_ratio,
-    pack_balanced_greedy,
-    pack_first_fit_decreasing,
-    pack_stats,
-    pad_to_longest_ratio,
-    padding_cutoff,
-)
-from tasks.finetune.tiling import choose_grid, encode_jpeg, tile_count, tile_image, tile_members  # noqa: E402
+import tasks.finetune.packing as pk
+from harness.procs import clock
+from harness.report import emit, med, parse, parser, table
+from tasks.finetune.tiling import choose_grid, encode_jpeg, tile_count, tile_image, tile_members
 from tasks.formats.recipe_finetune import PackingConfig, PaddingConfig, TilingConfig
 
 
@@ -55,80 +29,56 @@ def synthetic(n: int, seed: int, tiling: TilingConfig) -> tuple[np.ndarray, np.n
     tiles = np.zeros(n, np.int64)
     for i in np.nonzero(n_images)[0]:
         for _ in range(n_images[i]):
-            aspect = float(np.exp(rng.normal(0.2, 0.45)))
-            w = int(rng.integers(300, 2400))
-            grid = choose_grid(w, max(1, int(w / aspect)), tiling)
-            tiles[i] += tile_count(grid, tiling)
-    tag_tokens = tiles + 2 * n_images  # one tag per tile, two delimiters per image
-    tokens = text + tiles * tiling.tokens_per_tile + tag_tokens
-    return tokens, n_images, tiles
+            aspect, w = float(np.exp(rng.normal(0.2, 0.45))), int(rng.integers(300, 2400))
+            tiles[i] += tile_count(choose_grid(w, max(1, int(w / aspect)), tiling), tiling)
+    # One tag per tile, two delimiters per image.
+    return text + tiles * tiling.tokens_per_tile + tiles + 2 * n_images, n_images, tiles
 
 
-def bench_packing(args: argparse.Namespace) -> None:
-    tiling = TilingConfig()
+def packing(args) -> list[str]:
     cfg = PackingConfig(budget=args.budget, max_images=args.max_images)
-    tokens, images, tiles = synthetic(args.samples, args.seed, tiling)
-    cutoff = padding_cutoff(
-        tokens, PaddingConfig(cutoff="percentile", percentile=args.percentile, max_tokens=args.budget), cfg.budget
-    )
-    over = int((tokens > cutoff).sum())
-    capped = np.minimum(tokens, cutoff)
-    pct = np.percentile(tokens, [50, 90, 99, 99.9]).astype(int)
-    print(
-        f"{args.samples} samples: tokens p50 {pct[0]} p90 {pct[1]} p99 {pct[2]} p99.9 {pct[3]} max {tokens.max()}; "
-        f"text-only {float((images == 0).mean()):.2f}; cut-off p{args.percentile:g} = {cutoff} ({over} samples over, truncated)"
-    )
-    print(f"budget {cfg.budget} tokens, {cfg.max_images} images per pack; {args.repeats} rounds, median seconds\n")
-    rows = []
-    t_sort = []
+    tokens, images, tiles = synthetic(args.samples, args.seed, TilingConfig())
+    padding = PaddingConfig(cutoff="percentile", percentile=args.percentile, max_tokens=args.budget)
+    cutoff = pk.padding_cutoff(tokens, padding, cfg.budget)
+    capped = np.minimum(tokens, cutoff).tolist()
+    secs: dict[str, list[float]] = {}
+    packs: dict[str, list] = {}
     for _ in range(args.repeats):
-        with clock() as lap:
-            sorted(capped.tolist())
-        t_sort.append(lap.wall)
-    base = statistics.median(t_sort)
-    for name, fn in (("balanced_greedy", pack_balanced_greedy), ("ffd", pack_first_fit_decreasing)):
-        secs = []
-        for _ in range(args.repeats):
+        for name, fn in (("sorted (baseline)", None), ("balanced_greedy", pk.pack_balanced_greedy), ("ffd", pk.pack_first_fit_decreasing)):  # fmt: skip
             with clock() as lap:
-                packs = fn(capped.tolist(), cfg.budget, images.tolist(), cfg.max_images, tiles.tolist(), cfg.max_tiles)
-            secs.append(lap.wall)
-        st = pack_stats(packs, capped.tolist(), cfg.budget, images.tolist(), tiles.tolist())
-        secs_med = statistics.median(secs)
-        rows.append((name, f"{st.fill_ratio:.4f}", f"{st.packs}", f"{secs_med:.3f}", f"{secs_med / base:.0f}x", "0"))
+                got = sorted(capped) if fn is None else fn(list(capped), cfg.budget, images.tolist(), cfg.max_images, tiles.tolist(), cfg.max_tiles)  # fmt: skip
+            secs.setdefault(name, []).append(lap.wall)
+            packs[name] = got
+    base = med(secs["sorted (baseline)"])
+    rows = []
+    for name in ("balanced_greedy", "ffd"):
+        st, s = pk.pack_stats(packs[name], capped, cfg.budget, images.tolist(), tiles.tolist()), med(secs[name])
+        rows.append((name, f"{st.fill_ratio:.4f}", st.packs, f"{s:.3f}", f"{s / base:.0f}x", "0"))
     order = np.random.default_rng(args.seed + 1).permutation(len(capped))
-    rows.append(
-        (
-            "pad-to-longest",
-            f"{pad_to_longest_ratio(capped[order], args.batch):.4f}",
-            f"{-(-len(capped) // args.batch)} batches of {args.batch}",
-            "-",
-            "-",
-            "0",
-        )
-    )
-    fill, dropped = fixed_drop_ratio(tokens, 512)
-    rows.append(
-        ("fixed-512 drop", f"{fill:.4f}", f"{int((tokens <= 512).sum())} rows of 512", "-", "-", f"{dropped:.3f}")
-    )
-    rows.append(("sorted (baseline)", "-", "-", f"{base:.3f}", "1x", "-"))
-    head = ("method", "fill ratio", "packs / batches", "seconds", "vs sort", "dropped share")
-    print("\n".join(table(head, rows)))
+    pad = pk.pad_to_longest_ratio(np.asarray(capped)[order], args.batch)
+    fill, dropped = pk.fixed_drop_ratio(tokens, 512)
+    rows += [("pad-to-longest", f"{pad:.4f}", f"{-(-len(capped) // args.batch)} batches of {args.batch}", "-", "-", "0"),
+             ("fixed-512 drop", f"{fill:.4f}", f"{int((tokens <= 512).sum())} rows of 512", "-", "-", f"{dropped:.3f}"),
+             ("sorted (baseline)", "-", "-", f"{base:.3f}", "1x", "-")]  # fmt: skip
+    p = np.percentile(tokens, [50, 90, 99]).astype(int)
+    return [
+        f"{args.samples} samples: tokens p50 {p[0]}, p90 {p[1]}, p99 {p[2]}, max {tokens.max()}; text-only {float((images == 0).mean()):.2f}; "  # fmt: skip
+        f"cut-off p{args.percentile:g} = {cutoff} ({int((tokens > cutoff).sum())} samples over it); budget {cfg.budget} tokens, "  # fmt: skip
+        f"{cfg.max_images} images a pack; medians of {args.repeats} rounds", "",
+        *table(("method", "fill ratio", "packs / batches", "seconds", "vs sort", "dropped share"), rows),
+    ]  # fmt: skip
 
 
-def bench_tiling(args: argparse.Namespace) -> None:
+def tiling(args) -> list[str]:
     from PIL import Image
 
     from tasks.demo.images import render_image
 
-    cfg = TilingConfig()
-    photos = []
+    cfg, photos = TilingConfig(), []
     for i in range(args.images):
-        _, data, _ = render_image(args.seed, i)
-        img = Image.open(io.BytesIO(data)).convert("RGB")
-        # Demo photos are small; scale them up to typical instruction-data sizes.
-        photos.append(img.resize((img.width * 4, img.height * 4)))
-    rates = {"tile+encode": [], "resize448+encode (baseline)": []}
-    tiles = sum(tile_count(choose_grid(p.width, p.height, cfg), cfg) for p in photos)
+        img = Image.open(io.BytesIO(render_image(args.seed, i)[1])).convert("RGB")
+        photos.append(img.resize((img.width * 4, img.height * 4)))  # demo photos are small: instruction-data sizes
+    rates: dict[str, list[float]] = {"tile + encode": [], "resize 448 + encode (baseline)": []}
     for _ in range(args.repeats):
         with clock() as tile:
             for p in photos:
@@ -136,34 +86,28 @@ def bench_tiling(args: argparse.Namespace) -> None:
         with clock() as base:
             for p in photos:
                 encode_jpeg(p.resize((cfg.tile_size, cfg.tile_size), Image.Resampling.BICUBIC), cfg.quality)
-        rates["tile+encode"].append(len(photos) / tile.wall)
-        rates["resize448+encode (baseline)"].append(len(photos) / base.wall)
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    size = f"{photos[0].width}x{photos[0].height}" if photos else "-"
-    print(
-        f"\ntiling: {len(photos)} images (first {size}), {tiles / max(len(photos), 1):.1f} tiles per image, one thread"
-    )
-    for k, v in med.items():
-        print(f"  {k}: {v:.1f} images/s")
-    print(f"  ratio tile / baseline: {med['tile+encode'] / med['resize448+encode (baseline)']:.2f}x")
+        rates["tile + encode"].append(len(photos) / tile.wall)
+        rates["resize 448 + encode (baseline)"].append(len(photos) / base.wall)
+    m = {k: med(v) for k, v in rates.items()}
+    tiles = sum(tile_count(choose_grid(p.width, p.height, cfg), cfg) for p in photos) / len(photos)
+    rows = [(k, f"{v:.1f}", f"{v / m['resize 448 + encode (baseline)']:.2f}x") for k, v in m.items()]
+    head = f"Tiling, one thread: {len(photos)} images of {photos[0].width}x{photos[0].height} or so, {tiles:.1f} tiles each"
+    return ["", head, "", *table(("method", "images/s", "vs baseline"), rows)]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=100_000)
-    ap.add_argument("--budget", type=int, default=8192)
-    ap.add_argument("--max-images", type=int, default=16)
-    ap.add_argument("--percentile", type=float, default=99.0)
-    ap.add_argument("--batch", type=int, default=8, help="batch size of the pad-to-longest baseline")
-    ap.add_argument("--images", type=int, default=40, help="images for the tiling benchmark (0 skips it)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    print(f"machine: {platform.machine()}, python {platform.python_version()}")
-    bench_packing(args)
-    if args.images:
-        bench_tiling(args)
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--samples", type=int, default=100_000, help="synthetic samples (default 100000)")
+    p.add_argument("--budget", type=int, default=8192, help="tokens a pack (default 8192)")
+    p.add_argument("--max-images", type=int, default=16, help="images a pack (default 16)")
+    p.add_argument("--percentile", type=float, default=99.0, help="the cut-off's percentile of tokens (default 99)")
+    p.add_argument("--batch", type=int, default=8, help="batch size of the pad-to-longest baseline")
+    p.add_argument("--images", type=int, default=40, help="images for the tiling part (0 skips it)")
+    p.add_argument("--seed", type=int, default=0)
+    args = parse(p, argv)
+    emit("Packing (`bench_packing.py`)", packing(args) + (tiling(args) if args.images else []), argv, args.markdown)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

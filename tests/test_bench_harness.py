@@ -14,8 +14,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-from harness.procs import Children, Session, TreeSampler, run_json, timed  # noqa: E402
-from harness.report import alternated, in_turn, med, pick_tools, ratio, table  # noqa: E402
+from harness.procs import Children, Session, TreeSampler, run_child, run_json, timed  # noqa: E402
+from harness.report import alternated, in_turn, med, medians, parse, parser, pick_tools, ratio, rounds, summary, table  # noqa: E402
 from harness.tools import ToolRun, i2d_outputs, spread, tree_at  # noqa: E402
 
 PY = sys.executable
@@ -28,6 +28,37 @@ def test_rounds_flip_the_order_every_round():
     # Rounds counted from 0 start in the given order too.
     assert in_turn(("cp", "phase"), 0, first=0) == ["cp", "phase"]
     assert in_turn(("cp", "phase"), 1, first=0) == ["phase", "cp"]
+
+
+def test_rounds_run_every_tool_in_turn_and_keep_what_each_returned(capsys):
+    got = rounds(["a", "b"], 2, lambda tool, rnd: {"tool": tool, "round": rnd, "wall": 10.0 * rnd + (tool == "b")})
+    assert [(r["tool"], r["round"]) for r in got] == [("a", 1), ("b", 1), ("b", 2), ("a", 2)]
+    assert "round 2 b: round 2, wall 21" in capsys.readouterr().out
+    assert medians(got, lambda r: r["wall"]) == {"a": 15.0, "b": 16.0}
+    assert summary(got, {"wall s": ("wall", ".1f"), "why": (lambda r: None, "")}) == [
+        "| tool | wall s | why |", "|---|---:|---:|", "| a | 15.0 | - |", "| b | 16.0 | - |",
+    ]  # fmt: skip
+
+
+def test_every_script_takes_the_shared_flags_and_refuses_unknown_tools(capsys):
+    args = parse(parser("doc", repeats=2, quiet_wait=5.0, keep="unit"), ["--tools", "b"], tools=("a", "b"))
+    assert (args.repeats, args.quiet_wait, args.keep, args.tools, args.markdown, args.child) == (2, 5.0, False, ["b"], None, None)  # fmt: skip
+    with pytest.raises(SystemExit):
+        parse(parser("doc"), ["--repeats", "0"])
+    assert "--repeats must be at least 1" in capsys.readouterr().err
+
+
+def test_a_child_measurement_reports_its_own_peak_over_its_imports(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import json, sys\nsys.path.insert(0, sys.argv[3])\nfrom harness.procs import measured\n"
+        "print(json.dumps(measured(lambda: {'kind': sys.argv[2], 'n': len(b'x' * (int(sys.argv[4]) << 20))})))\n"
+    )
+    got = run_child(str(script), "big", Path(__file__).resolve().parent.parent / "bench", 100)
+    assert got["kind"] == "big" and got["n"] == 100 << 20 and got["seconds"] >= 0 and got["cpu"] >= 0
+    # Its own peak (the 100 MB it held) over what it held before (its imports): not the forking
+    # parent's RSS, which ru_maxrss would carry over (the pytest worker running this holds a GB).
+    assert got["peak_mb"] >= 100 > got["base_mb"]
 
 
 def test_medians_skip_missing_values_and_ratios_of_nothing_are_nothing():

@@ -11,7 +11,8 @@ Without a GPU (``nvidia-smi -L`` lists none, or torch in this interpreter sees n
 exits 0 when every step ran and passed, 1 when one failed, ran out of time or could not run (a
 benchmark whose ``--help`` lacks the flag of its GPU mode: the file says which).
 
-Only the standard library: it decides whether there is a GPU before anything imports torch.
+Only the standard library and the benchmarks' harness (``bench/harness``, which imports nothing
+else at the top): it decides whether there is a GPU before anything imports torch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.harness.report import revision  # noqa: E402
+
 DEFAULT_OUT = REPO / ".bench" / "gpu-check" / "results.md"
 # The whole run, in seconds from its start (the GPU probe, each step's --help probe, the steps
 # and the file): under ten minutes. Each step also has a limit of its own (Step.limit_s).
@@ -78,20 +84,53 @@ def plan(python: str) -> list[Step]:
             240,
         ),
         Step(
-            "precache (bench/bench_precache.py, --device cuda)",
-            (python, "bench/bench_precache.py", "--device", "cuda", "--samples", "256", "--rounds", "3"),
+            "precache (bench/bench_models.py --stage precache, --device cuda)",
+            (
+                python,
+                "bench/bench_models.py",
+                "--device",
+                "cuda",
+                "--stage",
+                "precache",
+                "--samples",
+                "256",
+                "--repeats",
+                "3",
+            ),
             100,
             ("--device",),
         ),
         Step(
-            "curation embedding (bench/bench_curate_embed.py, --device cuda)",
-            (python, "bench/bench_curate_embed.py", "--device", "cuda", "--samples", "256", "--repeats", "3"),
+            "curation embedding (bench/bench_models.py --stage curate, --device cuda)",
+            (
+                python,
+                "bench/bench_models.py",
+                "--device",
+                "cuda",
+                "--stage",
+                "curate",
+                "--samples",
+                "256",
+                "--repeats",
+                "3",
+            ),
             100,
             ("--device",),
         ),
         Step(
-            "clip decode (bench/bench_clip_decode.py, --device mixed)",
-            (python, "bench/bench_clip_decode.py", "--device", "mixed", "--codec", "h264", "--repeats", "3"),
+            "clip decode (bench/bench_video.py --stage decode, --device mixed)",
+            (
+                python,
+                "bench/bench_video.py",
+                "--device",
+                "mixed",
+                "--stage",
+                "decode",
+                "--codec",
+                "h264",
+                "--repeats",
+                "3",
+            ),
             100,
             ("--device",),
         ),
@@ -224,16 +263,6 @@ def display(argv: tuple[str, ...]) -> str:
     return shlex.join([".venv/bin/python" if with_venv else first, *argv[1:]])
 
 
-def git_revision() -> str:
-    try:
-        got = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return got.stdout.strip() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the results file (default %(default)s)")
@@ -248,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     header = [
         "# make gpu-check",
         "",
-        f"{started}, commit {git_revision()}; {os.cpu_count()} cores, {platform.machine()}, "
+        f"{started}, commit {revision()}; {os.cpu_count()} cores, {platform.machine()}, "
         f"Python {platform.python_version()}",
         "",
         "```text",

@@ -1,4 +1,4 @@
-"""Synthetic photo-like images for the web benchmarks: rendered once into pools under .bench/, and URL manifests over them."""
+"""Synthetic photo-like images for the web benchmarks: rendered once into a pool under .bench/, and URL manifests over them."""
 
 from __future__ import annotations
 
@@ -9,19 +9,15 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from harness.procs import BENCH_DIR
-from harness.tools import LICENSE
+from .procs import BENCH_DIR
+from .tools import LICENSE
 
 POOL_VERSION = 1  # bump when the generator changes, so a cached pool is made again
 
 
 def render(seed: int, index: int) -> tuple[str, bytes]:
-    """Image ``index`` of the pool: a smooth colour field, mid-frequency texture and grain.
-
-    Texture and grain make the encoders work as they do on photos, so file sizes are
-    realistic (JPEG ~1.5-2.5 bits per pixel); PNGs are posterised graphics, capped at 1000 px.
-    About 80% JPEG, 10% PNG, 10% WebP, 200..2000 px.
-    """
+    """Image ``index`` of the pool: a smooth colour field, texture and grain, so that encoders work as on photos (JPEG
+    ~1.5-2.5 bits per pixel). About 80% JPEG, 10% PNG (posterised graphics, <= 1000 px), 10% WebP, 200..2000 px."""
     import numpy as np
     from PIL import Image
 
@@ -58,56 +54,24 @@ def render(seed: int, index: int) -> tuple[str, bytes]:
     return f"p{index:04d}.{ext}", out.getvalue()
 
 
-def _render_into(folder: Path, seed: int, indexes: list[int], sizes: dict[str, int], chunksize: int) -> None:
-    # At the lowest priority: on a shared machine someone else's timed run may be going.
-    with ProcessPoolExecutor(
-        max_workers=max(1, min(2, os.cpu_count() or 1)), initializer=os.nice, initargs=(19,)
-    ) as ex:
-        for name, data in ex.map(render, [seed] * len(indexes), indexes, chunksize=chunksize):
-            (folder / name).write_bytes(data)
-            sizes[name] = len(data)
-
-
-def ensure_pool(pool: int, seed: int) -> tuple[Path, dict[str, int]]:
-    """A pool of ``pool`` images (the download benchmark's, many URLs per image): its folder and
-    {name: bytes}; made once, reused while its stamp exists."""
-    folder = BENCH_DIR / "download" / f"pool-v{POOL_VERSION}-s{seed}-n{pool}"
-    stamp = folder / ".complete.json"  # a leading dot: the image server refuses to serve it
-    if stamp.exists():
-        return folder, json.loads(stamp.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"generating {pool} images into {folder} (once; reused by later runs) ...", flush=True)
-    started = time.perf_counter()
-    sizes: dict[str, int] = {}
-    _render_into(folder, seed, list(range(pool)), sizes, chunksize=8)
-    stamp.write_text(json.dumps(sizes, sort_keys=True))
-    total = sum(sizes.values())
-    print(
-        f"  {total / 1e6:.0f} MB, mean {total / pool / 1e3:.0f} KB, in {time.perf_counter() - started:.0f} s",
-        flush=True,
-    )
-    return folder, sizes
-
-
-def ensure_unique_pool(rows: int, seed: int) -> tuple[Path, dict[str, int]]:
-    """One distinct image per URL: a pool folder holding at least ``rows`` images, and {name: bytes}
-    of the first ``rows``.
-
-    Image ``i`` depends only on the seed and ``i``, so the pool grows when a later invocation
-    asks for more rows, and is otherwise reused.
-    """
+def ensure_pool(rows: int, seed: int) -> tuple[Path, dict[str, int]]:
+    """A pool folder holding at least ``rows`` images, and {name: bytes} of the first ``rows``. Image ``i`` depends only
+    on the seed and ``i``: the pool grows when an invocation asks for more, and is otherwise reused."""
     folder = BENCH_DIR / "validate" / f"pool-v{POOL_VERSION}-s{seed}"
-    stamp = folder / ".complete.json"
+    stamp = folder / ".complete.json"  # a leading dot: the image server refuses to serve it
     sizes: dict[str, int] = json.loads(stamp.read_text()) if stamp.exists() else {}
     have = {int(name[1:].split(".", 1)[0]) for name in sizes}
-    missing = [i for i in range(rows) if i not in have]
-    if missing:
+    if missing := [i for i in range(rows) if i not in have]:
         folder.mkdir(parents=True, exist_ok=True)
         print(f"rendering {len(missing)} images into {folder} (once; reused by later runs) ...", flush=True)
         started = time.perf_counter()
-        _render_into(folder, seed, missing, sizes, chunksize=16)
+        # At the lowest priority: someone's timed run may be going.
+        with ProcessPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)), initializer=os.nice, initargs=(19,)) as ex:  # fmt: skip
+            for name, data in ex.map(render, [seed] * len(missing), missing, chunksize=16):
+                (folder / name).write_bytes(data)
+                sizes[name] = len(data)
+        print(f"  {sum(sizes.values()) / 1e6:.0f} MB in all, made in {time.perf_counter() - started:.0f} s", flush=True)
         stamp.write_text(json.dumps(sizes, sort_keys=True))
-        print(f"  done in {time.perf_counter() - started:.0f} s", flush=True)
     by_index = {int(name[1:].split(".", 1)[0]): name for name in sizes}
     return folder, {by_index[i]: sizes[by_index[i]] for i in range(rows)}
 
@@ -119,6 +83,5 @@ def write_manifest(path: Path, urls: list[str], **columns: list) -> None:
 
     n = len(urls)
     data = {"url": urls, "caption": [f"synthetic photo number {i}" for i in range(n)], "license": [LICENSE] * n}
-    table = pa.table(data | columns)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
+    pq.write_table(pa.table(data | columns), path)

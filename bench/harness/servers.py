@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -11,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.procs import REPO, Children, Session
+from .procs import REPO, Children, Session
 
 VENV_PY = REPO / ".venv" / "bin" / "python"
 PREFECT = REPO / ".venv" / "bin" / "prefect"
@@ -25,22 +26,17 @@ def free_port() -> int:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """This environment for a child: no proxy (every tool talks to loopback only; urllib, which
-    img2dataset uses, would honour one), Prefect's analytics off, and ``extra``."""
+    """This environment for a child: no proxy (all is loopback; img2dataset's urllib would use one), Prefect's
+    analytics off, each shardsmith command in its own process (``SHARDSMITH_WARM=0``), and ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
     env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1,localhost"
-    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    # Each shardsmith command in its own process, as the figures before the warm service were
-    # taken (and no service outlives the benchmark); bench_small.py measures the warm service.
-    env["SHARDSMITH_WARM"] = "0"
-    env.update(extra)
+    env |= {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "SHARDSMITH_WARM": "0", **extra}
     return env
 
 
 def prefect_env(home: Path, api: str | None = None, **extra: str) -> dict[str, str]:
-    """A shardsmith command's environment: its ``PREFECT_HOME``, the checkout this harness is in
-    (not whatever the venv's editable install points at), and ``PREFECT_API_URL`` only when a
-    server was started beforehand (without it, the command starts its own)."""
+    """A shardsmith command's environment: its ``PREFECT_HOME``, this checkout first on the path, and
+    ``PREFECT_API_URL`` only for a server started beforehand (without it, the command starts its own)."""
     env = child_env(PREFECT_HOME=str(home), PYTHONPATH=str(REPO), **extra)
     env.pop("PREFECT_API_URL", None)
     if api:
@@ -50,13 +46,8 @@ def prefect_env(home: Path, api: str | None = None, **extra: str) -> dict[str, s
 
 def start_image_server(children: Children, root: Path) -> tuple[subprocess.Popen, str]:
     """``python -m tasks.demo.webserver`` serving ``root`` on a free loopback port: (process, base URL)."""
-    proc = children.start(
-        [str(VENV_PY), "-m", "tasks.demo.webserver", "--root", str(root), "--port", "0"],
-        cwd=REPO,
-        env=child_env(PYTHONPATH=str(REPO)),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    cmd = [str(VENV_PY), "-m", "tasks.demo.webserver", "--root", str(root), "--port", "0"]
+    proc = children.start(cmd, cwd=REPO, env=child_env(PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().strip() if proc.stdout else ""
     if not line.startswith("serving "):
         raise SystemExit(f"image server did not start (said {line!r})")
@@ -68,31 +59,24 @@ def start_prefect_server(children: Children, home: Path, log: Path) -> tuple[sub
     port = free_port()
     env = child_env(PREFECT_HOME=str(home), PREFECT_SERVER_UI_ENABLED="false")
     with open(log, "wb") as fh:
-        proc = children.start(
-            [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=home,
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
+        cmd = [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+        proc = children.start(cmd, cwd=home, env=env, stdout=fh, stderr=subprocess.STDOUT)
     api = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 180
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"prefect server exited with {proc.returncode}; see {log}")
-        with contextlib.suppress(OSError):
-            with opener.open(api + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return proc, api
+        with contextlib.suppress(OSError), opener.open(api + "/health", timeout=2) as resp:
+            if resp.status == 200:
+                return proc, api
         time.sleep(0.5)
     raise SystemExit(f"prefect server did not answer {api}/health within 180 s; see {log}")
 
 
 @dataclass
 class Loopback:
-    """The servers of a web benchmark: the image server's base URL, a Prefect server's API
-    (None: not started), and their pids by name for ``timed``'s ``watch``."""
+    """The servers of a web benchmark: the image server's URL, a Prefect API (None: none), pids to ``watch``."""
 
     base_url: str
     api: str | None
@@ -100,14 +84,34 @@ class Loopback:
 
 
 def serve(session: Session, pool: Path, prefect: bool) -> Loopback:
-    """Serve ``pool`` on loopback and, when ``prefect``, start a Prefect server (not timed) whose
-    home is the session's ``prefect-home``."""
+    """Serve ``pool`` on loopback and, when ``prefect``, start a Prefect server (untimed); the session's
+    ``prefect-home`` is every shardsmith command's."""
     server, base_url = start_image_server(session.children, pool)
-    loop = Loopback(base_url, None, {"server": server.pid})
+    loop, home = Loopback(base_url, None, {"server": server.pid}), session.work / "prefect-home"
+    home.mkdir(exist_ok=True)
     if prefect:
-        home = session.work / "prefect-home"
-        home.mkdir(exist_ok=True)
         print("starting a Prefect server (not timed) ...", flush=True)
         proc, loop.api = start_prefect_server(session.children, home, session.work / "prefect-server.log")
         loop.watch["prefect"] = proc.pid
     return loop
+
+
+def wait_warm(folder: Path, timeout: float = 180.0) -> int:
+    """Wait until the warm service of ``SHARDSMITH_WARM_DIR=folder`` takes commands with its cluster up
+    (its socket, its scheduler's address), as a user's second command finds it; its pid."""
+    deadline = time.monotonic() + timeout
+    while not (any(folder.glob("*.sock")) and any(folder.glob("*.scheduler"))):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the warm service did not start; see {folder}")
+        time.sleep(0.2)
+    return json.loads(next(folder.glob("*.json")).read_text())["pid"]
+
+
+def stop_warm(env: dict[str, str], pid: int | None = None) -> None:
+    """``shardsmith warm --stop`` in ``env``, then wait (up to 60 s) for ``pid`` to be gone."""
+    import psutil
+
+    subprocess.run([str(VENV_PY), "-m", "cli", "warm", "--stop"], env=env, cwd=REPO, capture_output=True)
+    with contextlib.suppress(psutil.Error):
+        if pid:
+            psutil.Process(pid).wait(60)
