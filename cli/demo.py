@@ -63,10 +63,12 @@ def demo(
     got = result["download"].counts
     same = (got.rows, got.ok, got.by_reason) == (expected["rows"], expected["ok"], expected["by_reason"])
     problems = demo_curation_problems(result, expected, directory / "store")
+    problems += demo_privacy_problems(result, expected, directory / "store")
     verdict = "matches" if same and not problems else "DIFFERS from"
     typer.echo(
         f"\nThe outcome {verdict} what the corpus generator expected ({expected['rows']} rows, {expected['ok']} ok; "
-        f"curation removed {len(expected['curation'])} planted rows): {directory / 'manifests' / 'EXPECTED.json'}"
+        f"curation removed {len(expected['curation'])} planted rows; {len(expected['privacy'])} planted for the "
+        f"privacy checks released redacted, blurred and without EXIF): {directory / 'manifests' / 'EXPECTED.json'}"
     )
     for p in problems:
         typer.echo(f"  {p}")
@@ -160,3 +162,27 @@ def demo_curation_problems(result: dict, expected: dict, store: Path) -> list[st
     if curate is None:
         return ["the demo recipe ran no curation"]
     return curation_problems(expected["curation"], reasons(result["validate"].ledgers), reasons(curate.ledgers))
+
+
+def demo_privacy_problems(result: dict, expected: dict, store: Path) -> list[str]:
+    """Where the demo's privacy outcomes differ from the rows its corpus planted (personal data
+    in captions, GPS EXIF, faces): each is released redacted, blurred and without EXIF, read
+    back from its validated shard (the bytes the release copies), and no other row is flagged."""
+    import pyarrow.parquet as pq
+
+    from tasks.demo.privacy_rows import privacy_problems
+
+    rows = {r["key"]: r for p in result["validate"].ledgers for r in pq.read_table(store / p).to_pylist()}
+
+    def released(key: str) -> dict[str, bytes] | None:
+        row = rows.get(key)
+        if row is None or not row.get("shard"):
+            return None
+        with open(store / row["shard"], "rb") as fh:
+            out = {}
+            for m in row["members"]:
+                fh.seek(m["offset"])
+                out[m["name"].rpartition(".")[2]] = fh.read(m["size"])
+            return out
+
+    return privacy_problems(expected["privacy"], rows, released)

@@ -115,6 +115,12 @@ def _details(phase: str, result: dict, root: str) -> list[str]:
         lines += _upkeep_lines(result)
     if phase == "validate":
         lines.append(f"{summary.duplicates} duplicates")
+        p = getattr(summary, "privacy", None) or {}
+        if any(p.values()):
+            lines.append(
+                f"privacy: {p['with_faces']} with faces ({p['blurred']} released blurred), {p['with_personal_data']} with "
+                f"personal data ({p['redacted']} released redacted), {p['metadata_removed']} with metadata removed"
+            )
     if phase == "curate":
         lines.append(
             f"embedded {summary.embedded} samples now, {summary.reused} from stored embeddings (model {summary.model[:16]})"

@@ -13,6 +13,7 @@ from tasks.formats.recipe_base import Frozen
 from tasks.formats.recipe_curate import CurateConfig, CurateGate, ScoreRule, SemDedupRule
 from tasks.formats.recipe_download import DownloadConfig
 from tasks.formats.recipe_outputs import DownloadGate, ReshardConfig, ValidateGate
+from tasks.formats.recipe_privacy import FacePrivacy, TextPrivacy
 
 # Keys of ``RecipeOverrides.extra`` and of ``--set``: dotted recipe paths.
 _DOTTED = r"^[a-z_]+(\.[a-z_]+)+$"
@@ -77,6 +78,9 @@ class RecipeOverrides(Frozen):
         curate_max_removed_rate: curation gate, removed / samples in at most (``gates.curate.max_removed_rate``).
         curate_compute_dtype: what curation's dual encoder computes in: auto, fp32, bf16 or fp16
             (``curate.compute_dtype``).
+        privacy_faces: faces in released images: off, record, blur or reject (``privacy.faces.mode``).
+        privacy_text: personal data in captions and turns: off, record, redact or reject
+            (``privacy.text.mode``).
         extra: any other recipe key, dotted (``{"validate.image.min_side": 128}``), as ``--set`` takes.
     """
 
@@ -160,6 +164,18 @@ class RecipeOverrides(Frozen):
         "compute_dtype",
         "curate.compute_dtype",
         "Curation: what the dual encoder computes in; auto is bf16 where the CPU or GPU has it, fp32 otherwise.",
+    )
+    privacy_faces: Literal["off", "record", "blur", "reject"] | None = _like(
+        FacePrivacy,
+        "mode",
+        "privacy.faces.mode",
+        "Privacy: faces in released images are recorded (boxes in the json), blurred, or refuse the sample.",
+    )
+    privacy_text: Literal["off", "record", "redact", "reject"] | None = _like(
+        TextPrivacy,
+        "mode",
+        "privacy.text.mode",
+        "Privacy: personal data in captions and turns is recorded (kinds and offsets), redacted, or refuses the sample.",
     )
     extra: dict[Annotated[str, Field(pattern=_DOTTED)], Any] = Field(
         default_factory=dict, description='Other recipe keys, dotted: {"validate.image.min_side": 128}.'

@@ -9,6 +9,7 @@ from prefect import task
 
 from flows.phase import Phase, all_skipped, phase_flow
 from tasks.audit.download_summary import DownloadSummary
+from tasks.audit.privacy_views import privacy_counts
 from tasks.audit.runrecord import RunRecord
 from tasks.audit.validate_samples import gate_samples, report_samples
 from tasks.formats.ledger import COUNT_COLUMNS, Counts, committed_pairs, read_ledgers
@@ -42,6 +43,7 @@ class ValidateSummary:
     ledgers: list[str] = field(default_factory=list)
     tars: list[str] = field(default_factory=list)
     chunks: list[tuple[str, int]] = field(default_factory=list)  # (source, chunk index) of each shard
+    privacy: dict[str, int] = field(default_factory=dict)  # tasks.audit.privacy_views.privacy_counts
 
 
 @task(name="validate-shard", task_run_name="validate-{source}-{index}")
@@ -178,6 +180,7 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
         ledgers=[r.ledger for r in results],
         tars=[r.tar for r in results],
         chunks=[(r.source, r.index) for r in results],
+        privacy=privacy_counts(ledger),
     )
     ph.record(
         counts,

@@ -204,7 +204,7 @@ def test_manifests_are_readable_and_match_expected(corpus):
         # The special rows sit inside the manifest, not bunched at an end.
         special = [i for i, r in enumerate(rows) if classify(r) is not None]
         assert special and min(special) > 0
-    planted = expected["curation"]
+    planted = expected["curation"] + expected["privacy"]
     assert expected["rows"] == N + sum(1 for r in BAD_ROWS if r.url is None or "{name}" not in r.url) + len(planted)
     assert expected["by_reason"] == dict(sorted(total.items()))
     assert expected["ok"] + expected["rejected"] + expected["error"] == expected["rows"]
@@ -229,8 +229,9 @@ def test_rows_planted_for_curation_end_their_manifests_after_their_originals(cor
     for source in SOURCES:
         rows = read_manifest(paths[source])
         mine = [e for e in planted if e["source"] == source]
-        # At the very end of the manifest, in the order EXPECTED lists them.
-        assert [e["row"] for e in mine] == list(range(len(rows) - len(mine), len(rows)))
+        after = sum(1 for e in expected_outcomes(out)["privacy"] if e["source"] == source)
+        # At the end of the manifest, before the privacy rows, in the order EXPECTED lists them.
+        assert [e["row"] for e in mine] == list(range(len(rows) - after - len(mine), len(rows) - after))
         for e in mine:
             row = rows[e["row"]]
             assert e["key"] == f"{source}-{e['row']:09d}" and row["url"].endswith("/" + e["image"])
@@ -343,3 +344,32 @@ def test_demo_recipe_needs_the_demo_dir(monkeypatch):
     monkeypatch.delenv("SHARDSMITH_DEMO_DIR", raising=False)
     with pytest.raises(RecipeError, match="SHARDSMITH_DEMO_DIR"):
         load_recipe(RECIPE)
+
+
+def test_rows_planted_for_privacy_end_their_manifests_and_carry_what_they_claim(corpus):
+    import io
+
+    from PIL import Image
+
+    from tasks.formats.recipe_privacy import FacePrivacy, TextPrivacy
+    from tasks.models.faces import FaceDetector
+    from tasks.policies.personal import find_personal
+
+    out, infos = corpus
+    paths = write_manifests(out, infos, "http://127.0.0.1:9/")
+    planted = expected_outcomes(out)["privacy"]
+    assert Counter(e["kind"] for e in planted) == {"personal_data": 4, "gps": 2, "faces": 3}
+    detector = FaceDetector(FacePrivacy(mode="record"))
+    for source in SOURCES:
+        rows = read_manifest(paths[source])
+        mine = [e for e in planted if e["source"] == source]
+        assert [e["row"] for e in mine] == list(range(len(rows) - len(mine), len(rows)))
+        for e in mine:
+            row, data = rows[e["row"]], (out / "images" / e["image"]).read_bytes()
+            assert e["key"] == f"{source}-{e['row']:09d}" and row["url"].endswith("/" + e["image"])
+            found = find_personal(row["caption"], TextPrivacy())
+            assert sorted({s.kind for s in found}) == sorted(e["kinds"])
+            assert all(v in row["caption"] for v in e["values"])
+            with Image.open(io.BytesIO(data)) as img:
+                assert bool(img.getexif().get_ifd(0x8825)) == (e["kind"] == "gps")
+                assert detector.detect(img.convert("RGB"))[1] == e["faces"]

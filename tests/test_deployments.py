@@ -148,6 +148,7 @@ def test_served_deployments_schedules_forms_and_a_run(server, served, demo_run):
     assert overrides["samples_per_shard"]["anyOf"][0]["minimum"] == 1
     assert overrides["max_reject_rate"]["anyOf"][0]["maximum"] == 1
     assert overrides["curate_compute_dtype"]["anyOf"][0]["enum"] == ["auto", "fp32", "bf16", "fp16"]
+    assert overrides["privacy_faces"]["anyOf"][0]["enum"] == ["off", "record", "blur", "reject"]
     assert all(p.get("description") for p in overrides.values())
     assert found["nightly-rebuild"].parameter_openapi_schema["properties"]["recipes_dir"]["default"] == "recipes"
 

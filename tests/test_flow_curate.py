@@ -129,7 +129,8 @@ def test_curation_to_a_release_then_a_new_threshold_embeds_nothing(
     # Another fraction that keeps the same samples: the removed rows' details name it, so the
     # curated shards and the reshard plan are new, their content the same. The latents, named
     # by content, are read back (nothing encoded) for this run's inputs.
-    same = (cur2.counts.ok - 0.5) / cur.counts.rows
+    # (ok - 0.25) / rows keeps ceil(0.5 * rows) samples and is never 0.5 itself (ok - 0.5 is, for odd rows).
+    same = (cur2.counts.ok - 0.25) / cur.counts.rows
     third = _run(recipe, **{"curate.alignment.keep_top": same})
     assert third["curate"].counts.ok == cur2.counts.ok
     assert [r.image_shard for r in third["precache"].results] == [o.tar for o in third["reshard"].outputs]

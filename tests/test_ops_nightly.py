@@ -22,6 +22,7 @@ def test_overrides_map_to_recipe_keys_with_the_recipe_bounds(monkeypatch):
         max_reject_rate=0.2,
         keep_raw=False,
         curate_compute_dtype="fp32",
+        privacy_faces="blur",
         extra={"validate.image.min_side": 128},
     )
     assert o.dotted() == {
@@ -29,6 +30,7 @@ def test_overrides_map_to_recipe_keys_with_the_recipe_bounds(monkeypatch):
         "gates.validate.max_reject_rate": 0.2,
         "download.keep_raw": False,
         "curate.compute_dtype": "fp32",
+        "privacy.faces.mode": "blur",
         "validate.image.min_side": 128,
     }
     # Dotted keys at the top level, as callers and --set pass them, land in extra.
@@ -42,6 +44,7 @@ def test_overrides_map_to_recipe_keys_with_the_recipe_bounds(monkeypatch):
         {"max_reject_rate": 1.5},
         {"download_timeout_s": 0},
         {"curate_compute_dtype": "int8"},
+        {"privacy_text": "hide"},
         {"extra": {"Not Dotted": 1}},
         {"unknown": 1},
     ):

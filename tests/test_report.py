@@ -627,3 +627,44 @@ def test_a_curation_plot_is_titled_once_and_keeps_its_cut_labels_inside(low, hig
     if len(spans) == 2:  # two labels never overwrite each other
         (y0, a0, b0), (y1, a1, b1) = spans
         assert y0 != y1 or b0 <= a1 or b1 <= a0
+
+
+def test_privacy_section_counts_outcomes_and_shows_blurred_samples():
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(buf, "JPEG")
+    thumb = buf.getvalue()
+    rows = [  # key, status, reason, faces, personal_data, privacy, thumbnail
+        ("a", "ok", None, 0, "", None, None),
+        ("b", "ok", None, 2, "email", "blurred,redacted", thumb),
+        ("c", "ok", None, 1, "", "blurred,metadata", thumb),
+        ("d", "rejected", "face_present", 3, "", None, None),
+        ("e", "rejected", "personal_data", 0, "card,phone", None, None),
+        ("f", "rejected", "license_missing", None, None, None, None),
+    ]
+    cols = ["key", "status", "reason", "faces", "personal_data", "privacy", "thumbnail"]
+    types = [pa.string(), pa.string(), pa.string(), pa.int32(), pa.string(), pa.string(), pa.binary()]
+    table = pa.table({c: pa.array([r[i] for r in rows], t) for i, (c, t) in enumerate(zip(cols, types))})
+    page = Page(render_html(make_run(), table, max_thumbnails_per_reason=1))
+    got = {k[2]: int(v["value"]) for k, v in page.cells.items() if k[0] == "privacy-outcomes"}
+    assert got == {
+        "images looked at for faces": 5,
+        "with a face": 3,
+        "faces found": 6,
+        "released blurred": 2,
+        "refused: face_present": 1,
+        "texts scanned for personal data": 5,
+        "with personal data": 2,
+        "released redacted": 1,
+        "refused: personal_data": 1,
+        "released with metadata removed from bytes kept as fetched": 1,
+    }
+    assert {k[2]: int(v["value"]) for k, v in page.cells.items() if k[0] == "privacy-kinds"} == {
+        "card": 1,
+        "email": 1,
+        "phone": 1,
+    }
+    assert [f["data-key"] for f in page.find("figure", data_privacy="blurred")] == ["b"]  # capped at 1
+    # Without the privacy columns (a run before them), no section.
+    assert not Page(render_html(make_run(), table.select(cols[:3]))).find("section", id="privacy")

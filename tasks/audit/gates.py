@@ -121,8 +121,22 @@ def _samples_checks(cfg: ValidateGate, license_allow: list[str], image: ImageRul
             {"column": "pixel_sha256"},
             check_rows,
         ),
+        _shown_check("faces shown", "faces_shown", cfg.max_face_rate),
+        _shown_check("personal data shown", "personal_data_shown", cfg.max_personal_data_rate),
     ]
     return checks
+
+
+def _shown_check(what: str, column: str, limit: float) -> Check:
+    """Released samples with what the privacy checks found left in (``column`` True), share <= ``limit``."""
+    rate = fmt_number(limit)
+    return Check(
+        f"{what} rate <= {rate}",
+        f"<= {rate}",
+        "ExpectColumnValuesToBeInSet",
+        {"column": column, "value_set": [False], "mostly": mostly_of(1.0 - limit)},
+        share_unexpected,
+    )
 
 
 # --- gates ------------------------------------------------------------------------------------
@@ -145,7 +159,7 @@ def download_gate(ledger: pa.Table, manifest_rows: int, cfg: DownloadGate) -> Ga
     return GateResult.of_suites("download", outcomes, validations, stats)
 
 
-SAMPLE_COLUMNS = ["key", "license", "width", "height", "aspect", "pixel_sha256"]
+SAMPLE_COLUMNS = ["key", "license", "width", "height", "aspect", "pixel_sha256", "faces_shown", "personal_data_shown"]
 
 
 def validate_gate(
@@ -169,6 +183,9 @@ def validate_gate(
     ledger_frame = to_frame(ledger, ["key", "status"], "validate ledger")
     if "reason" in ledger.column_names:  # for the statistics only
         ledger_frame["reason"] = reason_families(ledger.column("reason").to_pandas())
+    for shown in ("faces_shown", "personal_data_shown"):  # a table made before the privacy checks
+        if shown not in samples.column_names and samples.num_rows:
+            samples = samples.append_column(shown, pa.array([False] * samples.num_rows, pa.bool_()))
     samples_frame = to_frame(samples, SAMPLE_COLUMNS, "validate samples")
     accepted = int((ledger_frame["status"] == OK).sum())
     outcomes, validations = run_suites(

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from tasks.audit.changes import changes_view
 from tasks.audit.curation_views import curation_view, read_curation
+from tasks.audit.privacy_views import privacy_view
 from tasks.audit.report_views import (
     as_int,
     duration,
@@ -98,6 +99,7 @@ def render_html(
             phases=[phase_view(p) for p in phases_of(run)],
             changes=changes_view(run.get("changes")),
             samples=samples_view(samples, max_thumbnails_per_reason),
+            privacy=privacy_view(samples, max_thumbnails_per_reason),
             video=video_view(samples),
             curation=curation_view(curation),
         )

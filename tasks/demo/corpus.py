@@ -257,6 +257,33 @@ def _add_curation_rows(
     return out
 
 
+def _add_privacy_rows(
+    out_dir: Path, plan: dict[str, list[tuple[dict[str, Any] | str, BadRow | None]]], seed: int
+) -> list[dict[str, Any]]:
+    """Append the rows the privacy checks must find (tasks/demo/privacy_rows.py) to the end of
+    their manifests; EXPECTED.json's ``privacy`` entries for them."""
+    from tasks.demo.privacy_rows import privacy_rows
+
+    out = []
+    for row in privacy_rows(out_dir, list(plan), seed):
+        rows = plan[row.source]
+        key = f"{row.source}-{len(rows):09d}"
+        out.append(
+            {
+                "source": row.source,
+                "row": len(rows),
+                "key": key,
+                "kind": row.kind,
+                "kinds": list(row.kinds),
+                "values": list(row.values),
+                "faces": row.faces,
+                "image": row.image.name,
+            }
+        )
+        rows.append(({"image": row.image}, None))
+    return out
+
+
 def write_manifests(out_dir: Path, images: list[ImageInfo], base_url: str, seed: int = 0) -> dict[str, Path]:
     """Write photos.csv, art.jsonl.gz and scans.parquet under ``out_dir/manifests/``, and EXPECTED.json.
 
@@ -272,6 +299,7 @@ def write_manifests(out_dir: Path, images: list[ImageInfo], base_url: str, seed:
     manifests.mkdir(parents=True, exist_ok=True)
     plan = _plan(images, out_dir / "images")
     curated = _add_curation_rows(out_dir, images, plan, seed)
+    private = _add_privacy_rows(out_dir, plan, seed)
 
     expected: dict[str, Any] = {
         "images": len(images),
@@ -312,6 +340,7 @@ def write_manifests(out_dir: Path, images: list[ImageInfo], base_url: str, seed:
         expected["by_source"][source] = per
         expected["rows"] += per["rows"]
     expected["curation"] = curated
+    expected["privacy"] = private
     expected["by_reason"] = dict(sorted(expected["by_reason"].items()))
     expected["ok_by_license"] = dict(sorted(expected["ok_by_license"].items()))
     atomic_write(manifests / EXPECTED_NAME, (json.dumps(expected, indent=2, ensure_ascii=False) + "\n").encode())

@@ -59,9 +59,11 @@ def rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def save_jpeg(images_dir: Path, name: str, img: Image.Image, meta: dict[str, Any], index: int) -> ImageInfo:
+def save_jpeg(
+    images_dir: Path, name: str, img: Image.Image, meta: dict[str, Any], index: int, exif: bytes | None = None
+) -> ImageInfo:
     buf = io.BytesIO()
-    img.convert("RGB").save(buf, "JPEG", quality=90)
+    img.convert("RGB").save(buf, "JPEG", quality=90, **({"exif": exif} if exif else {}))
     data = buf.getvalue()
     atomic_write(images_dir / name, data)
     return ImageInfo(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from tasks.formats.recipe_finetune import ConversationRules
+from tasks.formats.recipe_privacy import TextPrivacy
 
 HUMAN, GPT = "human", "gpt"
 # Other spellings seen in public LLaVA-style sets, mapped to the two roles.
@@ -159,3 +160,26 @@ def render_turns(turns: list[tuple[str, str]], tag_texts: list[str], placeholder
             buf.write(part)
         out.append(buf.getvalue())
     return out
+
+
+def private_turns(conv: Conversation, rules: TextPrivacy) -> Conversation:
+    """A checked record after the privacy check of every turn (tasks/policies/privacy.py):
+    ``personal_data`` at the first turn that refuses it, else its turns redacted where asked;
+    what was found (kinds and offsets per turn, never the values) goes into its detail."""
+    if not conv.ok or rules.mode == "off":
+        return conv
+    from tasks.policies.personal import describe
+    from tasks.policies.privacy import check_text
+
+    turns, notes = [], []
+    for j, (role, text) in enumerate(conv.turns):
+        got = check_text(text, rules, f"turn {j}")
+        if got.reason is not None:
+            return replace(conv, reason=got.reason, detail=got.detail)
+        turns.append((role, got.text or text))
+        if got.spans:
+            notes.append(describe(got.spans, f"turn {j}"))
+    if not notes:
+        return conv
+    done = "redacted: " if rules.mode == "redact" else "personal data kept: "
+    return replace(conv, turns=turns, detail=done + "; ".join(notes))

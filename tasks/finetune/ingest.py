@@ -12,7 +12,7 @@ from typing import IO, Any
 
 import pyarrow as pa
 
-from tasks.finetune.conversations import check_conversation, resolve_image
+from tasks.finetune.conversations import check_conversation, private_turns, resolve_image
 from tasks.finetune.records import (
     BLOCK,
     RawRecord,
@@ -230,7 +230,7 @@ def _write_range(
                 "detail": raw.detail,
             }
             if raw.reason is None:
-                conv = check_conversation(raw.record, rules)
+                conv = private_turns(check_conversation(raw.record, rules), rules.privacy)
                 out.update(reason=conv.reason, detail=conv.detail, id=conv.id)
                 if conv.ok:
                     lines = [

@@ -60,6 +60,13 @@ COLUMNS: dict[str, pa.DataType] = {
     "video_fps": pa.float32(),
     "video_codec": pa.string(),
     "video_container": pa.string(),
+    # privacy (validation, recipe ``privacy:``): faces the detector found in the image (null where
+    # it did not look), the kinds of personal data found in the text, comma-joined (empty where
+    # none was found, null where it did not look), and what was done (``blurred``, ``redacted``,
+    # ``metadata``: segments removed from bytes kept as fetched), comma-joined, null for nothing
+    "faces": pa.int32(),
+    "personal_data": pa.string(),
+    "privacy": pa.string(),
     # reshard
     "input_shard": pa.string(),  # the input shard a sample came from
     # precache: ``aligned``, the key DALI read is the key the image shard holds at that
@@ -123,6 +130,9 @@ DOWNLOAD_LEDGER_SCHEMA = ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :]
 # take them as optional (``read_ledger_with``), as a ledger of an older run lacks them too.
 VIDEO_FACTS = ("video_duration_s", "video_width", "video_height", "video_fps", "video_codec", "video_container")
 VIDEO_LEDGER_SCHEMA = ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :], *VIDEO_FACTS)
+# Validation ledgers judged with the privacy checks (recipe ``privacy:``) end with what they
+# found and did; a ledger of an older run lacks them (read as optional, as the video facts).
+PRIVACY_FACTS = ("faces", "personal_data", "privacy")
 # Reshard outputs (and census tables): ledgers plus the input shard each sample came from.
 RESHARD_SCHEMA = ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :], "input_shard")
 # Precache: one row per latent sample.
@@ -175,13 +185,22 @@ class LedgerRow:
         return {name: getattr(self, name) for name in LEDGER_SCHEMA.names}
 
 
-def widened(schema: pa.Schema, rows: list[dict[str, Any]]) -> pa.Schema:
-    """``schema``, or VIDEO_LEDGER_SCHEMA where it is the base ledger's and a row carries a
-    video's facts: the rows of a video source (tasks/video/samples.py) decide, so that every
-    stage writing them (validation, its fused download, dedup's copy) keeps the facts."""
-    if schema.equals(LEDGER_SCHEMA) and any(VIDEO_FACTS[0] in r for r in rows):
-        return VIDEO_LEDGER_SCHEMA
-    return schema
+def widened(schema: pa.Schema, rows: list[dict[str, Any]], columns: Iterable[str] = ()) -> pa.Schema:
+    """``schema``, where it is the base ledger's, with the fact groups its rows carry appended:
+    a video's (``VIDEO_FACTS``, rows of a video source, tasks/video/samples.py) and the privacy
+    checks' (``PRIVACY_FACTS``, rows validation judged with them). The rows decide, or the
+    ``columns`` of a table written with them, so that every stage writing them (validation, its
+    fused download, dedup's copy, a retry's merge) keeps the facts."""
+    if not schema.equals(LEDGER_SCHEMA):
+        return schema
+    have = set(columns)
+    extra = [
+        f
+        for group in (VIDEO_FACTS, PRIVACY_FACTS)
+        if group[0] in have or any(group[0] in r for r in rows)
+        for f in group
+    ]
+    return ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :], *extra) if extra else schema
 
 
 def ledger_table(rows: Iterable[LedgerRow]) -> pa.Table:

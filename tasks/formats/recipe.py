@@ -18,6 +18,7 @@ from tasks.formats.recipe_curate import CurateConfig, CurateGate
 from tasks.formats.recipe_download import DownloadConfig, SourceConfig, ValidateConfig
 from tasks.formats.recipe_finetune import FinetuneConfig, FinetuneGate
 from tasks.formats.recipe_outputs import DownloadGate, PrecacheConfig, PrecacheGate, ReshardConfig, ValidateGate
+from tasks.formats.recipe_privacy import PrivacyConfig
 from tasks.formats.recipe_upkeep import TakedownList, UpkeepGate
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -68,6 +69,8 @@ class Recipe(Frozen):
         curate: curation between validation and resharding (off unless ``curate.model`` is set).
         takedown: takedown lists (local files or ``s3://`` objects; see ``TakedownList``),
             applied by every release to every row, old and new, without downloading anything.
+        privacy: faces, personal data in text and image metadata, applied by validation (and
+            by fine-tuning's record checks, to every turn); see ``PrivacyConfig``.
     """
 
     dataset: str = Field(pattern=NAME_PATTERN)
@@ -77,6 +80,7 @@ class Recipe(Frozen):
     sources: tuple[SourceConfig, ...] = Field(min_length=1)
     download: DownloadConfig = DownloadConfig()
     validate_: ValidateConfig = Field(default=ValidateConfig(), alias="validate")
+    privacy: PrivacyConfig = PrivacyConfig()
     curate: CurateConfig = CurateConfig()
     reshard: ReshardConfig = ReshardConfig()
     precache: PrecacheConfig = PrecacheConfig()
@@ -94,6 +98,23 @@ class Recipe(Frozen):
 
         file_modes(v.get(FILE_MODE_OPTION))  # raises ValueError naming the setting
         return v
+
+    @model_validator(mode="after")
+    def _privacy_to_validation(self) -> Recipe:
+        """The top-level ``privacy:`` block, copied into ``validate`` for the stages judging samples,
+        and its ``text`` into ``finetune.conversation`` for the records' turns."""
+        # A dumped recipe read again carries the copies; only a different one is an error.
+        conv = self.finetune.conversation
+        if ("privacy" in self.validate_.model_fields_set and self.validate_.privacy != self.privacy) or (
+            "privacy" in conv.model_fields_set and conv.privacy != self.privacy.text
+        ):
+            raise ValueError(
+                "privacy is a top-level block of the recipe, not validate.privacy or finetune.conversation.privacy"
+            )
+        object.__setattr__(self, "validate_", self.validate_.model_copy(update={"privacy": self.privacy}))
+        conv = conv.model_copy(update={"privacy": self.privacy.text})
+        object.__setattr__(self, "finetune", self.finetune.model_copy(update={"conversation": conv}))
+        return self
 
     @model_validator(mode="after")
     def _unique_sources(self) -> Recipe:

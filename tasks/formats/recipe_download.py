@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from tasks.formats.recipe_base import NAME_PATTERN, Frozen
+from tasks.formats.recipe_privacy import PrivacyConfig
 from tasks.formats.recipe_upkeep import Recheck, RetryFailed
 from tasks.formats.recipe_video import ClipConfig, VideoLimits
 
@@ -235,7 +236,8 @@ class ImageRules(Frozen):
         skip_reencode: keep the input bytes of an image that re-encoding would not change
             otherwise (img2dataset's option): not resized, already in ``output_format``, one
             frame, 8-bit RGB, not EXIF-rotated. Still decoded, checked and hashed; its
-            metadata and any bytes appended after the image are kept. Default False.
+            metadata segments and any bytes appended after the image are removed without
+            touching the pixels (``privacy.metadata``). Default False.
     """
 
     max_pixels: int = Field(default=50_000_000, ge=1)
@@ -294,6 +296,8 @@ class ValidateConfig(Frozen):
         dedup: exact and near-duplicate detection.
         video: what a video source's videos may declare (probed from their headers before a
             frame is decoded) and how they are cut into clips (``video.clips``).
+        privacy: the recipe's top-level ``privacy:`` block, which the recipe copies here so that
+            every stage judging samples has it; not written under ``validate:``.
     """
 
     license: LicensePolicy = LicensePolicy()
@@ -301,3 +305,4 @@ class ValidateConfig(Frozen):
     caption: CaptionRules = CaptionRules()
     dedup: DedupConfig = DedupConfig()
     video: VideoRules = VideoRules()
+    privacy: PrivacyConfig = PrivacyConfig()

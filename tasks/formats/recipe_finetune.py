@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tasks.formats.recipe_base import Frozen
+from tasks.formats.recipe_privacy import TextPrivacy
 
 
 class ConversationRules(Frozen):
@@ -24,6 +25,8 @@ class ConversationRules(Frozen):
         max_record_bytes: a JSONL line or JSON record over this is ``unparsable_row``.
         range_bytes: a plain JSONL file is read by one task per this many bytes (a JSON array
             or a gzip file by one task).
+        privacy: the recipe's top-level ``privacy.text``, copied here by the recipe: every turn
+            is checked with it; not written under ``finetune:``.
     """
 
     placeholder: str = Field(default="<image>", min_length=1)
@@ -34,6 +37,7 @@ class ConversationRules(Frozen):
     license: str | None = None
     max_record_bytes: int = Field(default=1 << 20, ge=1024)
     range_bytes: int = Field(default=128 << 20, ge=1024)
+    privacy: TextPrivacy = TextPrivacy(mode="off")
 
 
 class TilingConfig(Frozen):

@@ -206,11 +206,18 @@ class ValidateGate(Frozen):
         max_reject_rate: rejected / rows of the phase at most this.
         min_samples: accepted samples at least this (and never below 1).
         require_license_review: block when the recipe has no license review.
+        max_face_rate: accepted samples released with a face that is not blurred (``privacy.faces``
+            on ``record``), share at most this; with ``blur`` or ``reject`` none is released. Faces
+            are common in web images, so the default bounds nothing: set it to hold a dataset to it.
+        max_personal_data_rate: accepted samples released with personal data in their text
+            (``privacy.text`` on ``record``), share at most this; ``redact`` and ``reject`` release none.
     """
 
     max_reject_rate: float = Field(default=0.5, ge=0, le=1)
     min_samples: int = Field(default=1, ge=1)
     require_license_review: bool = True
+    max_face_rate: float = Field(default=1.0, ge=0, le=1)
+    max_personal_data_rate: float = Field(default=0.05, ge=0, le=1)
 
 
 class PrecacheGate(Frozen):

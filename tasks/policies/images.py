@@ -62,18 +62,28 @@ Decisions (the tests in tests/test_images.py and tests/test_decoders.py pin each
   ``rules.quality``; PNG ignores it (zlib level 6). ``rules.skip_reencode`` (img2dataset's
   option of that name) keeps the input bytes instead when nothing would change them: no
   resize, already in ``output_format``, one frame, decoded as 8-bit RGB, not EXIF-rotated;
-  the image is still decoded and hashed, and its metadata and appended bytes are kept.
+  the image is still decoded and hashed. Its metadata segments (EXIF, XMP, IPTC, comments,
+  text chunks, ICC) and any bytes after the image are removed without touching the pixels
+  (tasks/policies/metadata.py; the pixel hash is the same); bytes that cannot be rewritten so
+  are re-encoded. EXIF fields the recipe keeps (``privacy.metadata.keep``) are written again
+  into either output.
+- Pixels seen (``look``): the validation stage may look at the released pixels before they are
+  encoded (the face check, tasks/models/faces.py): it may refuse the image or hand back other
+  pixels (faces blurred), which are then encoded whatever ``skip_reencode`` says.
 """
 
 from __future__ import annotations
 
+import io
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from PIL import Image
 
 from tasks.formats.recipe_download import ImageRules
-from tasks.policies import decoders, pixels
+from tasks.policies import decoders, metadata, pixels
 from tasks.policies.decoders import (
     DECODE_ERRORS,
     PIL_FORMATS,
@@ -103,7 +113,7 @@ def _quiet_bomb_warning() -> None:
         warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
-__all__ = ["REASONS", "ImageOutcome", "process_image"]
+__all__ = ["REASONS", "ImageOutcome", "PixelVerdict", "process_image"]
 
 # Every reason process_image can return; each is registered in tasks/formats/reasons.py.
 REASONS = (
@@ -125,6 +135,25 @@ DETAIL_CHARS = 160  # decoder messages are cut so details stay short
 
 
 @dataclass(frozen=True)
+class PixelVerdict:
+    """What a look at the released pixels decided (see ``process_image``'s ``look``).
+
+    Args:
+        reason, detail: a refusal (a stable reason), or None.
+        image: other pixels to release in place of the ones looked at (same size), or None.
+        facts: what was found, for the sample's json and ledger row.
+    """
+
+    reason: str | None = None
+    detail: str | None = None
+    image: Image.Image | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+Look = Callable[[Image.Image], PixelVerdict]
+
+
+@dataclass(frozen=True)
 class ImageOutcome:
     """The verdict on one image, and what it became when accepted.
 
@@ -142,6 +171,9 @@ class ImageOutcome:
         phash: 64-bit DCT perceptual hash, compared with ``hamming``.
         thumbnail: a JPEG with a long side of at most 96 px, only when asked for; also made for
             decodable images rejected by a header rule, for the audit report.
+        facts: what ``look`` found (face boxes), where it looked.
+        changed: the pixels were changed by ``look`` (faces blurred).
+        metadata_removed: the kinds of metadata removed from bytes kept as fetched.
     """
 
     reason: str | None
@@ -156,6 +188,9 @@ class ImageOutcome:
     pixel_sha256: str | None = None
     phash: int | None = None
     thumbnail: bytes | None = None
+    facts: dict[str, Any] | None = None
+    changed: bool = False
+    metadata_removed: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -197,8 +232,20 @@ def _large_note(width: int, height: int, rules: ImageRules) -> str | None:
     )
 
 
-def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) -> ImageOutcome:
-    """Decide on one image's bytes and, when accepted, re-encode and hash it (see the module docstring)."""
+def process_image(
+    data: bytes,
+    rules: ImageRules,
+    *,
+    thumbnail: bool = False,
+    look: Look | None = None,
+    keep_exif: tuple[str, ...] = (),
+) -> ImageOutcome:
+    """Decide on one image's bytes and, when accepted, re-encode and hash it (see the module docstring).
+
+    ``look`` sees the pixels to be released (after resizing) and may refuse them or replace
+    them; ``keep_exif`` names the EXIF fields written into the output
+    (``privacy.metadata.keep``; tasks/policies/metadata.py says which may be kept).
+    """
     _quiet_bomb_warning()
     size = len(data)
     if size < rules.min_bytes:
@@ -225,9 +272,9 @@ def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) ->
         if bomb is not None:
             return ImageOutcome("decompression_bomb", bomb, src_format=fmt)
         if not info.animated and decoders.STILL_WEBP:
-            return _decide(StillWebPSource(data, info), fmt, rules, thumbnail, data)
+            return _decide(StillWebPSource(data, info), fmt, rules, thumbnail, data, look, keep_exif)
     if fmt == "png" and decoders.PLAIN_PNG and (png_size := plain_png(data)) is not None:
-        return _decide(PlainPngSource(data, png_size), fmt, rules, thumbnail, data)
+        return _decide(PlainPngSource(data, png_size), fmt, rules, thumbnail, data, look, keep_exif)
     try:
         img = open_pillow(data, fmt)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -236,11 +283,17 @@ def process_image(data: bytes, rules: ImageRules, *, thumbnail: bool = False) ->
         reason, detail = _decode_failure(err)
         return ImageOutcome(reason, detail, src_format=fmt)
     with img:
-        return _decide(PillowSource(img), fmt, rules, thumbnail, data)
+        return _decide(PillowSource(img), fmt, rules, thumbnail, data, look, keep_exif)
 
 
 def _decide(
-    src: PillowSource | StillWebPSource | PlainPngSource, fmt: str, rules: ImageRules, thumbnail: bool, data: bytes
+    src: PillowSource | StillWebPSource | PlainPngSource,
+    fmt: str,
+    rules: ImageRules,
+    thumbnail: bool,
+    data: bytes,
+    look: Look | None = None,
+    keep_exif: tuple[str, ...] = (),
 ) -> ImageOutcome:
     width, height = src.size
     if width < 1 or height < 1:
@@ -307,9 +360,21 @@ def _decide(
     # The scaled picture is still the whole picture and far cheaper to average down to 32x32.
     perceptual = pixels.phash(scaled if min(scaled.size) >= pixels.PHASH_MIN_SIDE else rgb)
     out = pixels.crop_or_pad(scaled, rules)
+    seen = look(out) if look is not None else None
+    if seen is not None and seen.reason is not None:
+        # A refused face is shown blurred where the look blurred it.
+        shown = pixels.thumbnail(seen.image if seen.image is not None else rgb) if thumbnail else None
+        return ImageOutcome(seen.reason, seen.detail, thumbnail=shown, facts=seen.facts, **common)
+    changed = seen is not None and seen.image is not None
+    released = seen.image if seen is not None and seen.image is not None else out
     # The input bytes decode to exactly ``out`` only when nothing was resized, converted or rotated.
     keep = rules.skip_reencode and out is rgb and unchanged and not animated and fmt == rules.output_format
-    encoded = data if keep else pixels.encode(out, rules.output_format, rules.quality)
+    stripped = metadata.strip_metadata(data, fmt, keep_exif) if keep and not changed else None
+    if stripped is not None:
+        encoded, removed = stripped, metadata.metadata_kinds(data, fmt)
+    else:
+        exif = _kept_exif(data, fmt, keep_exif) if keep_exif else None
+        encoded, removed = pixels.encode(released, rules.output_format, rules.quality, exif=exif), ()
     return ImageOutcome(
         None,
         _large_note(width, height, rules),
@@ -319,6 +384,18 @@ def _decide(
         height=out.height,
         pixel_sha256=pixel_key,
         phash=perceptual,
-        thumbnail=pixels.thumbnail(rgb) if thumbnail else None,
+        thumbnail=pixels.thumbnail(released if changed else rgb) if thumbnail or changed else None,
+        facts=seen.facts if seen is not None else None,
+        changed=changed,
+        metadata_removed=removed,
         **common,
     )
+
+
+def _kept_exif(data: bytes, fmt: str, keep: tuple[str, ...]) -> bytes | None:
+    """The EXIF fields ``keep`` names, read from the input's EXIF, for the re-encoded output."""
+    try:
+        with Image.open(io.BytesIO(data), formats=[PIL_FORMATS[fmt]]) as img:
+            return metadata.exif_kept(img.getexif(), keep)
+    except DECODE_ERRORS:
+        return None

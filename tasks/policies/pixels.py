@@ -94,15 +94,17 @@ def phash(rgb: Image.Image) -> int:
     return int.from_bytes(np.packbits(bits).tobytes(), "big")  # bits[0] is the top bit
 
 
-def encode(img: Image.Image, fmt: str, quality: int) -> bytes:
+def encode(img: Image.Image, fmt: str, quality: int, exif: bytes | None = None) -> bytes:
+    """``img`` in ``fmt``, with no metadata but the ``exif`` given (fields a recipe keeps)."""
     img.info = {}  # no ICC, EXIF, text or dpi carried over from the source
     out = io.BytesIO()
+    extra = {"exif": exif} if exif else {}
     if fmt == "jpeg":
-        img.save(out, "JPEG", quality=quality)
+        img.save(out, "JPEG", quality=quality, **extra)
     elif fmt == "webp":
-        img.save(out, "WEBP", quality=quality)
+        img.save(out, "WEBP", quality=quality, **extra)
     else:
-        img.save(out, "PNG", compress_level=6)
+        img.save(out, "PNG", compress_level=6, **extra)
     return out.getvalue()
 
 

@@ -25,11 +25,10 @@ from tasks.formats.ledger import (
     DOWNLOAD_LEDGER_SCHEMA,
     FETCH_FACTS,
     LEDGER_SCHEMA,
-    VIDEO_FACTS,
-    VIDEO_LEDGER_SCHEMA,
     Counts,
     read_ledger,
     read_ledgers,
+    widened,
     write_parquet,
 )
 from tasks.formats.ledger import read_parquet as read_table
@@ -544,8 +543,7 @@ class _Retry:
         cand_result = None
         if self.shard is not None and self.judge is not None and cand is not None:
             self.judge.write_thumbs(storage, cand[1])
-            video = VIDEO_FACTS[0] in self.judged.column_names or any(VIDEO_FACTS[0] in r for r in self.shard.rows)
-            schema = VIDEO_LEDGER_SCHEMA if video else LEDGER_SCHEMA
+            schema = widened(LEDGER_SCHEMA, self.shard.rows, self.judged.column_names)
             kept = _kept(self.judged, set(), cand[0])
             cand_counts = Counts.of(_write_version(storage, cand[1], kept, self.shard.rows, schema))
             cand_result = ShardResult(

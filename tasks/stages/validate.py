@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.formats.ledger import VIDEO_FACTS, LedgerRow, read_ledger, write_parquet
+from tasks.formats.ledger import PRIVACY_FACTS, VIDEO_FACTS, LedgerRow, read_ledger, write_parquet
 from tasks.formats.manifests import chunk_name
 from tasks.formats.names import digest_of
 from tasks.formats.reasons import OK
@@ -25,8 +25,10 @@ from tasks.formats.tar_reader import ShardError
 from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
 from tasks.policies.licenses import license_verdict
+from tasks.policies.privacy import TextOutcome, check_text, kinds_of, span_facts
 from tasks.policies.sniff import EXTENSIONS, VIDEO_FORMATS
 from tasks.stages.dedup import DEDUP_COLUMNS, duplicates_by_table, final_paths, finalize_shard, find_duplicates
+from tasks.stages.privacy import face_look
 from tasks.stages.runner import DECIDE_FAILED, ShardResult, Verdict, failure_detail, run_shard
 
 # Dedup lives in tasks/stages/dedup.py; named here too, where the flows and tests import it.
@@ -36,6 +38,8 @@ IMAGE_EXTS = frozenset(EXTENSIONS.values()) | {"jpeg", "tif"}
 # Thumbnails of a few rejected samples per reason, for the audit report, beside the ledger.
 THUMBS_SCHEMA = pa.schema([("key", pa.string()), ("thumbnail", pa.binary())])
 THUMBNAILS_PER_REASON = 3
+# Accepted samples whose faces were blurred keep a few thumbnails too, under this name.
+BLURRED = "blurred"
 # Threads that decode and re-encode images in one task: Pillow releases the GIL while it
 # decodes, resizes and encodes, so they overlap each other and the fetches of a fused task.
 DECODE_THREADS = max(
@@ -56,7 +60,9 @@ def candidate_config_hash(recipe: Any) -> str:
     """Hash of the validation settings that change what a candidate shard holds (dedup decides later)."""
     cfg = recipe.validate_
     # The video rules only where there are videos: a recipe without them keeps its names.
-    return recipe.config_hash(cfg.license, cfg.image, cfg.caption, *([cfg.video] if recipe.has_video else []))
+    return recipe.config_hash(
+        cfg.license, cfg.image, cfg.caption, cfg.privacy, *([cfg.video] if recipe.has_video else [])
+    )
 
 
 def candidate_paths(dataset: str, source: str, index: int, download_tar: str, config_hash: str) -> tuple[str, str]:
@@ -87,6 +93,7 @@ class Judge:
 
     def __init__(self, cfg: ValidateConfig, thumbnails_per_reason: int = THUMBNAILS_PER_REASON):
         self.cfg = cfg
+        self.look = face_look(cfg.privacy)  # the face check, where the recipe asks for one
         self.limit = thumbnails_per_reason
         self.thumbs: list[tuple[str, bytes]] = []
         self._taken: Counter[str] = Counter()
@@ -146,7 +153,8 @@ class Judge:
 def failed_row(item: Item, err: Exception) -> dict[str, Any]:
     """The ledger row of a sample whose judging raised: an error, the exception in its detail."""
     key, _, down = item
-    return _base_row(key, down, None, None, DECIDE_FAILED, f"judging the sample: {failure_detail(err)}")
+    detail = f"judging the sample: {failure_detail(err)}"
+    return _base_row(key, down, None, TextOutcome(None), DECIDE_FAILED, detail)
 
 
 def validate_shard(
@@ -210,20 +218,24 @@ def _is_video(name: str) -> bool:
 
 def _text_checks(
     members: dict[str, Payload], down: dict[str, Any], cfg: ValidateConfig
-) -> tuple[dict[str, Any], str | None, str | None, str | None, str | None]:
-    """The sample's json, normalised license and cleaned caption, and the first refusal (reason,
-    detail) of the two: the license is judged first, its refusal is the row's whatever the caption."""
+) -> tuple[dict[str, Any], str | None, TextOutcome, str | None, str | None]:
+    """The sample's json, normalised license, the caption's privacy outcome (its cleaned and
+    checked text), and the first refusal (reason, detail): the license is judged first, its
+    refusal is the row's whatever the caption; then the caption's rules, then its personal data."""
     meta = json.loads(members.get("json", b"{}"))
     licensed = license_verdict(meta.get("license"), down["source"], cfg.license)
     captioned = caption_verdict(
         meta.get("caption", members.get("txt", b"").decode("utf-8", "replace") or None), cfg.caption
     )
-    first = licensed if not licensed.ok else captioned
-    return meta, licensed.value, captioned.value, first.reason, first.detail
+    if not licensed.ok or not captioned.ok:
+        first = licensed if not licensed.ok else captioned
+        return meta, licensed.value, TextOutcome(captioned.value), first.reason, first.detail
+    private = check_text(captioned.value, cfg.privacy.text)
+    return meta, licensed.value, private, private.reason, private.detail
 
 
-def _base_row(key: str, down: dict[str, Any], spdx: str | None, caption: str | None, reason, detail) -> dict[str, Any]:
-    return LedgerRow(
+def _base_row(key: str, down: dict[str, Any], spdx: str | None, text: TextOutcome, reason, detail) -> dict[str, Any]:
+    row = LedgerRow(
         key=key,
         source=down["source"],
         row=down["row"],
@@ -231,21 +243,38 @@ def _base_row(key: str, down: dict[str, Any], spdx: str | None, caption: str | N
         url=down["url"],
         detail=detail,
         license=spdx,
-        caption_chars=len(caption) if caption else None,
+        caption_chars=len(text.text) if text.text else None,
         origin=down.get("origin"),
     ).as_dict()
+    row.update(dict.fromkeys(PRIVACY_FACTS))
+    row.update(personal_data=kinds_of(text.spans) if text.checked else None)
+    return row
+
+
+def _privacy_notes(text: TextOutcome, detail: str | None) -> str | None:
+    """An accepted row's detail with what the text check found and did (kinds and offsets)."""
+    if not text.spans:
+        return detail
+    from tasks.policies.personal import describe
+
+    note = ("redacted: " if text.redacted else "personal data kept: ") + describe(text.spans)
+    return note if detail is None else f"{detail}; {note}"
 
 
 def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], judge: Judge, ext: str) -> list[Verdict]:
     """A video's clips as samples (tasks/video/samples.py), or its one refused row; a few
     refused clips per reason leave their keyframe as the report's thumbnail."""
     cfg = judge.cfg
-    meta, spdx, caption, reason, detail = _text_checks(members, down, cfg)
+    meta, spdx, text, reason, detail = _text_checks(members, down, cfg)
+    caption = text.text
     # A video's rows carry its facts (nulls until probed), so a video source's ledger has them
     # even where every video was refused before its probe (tasks.formats.ledger.widened).
-    row = {**_base_row(key, down, spdx, caption, reason, detail), **dict.fromkeys(VIDEO_FACTS)}
+    row = {**_base_row(key, down, spdx, text, reason, detail), **dict.fromkeys(VIDEO_FACTS)}
     if reason is not None:
         return [Verdict(row)]
+    if text.spans:
+        row["detail"] = _privacy_notes(text, row["detail"])
+        meta["personal_data"] = span_facts(text.spans, "caption")
     from tasks.video.samples import judge_video
 
     clean = partial(caption_verdict, rules=cfg.caption)
@@ -276,7 +305,8 @@ def _judge(
     Cheap checks (license, caption) come before decoding the image.
     """
     cfg = judge.cfg
-    meta, spdx, caption, reason, detail = _text_checks(members, down, cfg)
+    meta, spdx, text, reason, detail = _text_checks(members, down, cfg)
+    caption = text.text
     image_ext = next((ext for ext in members if ext in IMAGE_EXTS), None)
     if reason is None and image_ext is None:
         reason, detail = "not_an_image", f"no image member in the sample (members: {', '.join(sorted(members))})"
@@ -285,15 +315,18 @@ def _judge(
     if image_ext is not None and (reason is None or want_thumb):
         # Thumbnails only for the few rejected samples the report shows; an image the rules
         # reject is decoded once more for its thumbnail (rare, and capped per reason).
-        outcome = process_image(members[image_ext], cfg.image, thumbnail=want_thumb)
+        # A sample refused before its image is not looked at for faces (only thumbnailed).
+        image = partial(process_image, members[image_ext], cfg.image, keep_exif=cfg.privacy.metadata.keep)
+        look = judge.look if reason is None else None
+        outcome = image(thumbnail=want_thumb, look=look)
         if reason is None and outcome.reason is not None:
             reason, detail = outcome.reason, outcome.detail
             want_thumb = judge.want_thumbnail(reason)
             if want_thumb:
-                outcome = process_image(members[image_ext], cfg.image, thumbnail=True)
+                outcome = image(thumbnail=True, look=look)
         elif reason is None:
             detail = outcome.detail  # a note on an accepted image (its size), if any
-    row = _base_row(key, down, spdx, caption, reason, detail)
+    row = _base_row(key, down, spdx, text, reason, detail)
     thumbnail = None
     if outcome is not None:
         row.update(
@@ -303,6 +336,8 @@ def _judge(
             width=outcome.width,
             height=outcome.height,
         )
+        if outcome.facts is not None:
+            row["faces"] = outcome.facts.get("faces_found", 0)
         if reason is not None and want_thumb and outcome.thumbnail and judge.took_thumbnail(reason):
             thumbnail = outcome.thumbnail
     if reason is not None:
@@ -323,9 +358,22 @@ def _judge(
         bytes=len(outcome.data),
         sha256=hashlib.sha256(outcome.data).hexdigest(),
     )
-    row.update(bytes=len(outcome.data), sha256=meta["sha256"])
+    done = [*(["blurred"] if outcome.changed else []), *(["redacted"] if text.redacted else [])]
+    done += ["metadata"] if outcome.metadata_removed else []
+    if outcome.facts is not None:
+        meta.update(
+            faces=outcome.facts["faces"], faces_found=outcome.facts["faces_found"], faces_blurred=outcome.changed
+        )
+    if text.spans:
+        meta["personal_data"] = span_facts(text.spans, "caption")
+    if outcome.metadata_removed:
+        meta["metadata_removed"] = list(outcome.metadata_removed)
+    row.update(bytes=len(outcome.data), sha256=meta["sha256"], privacy=",".join(done) or None)
+    row["detail"] = _privacy_notes(text, row["detail"])
     out = {outcome.ext: outcome.data, "json": json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")}
     if caption is not None:
         out["txt"] = caption.encode("utf-8")
-    # Thumbnails of accepted samples are not kept: the report shows rejected ones.
+    # Thumbnails of accepted samples are kept only for the few blurred ones the report shows.
+    if outcome.changed and outcome.thumbnail and judge.took_thumbnail(BLURRED):
+        return row, out, outcome.thumbnail
     return row, out, None

@@ -1,0 +1,252 @@
+"""The privacy checks beside the validation work they join, on one thread (issue 43).
+
+- faces: ``FaceDetector.detect`` on decoded pixels beside ``process_image(data, ImageRules())``
+  on the same JPEGs (today's validation work per image); the phase's speed with faces on relative
+  to off is a / (a + b) in time. Recall and precision at IoU >= 0.4 on tasks/demo/faces.py's
+  labelled set (scikit-image's photographs and LFW faces, and generated pictures).
+- text: ``find_personal`` beside caption cleanup (``caption_verdict``) on captions of LAION's
+  length distribution; false cards and IBANs among random strings that fail their checksums.
+- metadata: ``process_image`` with ``skip_reencode`` with and without stripping (alternated per
+  image), and the pixels and pixel key it keeps.
+
+    .venv/bin/python bench/bench_privacy.py --stage faces|text|metadata [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import random
+import re
+import statistics
+import time
+import types
+from collections.abc import Callable, Iterable
+
+import numpy as np
+from PIL import Image
+
+from harness import report
+from tasks.formats.recipe_download import CaptionRules, ImageRules
+from tasks.formats.recipe_privacy import FacePrivacy, TextPrivacy
+from tasks.policies import images
+from tasks.policies.images import process_image
+
+
+def best_of(repeats: int, work: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def jpeg(img: Image.Image, **save) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90, **save)
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------------------- faces
+
+
+def faces(args) -> list[str]:
+    from tasks.demo.faces import iou, labelled_set, match
+    from tasks.models.faces import WORK_SIDE, face_detector
+
+    items = labelled_set(generated=args.images, lfw=args.images // 2)
+    jpegs = [jpeg(item.rgb) for item in items if max(item.rgb.size) <= 1024]
+    decoded = [Image.open(io.BytesIO(b)).convert("RGB") for b in jpegs]
+    detector = face_detector(FacePrivacy(mode="record"))
+    detector.detect(decoded[0])  # the cascade's load is not timed
+    base = best_of(args.repeats, lambda: [process_image(b, ImageRules()) for b in jpegs])
+    look = best_of(args.repeats, lambda: [detector.detect(img) for img in decoded])
+    n, sides = len(jpegs), [max(img.size) for img in decoded]
+    lines = [f"{n} JPEGs, long side {min(sides)}-{max(sides)} px (mean {np.mean(sides):.0f}); work cap {WORK_SIDE} px; best of {args.repeats}", ""]  # fmt: skip
+    lines += report.table(
+        ["work per image", "samples/s", "ms"],
+        [
+            ["validation today (`process_image`)", report.fmt(n / base), report.fmt(base / n * 1e3)],
+            ["face detection", report.fmt(n / look), report.fmt(look / n * 1e3)],
+            ["validation with faces on", report.fmt(n / (base + look)), report.fmt((base + look) / n * 1e3)],
+        ],
+        "lrr",
+    )
+    lines += ["", f"**ratio with faces on / off: {base / (base + look):.2f}** (target 0.7)", ""]
+    rows = []
+    for min_score in (0.0, 1.5):
+        kept = face_detector(FacePrivacy(mode="record", min_score=min_score, max_faces=1024))
+        for group in ("photos", "lfw", "generated", "all"):
+            t = f = m = 0
+            for item in (i for i in items if group in ("all", i.group)):
+                found = [(x.x, x.y, x.w, x.h) for x in kept.detect(item.rgb)[0]]
+                small = [b for b in item.boxes if b[2] < FacePrivacy().min_size]
+                found = [b for b in found if all(iou(b, s) < 0.4 for s in small)]
+                truth = [b for b in item.boxes if b[2] >= FacePrivacy().min_size]
+                t, f, m = t + len(truth), f + len(found), m + match(found, truth)
+            rows.append([min_score, group, t, f"{m / max(t, 1):.3f}", f"{m / max(f, 1):.3f}"])
+    return lines + report.table(["min_score", "group", "faces", "recall", "precision"], rows, "llrrr")
+
+
+# ---------------------------------------------------------------------------------------- text
+
+WORDS = (
+    "the a of and with in on for to at by from photo image picture view stock vector illustration background white "
+    "black red blue green small large old new modern vintage beautiful happy young woman man girl boy dog cat house "
+    "garden street city beach sea mountain forest tree flower table chair room kitchen wedding dress shoes bag cake "
+    "food coffee car bike road sunset sky clouds light dark wooden metal glass art design pattern abstract logo icon"
+).split()
+NUMBERS = ("2019", "2024", "1920x1080", "$19.99", "5D", "Mark IV", "10 pcs", "3/4", "No. 7", "1080p", "2024-05-01")
+PLANTED = (
+    "mail john.doe{n}@example.com|call (650) 253-{n:04d}|+44 20 7946 0{n:03d}|card 4111 1111 1111 1111|"
+    "IBAN DE89 3704 0044 0532 0130 00|from 93.184.{m}.34|https://cdn.example.com/i.jpg?token=a8F3kQ9zP{n}"
+).split("|")
+IBAN_BBAN = dict(
+    i.split(":") for i in "DE:18n GB:4a14n FR:10n11c2n NL:4a10n IT:1a10n12c PL:24n AT:16n CH:5n12c".split()
+)
+
+
+def captions(n: int, rng: random.Random) -> list[str]:
+    """Lognormal lengths (median ~50 characters), ~20% with a number, ~1% with personal data."""
+    out = []
+    for _ in range(n):
+        target, words = min(600, max(8, int(rng.lognormvariate(math.log(50), 0.65)))), []
+        while sum(len(w) + 1 for w in words) < target:
+            words.append(rng.choice(WORDS))
+        for share, pool in ((0.2, NUMBERS), (0.01, PLANTED)):
+            if rng.random() < share:
+                words.insert(rng.randrange(len(words) + 1), rng.choice(pool).format(n=rng.randrange(1000), m=rng.randrange(256)))  # fmt: skip
+        out.append(" ".join(words))
+    return out
+
+
+def luhn_ok(digits: str) -> bool:
+    doubled = (int(ch) * (1 + i % 2) for i, ch in enumerate(reversed(digits)))
+    return sum(d - 9 if d > 9 else d for d in doubled) % 10 == 0
+
+
+def card_shaped(rng: random.Random, valid: bool) -> str:
+    while luhn_ok(digits := "".join(rng.choices("0123456789", k=rng.randint(13, 19)))) != valid:
+        pass
+    return digits if rng.random() < 0.5 else " ".join(digits[i : i + 4] for i in range(0, len(digits), 4))
+
+
+def iban_shaped(rng: random.Random, right: bool) -> str:
+    country = rng.choice(list(IBAN_BBAN))
+    chars = {"n": "0123456789", "a": "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "c": "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"}
+    bban = "".join("".join(rng.choices(chars[k], k=int(c))) for c, k in re.findall(r"(\d+)([nac])", IBAN_BBAN[country]))
+    check = 98 - int("".join(str(int(ch, 36)) for ch in bban + country + "00")) % 97
+    if not right:  # any other two digits but those congruent mod 97 (00, 01, 99 pass too)
+        check = rng.choice([c for c in range(100) if c % 97 != check % 97])
+    return f"{country}{check:02d}{bban}"
+
+
+def text(args) -> list[str]:
+    from tasks.policies.captions import caption_verdict
+    from tasks.policies.personal import find_personal
+
+    rng = random.Random(43)
+    texts, rules, clean = captions(args.captions, rng), TextPrivacy(), CaptionRules()
+    base = best_of(args.repeats, lambda: [caption_verdict(t, clean) for t in texts])
+    scan = best_of(args.repeats, lambda: [find_personal(t, rules) for t in texts])
+
+    def found(strings: Iterable[str], kind: str) -> int:
+        return sum(1 for s in strings if find_personal(s, TextPrivacy(kinds=(kind,))))
+
+    n = args.strings
+    lengths = sorted(len(t) for t in texts)
+    rows = [
+        ["caption cleanup (`caption_verdict`), captions/s", f"{len(texts) / base:,.0f}"],
+        ["`find_personal`, every kind, captions/s", f"**{len(texts) / scan:,.0f}**"],
+        ["scanning time / cleanup time", f"{scan / base:.2f}"],
+        ["captions with a finding", sum(1 for t in texts if find_personal(t, rules))],
+        [
+            f"false cards in {n:,} Luhn-invalid 13-19 digit strings",
+            found((card_shaped(rng, False) for _ in range(n)), "card"),
+        ],  # fmt: skip
+        [
+            f"false IBANs in {n:,} IBAN-shaped strings with a wrong mod-97",
+            found((iban_shaped(rng, False) for _ in range(n)), "iban"),
+        ],  # fmt: skip
+        [
+            f"cards in {n:,} Luhn-valid random strings (issuer prefix and length decide)",
+            found((card_shaped(rng, True) for _ in range(n)), "card"),
+        ],  # fmt: skip
+    ]
+    head = f"{len(texts):,} captions, median {statistics.median(lengths):.0f} characters, p99 {lengths[int(0.99 * (len(lengths) - 1))]}; best of {args.repeats}"  # fmt: skip
+    return [head, "", *report.table(["measure", "value"], rows, "lr")]
+
+
+# ------------------------------------------------------------------------------------ metadata
+
+
+def tagged(rng: np.random.Generator, fmt: str) -> bytes:
+    """A 256-1024 px photo-like image with EXIF (GPS, a serial, a maker note) and XMP."""
+    w, h = (int(v) for v in rng.integers(256, 1025, size=2))
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    base = np.stack([127 + 100 * np.sin(xx * 0.01 + c) * np.cos(yy * 0.007 - c) for c in (0.0, 1.0, 2.0)], -1)
+    img = Image.fromarray(np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype(np.uint8))
+    exif = Image.Exif()
+    exif.update({0x010F: "BenchCam", 0x8298: "(c) bench", 0x0112: 1})
+    exif.get_ifd(0x8825).update({1: "N", 2: (52.0, 22.0, 3.5)})
+    exif.get_ifd(0x8769).update({0xA431: "SN-0042", 0x927C: rng.bytes(int(rng.integers(2000, 12000)))})
+    xmp = b"<x:xmpmeta>" + b"<rdf:li>tag</rdf:li>" * int(rng.integers(100, 300)) + b"</x:xmpmeta>"
+    buf = io.BytesIO()
+    extra = {"quality": 90, "xmp": xmp} if fmt != "png" else {}
+    img.save(buf, {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}[fmt], exif=exif.tobytes(), **extra)
+    return buf.getvalue()
+
+
+@contextlib.contextmanager
+def unstripped():
+    """images.py as before this change: bytes kept as fetched with their metadata."""
+    real = images.metadata
+    images.metadata = types.SimpleNamespace(strip_metadata=lambda d, f, k=(): d, metadata_kinds=lambda d, f: ())
+    try:
+        yield
+    finally:
+        images.metadata = real
+
+
+def meta(args) -> list[str]:
+    rng = np.random.default_rng(43)
+    items = [(tagged(rng, f), ImageRules(skip_reencode=True, output_format=f)) for f in ("jpeg", "png", "webp") * (args.images // 3)]  # fmt: skip
+    same = 0
+    for data, rules in items:
+        with unstripped():
+            before = process_image(data, rules)
+        after = process_image(data, rules)
+        with Image.open(io.BytesIO(data)) as a, Image.open(io.BytesIO(after.data)) as b:
+            same += np.array_equal(np.asarray(a), np.asarray(b)) and after.pixel_sha256 == before.pixel_sha256 and b"SN-0042" not in after.data  # fmt: skip
+    spent = {"before": [], "stripped": []}
+    for rnd in range(args.repeats):  # alternated image by image, so that drift hits both alike
+        t = {"before": 0.0, "stripped": 0.0}
+        for data, rules in items:
+            for which in report.in_turn(["before", "stripped"], rnd):
+                with unstripped() if which == "before" else contextlib.nullcontext():
+                    t[which] -= time.perf_counter()
+                    process_image(data, rules)
+                    t[which] += time.perf_counter()
+        for k in t:
+            spent[k].append(len(items) / t[k])
+    b, s = (statistics.median(spent[k]) for k in ("before", "stripped"))
+    rows = [["`skip_reencode` as before", report.fmt(b)], ["`skip_reencode`, metadata stripped", report.fmt(s)]]
+    return [f"{len(items)} images (JPEG, PNG, WebP), medians of {args.repeats} passes", "", *report.table(["run", "samples/s"], rows, "lr"), "",
+            f"**ratio {s / b:.3f}** (target >= 0.95); same pixels and pixel key, metadata gone: {same}/{len(items)}"]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = report.parser(__doc__)
+    p.add_argument("--stage", choices=("faces", "text", "metadata"), required=True)
+    p.add_argument("--images", type=int, default=60, help="faces: generated pictures; metadata: images")
+    p.add_argument("--captions", type=int, default=200_000)
+    p.add_argument("--strings", type=int, default=1_000_000, help="random card- and IBAN-shaped strings per set")
+    args = report.parse(p, argv)
+    run = {"faces": faces, "text": text, "metadata": meta}[args.stage]
+    report.emit(f"Privacy: {args.stage}", run(args), argv, args.markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The ``privacy:`` block of a recipe: faces, personal data in text, and image metadata.
+
+Each decision is recorded: an accepted sample's json says what was found and done (face boxes,
+the kinds and offsets of redacted spans, never their values), and a rejected one is a ledger
+row with a stable reason (``face_present``, ``personal_data``). docs/guide/privacy.md says what
+each detector finds, with its measured quality.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from tasks.formats.recipe_base import Frozen
+
+# What the text scanner can find; ``url_secret`` is a URL carrying a user name, a password or a
+# token-like query value (``?token=``, ``access_key=``, ...).
+TextKind = Literal["email", "phone", "card", "iban", "ip", "url_secret"]
+TEXT_KINDS: tuple[TextKind, ...] = ("email", "phone", "card", "iban", "ip", "url_secret")
+
+
+class FacePrivacy(Frozen):
+    """Faces in images, found by a detector whose weights ship inside its package.
+
+    Args:
+        mode: ``off``; ``record`` puts each face's box and score into the sample's json;
+            ``blur`` also blurs each box in the released image (precache and embeddings see the
+            blurred pixels); ``reject`` refuses a sample with a face (``face_present``).
+        min_size: smallest face side, in pixels of the released image, that counts.
+        max_faces: most faces recorded (and blurred) per sample, largest first; a sample with
+            more is ``face_present`` under ``reject`` and fully recorded up to this under the
+            other modes (its json says how many more were found).
+        min_score: the detector's confidence at least this (its scale is documented in
+            docs/guide/privacy.md).
+    """
+
+    mode: Literal["off", "record", "blur", "reject"] = "off"
+    min_size: int = Field(default=20, ge=8, le=4096)
+    max_faces: int = Field(default=32, ge=1, le=1024)
+    min_score: float = Field(default=0.0, ge=0)
+
+
+class TextPrivacy(Frozen):
+    """Personal data in captions and in every turn of a conversation.
+
+    Args:
+        mode: ``off``; ``record`` keeps the text and records each span's kind and offsets;
+            ``redact`` replaces each span with a typed placeholder (``<EMAIL>``, ``<PHONE>``,
+            ``<CARD>``, ``<IBAN>``, ``<IP>``, ``<URL>``) and records kind and offsets;
+            ``reject`` refuses the sample (``personal_data``).
+        kinds: what is looked for.
+        phone_region: the region (ISO 3166 alpha-2) whose national number formats are
+            recognised; numbers in international form (``+44 ...``) are found for every region.
+    """
+
+    mode: Literal["off", "record", "redact", "reject"] = "record"
+    kinds: tuple[TextKind, ...] = TEXT_KINDS
+    phone_region: str = Field(default="US", pattern=r"^[A-Z]{2}$")
+
+
+class MetadataPrivacy(Frozen):
+    """Metadata of released images (EXIF, XMP, IPTC, comments, text chunks).
+
+    Released images carry none, whether re-encoded or kept as fetched (``skip_reencode``:
+    the segments are removed without touching the pixels), except the EXIF fields named here.
+
+    Args:
+        keep: EXIF tag names kept (e.g. ``Copyright``, ``Artist``): descriptive fields of the
+            first IFD only (``tasks.policies.metadata.KEEPABLE``). ``Orientation`` is never kept
+            (it is applied to the pixels), nor are GPS, maker notes, serial numbers or fields
+            that embed other metadata.
+    """
+
+    keep: tuple[str, ...] = ()
+
+    @field_validator("keep")
+    @classmethod
+    def _keepable(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from tasks.policies.metadata import check_keep
+
+        check_keep(v)  # raises ValueError naming a tag that is unknown or may not be kept
+        return v
+
+
+class PrivacyConfig(Frozen):
+    """Privacy checks applied by the validation phase (and by fine-tuning's record checks)."""
+
+    faces: FacePrivacy = FacePrivacy()
+    text: TextPrivacy = TextPrivacy()
+    metadata: MetadataPrivacy = MetadataPrivacy()

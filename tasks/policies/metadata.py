@@ -1,0 +1,632 @@
+"""Metadata removed from JPEG, PNG and WebP bytes without re-encoding the pixels, and the EXIF fields a recipe keeps.
+
+Decisions (tests/test_metadata_strip.py pins each one):
+
+- What is removed. JPEG: COM and every APPn segment (APP1 EXIF, XMP and extended XMP; APP2
+  ICC, MPF and FlashPix; APP13 Photoshop/IPTC; APP0 JFXX thumbnails; APP3-APP12, APP15) but
+  the two that decoding reads (below), wherever they are (between progressive scans too),
+  and everything after EOI (appended payloads, the further images of an MPO). PNG: every ancillary chunk but ``tRNS`` (tEXt, zTXt, iTXt, eXIf, tIME,
+  iCCP, unknown and private chunks) and everything after IEND. WebP: EXIF, XMP, ICCP and
+  unknown chunks, their VP8X flags cleared, the RIFF size fixed, everything after the RIFF
+  payload dropped; a simple (VP8 / VP8L) file keeps only its bitstream chunk.
+- What is kept, because decoded pixels depend on it: JPEG's APP0 JFIF (libjpeg takes a
+  3-component file with it as YCbCr; its thumbnail is cut, the density kept) and APP14
+  Adobe (its transform flag says YCbCr/YCCK or RGB/CMYK; cut to the 12 bytes libjpeg and
+  Pillow read); PNG's IHDR, PLTE, tRNS, IDAT and IEND; WebP's VP8X (flags rewritten), ALPH,
+  VP8, VP8L, ANIM and ANMF. Segments are copied byte for byte, so the pixels are the same
+  bits with Pillow, libjpeg, libpng and libwebp (tasks.policies.decoders), and so is the
+  pixel hash.
+- ICC (JPEG APP2, PNG iCCP, WebP ICCP) is removed: samples are taken as sRGB (no decoder
+  here applies a profile) and the re-encode path (tasks.policies.pixels.encode) writes none,
+  so both paths release the same thing; a profile also carries device and author text.
+- PNG's colour and rendering hints (gAMA, cHRM, sRGB, cICP, mDCv, cLLi, sBIT, pHYs, bKGD,
+  hIST, sPLT) are removed for the same reason: neither Pillow nor libpng (as imagecodecs
+  calls it) changes decoded pixels by them, and a re-encoded PNG has none.
+- Orientation goes with the EXIF. Callers strip only images that are not EXIF-rotated
+  (images.py keeps input bytes only then); a rotated image is re-encoded with the rotation
+  applied.
+- Kept EXIF fields (``privacy.metadata.keep``): a new EXIF holding only the named
+  descriptive base-IFD tags (:data:`KEEPABLE`), copied from the input's EXIF (JPEG's first
+  APP1 EXIF, PNG's eXIf, WebP's EXIF chunk), written after SOI / JFIF (JPEG), before the
+  first IDAT (PNG), or as a WebP EXIF chunk with its VP8X flag; a simple-format WebP gets a
+  VP8X synthesised from its bitstream header (canvas size, alpha flag), which libwebp and
+  Pillow decode to the same pixels. Orientation, GPS, maker notes, sub-IFD and data
+  pointers, tags embedding other metadata (XMP, IPTC, ICC) and serial numbers are never
+  kept (:func:`check_keep` says why for each); fields that would take the EXIF over one
+  JPEG segment (64 KiB) are left out. Only the named IFD0 entries are handed to Pillow's
+  EXIF parser, however many entries the input's IFD0 claims.
+- Hostile bytes: one pass over segment headers (JPEG's entropy-coded data is searched for
+  the next marker by a compiled pattern, in C), never a read past the data, at most
+  :data:`MAX_SEGMENTS` segments; a length past the end, a truncated header, an unknown
+  critical chunk or marker, APNG chunks, or no end marker give None (the caller re-encodes).
+  A 10 MB metadata segment costs one length read, and the output holds copies of the kept
+  segments only.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import zlib
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from PIL import ExifTags, Image
+
+from tasks.policies.decoders import DECODE_ERRORS, webp_info
+
+__all__ = ["KEEPABLE", "KINDS", "MAX_SEGMENTS", "check_keep", "exif_kept", "metadata_kinds", "strip_metadata"]
+
+# What metadata_kinds reports, in this order. ``other`` is any other removed segment that can
+# carry data (unknown APPn or chunks, tIME, MPF, JFIF extension thumbnails); rendering hints
+# (gAMA, sRGB, pHYs, ...) are removed but not reported.
+KINDS = ("exif", "gps", "xmp", "iptc", "icc", "comment", "text", "other", "trailing")
+
+# Segments (JPEG markers, PNG or WebP chunks) walked before giving up: hostile files of tiny
+# segments are re-encoded instead. Real files have tens; a PNG of 8 KiB IDATs needs 100,000 at
+# about 800 MB.
+MAX_SEGMENTS = 100_000
+
+# EXIF tags that may be kept: descriptive fields of the base IFD (IFD0). The Exif sub-IFD
+# (DateTimeOriginal, BodySerialNumber, ...) is never read.
+KEEPABLE = frozenset(
+    {
+        "ImageDescription",
+        "Make",
+        "Model",
+        "Software",
+        "ProcessingSoftware",
+        "DateTime",
+        "Artist",
+        "HostComputer",
+        "Copyright",
+        "DocumentName",
+        "PageName",
+        "ImageID",
+        "XResolution",
+        "YResolution",
+        "ResolutionUnit",
+        "Rating",
+        "RatingPercent",
+        "XPTitle",
+        "XPComment",
+        "XPAuthor",
+        "XPKeywords",
+        "XPSubject",
+    }
+)
+
+# Why the tags a recipe might name are never kept (check_keep's message).
+_NEVER = {
+    "Orientation": "applied to the pixels, never kept",
+    "GPSInfo": "GPS position, never kept",
+    "MakerNote": "maker notes (serial numbers, owner names), never kept",
+    "MakerNoteSafety": "maker notes, never kept",
+    "PrintImageMatching": "a maker-specific block, never kept",
+    "DNGPrivateData": "a maker-specific block, never kept",
+    "ExifOffset": "a pointer to a sub-IFD, never kept",
+    "ExifInteroperabilityOffset": "a pointer to a sub-IFD, never kept",
+    "SubIFDs": "a pointer to sub-IFDs, never kept",
+    "XMLPacket": "embedded XMP, never kept",
+    "IPTCNAA": "embedded IPTC, never kept",
+    "ImageResources": "embedded Photoshop/IPTC resources, never kept",
+    "InterColorProfile": "an embedded ICC profile, never kept",
+    "CameraSerialNumber": "identifies a camera, never kept",
+    "BodySerialNumber": "identifies a camera, never kept",
+    "LensSerialNumber": "identifies a lens, never kept",
+}
+_TAG_IDS: dict[str, list[int]] = {}
+for _tag, _name in ExifTags.TAGS.items():
+    _TAG_IDS.setdefault(_name, []).append(_tag)
+
+_MAX_EXIF = 65533  # a JPEG APP1 payload, "Exif\0\0" included
+_EXIF_PREFIX = b"Exif\x00\x00"
+_EXIF_ERRORS = (*DECODE_ERRORS, TypeError, ArithmeticError)
+_GPS_POINTER = 0x8825
+_TIFF_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4}  # bytes per value
+_XMP_GPS = (b"exif:GPS", b"GPSLatitude", b"GPSLongitude")
+_XMP_GPS_SCAN = 256 * 1024  # how far into an XMP packet GPS fields are looked for
+
+# JPEG. At a segment boundary: optional fill bytes, then the marker. After SOS: the first
+# marker that is not byte stuffing (FF 00) or a restart (FF D0-D7).
+_JPEG_MARKER = re.compile(rb"\xff+([^\xff])")
+_JPEG_NEXT = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+_SOI, _EOI, _SOS, _TEM, _COM = 0xD8, 0xD9, 0xDA, 0x01, 0xFE
+_APP0, _APP1, _APP2, _APP13, _APP14, _APP15 = 0xE0, 0xE1, 0xE2, 0xED, 0xEE, 0xEF
+_JFIF_LEN = 14  # "JFIF\0", version, units, densities, thumbnail size: what libjpeg reads
+_ADOBE_LEN = 12  # "Adobe", version, flags0, flags1, transform: what libjpeg and Pillow read
+_XMP_IDS = (b"http://ns.adobe.com/xap/1.0/\x00", b"http://ns.adobe.com/xmp/extension/\x00")
+
+# PNG.
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_KEEP = {b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"}
+_PNG_APNG = {b"acTL", b"fcTL", b"fdAT"}
+_PNG_HINTS = {b"gAMA", b"cHRM", b"sRGB", b"cICP", b"mDCv", b"cLLi", b"sBIT", b"pHYs", b"bKGD", b"hIST", b"sPLT"}
+_PNG_TEXT = {b"tEXt", b"zTXt", b"iTXt"}
+_PNG_TEXT_KINDS = {
+    b"XML:com.adobe.xmp": "xmp",
+    b"Raw profile type xmp": "xmp",
+    b"Raw profile type exif": "exif",
+    b"Raw profile type APP1": "exif",
+    b"Raw profile type iptc": "iptc",
+    b"Raw profile type 8bim": "iptc",
+    b"Raw profile type icc": "icc",
+    b"Raw profile type icm": "icc",
+    b"Comment": "comment",
+}
+
+# WebP (VP8X flag bits, as libwebp's mux_types.h).
+_WEBP_ICC, _WEBP_ALPHA, _WEBP_EXIF, _WEBP_XMP = 0x20, 0x10, 0x08, 0x04
+_WEBP_KEEP = {b"ALPH", b"VP8 ", b"VP8L", b"ANIM", b"ANMF"}
+_WEBP_IMAGE = {b"VP8 ", b"VP8L", b"ANMF"}
+_WEBP_KINDS = {b"EXIF": "exif", b"XMP ": "xmp", b"ICCP": "icc"}
+
+Part = tuple[int, int] | bytes  # a range of the input kept as is, or new bytes
+
+
+@dataclass
+class _Scan:
+    """One walk over a file's segments: what to keep, what was there, and where kept EXIF goes.
+
+    Args:
+        ok: the structure was whole; False when the walk gave up (strip answers None).
+        parts: input ranges kept and new bytes, in output order.
+        kinds: the kinds of metadata found.
+        exif: the source EXIF (TIFF bytes, ``Exif\\0\\0`` stripped), the first one.
+        insert_at: the index in ``parts`` where a kept EXIF segment goes (-1: at the end).
+        flags: WebP only, the VP8X flags byte to write (None: no VP8X in the input).
+        alpha: WebP only, a simple VP8L file's alpha hint (for a synthesised VP8X).
+    """
+
+    ok: bool = True
+    parts: list[Part] = field(default_factory=list)
+    kinds: set[str] = field(default_factory=set)
+    exif: bytes | None = None
+    insert_at: int = -1
+    flags: int | None = None
+    alpha: bool = False
+
+    def keep(self, start: int, end: int) -> None:
+        last = self.parts[-1] if self.parts and len(self.parts) > self.insert_at else None
+        if isinstance(last, tuple) and last[1] == start:
+            self.parts[-1] = (last[0], end)
+        else:
+            self.parts.append((start, end))
+
+    def mark(self) -> None:
+        """Kept EXIF goes here: before the next part."""
+        self.insert_at = len(self.parts)
+
+    def fail(self) -> _Scan:
+        self.ok = False
+        return self
+
+    def found_exif(self, tiff: bytes) -> None:
+        self.kinds.add("exif")
+        if tiff[:6] == _EXIF_PREFIX:
+            tiff = tiff[6:]
+        if self.exif is None:
+            self.exif = tiff
+        if _tiff_has_gps(tiff):
+            self.kinds.add("gps")
+
+    def found_xmp(self, packet: bytes) -> None:
+        self.kinds.add("xmp")
+        head = packet[:_XMP_GPS_SCAN]
+        if any(name in head for name in _XMP_GPS):
+            self.kinds.add("gps")
+
+
+def _ifd0(tiff: bytes) -> tuple[Literal["little", "big"], int, array[int]] | None:
+    """(byte order, offset of the first entry, the entries as 16-bit words) of a TIFF block's IFD0, or None.
+
+    The entries are read as one array (each is six words, the tag first): no per-entry Python
+    work, however many entries a hostile block claims (at most 65535).
+    """
+    order = tiff[:2]
+    if order not in (b"II", b"MM"):
+        return None
+    bo: Literal["little", "big"] = "little" if order == b"II" else "big"
+    offset = int.from_bytes(tiff[4:8], bo)
+    if offset + 2 > len(tiff):
+        return None
+    count = int.from_bytes(tiff[offset : offset + 2], bo)
+    block = memoryview(tiff)[offset + 2 : offset + 2 + 12 * count]
+    words = array("H")
+    words.frombytes(block[: len(block) - len(block) % 12])
+    if bo != sys.byteorder:
+        words.byteswap()
+    return bo, offset + 2, words
+
+
+def _tiff_has_gps(tiff: bytes) -> bool:
+    """Whether a TIFF/EXIF block's IFD0 holds a GPS IFD pointer."""
+    ifd = _ifd0(tiff)
+    return ifd is not None and _GPS_POINTER in ifd[2][::6]
+
+
+def _tiff_subset(tiff: bytes, tags: tuple[int, ...]) -> bytes | None:
+    """A small TIFF holding only IFD0's entries for ``tags`` (first of each), values copied, or None when none is there.
+
+    What Pillow then parses, instead of every entry of a hostile IFD (65535 entries: 0.1 s in
+    Pillow's per-entry loop, about 1 ms here).
+    """
+    ifd = _ifd0(tiff)
+    if ifd is None:
+        return None
+    bo, first, words = ifd
+    names = words[::6]
+    chosen: list[tuple[bytes, bytes, bool]] = []  # (tag, type and count; value or out-of-line data; out of line)
+    for tag in tags:
+        try:
+            pos = first + 12 * names.index(tag)
+        except ValueError:
+            continue
+        kind, count = int.from_bytes(tiff[pos + 2 : pos + 4], bo), int.from_bytes(tiff[pos + 4 : pos + 8], bo)
+        size = _TIFF_SIZES.get(kind, 0) * count
+        if size == 0 or size > _MAX_EXIF:
+            continue
+        if size <= 4:
+            chosen.append((tiff[pos : pos + 8], tiff[pos + 8 : pos + 12], False))
+            continue
+        where = int.from_bytes(tiff[pos + 8 : pos + 12], bo)
+        if where + size <= len(tiff):
+            chosen.append((tiff[pos : pos + 8], tiff[where : where + size], True))
+    if not chosen:
+        return None
+    head = (b"II*\x00" if bo == "little" else b"MM\x00*") + (8).to_bytes(4, bo)
+    entries, values = [len(chosen).to_bytes(2, bo)], []
+    at = 8 + 2 + 12 * len(chosen) + 4
+    for entry, value, outside in chosen:
+        if outside:
+            entries.append(entry + at.to_bytes(4, bo))
+            values.append(value + b"\x00" * (len(value) & 1))
+            at += len(value) + (len(value) & 1)
+        else:
+            entries.append(entry + value)
+    return head + b"".join(entries) + b"\x00" * 4 + b"".join(values)
+
+
+def _unchanged(parts: list[Part], size: int) -> bool:
+    pos = 0
+    for part in parts:
+        if not isinstance(part, tuple) or part[0] != pos:
+            return False
+        pos = part[1]
+    return pos == size
+
+
+def _join(data: bytes, parts: Iterable[Part]) -> bytes:
+    view = memoryview(data)
+    return b"".join(view[p[0] : p[1]] if isinstance(p, tuple) else p for p in parts)
+
+
+# --- JPEG ---------------------------------------------------------------------------------
+
+
+def _scan_jpeg(data: bytes) -> _Scan:
+    scan = _Scan()
+    size = len(data)
+    if data[:2] != b"\xff\xd8":
+        return scan.fail()
+    scan.keep(0, 2)
+    scan.mark()
+    pos, scanned, jfif = 2, False, False
+    for _ in range(MAX_SEGMENTS):
+        found = _JPEG_MARKER.match(data, pos)
+        if found is None:
+            return scan.fail()
+        start = found.end() - 2  # fill bytes before the marker are dropped
+        marker = data[start + 1]
+        if marker == _EOI:
+            if not scanned:
+                return scan.fail()
+            scan.keep(start, start + 2)
+            if start + 2 < size:
+                scan.kinds.add("trailing")
+            return scan
+        if marker == _TEM or 0xD0 <= marker <= 0xD7:
+            scan.keep(start, start + 2)
+            pos = start + 2
+            continue
+        # SOI again, reserved markers (FF 02-BF) and JPGn (FF F0-FD): libjpeg refuses them.
+        if marker == _SOI or marker < 0xC0 or 0xF0 <= marker <= 0xFD:
+            return scan.fail()
+        if start + 4 > size:
+            return scan.fail()
+        length = int.from_bytes(data[start + 2 : start + 4], "big")
+        end = start + 2 + length
+        if length < 2 or end > size:
+            return scan.fail()
+        if _APP0 <= marker <= _APP15 or marker == _COM:
+            payload = data[start + 4 : end]
+            if marker == _APP0 and not jfif and not scanned and payload[:5] == b"JFIF\x00" and length >= 2 + _JFIF_LEN:
+                jfif = True
+                first = len(scan.parts) == 1  # nothing kept before it but SOI
+                if length == 2 + _JFIF_LEN and payload[12:14] == b"\x00\x00":
+                    scan.keep(start, end)
+                else:  # the thumbnail (a copy of the picture as it was) is cut
+                    scan.parts.append(b"\xff\xe0\x00\x10" + payload[:12] + b"\x00\x00")
+                if first:
+                    scan.mark()  # kept EXIF follows the JFIF segment
+            elif marker == _APP14 and payload[:5] == b"Adobe":
+                if length <= 2 + _ADOBE_LEN:
+                    scan.keep(start, end)
+                else:
+                    scan.parts.append(b"\xff\xee\x00\x0e" + payload[:_ADOBE_LEN])
+            else:
+                _jpeg_kind(scan, marker, payload)
+            pos = end
+            continue
+        scan.keep(start, end)
+        pos = end
+        if marker == _SOS:
+            following = _JPEG_NEXT.search(data, end)
+            if following is None:
+                return scan.fail()
+            scan.keep(end, following.start())
+            scanned = True
+            pos = following.start()
+    return scan.fail()
+
+
+def _jpeg_kind(scan: _Scan, marker: int, payload: bytes) -> None:
+    if marker == _COM:
+        scan.kinds.add("comment")
+    elif marker == _APP1 and payload[:6] == _EXIF_PREFIX:
+        scan.found_exif(payload[6:])
+    elif marker == _APP1 and payload.startswith(_XMP_IDS):
+        scan.found_xmp(payload)
+    elif marker == _APP2 and payload[:12] == b"ICC_PROFILE\x00":
+        scan.kinds.add("icc")
+    elif marker == _APP13:
+        scan.kinds.add("iptc")
+    else:
+        scan.kinds.add("other")
+
+
+def _exif_app1(exif: bytes) -> bytes:
+    return b"\xff\xe1" + (2 + len(exif)).to_bytes(2, "big") + exif
+
+
+# --- PNG ----------------------------------------------------------------------------------
+
+
+def _scan_png(data: bytes) -> _Scan:
+    scan = _Scan()
+    size = len(data)
+    if data[:8] != _PNG_SIGNATURE:
+        return scan.fail()
+    scan.keep(0, 8)
+    pos, idat = 8, False
+    for _ in range(MAX_SEGMENTS):
+        if pos + 12 > size:
+            return scan.fail()
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        tag = data[pos + 4 : pos + 8]
+        end = pos + 12 + length
+        if length > 0x7FFFFFFF or end > size or not tag.isalpha() or (pos == 8) != (tag == b"IHDR"):
+            return scan.fail()
+        if tag == b"IEND":
+            if not idat:
+                return scan.fail()
+            scan.keep(pos, end)
+            if end < size:
+                scan.kinds.add("trailing")
+            return scan
+        if tag == b"IDAT" and not idat:
+            idat = True
+            scan.mark()  # kept EXIF goes before the first IDAT, where Pillow reads it at open
+        if tag in _PNG_KEEP:
+            scan.keep(pos, end)
+        elif tag[0] < 0x61 or tag in _PNG_APNG:  # an unknown critical chunk, or animation
+            return scan.fail()
+        elif tag == b"eXIf":
+            scan.found_exif(data[pos + 8 : end - 4])
+        elif tag in _PNG_TEXT:
+            keyword = data[pos + 8 : pos + 8 + min(length, 80)].split(b"\x00", 1)[0]
+            kind = _PNG_TEXT_KINDS.get(keyword, "text")
+            if kind == "xmp":
+                scan.found_xmp(data[pos + 8 : min(end - 4, pos + 8 + _XMP_GPS_SCAN)])
+            else:
+                scan.kinds.add(kind)
+        elif tag == b"iCCP":
+            scan.kinds.add("icc")
+        elif tag not in _PNG_HINTS:
+            scan.kinds.add("other")
+        pos = end
+    return scan.fail()
+
+
+def _png_chunk(tag: bytes, body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + tag + body + zlib.crc32(tag + body).to_bytes(4, "big")
+
+
+# --- WebP ---------------------------------------------------------------------------------
+
+
+def _scan_webp(data: bytes) -> _Scan:
+    scan = _Scan()
+    size = len(data)
+    if data[:4] != b"RIFF" or data[8:12] != b"WEBP" or size < 20:
+        return scan.fail()
+    riff_end = 8 + int.from_bytes(data[4:8], "little")
+    if riff_end > size or riff_end < 20:
+        return scan.fail()
+    if riff_end < size:
+        scan.kinds.add("trailing")
+    first = data[12:16]
+    simple = first in (b"VP8 ", b"VP8L")
+    if not simple and first != b"VP8X":
+        return scan.fail()
+    pos, image = 12, False
+    for _ in range(MAX_SEGMENTS):
+        if pos == riff_end:
+            return scan if image else scan.fail()
+        if pos + 8 > riff_end:
+            return scan.fail()
+        tag = data[pos : pos + 4]
+        length = int.from_bytes(data[pos + 4 : pos + 8], "little")
+        end = pos + 8 + length + (length & 1)
+        if end > riff_end:
+            return scan.fail()
+        if pos == 12 and tag == b"VP8X":
+            if length < 10:
+                return scan.fail()
+            scan.flags = data[20] & ~(_WEBP_ICC | _WEBP_EXIF | _WEBP_XMP)
+            scan.parts.append(data[20:21] if scan.flags == data[20] else bytes([scan.flags]))
+            scan.keep(21, end)  # the rest of VP8X: reserved bits and the canvas
+        elif pos == 12 or (not simple and tag in _WEBP_KEEP):
+            scan.keep(pos, end)
+            image = image or tag in _WEBP_IMAGE
+            if pos == 12 and tag == b"VP8L" and length >= 5:
+                scan.alpha = bool(data[24] & 0x10)  # alpha_is_used, bit 28 of the VP8L header
+        elif tag == b"EXIF":
+            scan.found_exif(data[pos + 8 : pos + 8 + length])
+        elif tag == b"XMP ":
+            scan.found_xmp(data[pos + 8 : pos + 8 + min(length, _XMP_GPS_SCAN)])
+        else:
+            scan.kinds.add(_WEBP_KINDS.get(tag, "other"))
+        pos = end
+    return scan.fail()
+
+
+def _webp_assemble(data: bytes, scan: _Scan, exif: bytes | None) -> bytes | None:
+    parts = list(scan.parts)
+    if exif is not None:
+        tiff = exif[6:] if exif[:6] == _EXIF_PREFIX else exif
+        parts.append(b"EXIF" + len(tiff).to_bytes(4, "little") + tiff + b"\x00" * (len(tiff) & 1))
+    if scan.flags is not None:
+        # parts[0] is the VP8X flags byte; the chunk header is written again below.
+        flags = scan.flags | (_WEBP_EXIF if exif is not None else 0)
+        vp8x_length = int.from_bytes(data[16:20], "little")
+        parts[0] = b"VP8X" + vp8x_length.to_bytes(4, "little") + bytes([flags])
+        if exif is None and flags == data[20] and _unchanged([(0, 21), *scan.parts[1:]], len(data)):
+            return data
+    elif exif is not None:
+        info = webp_info(data)
+        if info is None or not (0 < info.width <= 1 << 24 and 0 < info.height <= 1 << 24):
+            return None
+        flags = _WEBP_EXIF | (_WEBP_ALPHA if scan.alpha else 0)
+        canvas = (info.width - 1).to_bytes(3, "little") + (info.height - 1).to_bytes(3, "little")
+        parts.insert(0, b"VP8X" + (10).to_bytes(4, "little") + bytes([flags, 0, 0, 0]) + canvas)
+    elif _unchanged([(0, 12), *scan.parts], len(data)):
+        return data
+    body = _join(data, parts)
+    return b"RIFF" + (4 + len(body)).to_bytes(4, "little") + b"WEBP" + body
+
+
+# --- EXIF kept ----------------------------------------------------------------------------
+
+
+def check_keep(names: Iterable[str]) -> None:
+    """Raise ValueError naming the first tag that is not an EXIF tag name or may not be kept.
+
+    For the recipe's validation of ``privacy.metadata.keep``: names are those of
+    ``PIL.ExifTags.TAGS``; only :data:`KEEPABLE` tags are kept.
+    """
+    for name in names:
+        if name in _NEVER:
+            raise ValueError(f"EXIF tag {name!r}: {_NEVER[name]}")
+        if name not in _TAG_IDS:
+            raise ValueError(f"{name!r} is not an EXIF tag name (PIL.ExifTags.TAGS)")
+        if name not in KEEPABLE:
+            raise ValueError(
+                f"EXIF tag {name!r} cannot be kept: only these descriptive base-IFD tags can: {', '.join(sorted(KEEPABLE))}"
+            )
+
+
+def _tag_ids(keep: Iterable[str]) -> tuple[int, ...]:
+    keep = tuple(keep)
+    check_keep(keep)
+    return tuple(tag for name in dict.fromkeys(keep) for tag in _TAG_IDS[name])
+
+
+def _build_exif(get: Callable[[int], Any], tags: tuple[int, ...]) -> bytes | None:
+    """A new EXIF (``Exif\\0\\0`` + TIFF) with ``tags`` whose values ``get`` reads, each kept while it fits one segment."""
+    out = Image.Exif()
+    for tag in tags:
+        try:
+            value = get(tag)
+        except _EXIF_ERRORS:
+            continue
+        if value is None or isinstance(value, dict):
+            continue
+        out[tag] = value
+        try:
+            fits = len(out.tobytes()) <= _MAX_EXIF
+        except _EXIF_ERRORS:
+            fits = False
+        if not fits:
+            del out[tag]
+    if not len(out):
+        return None
+    return out.tobytes()
+
+
+def exif_kept(source_exif: Image.Exif, keep: Iterable[str]) -> bytes | None:
+    """The EXIF to write into a re-encoded image (Pillow's ``save(..., exif=...)``): only the ``keep`` tags
+    of ``source_exif``'s base IFD; None when none of them is there. Raises ValueError as :func:`check_keep`."""
+    tags = _tag_ids(keep)
+    if not tags:
+        return None
+    return _build_exif(source_exif.get, tags)
+
+
+def _exif_from(tiff: bytes | None, tags: tuple[int, ...]) -> bytes | None:
+    subset = _tiff_subset(tiff, tags) if tags and tiff else None
+    if subset is None:
+        return None
+    source = Image.Exif()
+    try:
+        source.load(subset)
+    except _EXIF_ERRORS:
+        return None
+    return _build_exif(source.get, tags)
+
+
+# --- public -------------------------------------------------------------------------------
+
+_SCANNERS: dict[str, Callable[[bytes], _Scan]] = {"jpeg": _scan_jpeg, "png": _scan_png, "webp": _scan_webp}
+
+
+def strip_metadata(data: bytes, fmt: str, keep: tuple[str, ...] = ()) -> bytes | None:
+    """The same ``jpeg``, ``png`` or ``webp`` image with its metadata removed and its pixel data copied as is.
+
+    ``keep`` names EXIF fields written into the result (a new EXIF holding only them, see the
+    module docstring). None when the bytes cannot be rewritten safely (broken or truncated
+    structure, unknown critical segments, another format): the caller re-encodes. Returns
+    ``data`` itself when there is nothing to remove. Never raises on hostile bytes; raises
+    ValueError for a ``keep`` name :func:`check_keep` refuses. The caller applies EXIF
+    orientation first: the result has none.
+    """
+    tags = _tag_ids(keep)
+    scanner = _SCANNERS.get(fmt)
+    if scanner is None:
+        return None
+    scan = scanner(data)
+    if not scan.ok:
+        return None
+    exif = _exif_from(scan.exif, tags)
+    if fmt == "webp":
+        return _webp_assemble(data, scan, exif)
+    if exif is None:
+        return data if _unchanged(scan.parts, len(data)) else _join(data, scan.parts)
+    segment = _exif_app1(exif) if fmt == "jpeg" else _png_chunk(b"eXIf", exif[6:])
+    parts = list(scan.parts)
+    parts.insert(scan.insert_at if scan.insert_at >= 0 else len(parts), segment)
+    return _join(data, parts)
+
+
+def metadata_kinds(data: bytes, fmt: str) -> tuple[str, ...]:
+    """The kinds of metadata (:data:`KINDS`) that ``data`` carries, in that order, from one walk over its segment headers.
+
+    For the sample's json and ledger detail. Of a broken file, the kinds seen before the break.
+    """
+    scanner = _SCANNERS.get(fmt)
+    if scanner is None:
+        return ()
+    kinds = scanner(data).kinds
+    return tuple(kind for kind in KINDS if kind in kinds)

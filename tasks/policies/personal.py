@@ -1,0 +1,663 @@
+"""Finding personal data in a caption or a conversation turn: where it is and what kind, never what it says.
+
+What each kind matches:
+
+- ``email``: ``local@domain.tld`` with a practical local part (letters, digits, ``._%+-``; at
+  most 64 characters a dotted part) and a domain of up to 16 dotted labels ending in a
+  letters-only TLD of 2-63 characters. ``user@localhost``
+  (no dot), ``@handle`` (no local part) and retina file names such as ``logo@2x.png`` (a TLD that
+  is an image or media file extension) are not addresses. ASCII only.
+- ``phone``: runs of digits and phone punctuation with enough digits for the region, handed to
+  ``phonenumbers.PhoneNumberMatcher`` at ``Leniency.STRICT_GROUPING``: the number must be valid
+  for its region *and* grouped as that region writes it, so "1 2 3 4 5 6 7 8 9 10" is not a
+  phone. National formats are read for ``rules.phone_region``; ``+``-international numbers for
+  every region; a run where none is found is tried again without its last token ("+44 20 7946
+  0958 2024-05-01"), and after a number is found its rest is tried, up to ``_CALLS_PER_RUN``. A run right after a product-code label (ISBN, SKU, model, ...) is
+  skipped. An extension (``ext. 12``) is not part of the span; vanity numbers (``1-800-FLOWERS``)
+  are not found.
+- ``card``: 14-19 digits, contiguous or in groups as cards are printed (4-4-4-4 and an optional
+  1-3, 4-4-4-1..4, 4-6-4, 4-6-5; one separator, space or dash; the leading groups of a grouped
+  run too long for a card, so a card followed by a year is found), not inside a longer number (a digit
+  before, a letter or dash after), Luhn-valid, and with a length and
+  prefix that a card network issues (``_ISSUERS``): a random Luhn-valid digit run is mostly not
+  a card. A number right after a product-code label (serial, IMEI, SKU, ...) is skipped.
+  13-digit Visa and 13-digit Maestro are left out (no longer issued; they collide with EAN-13
+  barcodes), as is UATP (prefix 1).
+- ``iban``: an upper-case country code, two check digits and 11-30 letters or digits, in groups
+  of four with single spaces or contiguous, accepted only when ``stdnum.iban.is_valid`` passes
+  (registered country, BBAN format, mod-97, national checks) and the check digits are 02-98
+  (00, 01 and 99 pass mod-97 only by congruence and are never issued). Lower-case IBANs are
+  not found.
+- ``ip``: IPv4 dotted quads and IPv6 addresses that ``ipaddress`` parses and calls global:
+  private, loopback, link-local, unspecified, multicast, reserved and documentation ranges
+  identify no one on the internet and are skipped, as is a quad after a version word
+  ("version 1.2.3.4", "v 10.0.0.1").
+- ``url_secret``: an ``http(s)``/``ftp(s)``/``ws(s)``/``sftp`` URL or one starting ``www.`` that
+  carries a user name (``user@host``, ``user:pass@host``), a query or fragment parameter named
+  like a secret (``_STRONG_NAMES``, ``_STRONG_SUFFIXES``) with a value of 4+ characters, a
+  parameter with a weaker name (``key``, ``session``, ``sid``, ``auth``, ``code``) whose value
+  looks random (16+ characters, letters and digits, some entropy), or any query value that looks
+  like a token (32+ characters mixing upper case, lower case and digits, 4+ bits of entropy a
+  character). Paths are not inspected: content hashes in CDN paths are not secrets. The whole
+  URL is the span.
+
+Overlaps: when two findings overlap, the longer span wins; at equal length the more specific
+kind wins, in the order url_secret, email, iban, card, phone, ip. So an IBAN is not also a phone
+number, and a URL's ``user@host.com`` is the URL, not an e-mail address.
+
+Bounds: every pattern is linear in the text (quantifiers are bounded, or delimited so that a
+text splits one way only), phonenumbers sees at most ``MAX_PHONE_WINDOWS`` windows of a few
+hundred characters, each other kind checks at most ``MAX_CHECKS`` candidates, a URL is read up
+to ``MAX_URL_CHARS``, and at most ``MAX_SPANS`` spans are returned. When a bound stops the
+scan, the result is complete up to where it stopped and ``truncated`` is set.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ipaddress
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import unquote, urlsplit
+
+from phonenumbers import Leniency, PhoneMetadata, PhoneNumberMatcher
+from stdnum import iban as stdnum_iban
+from stdnum import luhn
+
+from tasks.formats.recipe_privacy import TextPrivacy
+
+PLACEHOLDERS: dict[str, str] = {
+    "email": "<EMAIL>",
+    "phone": "<PHONE>",
+    "card": "<CARD>",
+    "iban": "<IBAN>",
+    "ip": "<IP>",
+    "url_secret": "<URL>",
+}
+
+# Most spans returned for one text; past it the scan stops and the result says ``truncated``.
+MAX_SPANS = 256
+# Most digit runs handed to phonenumbers per text (each costs tens of microseconds).
+MAX_PHONE_WINDOWS = 256
+# Most candidates of any other kind checked per text (Luhn, mod-97, ipaddress, URL parsing).
+MAX_CHECKS = 1024
+# Most characters of one URL inspected; a longer URL is checked on its first part only.
+MAX_URL_CHARS = 16384
+# Most spans listed by ``describe``; the rest are counted.
+DESCRIBE_MAX = 8
+
+# Tie-break between overlapping spans of equal length: lower wins.
+_PRIORITY = {"url_secret": 0, "email": 1, "iban": 2, "card": 3, "phone": 4, "ip": 5}
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One finding: ``text[start:end]`` is personal data of ``kind`` (a key of ``PLACEHOLDERS``)."""
+
+    kind: str
+    start: int
+    end: int
+
+
+class Findings(tuple[Span, ...]):
+    """The spans found in one text, sorted and non-overlapping; a tuple with one more field.
+
+    ``truncated`` is True when a bound (``MAX_SPANS``, ``MAX_PHONE_WINDOWS``, ``MAX_CHECKS``,
+    ``MAX_URL_CHARS``) stopped the scan: the spans are then complete only up to where it stopped.
+    """
+
+    truncated: bool
+
+    def __new__(cls, spans: Iterable[Span] = (), truncated: bool = False) -> Findings:
+        self = super().__new__(cls, spans)
+        self.truncated = truncated
+        return self
+
+    def __repr__(self) -> str:
+        return f"Findings({tuple.__repr__(self)}, truncated={self.truncated})"
+
+
+_NOTHING = Findings()
+
+# -- e-mail ---------------------------------------------------------------------------------
+
+# Bounded repeats throughout: an unbounded repeat of a group costs the regex engine memory per
+# repetition (100 MiB for "x@" and 1 MiB of "a."), and no address has 17 dotted parts.
+_EMAIL = re.compile(
+    r"(?<![A-Za-z0-9_%+.\-])[A-Za-z0-9_%+\-]{1,64}(?:\.[A-Za-z0-9_%+\-]{1,64}){0,16}"
+    r"@(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.){1,16}([A-Za-z]{2,63})"
+    r"(?![A-Za-z0-9\-]|\.[A-Za-z0-9])"
+)
+_FILE_TLDS = frozenset("png jpg jpeg gif webp svg bmp tif tiff heic avif ico pdf js css mp4 webm".split())
+
+
+def _emails(text: str) -> Iterator[Span]:
+    for m in _EMAIL.finditer(text):
+        if m.group(1).lower() not in _FILE_TLDS:
+            yield Span("email", m.start(), m.end())
+
+
+# -- phone ----------------------------------------------------------------------------------
+
+# phonenumbers' own punctuation, less the letter x (so "1920x1080" stays two numbers).
+_PHONE_SEP = r"[\s\-\u2010-\u2015\u2212\u30fc\uff0d\uff0e\uff0f./~()\[\]\uff08\uff09\uff3b\uff3d\u2053\u223c\uff5e]"
+# Each digit block is whole (no digit on either side) and at most 17 digits, at most 17 blocks:
+# a candidate is at most a few hundred characters, and a 1 MiB digit run yields none. The
+# lookaheads only let a run start where a lead character or digit is (a fast scan for the regex
+# engine) and where six digits follow, so the years and sizes of most captions cost no Python.
+_PHONE_LEAD_CHARS = "+\uff0b([\uff08\uff3b"
+_PHONE_LEAD = r"[+\uff0b(\[\uff08\uff3b]"
+_PHONE = re.compile(
+    rf"(?=[+\uff0b(\[\uff08\uff3b\d])(?:{_PHONE_LEAD}\s?){{0,2}}(?<!\d)(?=\d(?:{_PHONE_SEP}{{0,4}}\d){{5}})"
+    rf"\d{{1,17}}(?!\d)(?:{_PHONE_SEP}{{1,4}}\d{{1,17}}(?!\d)){{0,16}}"
+)
+# A number right after one of these labels is a product, device or publication code, not a phone
+# or card number.
+_CODE_LABEL = re.compile(
+    r"(?i)\b(?:isbn(?:-1[03])?|issn|ean|upc|gtin|asin|sku|mpn|imei|model|part|serial|item|lot|patent|doi|order|invoice)"
+    r"\s*(?:no\.?|nr\.?|number)?\s*[:#.]?\s*$"
+)
+_INTERNATIONAL_MIN_DIGITS = 6  # the shortest "+CC NSN" of any region (Austria, Germany, Iran)
+_CALLS_PER_RUN = 6  # phonenumbers calls on one run of digits and punctuation, its retries included
+
+
+@lru_cache(maxsize=64)
+def _min_national_digits(region: str) -> int:
+    """Fewest digits a nationally written number of the region has (at least 6)."""
+    meta = PhoneMetadata.metadata_for_region(region)
+    desc = meta.general_desc if meta is not None else None
+    lengths = desc.possible_length if desc is not None else ()
+    return max(_INTERNATIONAL_MIN_DIGITS, min(lengths, default=_INTERNATIONAL_MIN_DIGITS))
+
+
+def _phones(text: str, region: str, state: _Budget) -> Iterator[Span]:
+    national_min = _min_national_digits(region)
+    for m in _PHONE.finditer(text):
+        s, e = m.start(), m.end()
+        if _count_digits(text, s, e) < _needed_digits(text, s, national_min):
+            continue
+        if _CODE_LABEL.search(text, max(0, s - 24), s):
+            continue
+        # A run may hold a number and then more digits ("... 0958 2024-05-01") or several numbers;
+        # phonenumbers finds a number after leading junk but not before trailing junk, so the run
+        # is offered again without its last token, and after each number found, its rest.
+        calls = 0
+        while s < e and calls < _CALLS_PER_RUN:
+            need = _needed_digits(text, s, national_min)
+            end, spans = e, []
+            while calls < _CALLS_PER_RUN and _count_digits(text, s, end) >= need:
+                if not state.spend_phone(s):
+                    return
+                calls += 1
+                spans = list(_match_phones(text, s, end, region))
+                if spans:
+                    break
+                end = _drop_last_token(text, s, end)
+            if not spans:
+                break
+            yield from spans
+            s = spans[-1].end
+            while s < e and not (text[s].isdecimal() or text[s] in _PHONE_LEAD_CHARS):
+                s += 1
+
+
+def _needed_digits(text: str, start: int, national_min: int) -> int:
+    """Fewest digits a number starting at ``start`` has: fewer when it starts with a plus."""
+    lead = text[start : start + 3]
+    return _INTERNATIONAL_MIN_DIGITS if "+" in lead or "\uff0b" in lead else national_min
+
+
+def _count_digits(text: str, start: int, end: int) -> int:
+    return sum(1 for ch in text[start:end] if ch.isdecimal())
+
+
+def _drop_last_token(text: str, start: int, end: int) -> int:
+    """End of the run without its last space-separated token, or without its last digit block
+    when it is one token: "+44 20 7946 0958 2024-05-01" loses " 2024-05-01"."""
+    i = end
+    while i > start and not text[i - 1].isspace():
+        i -= 1
+    if i <= start:
+        i = end
+        while i > start and text[i - 1].isdecimal():
+            i -= 1
+    while i > start and not text[i - 1].isdecimal():
+        i -= 1
+    return i
+
+
+def _match_phones(text: str, s: int, e: int, region: str) -> Iterator[Span]:
+    # One character before and one after (a letter there rejects the number), three after when
+    # they may be a timestamp's ":30": what phonenumbers looks at around a number. No more, so
+    # the token dropped by ``_drop_last_token`` stays out.
+    ws = max(0, s - 1)
+    window = text[ws : e + (3 if text[e : e + 1] == ":" else 1)]
+    for pm in PhoneNumberMatcher(window, region, leniency=Leniency.STRICT_GROUPING, max_tries=16):
+        start, end = max(ws + pm.start, s), min(ws + pm.end, e)
+        if start < end:
+            yield Span("phone", start, end)
+
+
+# -- payment cards --------------------------------------------------------------------------
+
+# Contiguous 14-19 digits, or groups: 4 digits, then up to five more groups with the same
+# separator; which leading groups make a card number is decided in ``_cards``. Neither may sit
+# inside a longer number: no digit, letter, slash or "1." before, no letter or ".1" after, and
+# no slash or "-1" after a contiguous one (a path, a range) or a further group after a grouped one.
+_CARD = re.compile(
+    r"(?<![\w.,/+\-])(?<!\d[ \-])"
+    r"(?:\d{14,19}(?![\w/\-]|[.,]\d)|\d{4}([ \-])\d{4,6}(?:\1\d{1,6}){1,4}(?!\w|[.,]\d|\1\d))"
+)
+
+
+def _lengths(lo: int, hi: int) -> frozenset[int]:
+    return frozenset(range(lo, hi + 1))
+
+
+# (first prefix, last prefix, lengths issued): a prefix range of equal-length prefixes.
+_ISSUERS: tuple[tuple[str, str, frozenset[int]], ...] = (
+    ("4", "4", frozenset({16, 19})),  # Visa
+    ("51", "55", frozenset({16})),  # Mastercard
+    ("2221", "2720", frozenset({16})),  # Mastercard 2-series
+    ("34", "34", frozenset({15})),  # American Express
+    ("37", "37", frozenset({15})),
+    ("6011", "6011", _lengths(16, 19)),  # Discover
+    ("644", "649", _lengths(16, 19)),
+    ("65", "65", _lengths(16, 19)),  # Discover, RuPay, Troy, Verve
+    ("36", "36", _lengths(14, 19)),  # Diners Club International
+    ("300", "305", _lengths(16, 19)),
+    ("3095", "3095", _lengths(16, 19)),
+    ("38", "39", _lengths(16, 19)),
+    ("3528", "3589", _lengths(16, 19)),  # JCB
+    ("62", "62", _lengths(16, 19)),  # UnionPay
+    ("5018", "5018", _lengths(16, 19)),  # Maestro
+    ("5020", "5020", _lengths(16, 19)),
+    ("5038", "5038", _lengths(16, 19)),
+    ("5893", "5893", _lengths(16, 19)),
+    ("6304", "6304", _lengths(16, 19)),
+    ("6759", "6759", _lengths(16, 19)),
+    ("6761", "6763", _lengths(16, 19)),
+    ("5019", "5019", frozenset({16})),  # Dankort
+    ("2200", "2205", _lengths(16, 19)),  # Mir, BORICA
+    ("60", "60", frozenset({16})),  # RuPay
+    ("81", "82", frozenset({16})),
+    ("508", "508", frozenset({16})),
+    ("353", "353", frozenset({16})),
+    ("356", "356", frozenset({16})),
+    ("506099", "506198", frozenset({16, 18, 19})),  # Verve
+    ("507865", "507964", frozenset({16, 18, 19})),
+    ("636", "636", _lengths(16, 19)),  # InterPayment
+    ("637", "639", frozenset({16})),  # InstaPayment
+    ("9792", "9792", frozenset({16})),  # Troy
+    ("8600", "8600", frozenset({16})),  # UzCard
+    ("9860", "9860", frozenset({16})),  # Humo
+)
+
+
+def is_card_number(digits: str) -> bool:
+    """True when ``digits`` (ASCII digits only) has a card network's prefix and length and passes Luhn."""
+    n = len(digits)
+    for lo, hi, lengths in _ISSUERS:
+        if n in lengths and lo <= digits[: len(lo)] <= hi:
+            return luhn.is_valid(digits)
+    return False
+
+
+def _card_shape(groups: list[str]) -> bool:
+    """Groups as cards are printed: 4-4-4-4 with an optional last 1-3 (up to 19 digits), 4-4-4-1..4,
+    or 4-6-4 / 4-6-5 (Diners, Amex)."""
+    sizes = [len(g) for g in groups]
+    if sizes[1] == 6:
+        return len(sizes) == 3 and sizes[2] in (4, 5)
+    if sizes[1] != 4 or sizes[2] != 4 or len(sizes) < 4:
+        return False
+    if len(sizes) == 4:
+        return 1 <= sizes[3] <= 4
+    return len(sizes) == 5 and sizes[3] == 4 and 1 <= sizes[4] <= 3
+
+
+def _cards(text: str, state: _Budget) -> Iterator[Span]:
+    for m in _CARD.finditer(text):
+        if not state.spend_check(m.start()):
+            return
+        if _CODE_LABEL.search(text, max(0, m.start() - 24), m.start()):
+            continue
+        number = m.group()
+        if not number.isascii():
+            continue
+        sep = m.group(1)
+        if sep is None:
+            if is_card_number(number):
+                yield Span("card", m.start(), m.end())
+            continue
+        # A grouped card followed by more digits ("4111 1111 1111 1111 2024"): when the run is too
+        # long for a card, the longest leading groups shaped like a card and passing the checks
+        # are the card. A run of card length is judged whole, so its checksum decides.
+        groups = number.split(sep)
+        whole = len(number) - len(groups) + 1 <= 19
+        for k in [len(groups)] if whole else range(len(groups) - 1, 2, -1):
+            if _card_shape(groups[:k]) and is_card_number("".join(groups[:k])):
+                yield Span("card", m.start(), m.start() + len(sep.join(groups[:k])))
+                break
+
+
+# -- IBAN -----------------------------------------------------------------------------------
+
+_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?(?![A-Za-z0-9])")
+
+
+def _ibans(text: str, state: _Budget) -> Iterator[Span]:
+    for m in _IBAN.finditer(text):
+        if not state.spend_check(m.start()):
+            return
+        found = m.group()
+        if found[2:4] in ("00", "01", "99"):
+            continue  # ISO 13616 issues 02-98; the others pass mod-97 only by congruence
+        # The greedy match may have taken a following upper-case word; try without it.
+        ends = [len(found)] + [i for i in range(len(found) - 1, 14, -1) if found[i] == " "]
+        for end in ends[:8]:
+            if len(found[:end].replace(" ", "")) >= 15 and stdnum_iban.is_valid(found[:end]):
+                yield Span("iban", m.start(), m.start() + end)
+                break
+
+
+# -- IP addresses ---------------------------------------------------------------------------
+
+# The first digit, then the look-behind at it: a leading digit lets the regex engine scan fast.
+_IPV4 = re.compile(r"[0-9](?<![\w.][0-9])[0-9]{0,2}\.(?:[0-9]{1,3}\.){2}[0-9]{1,3}(?!\w|\.[0-9])")
+_IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f:]{3,39}(?![\w:]|\.\w)")
+_VERSION_WORD = re.compile(r"(?i)\b(?:v|ver|version|build|release|rev|revision|firmware|fw)\s*[.:]?\s*$")
+
+
+def _ips(text: str, state: _Budget) -> Iterator[Span]:
+    if "." in text:
+        for m in _IPV4.finditer(text):
+            if not state.spend_check(m.start()):
+                return
+            if _VERSION_WORD.search(text, max(0, m.start() - 16), m.start()):
+                continue
+            try:
+                addr = ipaddress.IPv4Address(m.group())
+            except ValueError:
+                continue
+            if addr.is_global:
+                yield Span("ip", m.start(), m.end())
+    if "::" in text or text.count(":") >= 7:
+        for m in _IPV6.finditer(text):
+            if m.group().count(":") < 2:
+                continue
+            if not state.spend_check(m.start()):
+                return
+            try:
+                addr6 = ipaddress.IPv6Address(m.group())
+            except ValueError:
+                continue
+            if addr6.is_global:
+                yield Span("ip", m.start(), m.end())
+
+
+# -- URLs carrying secrets ------------------------------------------------------------------
+
+_URL = re.compile(r"(?i)(?<![\w@.])(?:(?:https?|ftps?|wss?|sftp)://|www\.)[^\s<>\"'`]+")
+_STRONG_NAMES = frozenset(
+    "password passwd pwd pass secret token apikey accesskey sig signature credential credentials "
+    "sessionid sessiontoken securitytoken clientsecret privatekey authorization".split()
+)
+_STRONG_SUFFIXES = (
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "signature",
+    "apikey",
+    "accesskey",
+    "sessionid",
+    "credential",
+)
+_WEAK_NAMES = frozenset("key session sid auth code".split())
+_NON_VALUES = frozenset("true false null none undefined yes no".split())
+_PARAM_NAME_JUNK = re.compile(r"[\s_.\-\[\]]")
+_MAX_PARAMS = 256
+
+
+def _entropy(value: str) -> float:
+    """Shannon entropy in bits per character of the first 256 characters."""
+    sample = value[:256]
+    n = len(sample)
+    return -sum(c / n * math.log2(c / n) for c in Counter(sample).values())
+
+
+def _looks_random(value: str, min_len: int, min_bits: float, mixed_case: bool) -> bool:
+    if len(value) < min_len or not value.isascii():
+        return False
+    has_digit = any(ch.isdigit() for ch in value)
+    has_upper = any(ch.isupper() for ch in value)
+    has_lower = any(ch.islower() for ch in value)
+    if not (has_digit and (has_upper or has_lower)) or (mixed_case and not (has_upper and has_lower)):
+        return False
+    return _entropy(value) >= min_bits
+
+
+def _param_is_secret(name: str, value: str) -> bool:
+    key = _PARAM_NAME_JUNK.sub("", unquote(name).lower())
+    value = unquote(value)
+    if key in _STRONG_NAMES or key.endswith(_STRONG_SUFFIXES):
+        return len(value) >= 4 and value.lower() not in _NON_VALUES
+    if key in _WEAK_NAMES:
+        return _looks_random(value, 16, 3.0, mixed_case=False)
+    return _looks_random(value, 32, 4.0, mixed_case=True)
+
+
+def url_has_secret(url: str) -> bool:
+    """True when ``url`` carries a user name or a secret-looking query or fragment parameter."""
+    try:
+        parts = urlsplit(url if "://" in url[:8] else "http://" + url)
+    except ValueError:
+        return False
+    if "@" in parts.netloc:
+        return True
+    pairs = 0
+    for section in (parts.query, parts.fragment):
+        if "=" not in section:
+            continue
+        for pair in re.split(r"[&;]", section):
+            pairs += 1
+            if pairs > _MAX_PARAMS:
+                return False
+            name, _, value = pair.partition("=")
+            if value and _param_is_secret(name, value):
+                return True
+    return False
+
+
+def _urls(text: str, state: _Budget) -> Iterator[Span]:
+    for m in _URL.finditer(text):
+        if not state.spend_check(m.start()):
+            return
+        url = m.group().rstrip(".,;:!?")
+        while url.endswith((")", "]")) and url.count(url[-1]) > url.count("(" if url[-1] == ")" else "["):
+            url = url[:-1].rstrip(".,;:!?")
+        if len(url) > MAX_URL_CHARS:
+            state.stop_at(m.start() + MAX_URL_CHARS)
+            url = url[:MAX_URL_CHARS]
+        if url_has_secret(url):
+            yield Span("url_secret", m.start(), m.start() + len(url))
+
+
+# -- the scan -------------------------------------------------------------------------------
+
+
+class _Budget:
+    """Work left for one finder on one text, and where it stopped when the work ran out."""
+
+    __slots__ = ("phone_windows", "checks", "limit")
+
+    def __init__(self, length: int) -> None:
+        self.phone_windows = MAX_PHONE_WINDOWS
+        self.checks = MAX_CHECKS
+        self.limit = length
+
+    def stop_at(self, offset: int) -> None:
+        self.limit = min(self.limit, offset)
+
+    def spend_phone(self, offset: int) -> bool:
+        if self.phone_windows <= 0:
+            self.stop_at(offset)
+            return False
+        self.phone_windows -= 1
+        return True
+
+    def spend_check(self, offset: int) -> bool:
+        if self.checks <= 0:
+            self.stop_at(offset)
+            return False
+        self.checks -= 1
+        return True
+
+
+_DIGIT = re.compile(r"\d")
+
+
+def _finders(text: str, rules: TextPrivacy) -> Iterator[tuple[str, _Budget]]:
+    """The finders worth running on ``text``, each named by kind with a fresh budget."""
+    kinds = rules.kinds
+    has_digit = _DIGIT.search(text) is not None
+    for kind in kinds:
+        if kind == "email" and "@" in text:
+            yield kind, _Budget(len(text))
+        elif kind in ("phone", "card", "iban") and has_digit:
+            yield kind, _Budget(len(text))
+        elif kind == "ip" and ((has_digit and "." in text) or ":" in text):
+            yield kind, _Budget(len(text))
+        elif kind == "url_secret" and ("://" in text or "www." in text or "WWW." in text):
+            yield kind, _Budget(len(text))
+
+
+def _run(kind: str, text: str, rules: TextPrivacy, budget: _Budget) -> Iterator[Span]:
+    if kind == "email":
+        return _emails(text)
+    if kind == "phone":
+        return _phones(text, rules.phone_region, budget)
+    if kind == "card":
+        return _cards(text, budget)
+    if kind == "iban":
+        return _ibans(text, budget)
+    if kind == "ip":
+        return _ips(text, budget)
+    return _urls(text, budget)
+
+
+def find_personal(text: str, rules: TextPrivacy) -> Findings:
+    """Find the personal data in ``text`` that ``rules.kinds`` asks for.
+
+    Args:
+        text: a caption or one conversation turn, as it will be released.
+        rules: the recipe's ``privacy.text``; with ``mode: off`` nothing is looked for.
+
+    Returns:
+        A :class:`Findings` (a tuple of :class:`Span`) sorted by start, non-overlapping (the
+        longer span wins an overlap; at equal length the order url_secret, email, iban, card,
+        phone, ip decides), at most ``MAX_SPANS`` long; ``truncated`` when a bound stopped the
+        scan, in which case the spans are complete up to where it stopped.
+    """
+    if rules.mode == "off" or not text:
+        return _NOTHING
+    found: list[Span] = []
+    limit = len(text)
+    for kind, budget in _finders(text, rules):
+        count = 0
+        for span in _run(kind, text, rules, budget):
+            found.append(span)
+            count += 1
+            if count >= MAX_SPANS:
+                budget.stop_at(span.end)
+                break
+        limit = min(limit, budget.limit)
+    if not found:
+        return _NOTHING if limit == len(text) else Findings((), truncated=True)
+    if limit < len(text):
+        found = [s for s in found if s.end <= limit]
+    spans = _resolve(found)
+    truncated = limit < len(text)
+    if len(spans) > MAX_SPANS:
+        spans, truncated = spans[:MAX_SPANS], True
+    return Findings(spans, truncated)
+
+
+def _resolve(found: list[Span]) -> list[Span]:
+    """Drop overlapped spans: longest first, then by kind priority, then leftmost."""
+    if len(found) == 1:
+        return found
+    found.sort(key=lambda s: (s.start - s.end, _PRIORITY[s.kind], s.start))
+    starts: list[int] = []
+    kept: list[Span] = []
+    for span in found:
+        i = bisect.bisect_left(starts, span.start)
+        if i > 0 and kept[i - 1].end > span.start:
+            continue
+        if i < len(kept) and kept[i].start < span.end:
+            continue
+        starts.insert(i, span.start)
+        kept.insert(i, span)
+    return kept
+
+
+def redact(text: str, spans: Iterable[Span]) -> str:
+    """``text`` with each span replaced by its kind's placeholder (``<EMAIL>``, ``<PHONE>``, ...).
+
+    Raises:
+        ValueError: a span outside the text, of an unknown kind, or overlapping another.
+    """
+    pieces: list[str] = []
+    pos = 0
+    for span in sorted(spans, key=lambda s: s.start):
+        if span.start < pos or span.end > len(text) or span.start >= span.end:
+            raise ValueError(f"span {span.kind} {span.start}-{span.end} overlaps or is outside the text")
+        placeholder = PLACEHOLDERS.get(span.kind)
+        if placeholder is None:
+            raise ValueError(f"unknown kind of personal data: {span.kind!r}")
+        pieces.append(text[pos : span.start])
+        pieces.append(placeholder)
+        pos = span.end
+    pieces.append(text[pos:])
+    return "".join(pieces)
+
+
+def describe(spans: Iterable[Span], field: str | None = None) -> str:
+    """A short, stable detail for a ledger row or a sample's json: kinds and offsets, never values.
+
+    ``email 10-27, phone 40-52`` (end exclusive); with ``field``, ``turn 3: email 0-12``. At most
+    ``DESCRIBE_MAX`` spans are listed, then ``+N more``; a truncated scan ends ``scan truncated``.
+    Empty when there is nothing to say.
+    """
+    truncated = isinstance(spans, Findings) and spans.truncated
+    listed = tuple(spans)
+    parts = [f"{s.kind} {s.start}-{s.end}" for s in listed[:DESCRIBE_MAX]]
+    if len(listed) > DESCRIBE_MAX:
+        parts.append(f"+{len(listed) - DESCRIBE_MAX} more")
+    if truncated:
+        parts.append("scan truncated")
+    if not parts:
+        return ""
+    body = ", ".join(parts)
+    return f"{field}: {body}" if field else body
+
+
+__all__ = [
+    "DESCRIBE_MAX",
+    "MAX_CHECKS",
+    "MAX_PHONE_WINDOWS",
+    "MAX_SPANS",
+    "PLACEHOLDERS",
+    "Findings",
+    "Span",
+    "describe",
+    "find_personal",
+    "is_card_number",
+    "redact",
+    "url_has_secret",
+]

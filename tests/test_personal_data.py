@@ -1,0 +1,450 @@
+"""Personal data in captions and turns is found with exact offsets, redacted by kind, and never guessed from look-alikes."""
+
+from __future__ import annotations
+
+import pickle
+import random
+import string
+import tracemalloc
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tasks.formats.recipe_privacy import TEXT_KINDS, TextPrivacy
+from tasks.policies.personal import (
+    MAX_SPANS,
+    PLACEHOLDERS,
+    Findings,
+    Span,
+    _resolve,
+    describe,
+    find_personal,
+    is_card_number,
+    redact,
+)
+
+ALL = TextPrivacy()
+
+
+def spans_of(text: str, rules: TextPrivacy = ALL) -> list[tuple[str, str]]:
+    return [(s.kind, text[s.start : s.end]) for s in find_personal(text, rules)]
+
+
+def luhn_complete(body: str) -> str:
+    """``body`` with the Luhn check digit appended."""
+    total = 0
+    for i, ch in enumerate(reversed(body)):
+        d = int(ch) * (1 if i % 2 else 2)
+        total += d - 9 if d > 9 else d
+    return body + str(-total % 10)
+
+
+def luhn_ok(digits: str) -> bool:
+    return luhn_complete(digits[:-1]) == digits
+
+
+# -- each kind, exact offsets ---------------------------------------------------------------
+
+FOUND = [
+    # e-mail
+    ("Write to john.doe@example.com today", "email", 9, 29),
+    ("mail: a.b+c@sub.example.co.uk.", "email", 6, 29),
+    ("JOHN_DOE%X@EXAMPLE.ORG", "email", 0, 22),
+    # phone, region US
+    ("Call (650) 253-0000 today", "phone", 5, 19),
+    ("650.253.0000", "phone", 0, 12),
+    ("+44 20 7946 0958", "phone", 0, 16),
+    ("+1 (650) 253-0000 ext. 123", "phone", 0, 17),
+    ("tel:+16502530000", "phone", 4, 16),
+    ("on set +44 20 7946 0149 1080p collection", "phone", 7, 23),  # last token dropped
+    ("call (650) 253-0356 2024-05-01 up", "phone", 5, 19),
+    # payment cards
+    ("card 4111 1111 1111 1111 exp", "card", 5, 24),
+    ("card 4111111111111111.", "card", 5, 21),
+    ("amex 3782-822463-10005 ok", "card", 5, 22),
+    ("mc 5555555555554444", "card", 3, 19),
+    ("card 4111 1111 1111 1111 2024 dress", "card", 5, 24),  # a year after it
+    ("card 4111 1111 1111 1111 2024-05-01", "card", 5, 24),
+    ("card 4111-1111-1111-1111 12/25", "card", 5, 24),
+    ("card 4111 1111 1111 1111/25", "card", 5, 24),
+    ("visa 4000 0000 0000 0000 006", "card", 5, 28),  # 19 digits, 4-4-4-4-3
+    # IBAN
+    ("IBAN DE89 3704 0044 0532 0130 00 BIC COBADEFFXXX", "iban", 5, 32),
+    ("GB82WEST12345698765432", "iban", 0, 22),
+    ("pay to GB82 WEST 1234 5698 7654 32.", "iban", 7, 34),
+    # IP addresses
+    ("server 8.8.8.8:53", "ip", 7, 14),
+    ("from 93.184.216.34.", "ip", 5, 18),
+    ("ip 2001:4860:4860::8888 ok", "ip", 3, 23),
+    # URLs with secrets
+    ("https://user:pw@example.com/x", "url_secret", 0, 29),
+    ("ftp://anon@ftp.example.org/pub", "url_secret", 0, 30),
+    ("get https://example.com/a?token=abc123xyz now", "url_secret", 4, 41),
+    ("see www.example.com/?api_key=AIzaSyA1234567890abcdef", "url_secret", 4, 52),
+    ("(https://example.com/a?sig=Zm9vYmFy). Thanks", "url_secret", 1, 35),
+    ("https://s3.example.com/o?X-Amz-Signature=9f86d081884c7d65", "url_secret", 0, 57),
+    ("https://app.example.com/cb#access_token=ya29.a0AfH6SMB&token_type=bearer", "url_secret", 0, 72),
+    ("https://ex.com/p?session=Zk3q9WmX2pLr7TvB", "url_secret", 0, 41),
+    ("https://ex.com/p?fbclid=IwAR3xYzAbC9dEfGhIjKlMnOpQrStUvWxYz012345", "url_secret", 0, 65),
+]
+
+
+@pytest.mark.parametrize(("text", "kind", "start", "end"), FOUND)
+def test_each_kind_is_found_with_exact_offsets(text, kind, start, end):
+    assert find_personal(text, ALL) == (Span(kind, start, end),)
+
+
+@pytest.mark.parametrize(
+    "brand_prefix",
+    ["4", "51", "55", "2221", "2720", "34", "37", "6011", "65", "36", "3530", "62", "6759", "2200", "9792"],
+)
+def test_each_card_network_prefix_is_a_card(brand_prefix):
+    length = {"34": 15, "37": 15, "36": 14}.get(brand_prefix, 16)
+    digits = luhn_complete(brand_prefix + "1" * (length - len(brand_prefix) - 1))
+    assert is_card_number(digits)
+    assert spans_of(f"paid with {digits}") == [("card", digits)]
+
+
+# -- what is not personal data --------------------------------------------------------------
+
+LOOK_ALIKES = [
+    "Canon EOS 5D Mark IV body",
+    "Wallpaper 1920x1080",
+    "3840 x 2160 pixels",
+    "taken 2024-05-01",
+    "on 2024/05/01",
+    "am 01.05.2024",
+    "12/05/2024 10:30",
+    "2012-01-02 08:00:00 UTC",
+    "20240501",
+    "ISBN 978-3-16-148410-0",
+    "ISBN 0-306-40615-2",
+    "ISBN: 9783161484100",
+    "EAN 4006381333931",
+    "UPC 012345678905",
+    "Price $1,299.99",
+    "€ 1.299,00 inkl. MwSt",
+    "from 1990 to 2020",
+    "seasons 2019-2020 2020-2021",
+    "sizes 1 2 3 4 5 6 7 8 9 10",
+    "1 2 3 4 5 6 7 8 9 0",
+    "12 34 56 78 90",
+    "Proc. VLDB 12(3): 211-227 (2003)",
+    "Samsung Galaxy S23 Ultra 256GB",
+    "SKU 2345678901",
+    "Item #2345678901",
+    "order 20240501123",
+    "Serial No. 4111111111111111",
+    "IMEI 356938035643809",
+    "coordinates 40.7128, -74.0060",
+    "population 8 336 817",
+    "room 1204-1206",
+    "Zip 90210-1234",
+    "score 3-2 1-0 2-1 4-4",
+    "Nikon D850 + AF-S 24-70mm f/2.8",
+    "ratio 16:9 21:9",
+    "1234 5678 9012 3456",
+    "0000 0000 0000 0000",
+    "4111 1111 1111 1112",  # Luhn fails
+    "4111 1111 1111 1111 1111 1111 1111",  # seven groups: a table of numbers
+    "4111-1111-1111-1111-123",  # 19 digits, judged whole: Luhn fails
+    "1234 5678 9012 3456 7890",
+    "version 1.2.3.4",
+    "router 10.0.0.1",
+    "0.0.0.0",
+    "localhost 127.0.0.1",
+    "docs 192.0.2.1",
+    "v2.14.3",
+    "12:30:45",
+    "std::vector<int>",
+    "MAC 00:1A:2B:3C:4D:5E",
+    "user@localhost",
+    "logo@2x.png",
+    "follow @handle",
+    "a @ b . com",
+    "https://example.com/page?id=12345&lang=en",
+    "https://example.com/search?q=tokens&key=summer",
+    "https://example.com/login?password=",
+    "https://example.com/a?session=2",
+    "https://cdn.example.com/ab/cd/0123456789abcdef0123456789abcdef.jpg",
+    "https://medium.com/@user/post-123",
+    "DE88 3704 0044 0532 0130 00",  # wrong check digits
+    "GB82 WEST 1234 5698 7654 33",
+    "de89 3704 0044 0532 0130 00",  # lower case
+]
+
+
+@pytest.mark.parametrize("region", ["US", "GB", "DE", "FR", "IN", "JP", "BR"])
+def test_look_alikes_are_not_personal_data(region):
+    rules = TextPrivacy(phone_region=region)
+    assert {text: spans_of(text, rules) for text in LOOK_ALIKES if find_personal(text, rules)} == {}
+
+
+def test_several_numbers_in_one_run_are_each_found():
+    text = "ring 650 253 0000 650 253 0001"
+    assert spans_of(text) == [("phone", "650 253 0000"), ("phone", "650 253 0001")]
+
+
+def test_luhn_valid_numbers_without_an_issuer_prefix_are_not_cards():
+    rng = random.Random(7)
+    for prefix in ("0", "1", "7", "99", "33", "56", "80", "89"):
+        for length in range(13, 20):
+            digits = luhn_complete(prefix + "".join(rng.choices(string.digits, k=length - len(prefix) - 1)))
+            assert luhn_ok(digits)
+            assert not is_card_number(digits), digits
+            assert find_personal(digits, TextPrivacy(kinds=("card",))) == ()
+
+
+def test_issuer_lengths_are_respected():
+    assert is_card_number(luhn_complete("4" + "1" * 14))  # Visa, 16
+    assert not is_card_number(luhn_complete("4" + "1" * 11))  # 13-digit Visa is left out
+    assert not is_card_number(luhn_complete("37" + "1" * 14))  # Amex is 15, not 17
+
+
+def test_luhn_invalid_card_numbers_are_not_cards():
+    for good in ("4111111111111111", "5555555555554444", "378282246310005", "6011111111111117"):
+        for last in "0123456789":
+            bad = good[:-1] + last
+            if bad != good:
+                assert find_personal(f"card {bad}", ALL) == ()
+
+
+def iban_with_check(country: str, bban: str, check: int) -> str:
+    return f"{country}{check:02d}{bban}"
+
+
+def iban_check(country: str, bban: str) -> int:
+    return 98 - int("".join(str(int(ch, 36)) for ch in bban + country + "00")) % 97
+
+
+def test_iban_check_digits_congruent_mod_97_are_not_ibans():
+    # A Dutch account whose check digits are 02: 99 is congruent mod 97 and passes the checksum,
+    # but ISO 13616 never issues 00, 01 or 99.
+    bban = next(b for b in (f"ABNA{n:010d}" for n in range(10_000)) if iban_check("NL", b) == 2)
+    assert spans_of(f"to {iban_with_check('NL', bban, 2)}") == [("iban", iban_with_check("NL", bban, 2))]
+    assert spans_of(f"to {iban_with_check('NL', bban, 99)}") == []
+
+
+# -- rules ----------------------------------------------------------------------------------
+
+MIXED = "mail a@example.com, call +1 650-253-0000, card 4111 1111 1111 1111, from 8.8.8.8, https://example.org/?token=abc123xyz"
+
+
+def test_only_the_kinds_asked_for_are_found():
+    assert {s.kind for s in find_personal(MIXED, ALL)} == set(TEXT_KINDS) - {"iban"}
+    assert spans_of(MIXED, TextPrivacy(kinds=("email",))) == [("email", "a@example.com")]
+    assert spans_of(MIXED, TextPrivacy(kinds=("card", "ip"))) == [("card", "4111 1111 1111 1111"), ("ip", "8.8.8.8")]
+    assert find_personal(MIXED, TextPrivacy(kinds=())) == ()
+    assert find_personal(MIXED, TextPrivacy(mode="off")) == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "found_in"),
+    [
+        ("Ruf an: 030 901820.", {"DE"}),
+        ("Call (650) 253-0000.", {"US"}),
+        ("ring 020 7946 0958", {"GB"}),
+        ("tél. 01 42 68 53 00", {"FR"}),
+        ("+49 30 901820", {"US", "DE", "GB", "FR"}),
+    ],
+)
+def test_phone_region_decides_national_formats_only(text, found_in):
+    found = {r for r in ("US", "DE", "GB", "FR") if find_personal(text, TextPrivacy(phone_region=r))}
+    assert found == found_in
+
+
+# -- overlaps -------------------------------------------------------------------------------
+
+
+def test_overlaps_keep_the_longer_span():
+    # the URL's user@host is an e-mail look-alike inside the URL
+    assert spans_of("see ftp://john@example.com/pub") == [("url_secret", "ftp://john@example.com/pub")]
+    # the phone-like digits after the country code are part of the IBAN
+    assert spans_of("DE89 3704 0044 0532 0130 00", TextPrivacy(phone_region="DE")) == [
+        ("iban", "DE89 3704 0044 0532 0130 00")
+    ]
+    # a public IP in a URL with a token
+    assert spans_of("http://93.184.216.34/a?token=abcdefgh") == [
+        ("url_secret", "http://93.184.216.34/a?token=abcdefgh")
+    ]
+
+
+def test_equal_length_overlaps_go_to_the_more_specific_kind():
+    spans = [
+        Span("phone", 0, 16),
+        Span("card", 0, 16),
+        Span("ip", 20, 27),
+        Span("email", 18, 25),
+        Span("phone", 30, 40),
+    ]
+    assert _resolve(spans) == [Span("card", 0, 16), Span("email", 18, 25), Span("phone", 30, 40)]
+
+
+# -- redact and describe --------------------------------------------------------------------
+
+
+def test_redact_replaces_each_span_with_its_placeholder():
+    found = find_personal(MIXED, ALL)
+    assert redact(MIXED, found) == "mail <EMAIL>, call <PHONE>, card <CARD>, from <IP>, <URL>"
+    assert redact("nothing here", ()) == "nothing here"
+    assert set(PLACEHOLDERS) == set(TEXT_KINDS)
+
+
+def test_redact_refuses_overlapping_or_outside_spans():
+    with pytest.raises(ValueError, match="overlaps"):
+        redact("abcdef", [Span("email", 0, 4), Span("phone", 2, 5)])
+    with pytest.raises(ValueError, match="outside"):
+        redact("abc", [Span("email", 1, 9)])
+    with pytest.raises(ValueError, match="unknown kind"):
+        redact("abc", [Span("name", 0, 1)])
+
+
+def test_describe_gives_kinds_and_offsets_never_values():
+    found = find_personal(MIXED, ALL)
+    detail = describe(found)
+    assert detail == "email 5-18, phone 25-40, card 47-66, ip 73-80, url_secret 82-118"
+    assert "example" not in detail and "4111" not in detail
+    assert describe(found[:1], field="turn 3") == "turn 3: email 5-18"
+    assert describe(()) == ""
+
+
+def test_describe_is_capped_and_says_when_the_scan_stopped():
+    text = " ".join(f"u{i}@example.com" for i in range(300))
+    found = find_personal(text, ALL)
+    assert len(found) == MAX_SPANS and found.truncated
+    assert describe(found).endswith(f"+{MAX_SPANS - 8} more, scan truncated")
+    assert describe(found, field="caption").startswith("caption: email 0-14, email 15-29,")
+    assert describe(Findings((), truncated=True)) == "scan truncated"
+
+
+def test_findings_survive_pickling_with_their_flag():
+    found = find_personal(" ".join(f"u{i}@example.com" for i in range(300)), ALL)
+    again = pickle.loads(pickle.dumps(found))
+    assert again == found and again.truncated and isinstance(again, Findings)
+
+
+# -- bounds ---------------------------------------------------------------------------------
+
+
+def test_max_spans_caps_the_result_and_keeps_it_a_prefix():
+    text = " and ".join(["8.8.8.8", "a@example.com"] * 200)
+    found = find_personal(text, ALL)
+    assert len(found) == MAX_SPANS and found.truncated
+    assert [s.start for s in found] == sorted(s.start for s in found)
+    # complete up to where it stopped: no gap in the alternation
+    assert [s.kind for s in found[:4]] == ["ip", "email", "ip", "email"]
+    assert all(found[i].kind != found[i + 1].kind for i in range(len(found) - 1))
+
+
+MIB = 1 << 20
+HOSTILE = {
+    "digits and separators": (("1-2 3.4-5 " * (MIB // 10 + 1))[:MIB], True),
+    "digit run": (("0123456789" * (MIB // 10 + 1))[:MIB], False),
+    "spaced digits": (("1 2 3 4 5 6 7 8 9 0 " * (MIB // 20 + 1))[:MIB], True),
+    "groups of four": (("4111 " * (MIB // 5 + 1))[:MIB], True),
+    "at signs": ("@" * 100_000, False),
+    "a@b.": (("a@b." * (MIB // 4))[:MIB], False),
+    "a domain of dots": ("x@" + "a." * (MIB // 2), False),
+    "a local part of dots": ("a." * (MIB // 2) + "@example.com", False),
+    "open brackets": ("1 (" * (MIB // 3), True),
+    "a local part of dashes": ("a-" * (MIB // 2) + "@", False),
+    "long url": ("https://example.com/" + "a" * MIB, True),
+    "long url query": ("https://example.com/?" + "a=b&" * (MIB // 4), True),
+    "colons": ("a:" * (MIB // 2), False),
+    "iban look-alikes": ("DE89 3704 " * (MIB // 10), True),
+    "pluses": ("+1 " * (MIB // 3), False),
+    "dots": ("1." * (MIB // 2), True),
+    "www": ("www." * (MIB // 4), True),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_input_completes_with_a_bounded_result(name):
+    text, truncated = HOSTILE[name]
+    tracemalloc.start()
+    try:
+        found = find_personal(text, ALL)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found == ()
+    assert found.truncated is truncated
+    # a 1 MiB text costs at most a few MiB more (a URL's match is one copy of it)
+    assert peak < 4 * MIB
+
+
+def test_a_token_in_a_huge_url_is_found_on_its_first_part():
+    text = "https://example.com/?token=" + "a" * MIB
+    found = find_personal(text, ALL)
+    assert found == (Span("url_secret", 0, 16384),) and found.truncated
+
+
+def test_many_phone_numbers_stop_at_the_cap():
+    found = find_personal("(650) 253-0000, " * 20_000, ALL)
+    assert len(found) == MAX_SPANS and found.truncated
+    assert all(s.kind == "phone" for s in found)
+
+
+# -- properties -----------------------------------------------------------------------------
+
+NOISY = st.text(alphabet="0123456789 -.()+@:/?=&#abcxyzABDEGW", max_size=120)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=200), NOISY))
+def test_any_text_gives_sorted_disjoint_spans_within_bounds(text):
+    found = find_personal(text, ALL)
+    assert isinstance(found, Findings) and len(found) <= MAX_SPANS
+    end = 0
+    for span in found:
+        assert end <= span.start < span.end <= len(text)
+        assert span.kind in TEXT_KINDS
+        end = span.end
+    redacted = redact(text, found)
+    assert len(found) == sum(redacted.count(p) for p in PLACEHOLDERS.values()) - sum(
+        text.count(p) for p in PLACEHOLDERS.values()
+    )
+
+
+PLANTS = [
+    "john.doe@example.com",
+    "+1 650-253-0000",
+    "+44 20 7946 0958",
+    "4111 1111 1111 1111",
+    "5555555555554444",
+    "DE89 3704 0044 0532 0130 00",
+    "8.8.8.8",
+    "2001:4860:4860::8888",
+    "https://u:p@example.org/x",
+    "https://example.com/?token=abc123xyz",
+]
+FILLER = st.text(alphabet=string.ascii_letters + " ,", max_size=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(FILLER, st.sampled_from(PLANTS)), max_size=8), st.sampled_from(["US", "GB", "DE"]))
+def test_redacted_text_has_nothing_left_to_find(pieces, region):
+    rules = TextPrivacy(phone_region=region)
+    text = " and ".join(pieces)
+    found = find_personal(text, rules)
+    assert sum(text.count(p) for p in PLANTS) == len(found)
+    assert find_personal(redact(text, found), rules) == ()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=string.digits, min_size=13, max_size=19), st.sampled_from(["", " ", "-"]))
+def test_a_digit_run_failing_luhn_is_never_a_card(digits, sep):
+    if luhn_ok(digits):
+        digits = digits[:-1] + str((int(digits[-1]) + 1) % 10)
+    text = sep.join(digits[i : i + 4] for i in range(0, len(digits), 4)) if sep else digits
+    assert find_personal(f"pay {text} now", TextPrivacy(kinds=("card",))) == ()
+
+
+@settings(max_examples=300, deadline=None)
+@given(NOISY, st.sampled_from(["US", "GB", "DE"]))
+def test_redaction_leaves_nothing_of_a_kind_it_found(text, region):
+    rules = TextPrivacy(phone_region=region)
+    found = find_personal(text, rules)
+    kinds = {s.kind for s in found}
+    assert [s for s in find_personal(redact(text, found), rules) if s.kind in kinds] == []

@@ -1,0 +1,320 @@
+"""The privacy checks through validation's real path (ingest a tar, download and validate in one
+pass): personal data recorded, redacted or refused; image metadata removed from bytes kept as
+fetched; faces recorded, blurred or refused; the gate and the report's section; fine-tuning turns."""
+
+from __future__ import annotations
+
+import io
+import json
+from functools import partial
+
+import pyarrow as pa
+import pytest
+from byo_fixtures import distinct_image, sample, tar_bytes
+from PIL import Image
+
+from tasks.formats.ledger import PRIVACY_FACTS, read_ledger
+from tasks.formats.recipe import parse_recipe
+from tasks.formats.recipe_download import DownloadConfig, SourceConfig
+from tasks.formats.shards import iter_samples
+from tasks.formats.storage import Storage
+from tasks.sources import ingest_rows, plan_ingest
+from tasks.stages.download import shard_paths
+from tasks.stages.onepass import download_and_validate
+from tasks.stages.validate import candidate_paths
+
+EMAIL_CAPTION = "a red kite over the dunes, prints from jane.doe@example.com"
+CARD_CAPTION = "pay with 4111 1111 1111 1111 or call +44 20 7946 0958"
+
+
+def gps_jpeg(seed: int) -> bytes:
+    """A JPEG carrying GPS EXIF, a camera serial and a copyright notice."""
+    img = Image.open(io.BytesIO(distinct_image(seed))).convert("RGB")
+    exif = Image.Exif()
+    exif[0x8298] = "(c) Jane Doe"  # Copyright
+    exif[0xA431] = "SN-0042"  # BodySerialNumber
+    exif.get_ifd(0x8825).update({1: "N", 2: (59.0, 19.0, 44.0)})
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=92, exif=exif, comment=b"shot at home")
+    return buf.getvalue()
+
+
+def face_jpeg(seed: int, faces: int) -> bytes:
+    from tasks.demo.faces import face_picture
+
+    return face_picture(seed, 320, faces)[0]
+
+
+def validate(
+    tmp_path, inputs: dict[str, tuple[bytes, str]], privacy: dict, image: dict | None = None, caption_rules=None
+):
+    """Ingest one tar of ``inputs`` (key -> (image, caption)) and validate it in one pass under the
+    recipe's ``privacy`` block; (ledger rows by key, written members by key)."""
+    folder = tmp_path / "shards"
+    folder.mkdir(parents=True)
+    members = []
+    for key, (data, caption) in inputs.items():
+        members += sample(key, caption, image=data, meta={"license": "CC0-1.0"})
+    (folder / "00000.tar").write_bytes(tar_bytes(members))
+    recipe = parse_recipe(
+        {
+            "dataset": "ds",
+            "storage": str(tmp_path / "out"),
+            "sources": [{"name": "wds", "manifest": str(folder), "kind": "webdataset"}],
+            "validate": {
+                "license": {"allow": ["CC0-1.0"]},
+                "image": {"min_side": 32, **(image or {})},
+                "caption": caption_rules or {},
+            },
+            "privacy": privacy,
+        }
+    )
+    source = SourceConfig(name="wds", manifest=str(folder), kind="webdataset")
+    storage = Storage(str(tmp_path / "out"))
+    ref = plan_ingest(source).chunks[0]
+    down = shard_paths("ds", ref, "cfg")
+    cand = candidate_paths("ds", ref.source, ref.index, down[0], "v")
+    vcfg = recipe.validate_
+    download_and_validate(ref, storage, DownloadConfig(), vcfg, down, cand, None, partial(ingest_rows, source))
+    ledger = read_ledger(storage, cand[1])
+    rows = {r["origin"].rsplit(":", 1)[1]: r for r in ledger.to_pylist()}
+    written = {}
+    with storage.open(cand[0], "rb") as fh:
+        for s in iter_samples(fh):
+            written[json.loads(s.members["json"])["origin"]["key"]] = s.members
+    return ledger, rows, written
+
+
+TEXTS = {
+    "plain": (distinct_image(1), "a red kite over the dunes"),
+    "email": (distinct_image(2), EMAIL_CAPTION),
+    "card": (distinct_image(3), CARD_CAPTION),
+}
+
+
+def test_personal_data_is_redacted_with_kinds_and_offsets_and_never_the_value(tmp_path):
+    ledger, rows, written = validate(tmp_path, TEXTS, {"text": {"mode": "redact"}})
+    assert set(PRIVACY_FACTS) <= set(ledger.column_names)
+    assert {k: r["status"] for k, r in rows.items()} == {"plain": "ok", "email": "ok", "card": "ok"}
+    assert written["email"]["txt"].decode() == "a red kite over the dunes, prints from <EMAIL>"
+    assert written["card"]["txt"].decode() == "pay with <CARD> or call <PHONE>"
+    meta = json.loads(written["email"]["json"])
+    start = EMAIL_CAPTION.index("jane")
+    assert meta["caption"].endswith("<EMAIL>")
+    assert meta["personal_data"] == [{"kind": "email", "start": start, "end": len(EMAIL_CAPTION), "field": "caption"}]
+    assert (rows["email"]["personal_data"], rows["email"]["privacy"]) == ("email", "redacted")
+    assert rows["card"]["personal_data"] == "card,phone"
+    assert (rows["plain"]["personal_data"], rows["plain"]["privacy"]) == ("", None)
+    assert f"email {start}-{len(EMAIL_CAPTION)}" in rows["email"]["detail"]
+    for key in ("email", "card"):  # the values are nowhere: not in the ledger, the json or the text
+        blob = json.dumps(rows[key]) + written[key]["json"].decode() + written[key]["txt"].decode()
+        assert "jane.doe" not in blob and "4111" not in blob and "7946" not in blob
+
+
+def test_personal_data_refused_under_reject_and_kept_under_record(tmp_path):
+    _, rows, written = validate(tmp_path / "reject", TEXTS, {"text": {"mode": "reject"}})
+    assert {k: r["reason"] for k, r in rows.items()} == {
+        "plain": None,
+        "email": "personal_data",
+        "card": "personal_data",
+    }
+    assert rows["card"]["detail"].startswith("card ") and "4111" not in rows["card"]["detail"]
+    assert sorted(written) == ["plain"]
+
+    _, rows, written = validate(tmp_path / "record", TEXTS, {})  # the default: record
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert written["email"]["txt"].decode() == EMAIL_CAPTION
+    assert (rows["email"]["personal_data"], rows["email"]["privacy"]) == ("email", None)
+    assert json.loads(written["email"]["json"])["personal_data"][0]["kind"] == "email"
+
+
+def test_text_off_looks_at_nothing(tmp_path):
+    _, rows, written = validate(tmp_path, TEXTS, {"text": {"mode": "off"}})
+    assert all(r["personal_data"] is None for r in rows.values())
+    assert written["email"]["txt"].decode() == EMAIL_CAPTION
+    assert "personal_data" not in json.loads(written["email"]["json"])
+
+
+def test_skip_reencode_releases_the_pixels_without_their_metadata(tmp_path):
+    data = gps_jpeg(4)
+    _, rows, written = validate(tmp_path, {"gps": (data, "a kite")}, {}, {"skip_reencode": True})
+    out = written["gps"]["jpg"]
+    assert out != data and b"SN-0042" not in out and b"shot at home" not in out
+    with Image.open(io.BytesIO(out)) as img, Image.open(io.BytesIO(data)) as src:
+        assert not img.getexif() and "comment" not in img.info
+        assert img.tobytes() == src.convert("RGB").tobytes()  # the same pixels: nothing re-encoded
+    assert rows["gps"]["privacy"] == "metadata"
+    removed = json.loads(written["gps"]["json"])["metadata_removed"]
+    assert {"exif", "gps", "comment"} <= set(removed)
+
+
+def test_reencoded_images_keep_only_the_exif_fields_the_recipe_names(tmp_path):
+    data = gps_jpeg(5)
+    _, _, written = validate(tmp_path / "keep", {"gps": (data, "a kite")}, {"metadata": {"keep": ["Copyright"]}})
+    with Image.open(io.BytesIO(written["gps"]["jpg"])) as img:
+        exif = img.getexif()
+        assert dict(exif) == {0x8298: "(c) Jane Doe"} and not exif.get_ifd(0x8825)
+    _, _, written = validate(tmp_path / "none", {"gps": (data, "a kite")}, {})
+    with Image.open(io.BytesIO(written["gps"]["jpg"])) as img:
+        assert not img.getexif()
+
+
+def test_a_recipe_cannot_keep_gps_or_orientation():
+    from tasks.formats.recipe_base import RecipeError
+
+    base = {"dataset": "ds", "storage": "/tmp/x", "sources": [{"name": "a", "manifest": "m.csv"}]}
+    for tag in ("GPSInfo", "Orientation", "NoSuchTag"):
+        with pytest.raises(RecipeError, match=tag):
+            parse_recipe({**base, "privacy": {"metadata": {"keep": [tag]}}})
+
+
+def test_the_gate_bounds_samples_released_with_personal_data(tmp_path):
+    from tasks.audit.gates import validate_gate
+    from tasks.audit.validate_samples import gate_samples
+    from tasks.formats.recipe_download import ImageRules
+    from tasks.formats.recipe_outputs import ValidateGate
+
+    ledger, _, _ = validate(tmp_path, TEXTS, {})  # record: two of three released with personal data
+    accepted = ledger.filter(pa.compute.equal(ledger.column("status"), "ok"))
+    samples = gate_samples(accepted)
+    assert samples.column("personal_data_shown").to_pylist().count(True) == 2
+
+    def outcome(rate: float):
+        gate = validate_gate(
+            ledger, samples, ValidateGate(max_personal_data_rate=rate), ["CC0-1.0"], ImageRules(min_side=32), True
+        )
+        return gate, next(o for o in gate.outcomes if o.name.startswith("personal data shown"))
+
+    gate, check = outcome(0.5)
+    assert not gate.success and not check.success and check.observed == pytest.approx(2 / 3, abs=1e-4)
+    gate, check = outcome(0.7)
+    assert gate.success and check.success
+
+    redacted, _, _ = validate(tmp_path / "redact", TEXTS, {"text": {"mode": "redact"}})
+    ok = redacted.filter(pa.compute.equal(redacted.column("status"), "ok"))
+    assert not any(gate_samples(ok).column("personal_data_shown").to_pylist())
+
+
+def test_fine_tuning_turns_are_checked_one_by_one():
+    from tasks.finetune.conversations import check_conversation, private_turns
+    from tasks.formats.recipe_finetune import ConversationRules
+    from tasks.formats.recipe_privacy import TextPrivacy
+
+    record = {
+        "id": "r1",
+        "image": "a.jpg",
+        "conversations": [
+            {"from": "human", "value": "<image>\nwho took this?"},
+            {"from": "gpt", "value": "mail jane.doe@example.com or call +44 20 7946 0958"},
+        ],
+    }
+    conv = check_conversation(record, ConversationRules())
+    redacted = private_turns(conv, TextPrivacy(mode="redact"))
+    assert redacted.ok and redacted.turns[1] == ("gpt", "mail <EMAIL> or call <PHONE>")
+    assert redacted.turns[0] == conv.turns[0] and redacted.detail.startswith("redacted: turn 1: email 5-25")
+    refused = private_turns(conv, TextPrivacy(mode="reject"))
+    assert refused.reason == "personal_data" and refused.detail.startswith("turn 1: ")
+    assert private_turns(conv, TextPrivacy(mode="off")) is conv
+
+
+def test_a_turn_the_scanner_cannot_finish_is_refused_under_redact():
+    from tasks.finetune.conversations import check_conversation, private_turns
+    from tasks.formats.recipe_finetune import ConversationRules
+    from tasks.formats.recipe_privacy import TextPrivacy
+
+    hostile = "1-2 3.4 " * 24_000  # 192,000 characters of digits and separators
+    record = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": hostile}]}
+    conv = private_turns(check_conversation(record, ConversationRules()), TextPrivacy(mode="redact"))
+    assert conv.reason == "personal_data" and "truncated" in conv.detail
+
+
+FACES = {
+    "none": (distinct_image(6), "a red kite over the dunes"),
+    "one": (None, "a portrait on the beach"),
+    "two": (None, "two people on the beach"),
+}
+
+
+def face_inputs() -> dict[str, tuple[bytes, str]]:
+    return {**FACES, "one": (face_jpeg(1, 1), FACES["one"][1]), "two": (face_jpeg(2, 2), FACES["two"][1])}
+
+
+def test_faces_are_blurred_in_the_released_image_and_recorded(tmp_path):
+    from tasks.formats.recipe_privacy import FacePrivacy
+    from tasks.models.faces import FaceDetector
+
+    _, rows, written = validate(tmp_path, face_inputs(), {"faces": {"mode": "blur"}})
+    assert {k: (r["status"], r["faces"], r["privacy"]) for k, r in rows.items()} == {
+        "none": ("ok", 0, None),
+        "one": ("ok", 1, "blurred"),
+        "two": ("ok", 2, "blurred"),
+    }
+    detector = FaceDetector(FacePrivacy(mode="record"))
+    for key, n in (("one", 1), ("two", 2)):
+        meta = json.loads(written[key]["json"])
+        assert meta["faces_found"] == n and len(meta["faces"]) == n and meta["faces_blurred"] is True
+        assert all(len(f["box"]) == 4 and f["score"] >= 0 for f in meta["faces"])
+        with Image.open(io.BytesIO(written[key]["jpg"])) as img:
+            assert detector.detect(img.convert("RGB"))[1] == 0  # what is released shows no face
+    # The pixel keys are the decoded input's: a blurred copy is still a duplicate of its original.
+    _, plain, _ = validate(tmp_path / "off", face_inputs(), {"faces": {"mode": "off"}})
+    assert plain["one"]["pixel_sha256"] == rows["one"]["pixel_sha256"] and plain["one"]["faces"] is None
+
+
+def test_faces_recorded_or_refused(tmp_path):
+    _, rows, written = validate(tmp_path / "record", face_inputs(), {"faces": {"mode": "record"}})
+    assert {k: (r["faces"], r["privacy"]) for k, r in rows.items()} == {
+        "none": (0, None),
+        "one": (1, None),
+        "two": (2, None),
+    }
+    assert json.loads(written["two"]["json"])["faces_blurred"] is False
+    with Image.open(io.BytesIO(written["one"]["jpg"])) as img:
+        from tasks.formats.recipe_privacy import FacePrivacy
+        from tasks.models.faces import FaceDetector
+
+        assert FaceDetector(FacePrivacy(mode="record")).detect(img.convert("RGB"))[1] == 1
+
+    _, rows, written = validate(tmp_path / "reject", face_inputs(), {"faces": {"mode": "reject"}})
+    assert {k: r["reason"] for k, r in rows.items()} == {"none": None, "one": "face_present", "two": "face_present"}
+    assert rows["two"]["detail"].startswith("2 faces found, the largest ") and sorted(written) == ["none"]
+
+    # Under blur, more faces than max_faces cannot all be blurred: refused.
+    _, rows, _ = validate(tmp_path / "cap", face_inputs(), {"faces": {"mode": "blur", "max_faces": 1}})
+    assert (rows["one"]["status"], rows["two"]["reason"]) == ("ok", "face_present")
+    assert "max_faces 1" in rows["two"]["detail"]
+
+
+def test_hostile_pixels_metadata_and_captions_each_end_as_one_row(tmp_path):
+    """10,000 tiny faces, an EXIF segment far larger than its image, captions made to slow the
+    scanner: each is judged, bounded, to exactly one row through the real reader and validation."""
+    from tasks.demo.faces import astronaut_crop
+
+    tiny = astronaut_crop().resize((24, 28))
+    sheet = Image.new("RGB", (100 * 24, 100 * 28))
+    for i in range(10_000):
+        sheet.paste(tiny, ((i % 100) * 24, (i // 100) * 28))
+    buf = io.BytesIO()
+    sheet.save(buf, "JPEG", quality=80)
+    small = io.BytesIO()
+    Image.open(io.BytesIO(distinct_image(7))).convert("RGB").save(small, "JPEG")
+    # An APP1 segment of 64 KiB (the most one segment holds) repeated 100 times before the image.
+    bomb = small.getvalue()[:2] + (b"\xff\xe1\xff\xff" + b"Exif\x00\x00" + b"\x00" * 65527) * 100 + small.getvalue()[2:]
+    inputs = {
+        "faces": (buf.getvalue(), "a crowd"),
+        "metadata": (bomb, "a kite"),
+        "digits": (distinct_image(8), "1-2 3.4 " * 120_000),
+        "ats": (distinct_image(9), "@" * 100_000),
+        "mails": (distinct_image(10), "a@b." * 200_000),
+    }
+    privacy = {"faces": {"mode": "blur"}, "text": {"mode": "redact"}}
+    image = {"skip_reencode": True, "max_pixels": 10_000_000}
+    caption = {"max_chars": 2_000_000, "min_words": 0}  # so that the scanner reads them
+    ledger, rows, _ = validate(tmp_path, inputs, privacy, image, caption)
+    assert ledger.num_rows == len(inputs) and sorted(rows) == sorted(inputs)
+    assert rows["faces"]["status"] == "ok" and rows["faces"]["faces"] >= 0
+    assert rows["metadata"]["status"] == "ok" and rows["metadata"]["privacy"] == "metadata"
+    # The scanner stops at its caps; what it could not read to the end is not released under redact.
+    assert rows["digits"]["reason"] == "personal_data" and "truncated" in rows["digits"]["detail"]
+    for key in ("ats", "mails"):
+        assert rows[key]["status"] in ("ok", "rejected") and rows[key]["personal_data"] is not None, key
