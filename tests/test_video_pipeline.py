@@ -39,9 +39,11 @@ def _release(
     clips: str = "{min_s: 1, max_s: 2}",
     segments: dict[str, str] | None = None,
     routes: dict[str, str] | None = None,
+    extra: str = "",
 ):
     """Serve ``files``, run their manifest to a release; (the manifest's names in row order, the
-    store). ``segments``: a segments column (name -> its text), carried into the samples."""
+    store). ``segments``: a segments column (name -> its text), carried into the samples;
+    ``extra``: recipe YAML appended."""
     web_root = tmp_path / "web"
     web_root.mkdir()
     for name, data in files.items():
@@ -74,7 +76,7 @@ gates:
   download: {{min_success_rate: 0.1}}
   validate: {{max_reject_rate: 0.95}}
 execution: {{cluster: local, workers: 1}}
-"""
+{extra}"""
         )
         done = _cli("run", str(recipe), api_url=api_url)
     finally:
@@ -331,7 +333,7 @@ def test_caption_spans_become_clips_with_their_own_captions(tmp_path, prefect_ap
     video = make_video(seconds=6, fps=10, size=(128, 72), cut_at=3.0)
     spans = json.dumps(
         [
-            {"start": 0.5, "end": 2.5, "caption": "the red square sets off"},
+            {"start": 0.5, "end": 2.5, "caption": "the red square sets off, mail jane.doe@example.com"},
             {"start": 3.0, "end": 5.0, "caption": "  "},  # no caption left after cleanup
             [5.0, 6.0],  # no caption of its own: the row's
         ]
@@ -342,6 +344,7 @@ def test_caption_spans_become_clips_with_their_own_captions(tmp_path, prefect_ap
         prefect_api_url,
         clips="{split: captions, min_s: 0.5, max_s: 5}",
         segments={"spans.mp4": spans, "bad.mp4": '[{"start": 4, "end": 2}]'},
+        extra="privacy: {text: {mode: redact}}\n",  # a span's caption is checked as a row's is
     )
     fates = _fates(store, names)
     assert fates["spans.mp4"] == ("ok", None)
@@ -353,7 +356,7 @@ def test_caption_spans_become_clips_with_their_own_captions(tmp_path, prefect_ap
                 if m.name.endswith(".json"):
                     meta = json.loads(tf.extractfile(m).read())
                     clips[(meta["start_s"], meta["end_s"])] = meta["caption"]
-    assert clips == {(0.5, 2.5): "the red square sets off", (5.0, 6.0): "a clip of spans.mp4"}
+    assert clips == {(0.5, 2.5): "the red square sets off, mail <EMAIL>", (5.0, 6.0): "a clip of spans.mp4"}
     validated = [
         r
         for p in (store / "validate").rglob("*.ledger.parquet")

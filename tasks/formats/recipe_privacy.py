@@ -8,6 +8,7 @@ each detector finds, with its measured quality.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -18,6 +19,76 @@ from tasks.formats.recipe_base import Frozen
 # token-like query value (``?token=``, ``access_key=``, ...).
 TextKind = Literal["email", "phone", "card", "iban", "ip", "url_secret"]
 TEXT_KINDS: tuple[TextKind, ...] = ("email", "phone", "card", "iban", "ip", "url_secret")
+
+
+# EXIF tags that may be kept: descriptive fields of the base IFD (IFD0). The Exif sub-IFD
+# (DateTimeOriginal, BodySerialNumber, ...) is never read.
+KEEPABLE = frozenset(
+    {
+        "ImageDescription",
+        "Make",
+        "Model",
+        "Software",
+        "ProcessingSoftware",
+        "DateTime",
+        "Artist",
+        "HostComputer",
+        "Copyright",
+        "DocumentName",
+        "PageName",
+        "ImageID",
+        "XResolution",
+        "YResolution",
+        "ResolutionUnit",
+        "Rating",
+        "RatingPercent",
+        "XPTitle",
+        "XPComment",
+        "XPAuthor",
+        "XPKeywords",
+        "XPSubject",
+    }
+)
+
+# Why the tags a recipe might name are never kept (check_keep's message).
+_NEVER = {
+    "Orientation": "applied to the pixels, never kept",
+    "GPSInfo": "GPS position, never kept",
+    "MakerNote": "maker notes (serial numbers, owner names), never kept",
+    "MakerNoteSafety": "maker notes, never kept",
+    "PrintImageMatching": "a maker-specific block, never kept",
+    "DNGPrivateData": "a maker-specific block, never kept",
+    "ExifOffset": "a pointer to a sub-IFD, never kept",
+    "ExifInteroperabilityOffset": "a pointer to a sub-IFD, never kept",
+    "SubIFDs": "a pointer to sub-IFDs, never kept",
+    "XMLPacket": "embedded XMP, never kept",
+    "IPTCNAA": "embedded IPTC, never kept",
+    "ImageResources": "embedded Photoshop/IPTC resources, never kept",
+    "InterColorProfile": "an embedded ICC profile, never kept",
+    "CameraSerialNumber": "identifies a camera, never kept",
+    "BodySerialNumber": "identifies a camera, never kept",
+    "LensSerialNumber": "identifies a lens, never kept",
+}
+
+
+def check_keep(names: Iterable[str]) -> None:
+    """Raise ValueError naming the first tag that is not an EXIF tag name or may not be kept.
+
+    For the recipe's validation of ``privacy.metadata.keep``: names are those of
+    ``PIL.ExifTags.TAGS``; only :data:`KEEPABLE` tags are kept.
+    """
+    from PIL import ExifTags
+
+    known = set(ExifTags.TAGS.values())
+    for name in names:
+        if name in _NEVER:
+            raise ValueError(f"EXIF tag {name!r}: {_NEVER[name]}")
+        if name not in known:
+            raise ValueError(f"{name!r} is not an EXIF tag name (PIL.ExifTags.TAGS)")
+        if name not in KEEPABLE:
+            raise ValueError(
+                f"EXIF tag {name!r} cannot be kept: only these descriptive base-IFD tags can: {', '.join(sorted(KEEPABLE))}"
+            )
 
 
 class FacePrivacy(Frozen):
@@ -67,7 +138,7 @@ class MetadataPrivacy(Frozen):
 
     Args:
         keep: EXIF tag names kept (e.g. ``Copyright``, ``Artist``): descriptive fields of the
-            first IFD only (``tasks.policies.metadata.KEEPABLE``). ``Orientation`` is never kept
+            first IFD only (``KEEPABLE`` above). ``Orientation`` is never kept
             (it is applied to the pixels), nor are GPS, maker notes, serial numbers or fields
             that embed other metadata.
     """
@@ -77,8 +148,6 @@ class MetadataPrivacy(Frozen):
     @field_validator("keep")
     @classmethod
     def _keepable(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from tasks.policies.metadata import check_keep
-
         check_keep(v)  # raises ValueError naming a tag that is unknown or may not be kept
         return v
 

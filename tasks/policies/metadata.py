@@ -55,6 +55,7 @@ from typing import Any, Literal
 
 from PIL import ExifTags, Image
 
+from tasks.formats.recipe_privacy import KEEPABLE, check_keep
 from tasks.policies.decoders import DECODE_ERRORS, webp_info
 
 __all__ = ["KEEPABLE", "KINDS", "MAX_SEGMENTS", "check_keep", "exif_kept", "metadata_kinds", "strip_metadata"]
@@ -69,54 +70,6 @@ KINDS = ("exif", "gps", "xmp", "iptc", "icc", "comment", "text", "other", "trail
 # about 800 MB.
 MAX_SEGMENTS = 100_000
 
-# EXIF tags that may be kept: descriptive fields of the base IFD (IFD0). The Exif sub-IFD
-# (DateTimeOriginal, BodySerialNumber, ...) is never read.
-KEEPABLE = frozenset(
-    {
-        "ImageDescription",
-        "Make",
-        "Model",
-        "Software",
-        "ProcessingSoftware",
-        "DateTime",
-        "Artist",
-        "HostComputer",
-        "Copyright",
-        "DocumentName",
-        "PageName",
-        "ImageID",
-        "XResolution",
-        "YResolution",
-        "ResolutionUnit",
-        "Rating",
-        "RatingPercent",
-        "XPTitle",
-        "XPComment",
-        "XPAuthor",
-        "XPKeywords",
-        "XPSubject",
-    }
-)
-
-# Why the tags a recipe might name are never kept (check_keep's message).
-_NEVER = {
-    "Orientation": "applied to the pixels, never kept",
-    "GPSInfo": "GPS position, never kept",
-    "MakerNote": "maker notes (serial numbers, owner names), never kept",
-    "MakerNoteSafety": "maker notes, never kept",
-    "PrintImageMatching": "a maker-specific block, never kept",
-    "DNGPrivateData": "a maker-specific block, never kept",
-    "ExifOffset": "a pointer to a sub-IFD, never kept",
-    "ExifInteroperabilityOffset": "a pointer to a sub-IFD, never kept",
-    "SubIFDs": "a pointer to sub-IFDs, never kept",
-    "XMLPacket": "embedded XMP, never kept",
-    "IPTCNAA": "embedded IPTC, never kept",
-    "ImageResources": "embedded Photoshop/IPTC resources, never kept",
-    "InterColorProfile": "an embedded ICC profile, never kept",
-    "CameraSerialNumber": "identifies a camera, never kept",
-    "BodySerialNumber": "identifies a camera, never kept",
-    "LensSerialNumber": "identifies a lens, never kept",
-}
 _TAG_IDS: dict[str, list[int]] = {}
 for _tag, _name in ExifTags.TAGS.items():
     _TAG_IDS.setdefault(_name, []).append(_tag)
@@ -519,23 +472,6 @@ def _webp_assemble(data: bytes, scan: _Scan, exif: bytes | None) -> bytes | None
 
 
 # --- EXIF kept ----------------------------------------------------------------------------
-
-
-def check_keep(names: Iterable[str]) -> None:
-    """Raise ValueError naming the first tag that is not an EXIF tag name or may not be kept.
-
-    For the recipe's validation of ``privacy.metadata.keep``: names are those of
-    ``PIL.ExifTags.TAGS``; only :data:`KEEPABLE` tags are kept.
-    """
-    for name in names:
-        if name in _NEVER:
-            raise ValueError(f"EXIF tag {name!r}: {_NEVER[name]}")
-        if name not in _TAG_IDS:
-            raise ValueError(f"{name!r} is not an EXIF tag name (PIL.ExifTags.TAGS)")
-        if name not in KEEPABLE:
-            raise ValueError(
-                f"EXIF tag {name!r} cannot be kept: only these descriptive base-IFD tags can: {', '.join(sorted(KEEPABLE))}"
-            )
 
 
 def _tag_ids(keep: Iterable[str]) -> tuple[int, ...]:

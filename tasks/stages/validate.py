@@ -26,6 +26,7 @@ from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
 from tasks.policies.licenses import license_verdict
 from tasks.policies.privacy import TextOutcome, check_text, kinds_of, span_facts
+from tasks.policies.ruling import Ruling
 from tasks.policies.sniff import EXTENSIONS, VIDEO_FORMATS
 from tasks.stages.dedup import DEDUP_COLUMNS, duplicates_by_table, final_paths, finalize_shard, find_duplicates
 from tasks.stages.privacy import face_look
@@ -277,7 +278,7 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
         meta["personal_data"] = span_facts(text.spans, "caption")
     from tasks.video.samples import judge_video
 
-    clean = partial(caption_verdict, rules=cfg.caption)
+    clean = partial(_checked_caption, cfg=cfg)
     verdicts = []
     for r, m, keyframe in judge_video(
         key,
@@ -295,6 +296,16 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
             judge.keep_thumbnail(r["key"], keyframe)
         verdicts.append(Verdict(r, m))
     return verdicts
+
+
+def _checked_caption(text: str | None, cfg: ValidateConfig) -> Ruling[str]:
+    """A clip's own caption (its span's) under the caption rules, then the privacy check: redacted
+    or refused as the sample's caption is (its spans are not recorded in the json)."""
+    ruled = caption_verdict(text, cfg.caption)
+    if not ruled.ok:
+        return ruled
+    private = check_text(ruled.value, cfg.privacy.text)
+    return Ruling(private.text, private.reason, private.detail)
 
 
 def _judge(
