@@ -256,6 +256,12 @@ def test_faces_are_blurred_in_the_released_image_and_recorded(tmp_path):
         assert all(len(f["box"]) == 4 and f["score"] >= 0 for f in meta["faces"])
         with Image.open(io.BytesIO(written[key]["jpg"])) as img:
             assert detector.detect(img.convert("RGB"))[1] == 0  # what is released shows no face
+    # Bytes kept as fetched (skip_reencode) cannot carry blurred pixels: a blurred image is encoded.
+    inputs = face_inputs()
+    _, kept, kept_out = validate(tmp_path / "kept", inputs, {"faces": {"mode": "blur"}}, {"skip_reencode": True})
+    assert kept_out["none"]["jpg"] == inputs["none"][0] and kept_out["one"]["jpg"] != inputs["one"][0]
+    with Image.open(io.BytesIO(kept_out["one"]["jpg"])) as img:
+        assert detector.detect(img.convert("RGB"))[1] == 0 and kept["one"]["privacy"] == "blurred"
     # The pixel keys are the decoded input's: a blurred copy is still a duplicate of its original.
     _, plain, _ = validate(tmp_path / "off", face_inputs(), {"faces": {"mode": "off"}})
     assert plain["one"]["pixel_sha256"] == rows["one"]["pixel_sha256"] and plain["one"]["faces"] is None

@@ -5,7 +5,7 @@ gentle-AdaBoost frontal face cascade, Intel's BSD-style license), which the
 opencv-python-headless 4.x wheel carries under ``cv2.data.haarcascades`` (OpenCV 5's main wheel
 no longer has the cascades): nothing is downloaded, nothing is read from a hub. It was chosen by
 measured recall and precision over the wheel's other frontal cascades, scikit-image's LBP
-cascade and dlib's HOG detector (bench/bench_privacy_faces.py). It finds frontal faces, upright
+cascade and dlib's HOG detector (bench/bench_privacy.py --stage faces). It finds frontal faces, upright
 or tilted up to about 25 degrees in the picture's plane (tried on the bundled face); profiles
 are mostly missed.
 
@@ -18,7 +18,7 @@ however many there are; at most about (640 / 20)^2 faces fit the copy.
 
 Score: OpenCV's ``levelWeights`` (``detectMultiScale3`` with ``outputRejectLevels``) minus the
 threshold of the cascade's last stage: by how much the best window of the face's group clears
-the last stage. Every face found scores >= 0. On the labelled set (bench/bench_privacy_faces.py)
+the last stage. Every face found scores >= 0. On the labelled set (bench/bench_privacy.py --stage faces)
 the faces found scored 1.2-5.0 (95 % above 1.8, median 2.6) and the false detections 0.4-1.5
 (median 1.0): ``min_score: 1.5`` removed 15 of the 16 false detections there and 4 of the 315
 faces.

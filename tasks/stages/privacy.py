@@ -23,10 +23,10 @@ class FaceLook:
     """The face check as ``process_image``'s look: boxes found, blurred or refused."""
 
     def __init__(self, rules: FacePrivacy):
-        from tasks.models.faces import FaceDetector
+        from tasks.models.faces import face_detector
 
         self.rules = rules
-        self.detector = FaceDetector(rules)
+        self.detector = face_detector(rules)  # one per process and rules; its cascade one per thread
 
     def __call__(self, image: Image.Image) -> PixelVerdict:
         from tasks.models.faces import blur_faces
