@@ -101,11 +101,21 @@ def shared_model() -> Path:
     (dst / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
     (dst / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
     CLIPTokenizer(str(dst / "vocab.json"), str(dst / "merges.txt"), model_max_length=77).save_pretrained(dst)
-    pre = {"image_processor_type": "CLIPImageProcessor", "processor_class": "CLIPProcessor", "do_resize": True,
-           "size": {"shortest_edge": 224}, "resample": 3, "do_center_crop": True,
-           "crop_size": {"height": 224, "width": 224}, "do_rescale": True, "rescale_factor": 1 / 255,
-           "do_normalize": True, "do_convert_rgb": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
-           "image_std": [0.26862954, 0.26130258, 0.27577711]}  # fmt: skip
+    pre = {
+        "image_processor_type": "CLIPImageProcessor",
+        "processor_class": "CLIPProcessor",
+        "do_resize": True,
+        "size": {"shortest_edge": 224},
+        "resample": 3,
+        "do_center_crop": True,
+        "crop_size": {"height": 224, "width": 224},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }
     (dst / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
     return dst
 
@@ -121,9 +131,24 @@ def run_baseline(s: Session, args, rnd: int, manifest: Path, model: Path, watch:
     if len(names) != int(names[-1]) - int(names[0]) + 1:
         raise SystemExit(f"img2dataset's shards are not numbered in a row: {names}")
     shards = f"{d / 'i2d'}/{{{names[0]}..{names[-1]}}}.tar" if len(names) > 1 else str(d / "i2d" / f"{names[0]}.tar")
-    cmd = [str(CR_EXE), "inference", "--input_dataset", shards, "--input_format", "webdataset",
-           "--output_folder", str(d / "emb"), "--clip_model", f"hf_clip:{model}", "--batch_size", str(a.cr_batch),
-           "--num_prepro_workers", str(min(a.cr_workers, len(names))), "--enable_wandb", "False"]  # fmt: skip
+    cmd = [
+        str(CR_EXE),
+        "inference",
+        "--input_dataset",
+        shards,
+        "--input_format",
+        "webdataset",
+        "--output_folder",
+        str(d / "emb"),
+        "--clip_model",
+        f"hf_clip:{model}",
+        "--batch_size",
+        str(a.cr_batch),
+        "--num_prepro_workers",
+        str(min(a.cr_workers, len(names))),
+        "--enable_wandb",
+        "False",
+    ]
     run.add(timed(s.children, cmd, env, d, d / "clip.log", watch), "clip_inference")
     (d / "filter.py").write_text(FILTER)
     cmd = [str(CR_PY), str(d / "filter.py"), str(d / "emb"), str(d / "i2d"), str(d / "curated"), repr(a.min)]
@@ -139,8 +164,18 @@ def run_baseline(s: Session, args, rnd: int, manifest: Path, model: Path, watch:
 
 def run_shardsmith(s: Session, args, rnd: int, manifest: Path, model: Path, watch: dict) -> tuple[ht.ToolRun, dict]:
     (d := s.work / f"shardsmith-{rnd}").mkdir(parents=True)
-    curate = {"model": str(model), "alignment": {"min": args.min}} | ({"compute_dtype": args.compute_dtype} if args.compute_dtype else {})  # fmt: skip
-    recipe = ht.write_recipe(d / "recipe.yaml", store := d / "store", manifest, args.rows_per_shard, args.workers, curate=curate, gates={"curate": {"max_removed_rate": 1.0}})  # fmt: skip
+    curate = {"model": str(model), "alignment": {"min": args.min}} | (
+        {"compute_dtype": args.compute_dtype} if args.compute_dtype else {}
+    )
+    recipe = ht.write_recipe(
+        d / "recipe.yaml",
+        store := d / "store",
+        manifest,
+        args.rows_per_shard,
+        args.workers,
+        curate=curate,
+        gates={"curate": {"max_removed_rate": 1.0}},
+    )
     env = prefect_env(s.work / "prefect-home", None, **OFFLINE)
     t = timed(s.children, ht.run_command(recipe, "curate"), env, REPO, d / "stderr.log", watch)
     run, res = ht.ToolRun("shardsmith", rnd), ht.summary(t.stdout)
@@ -168,27 +203,44 @@ def agreement(base: dict, ss: dict, lo: float) -> dict:
     worst = diffs[-1] if diffs else 0.0
     differ = [u for u in common if base[u][1] != ss[u][1]]
     return {
-        "common": len(common), "only_baseline": len(base.keys() - ss.keys()), "only_shardsmith": len(ss.keys() - base.keys()),
-        "agree": len(common) - len(differ), "differ": len(differ), "max_diff": worst,
+        "common": len(common),
+        "only_baseline": len(base.keys() - ss.keys()),
+        "only_shardsmith": len(ss.keys() - base.keys()),
+        "agree": len(common) - len(differ),
+        "differ": len(differ),
+        "max_diff": worst,
         "p99_diff": diffs[int(0.99 * (len(diffs) - 1))] if diffs else 0.0,
         "band": sum(abs(ss[u][0] - lo) <= worst for u in common),
         "furthest": max((max(abs(base[u][0] - lo), abs(ss[u][0] - lo)) for u in differ), default=0.0),
-                "examples": [(u.rsplit("/", 1)[-1], round(base[u][0], 4), round(ss[u][0], 4)) for u in differ[:4]],
-    }  # fmt: skip
+        "examples": [(u.rsplit("/", 1)[-1], round(base[u][0], 4), round(ss[u][0], 4)) for u in differ[:4]],
+    }
 
 
 def report(runs: list[ht.ToolRun], agree: list[dict], args) -> list[str]:
     rate, cpu = medians(runs, lambda r: r.rate), medians(runs, lambda r: r.cpu_per_1k)
-    rows = [(r.tool, r.round, f"{r.wall_s:.1f}", f"{r.cpu_s:.1f}", f"{r.rate:.2f}", f"{r.cpu_per_1k:.1f}", r.extra["kept"],
-             "; ".join(f"{k} {w:.1f}" for k, (w, _) in r.extra["stages"].items())) for r in runs]  # fmt: skip
+    rows = [
+        (
+            r.tool,
+            r.round,
+            f"{r.wall_s:.1f}",
+            f"{r.cpu_s:.1f}",
+            f"{r.rate:.2f}",
+            f"{r.cpu_per_1k:.1f}",
+            r.extra["kept"],
+            "; ".join(f"{k} {w:.1f}" for k, (w, _) in r.extra["stages"].items()),
+        )
+        for r in runs
+    ]
     lines = [
-        f"{args.urls} URLs, one distinct image each; {args.workers} processes, {args.rows_per_shard} rows per shard, 256 px border, jpg q95; "  # fmt: skip
+        f"{args.urls} URLs, one distinct image each; {args.workers} processes, {args.rows_per_shard} rows per shard, 256 px border, jpg q95; "
         f"clip_inference --batch_size {args.cr_batch} --num_prepro_workers {args.cr_workers}; alignment min {args.min}; "
-        f"compute_dtype {args.compute_dtype or 'not set'}", "",
-        *table(("pipeline", "round", "wall s", "CPU s", "samples/s", "CPU s / 1k", "kept", "stages (wall s)"), rows), "",
+        f"compute_dtype {args.compute_dtype or 'not set'}",
+        "",
+        *table(("pipeline", "round", "wall s", "CPU s", "samples/s", "CPU s / 1k", "kept", "stages (wall s)"), rows),
+        "",
         f"- shardsmith / baseline: **{rate['shardsmith'] / rate['baseline']:.2f}x** samples/s (target >= 1.5x), "
         f"**{cpu['baseline'] / cpu['shardsmith']:.2f}x** less CPU per sample (medians)",
-    ]  # fmt: skip
+    ]
     for rnd, g in enumerate(agree, 1):
         lines.append(
             f"- decisions, round {rnd}: **{g['agree']} of {g['common']}** matched by URL agree; only in one set: "
@@ -201,11 +253,24 @@ def report(runs: list[ht.ToolRun], agree: list[dict], args) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=2, quiet_wait=60.0, keep="curate-pipeline")
-    p.add_argument("--urls", type=int, default=10_000, help="URLs in the manifest, each a distinct image (500: a smoke run)")  # fmt: skip
-    p.add_argument("--min", type=float, default=-0.021, help="curate.alignment.min and the filter's threshold (about the median score here)")  # fmt: skip
-    p.add_argument("--compute-dtype", choices=("auto", "fp32", "bf16", "fp16"), help="curate.compute_dtype (unset: not in the recipe)")  # fmt: skip
+    p.add_argument(
+        "--urls", type=int, default=10_000, help="URLs in the manifest, each a distinct image (500: a smoke run)"
+    )
+    p.add_argument(
+        "--min",
+        type=float,
+        default=-0.021,
+        help="curate.alignment.min and the filter's threshold (about the median score here)",
+    )
+    p.add_argument(
+        "--compute-dtype",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        help="curate.compute_dtype (unset: not in the recipe)",
+    )
     p.add_argument("--cr-batch", type=int, default=256, help="clip_inference --batch_size (its default)")
-    p.add_argument("--cr-workers", type=int, default=2, help="clip_inference --num_prepro_workers (at most one per shard)")  # fmt: skip
+    p.add_argument(
+        "--cr-workers", type=int, default=2, help="clip_inference --num_prepro_workers (at most one per shard)"
+    )
     p.add_argument("--warmup", type=int, default=64, help="URLs of an untimed run of each pipeline first (0: none)")
     ht.add_tool_flags(p, rows_per_shard=1000)
     args = parse(p, argv)

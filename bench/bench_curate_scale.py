@@ -49,12 +49,20 @@ def make_scores(rows: int, seed: int = 0) -> dict:
         row, draws = pa.array(np.arange(start, start + n, dtype=np.int64)), rng.random((2, n))
         error, no_caption = draws[0] < 0.001, draws[1] < 0.005
         align, aesthetic = rng.normal(0.28, 0.05, n).astype(np.float32), rng.normal(5.0, 0.7, n).astype(np.float32)
-        write_parquet(Storage(str(base)), scores_rel(f), pa.table({
-            "key": pc.binary_join_element_wise("bench-", pc.utf8_lpad(row.cast(pa.string()), 9, "0"), ""),
-            "source": pa.array(["bench"] * n, pa.string()), "row": row,
-            "error": pa.array(np.where(error, "cannot identify image file", None), pa.string()),
-            "alignment": pa.array(align, pa.float32(), mask=error | no_caption),
-            "aesthetic": pa.array(aesthetic, pa.float32(), mask=error)}))  # fmt: skip
+        write_parquet(
+            Storage(str(base)),
+            scores_rel(f),
+            pa.table(
+                {
+                    "key": pc.binary_join_element_wise("bench-", pc.utf8_lpad(row.cast(pa.string()), 9, "0"), ""),
+                    "source": pa.array(["bench"] * n, pa.string()),
+                    "row": row,
+                    "error": pa.array(np.where(error, "cannot identify image file", None), pa.string()),
+                    "alignment": pa.array(align, pa.float32(), mask=error | no_caption),
+                    "aesthetic": pa.array(aesthetic, pa.float32(), mask=error),
+                }
+            ),
+        )
     (base / ".complete").write_text(str(rows))
     return {"files": n_files, "made_s": time.perf_counter() - t0}
 
@@ -73,8 +81,13 @@ def decide_child(kind: str, rows: int, duplicates: float, threads: int, commit: 
 
     base = BENCH_DIR / "decide" / str(rows)
     storage = Storage(str(base))
-    shards = [decide_mod.ShardInput(f"t/{f}.tar", f"l/{f}.parquet", "bench", f, f"e/{f}", scores_rel(f), "run-1") for f in range(-(-rows // PER_FILE))]  # fmt: skip
-    cfg = CurateConfig(model="m", alignment=ScoreRule(keep_top=KEEP_TOP), heads={"aesthetic": HeadConfig(path="x", min=AESTHETIC_MIN)})  # fmt: skip
+    shards = [
+        decide_mod.ShardInput(f"t/{f}.tar", f"l/{f}.parquet", "bench", f, f"e/{f}", scores_rel(f), "run-1")
+        for f in range(-(-rows // PER_FILE))
+    ]
+    cfg = CurateConfig(
+        model="m", alignment=ScoreRule(keep_top=KEEP_TOP), heads={"aesthetic": HeadConfig(path="x", min=AESTHETIC_MIN)}
+    )
     dups: dict[str, tuple[str, float]] = {}
     if duplicates:
         picked = np.flatnonzero(np.random.default_rng(1).random(rows) < duplicates)
@@ -91,8 +104,11 @@ def decide_child(kind: str, rows: int, duplicates: float, threads: int, commit: 
         else:
             more = {"threads": threads} if kind == "decide" else {}
             applied, decisions = decide_mod.decide(storage, DATASET, cfg, shards, dups, **more)
-        return {"cuts": [[c.name, c.low, c.high, c.rule] for c in applied], "digests": [d.digest for d in decisions],
-                "removed": sum(d.removed for d in decisions)}  # fmt: skip
+        return {
+            "cuts": [[c.name, c.low, c.high, c.rule] for c in applied],
+            "digests": [d.digest for d in decisions],
+            "removed": sum(d.removed for d in decisions),
+        }
 
     return measured(work)
 
@@ -102,7 +118,16 @@ def decide(args) -> list[str]:
     kinds = ["cut", "old cut", "decide"] + ([] if args.skip_old_decide else ["old decide"])
     rows, lines = [], []
     for n in args.rows:
-        common = ["--rows", n, "--duplicates", args.duplicates, "--threads", args.threads, "--baseline-commit", args.baseline_commit]  # fmt: skip
+        common = [
+            "--rows",
+            n,
+            "--duplicates",
+            args.duplicates,
+            "--threads",
+            args.threads,
+            "--baseline-commit",
+            args.baseline_commit,
+        ]
         made = run_child(__file__, "make", *common)
         print(f"{n:,} score rows in {made['files']:,} tables (made in {made['made_s']:.0f} s; 0: reused)", flush=True)
         res = {}
@@ -111,16 +136,36 @@ def decide(args) -> list[str]:
                 res[kind] = r = run_child(__file__, *kind.split(), *common)
                 print(f"  {kind}: {r['seconds']:.1f} s, {r['peak_mb']:.0f} MB", flush=True)
         for kind, r in res.items():
-            rows.append((f"{n:,}", kind, f"{r['seconds']:.1f}", f"{r['cpu']:.1f}", f"{r['peak_mb']:.0f}", f"{r['peak_mb'] - r['base_mb']:.0f}", f"{r['removed']:,}" if r["digests"] else ""))  # fmt: skip
+            rows.append(
+                (
+                    f"{n:,}",
+                    kind,
+                    f"{r['seconds']:.1f}",
+                    f"{r['cpu']:.1f}",
+                    f"{r['peak_mb']:.0f}",
+                    f"{r['peak_mb'] - r['base_mb']:.0f}",
+                    f"{r['removed']:,}" if r["digests"] else "",
+                )
+            )
         for new, old in (("cut", "old cut"), ("decide", "old decide")):
             if old in res:
                 o, x = res[old], res[new]
-                lines.append(f"- {n:,} rows, {new}: old / new **{o['seconds'] / x['seconds']:.2f}x** wall, {o['peak_mb'] / x['peak_mb']:.2f}x peak RSS")  # fmt: skip
+                lines.append(
+                    f"- {n:,} rows, {new}: old / new **{o['seconds'] / x['seconds']:.2f}x** wall, {o['peak_mb'] / x['peak_mb']:.2f}x peak RSS"
+                )
         same = all(r["cuts"] == res["cut"]["cuts"] for r in res.values())
         fates = fmt(None) if "old decide" not in res else res["decide"]["digests"] == res["old decide"]["digests"]
-        lines.append(f"- {n:,} rows: the cuts the same in every run: {same} ({res['cut']['cuts']}); every fates table the same: {fates}")  # fmt: skip
+        lines.append(
+            f"- {n:,} rows: the cuts the same in every run: {same} ({res['cut']['cuts']}); every fates table the same: {fates}"
+        )
     head = ("rows", "", "wall s", "CPU s", "peak RSS MB", "over imports MB", "removed")
-    return [f"Keep the top {KEEP_TOP:.0%} by alignment and aesthetic >= {AESTHETIC_MIN}; a fresh process each", "", *table(head, rows, "llrrrrr"), "", *lines]  # fmt: skip
+    return [
+        f"Keep the top {KEEP_TOP:.0%} by alignment and aesthetic >= {AESTHETIC_MIN}; a fresh process each",
+        "",
+        *table(head, rows, "llrrrrr"),
+        "",
+        *lines,
+    ]
 
 
 def make_embeddings(base: Path, rows: int, seed: int = 0) -> tuple[list[str], set[tuple[str, str]]]:
@@ -155,8 +200,21 @@ def make_embeddings(base: Path, rows: int, seed: int = 0) -> tuple[list[str], se
         files.append(path := f"emb/{f:05d}.parquet")
         vec = pa.FixedSizeListArray.from_arrays(pa.array(x.astype(np.float16).reshape(-1)), DIM)
         if not (base / path).exists():
-            write_parquet(Storage(str(base)), path, pa.table({"key": keys, "source": ["bench"] * n, "row": pa.array(range(f * PER_FILE, f * PER_FILE + n), pa.int64()),  # fmt: skip
-                                                              "image": vec, "text": vec, "error": pa.nulls(n, pa.string())}, schema=embedding_schema(DIM)))  # fmt: skip
+            write_parquet(
+                Storage(str(base)),
+                path,
+                pa.table(
+                    {
+                        "key": keys,
+                        "source": ["bench"] * n,
+                        "row": pa.array(range(f * PER_FILE, f * PER_FILE + n), pa.int64()),
+                        "image": vec,
+                        "text": vec,
+                        "error": pa.nulls(n, pa.string()),
+                    },
+                    schema=embedding_schema(DIM),
+                ),
+            )
     return files, planted
 
 
@@ -189,7 +247,11 @@ def semdedup(args) -> list[str]:
         for rnd in range(1, args.repeats + 1):
             shutil.rmtree(base / "sd", ignore_errors=True)
             storage, steps = Storage(str(base)), {}
-            with TreeSampler(interval=0.2) as mem, LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
+            with (
+                TreeSampler(interval=0.2) as mem,
+                LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster,
+                Client(cluster) as client,
+            ):
 
                 def mapper(fn, arglist, steps=steps, client=client):
                     t0 = time.perf_counter()
@@ -204,31 +266,66 @@ def semdedup(args) -> list[str]:
             recall = len(copies & set(found)) / max(len(copies), 1)
             precision = len({(k, v[0]) for k, v in found.items()} & planted) / max(len(found), 1)
             print(f"  round {rnd}, {rows:,} rows: {wall:.1f} s", flush=True)
-        rows_out.append((f"{rows:,}", f"{wall:.1f}", " / ".join(f"{v:.1f}" for v in steps.values()), f"{mem.peak_rss / 2**30:.2f}", f"{recall:.3f}", f"{precision:.3f}", f"{len(found):,}"))  # fmt: skip
+        rows_out.append(
+            (
+                f"{rows:,}",
+                f"{wall:.1f}",
+                " / ".join(f"{v:.1f}" for v in steps.values()),
+                f"{mem.peak_rss / 2**30:.2f}",
+                f"{recall:.3f}",
+                f"{precision:.3f}",
+                f"{len(found):,}",
+            )
+        )
         if args.exact and rows <= 200_000:
             t = time.perf_counter()
             ex = exact(storage, files, args.threshold)
             et, agree = time.perf_counter() - t, len(set(found) & set(ex)) / max(len(ex), 1)
-            lines.append(f"- baseline at {rows:,} rows, exact all pairs: {et:.1f} s (**{et / wall:.2f}x** the clustered method's time), {len(ex):,} duplicates, of which the clustered method finds {agree:.3f}")  # fmt: skip
-    head = ("rows", "wall s", f"{' / '.join(steps)} s", "peak RSS GiB, process tree", "recall of planted copies", "precision", "duplicates")  # fmt: skip
+            lines.append(
+                f"- baseline at {rows:,} rows, exact all pairs: {et:.1f} s (**{et / wall:.2f}x** the clustered method's time), {len(ex):,} duplicates, of which the clustered method finds {agree:.3f}"
+            )
+    head = (
+        "rows",
+        "wall s",
+        f"{' / '.join(steps)} s",
+        "peak RSS GiB, process tree",
+        "recall of planted copies",
+        "precision",
+        "duplicates",
+    )
     return [f"threshold {args.threshold}; the last round of each size", "", *table(head, rows_out), "", *lines]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=1)
     p.add_argument("--stage", choices=tuple(ROWS), default="decide", help="what is measured (default decide)")
-    p.add_argument("--rows", type=int, nargs="+", help="rows, each size in turn (default: decide 100000 10000000, semdedup 100000 1000000)")  # fmt: skip
-    p.add_argument("--duplicates", type=float, default=0.0, help="decide: share of keys with a semantic duplicate (default 0)")  # fmt: skip
+    p.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        help="rows, each size in turn (default: decide 100000 10000000, semdedup 100000 1000000)",
+    )
+    p.add_argument(
+        "--duplicates", type=float, default=0.0, help="decide: share of keys with a semantic duplicate (default 0)"
+    )
     p.add_argument("--threads", type=int, default=4, help="decide's threads (default 4, its default)")
     p.add_argument("--baseline-commit", default=BASELINE_COMMIT, help=f"the old decide's commit ({BASELINE_COMMIT})")
     p.add_argument("--skip-old-decide", action="store_true", help="leave the old decide out (the old cut stays)")
     p.add_argument("--threshold", type=float, default=0.95, help="semdedup: the cosine of a duplicate (default 0.95)")
-    p.add_argument("--exact", action="store_true", help="semdedup: also the exact all-pairs baseline (sizes <= 200,000)")  # fmt: skip
+    p.add_argument(
+        "--exact", action="store_true", help="semdedup: also the exact all-pairs baseline (sizes <= 200,000)"
+    )
     args = parse(p, argv)
     args.rows = args.rows or ROWS[args.stage]
     if args.child:
         rows, kind = args.rows[0], " ".join(args.child)
-        print(json.dumps(make_scores(rows) if kind == "make" else decide_child(kind, rows, args.duplicates, args.threads, args.baseline_commit)))  # fmt: skip
+        print(
+            json.dumps(
+                make_scores(rows)
+                if kind == "make"
+                else decide_child(kind, rows, args.duplicates, args.threads, args.baseline_commit)
+            )
+        )
         return 0
     lines = decide(args) if args.stage == "decide" else semdedup(args)
     title = "Decisions at scale" if args.stage == "decide" else "Semantic dedup at scale"

@@ -50,10 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     demo = BENCH_DIR / "curation" / f"demo-{args.images}"
     server, expected = prepare_demo(demo, n=args.images, port=0)
     try:
-        sets = ["validate.dedup.near=false", "validate.dedup.exact=false", "curate.alignment=null",
-                "curate.heads.watermark.max=null", "curate.semdedup=null", "gates.curate.max_removed_rate=1"]  # fmt: skip
+        sets = [
+            "validate.dedup.near=false",
+            "validate.dedup.exact=false",
+            "curate.alignment=null",
+            "curate.heads.watermark.max=null",
+            "curate.semdedup=null",
+            "gates.curate.max_removed_rate=1",
+        ]
         cmd = run_command(REPO / "recipes" / "demo.yaml", "curate", *sets)
-        out = subprocess.run(cmd, env=child_env(SHARDSMITH_DEMO_DIR=str(demo)), capture_output=True, text=True, cwd=REPO)  # fmt: skip
+        out = subprocess.run(
+            cmd, env=child_env(SHARDSMITH_DEMO_DIR=str(demo)), capture_output=True, text=True, cwd=REPO
+        )
         if out.returncode:
             print(out.stderr[-3000:])
             return 1
@@ -75,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     w_auc = auc(wm[is_wm], wm[~is_wm])
 
     # Pairs: every pair of curated samples; the true ones are (copy, its original).
-    val = [r for p in result["validate"]["ledgers"] for r in pq.read_table(store / p, columns=["key", "status", "phash"]).to_pylist()]  # fmt: skip
+    val = [
+        r
+        for p in result["validate"]["ledgers"]
+        for r in pq.read_table(store / p, columns=["key", "status", "phash"]).to_pylist()
+    ]
     phash, vectors = {r["key"]: r["phash"] for r in val if r["status"] == "ok"}, {}
     for f in sorted((store / "demo" / "curate" / "embeddings").rglob("*.parquet")):
         t = pq.read_table(f, columns=["key", "image"])
@@ -85,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     keys = sorted(k for k in by_key if k in vectors and k in phash)
     # The original of each copy, by picture name: the manifests say which row holds which picture.
     original_key = _original_keys(demo, expected)
-    true_pairs = {frozenset((c, original_key[c])) for c, v in truth.items() if v["kind"] == "copy" and c in vectors and original_key[c] in vectors}  # fmt: skip
+    true_pairs = {
+        frozenset((c, original_key[c]))
+        for c, v in truth.items()
+        if v["kind"] == "copy" and c in vectors and original_key[c] in vectors
+    }
     x = np.stack([vectors[k] for k in keys])
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     ph = np.array([phash[k] for k in keys], dtype=np.uint64)
@@ -95,24 +111,42 @@ def main(argv: list[str] | None = None) -> int:
     is_true = np.array([frozenset((keys[i], keys[j])) in true_pairs for i, j in zip(*iu)])
     n_true = len(true_pairs)
 
-    rows = [("alignment: ROC AUC of the mismatched captions (target >= 0.95)", f"**{a_auc:.3f}**",
-             f"mismatched at most {align[is_mis].max():.3f}, others at least {align[~is_mis].min():.3f}"),
-            ("watermark head: ROC AUC of the watermarked", f"{w_auc:.3f}", f"marked at least {wm[is_wm].min():.3f}, others at most {wm[~is_wm].max():.3f}")]  # fmt: skip
+    rows = [
+        (
+            "alignment: ROC AUC of the mismatched captions (target >= 0.95)",
+            f"**{a_auc:.3f}**",
+            f"mismatched at most {align[is_mis].max():.3f}, others at least {align[~is_mis].min():.3f}",
+        ),
+        (
+            "watermark head: ROC AUC of the watermarked",
+            f"{w_auc:.3f}",
+            f"marked at least {wm[is_wm].min():.3f}, others at most {wm[~is_wm].max():.3f}",
+        ),
+    ]
     for p in (1.0, 0.95, 0.9):
         r_e, t_e = best_recall(cos, is_true, n_true, p)
         r_p, t_p = best_recall(-ham.astype(float), is_true, n_true, p)
-        rows.append((f"copies found at precision >= {p:.2f}: embedding cosine / pHash (the baseline)", f"**{r_e / max(r_p, 1e-9):.2f}x**",  # fmt: skip
-                     f"recall {r_e:.3f} (cos >= {t_e:.4f}) / {r_p:.3f} (Hamming <= {-t_p:g}); target: recall >= 0.9, above pHash's"))  # fmt: skip
+        rows.append(
+            (
+                f"copies found at precision >= {p:.2f}: embedding cosine / pHash (the baseline)",
+                f"**{r_e / max(r_p, 1e-9):.2f}x**",
+                f"recall {r_e:.3f} (cos >= {t_e:.4f}) / {r_p:.3f} (Hamming <= {-t_p:g}); target: recall >= 0.9, above pHash's",
+            )
+        )
     by_kind: dict[str, list[float]] = {}
     for c, v in truth.items():
         if v["kind"] == "copy" and c in vectors and original_key[c] in vectors:
             by_kind.setdefault(v["augmentation"], []).append(float(x[keys.index(c)] @ x[keys.index(original_key[c])]))
     lines = [
-        f"The demo corpus of {args.images} pictures: {len(by_key)} curated samples, {len(cos):,} pairs; {int(is_mis.sum())} mismatched captions, "  # fmt: skip
-        f"{n_true} copies, {int(is_wm.sum())} watermarked", "", *table(("figure", "value", "detail"), rows, "lrl"), "",
-        "- copy cosine to its original: " + ", ".join(f"{k} {min(v):.3f}..{max(v):.3f}" for k, v in sorted(by_kind.items())),  # fmt: skip
+        f"The demo corpus of {args.images} pictures: {len(by_key)} curated samples, {len(cos):,} pairs; {int(is_mis.sum())} mismatched captions, "
+        f"{n_true} copies, {int(is_wm.sum())} watermarked",
+        "",
+        *table(("figure", "value", "detail"), rows, "lrl"),
+        "",
+        "- copy cosine to its original: "
+        + ", ".join(f"{k} {min(v):.3f}..{max(v):.3f}" for k, v in sorted(by_kind.items())),
         f"- distinct pairs' cosine: p99.9 {np.percentile(cos[~is_true], 99.9):.4f}, max {cos[~is_true].max():.4f}",
-    ]  # fmt: skip
+    ]
     emit("Do the scores mean something? (`bench_curation_quality.py`)", lines, argv, args.markdown)
     return 0
 

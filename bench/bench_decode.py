@@ -62,10 +62,29 @@ def main(argv: list[str] | None = None) -> int:
     for fmt, weight in MIX.items():
         c = {path: cpu[f"{fmt} {path}"] for path in PATHS}
         mixed = {k: v + weight * c[k] for k, v in mixed.items()}
-        rows.append([fmt, len(pool[fmt]), *(f"{c[k]:.1f}" for k in PATHS), f"{c['new'] / c['old']:.2f}", f"{c['new'] / c['full']:.2f}"])  # fmt: skip
-    rows.append(["**mix 80/10/10**", "", *(f"{v:.2f}" for v in mixed.values()), f"**{mixed['new'] / mixed['old']:.2f}**", f"**{mixed['new'] / mixed['full']:.2f}**"])  # fmt: skip
-    lines = [f"`process_image`, border {SIDE} px, JPEG q95, CPU ms per image (medians of {args.repeats} rounds, {args.threads} threads)",  # fmt: skip
-             "", *table(["format", "images", "old", "full", "new", "new / old", "new / full"], rows)]  # fmt: skip
+        rows.append(
+            [
+                fmt,
+                len(pool[fmt]),
+                *(f"{c[k]:.1f}" for k in PATHS),
+                f"{c['new'] / c['old']:.2f}",
+                f"{c['new'] / c['full']:.2f}",
+            ]
+        )
+    rows.append(
+        [
+            "**mix 80/10/10**",
+            "",
+            *(f"{v:.2f}" for v in mixed.values()),
+            f"**{mixed['new'] / mixed['old']:.2f}**",
+            f"**{mixed['new'] / mixed['full']:.2f}**",
+        ]
+    )
+    lines = [
+        f"`process_image`, border {SIDE} px, JPEG q95, CPU ms per image (medians of {args.repeats} rounds, {args.threads} threads)",
+        "",
+        *table(["format", "images", "old", "full", "new", "new / old", "new / full"], rows),
+    ]
     emit("Decoding per format (`bench_decode.py`)", lines, argv, args.markdown)
     return 0
 

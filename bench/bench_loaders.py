@@ -60,7 +60,9 @@ def _wds_latent(sample):
     import torch
 
     # What a webdataset user writes: numpy.load of each member (float16 here, no bf16 view).
-    return {k: torch.from_numpy(np.load(io.BytesIO(v), allow_pickle=False)) for k, v in sample.items() if k.endswith(".npy")}  # fmt: skip
+    return {
+        k: torch.from_numpy(np.load(io.BytesIO(v), allow_pickle=False)) for k, v in sample.items() if k.endswith(".npy")
+    }
 
 
 def _collate_tuples(batch):
@@ -86,7 +88,15 @@ def run_method(method: str, release, args) -> dict:
     if method.startswith("dali-"):
         from loaders.dali import DaliLoader
 
-        dl = DaliLoader(release, args.batch, latents=True, image_size=SIZE, device_id=None, num_threads=max(1, args.workers), initial_fill=256)  # fmt: skip
+        dl = DaliLoader(
+            release,
+            args.batch,
+            latents=True,
+            image_size=SIZE,
+            device_id=None,
+            num_threads=max(1, args.workers),
+            initial_fill=256,
+        )
         with clock(process_cpu) as lap:
             n = sum(b["valid"] for b in dl)
         return {"tool": method, "samples": n, "samples/s": n / lap.wall, "per CPU s": n / lap.cpu}
@@ -95,7 +105,9 @@ def run_method(method: str, release, args) -> dict:
             import webdataset as wds
 
             shards = [release.local_path(s.name) for s in (release.precache_shards if latents else release.shards)]
-            ds = wds.WebDataset(shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False).shuffle(256)  # fmt: skip
+            ds = wds.WebDataset(
+                shards, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False
+            ).shuffle(256)
             if latents:
                 ds, collate = ds.map(_wds_latent), _collate_dicts
             else:
@@ -130,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [f"{d[m] / d[base]:.2f}x" if base in d else "-" for d in (rate, per_cpu)]
         rows.append((m, f"{rate[m]:.1f}", ratios[0], f"{per_cpu[m]:.1f}", ratios[1], base))
     lines = [
-        f"{release.samples} samples in {len(release.shards)} shards, batch {args.batch}, {args.workers} DataLoader workers; medians of {args.repeats} rounds",  # fmt: skip
-        "", *table(("method", "samples/s", "ratio", "samples per CPU s", "ratio", "baseline"), rows),
-    ]  # fmt: skip
+        f"{release.samples} samples in {len(release.shards)} shards, batch {args.batch}, {args.workers} DataLoader workers; medians of {args.repeats} rounds",
+        "",
+        *table(("method", "samples/s", "ratio", "samples per CPU s", "ratio", "baseline"), rows),
+    ]
     emit("Loaders (`bench_loaders.py`)", lines, argv, args.markdown)
     return 0
 

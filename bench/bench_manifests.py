@@ -30,9 +30,13 @@ def _table(start: int, n: int):
     i = pa.array(np.arange(start, start + n, dtype=np.int64)).cast(pa.string())
     pool = pa.array([f"p{k:04d}.jpg?u=" for k in range(400)])
     picked = pool.take(pa.array(np.arange(start, start + n) % 400))
-    return pa.table({"url": pc.binary_join_element_wise("http://127.0.0.1:8765/img/", picked, i, ""),
-                     "caption": pc.binary_join_element_wise("a generated photo, number ", i, ", of a red shape", ""),
-                     "license": pa.array(["CC-BY-4.0"] * n)})  # fmt: skip
+    return pa.table(
+        {
+            "url": pc.binary_join_element_wise("http://127.0.0.1:8765/img/", picked, i, ""),
+            "caption": pc.binary_join_element_wise("a generated photo, number ", i, ", of a red shape", ""),
+            "license": pa.array(["CC-BY-4.0"] * n),
+        }
+    )
 
 
 def make_manifests(rows: int) -> tuple[Path, Path]:
@@ -57,7 +61,9 @@ def make_manifests(rows: int) -> tuple[Path, Path]:
             out.write(b"url,caption,license\n")
             for start in range(0, rows, 500_000):
                 t = _table(start, min(500_000, rows - start))
-                lines = pc.binary_join_element_wise(t["url"], pc.binary_join_element_wise('"', t["caption"], '"', ""), t["license"], ",")  # fmt: skip
+                lines = pc.binary_join_element_wise(
+                    t["url"], pc.binary_join_element_wise('"', t["caption"], '"', ""), t["license"], ","
+                )
                 out.write("\n".join(lines.to_pylist()).encode() + b"\n")
         tmp.rename(csv_path)
     return folder, csv_path
@@ -86,7 +92,12 @@ def plan(module, source_config: type, kind: str, manifest: str, storage, rows_pe
     """Plan the manifest with the reader ``kind`` names (``module``, with its ``SourceConfig``); returns its rows."""
     if kind == "old":  # one file at a time: it reads single files only
         files = sorted(Path(manifest).glob("part-*.parquet")) if Path(manifest).is_dir() else [Path(manifest)]
-        return sum(module.plan_source(source_config(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b").rows for i, f in enumerate(files))  # fmt: skip
+        return sum(
+            module.plan_source(
+                source_config(name=f"web{i}", manifest=str(f), rows_per_shard=rows_per_shard), storage, "b"
+            ).rows
+            for i, f in enumerate(files)
+        )
     src = source_config(name="web", manifest=manifest, rows_per_shard=rows_per_shard)
     if kind == "new x2":
         import concurrent.futures
@@ -100,14 +111,27 @@ def plan(module, source_config: type, kind: str, manifest: str, storage, rows_pe
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=1)
-    p.add_argument("--sizes", default="1000000,10000000", help="manifest rows, comma-separated (default 1000000,10000000)")  # fmt: skip
+    p.add_argument(
+        "--sizes", default="1000000,10000000", help="manifest rows, comma-separated (default 1000000,10000000)"
+    )
     p.add_argument("--rows-per-shard", type=int, default=10_000, help="rows per chunk (default 10000)")
     p.add_argument("--old-rows", type=int, default=200_000, help="rows the old reader plans (default 200000)")
-    p.add_argument("--baseline-commit", default=BASELINE_COMMIT, help=f"commit of the old reader (default {BASELINE_COMMIT})")  # fmt: skip
+    p.add_argument(
+        "--baseline-commit", default=BASELINE_COMMIT, help=f"commit of the old reader (default {BASELINE_COMMIT})"
+    )
     p.add_argument("--skip-old", action="store_true", help="leave the old reader out")
     args = parse(p, argv)
     sizes = sorted(int(x) for x in args.sizes.split(","))
-    common = ["--rows-per-shard", args.rows_per_shard, "--baseline-commit", args.baseline_commit, "--sizes", args.sizes, "--old-rows", args.old_rows]  # fmt: skip
+    common = [
+        "--rows-per-shard",
+        args.rows_per_shard,
+        "--baseline-commit",
+        args.baseline_commit,
+        "--sizes",
+        args.sizes,
+        "--old-rows",
+        args.old_rows,
+    ]
     if args.child and args.child[0] == "prepare":
         made = {n: [str(x) for x in make_manifests(n)] for n in sizes}
         if not args.skip_old:
@@ -129,19 +153,42 @@ def main(argv: list[str] | None = None) -> int:
                     ["new"] + (["new x2"] if i == 0 else []) + (["old"] if not args.skip_old and n == sizes[-1] else [])
                 )
                 for kind in kinds:
-                    res[(kind, shape, n)] = r = run_child(__file__, kind, made["old"][i] if kind == "old" else manifest, *common)  # fmt: skip
+                    res[(kind, shape, n)] = r = run_child(
+                        __file__, kind, made["old"][i] if kind == "old" else manifest, *common
+                    )
                     print(f"  {shape}, {n:,} rows, {kind}: {r.get('seconds', 0):.1f} s", flush=True)
-    rows = [(shape, f"{r['rows']:,}", kind, f"{r['seconds']:.1f}", f"{r['rows'] / r['seconds']:,.0f}", f"{r['cpu']:.1f}", f"{r['rows'] / r['cpu']:,.0f}", f"{r['peak_mb']:.0f} ({r['peak_mb'] - r['base_mb']:.0f})")  # fmt: skip
-            for (kind, shape, n), r in res.items()]  # fmt: skip
-    lines = [f"plan_source, {args.rows_per_shard:,} rows per chunk, chunk files written", "",
-             *table(("manifest", "rows", "reader", "wall s", "rows/s", "CPU s", "rows per CPU s", "peak RSS MB (over imports)"), rows, "lrlrrrrr"), ""]  # fmt: skip
+    rows = [
+        (
+            shape,
+            f"{r['rows']:,}",
+            kind,
+            f"{r['seconds']:.1f}",
+            f"{r['rows'] / r['seconds']:,.0f}",
+            f"{r['cpu']:.1f}",
+            f"{r['rows'] / r['cpu']:,.0f}",
+            f"{r['peak_mb']:.0f} ({r['peak_mb'] - r['base_mb']:.0f})",
+        )
+        for (kind, shape, n), r in res.items()
+    ]
+    lines = [
+        f"plan_source, {args.rows_per_shard:,} rows per chunk, chunk files written",
+        "",
+        *table(
+            ("manifest", "rows", "reader", "wall s", "rows/s", "CPU s", "rows per CPU s", "peak RSS MB (over imports)"),
+            rows,
+            "lrlrrrrr",
+        ),
+        "",
+    ]
     big, small = sizes[-1], sizes[0]
     for shape in ("parquet folder", "csv, 1 file"):
         new, old = res[("new", shape, big)], res.get(("old", shape, big))
         line = f"- {shape}, {big:,} rows: new {new['rows'] / new['seconds']:,.0f} rows/s"
         if old:
-            line += f"; new / old **{new['rows'] / new['seconds'] / (old['rows'] / old['seconds']):.1f}x** wall, {new['rows'] / new['cpu'] / (old['rows'] / old['cpu']):.1f}x per CPU second"  # fmt: skip
-        lines.append(line + f"; peak RSS {big:,} / {small:,} rows: {new['peak_mb'] / res[('new', shape, small)]['peak_mb']:.2f}x")  # fmt: skip
+            line += f"; new / old **{new['rows'] / new['seconds'] / (old['rows'] / old['seconds']):.1f}x** wall, {new['rows'] / new['cpu'] / (old['rows'] / old['cpu']):.1f}x per CPU second"
+        lines.append(
+            line + f"; peak RSS {big:,} / {small:,} rows: {new['peak_mb'] / res[('new', shape, small)]['peak_mb']:.2f}x"
+        )
     emit("Manifest planning (`bench_manifests.py`)", lines, argv, args.markdown)
     return 0
 

@@ -32,9 +32,25 @@ def make_model(path: Path) -> Path:
     make_tokenizer(path, 77)
     tok = AutoTokenizer.from_pretrained(path)
     torch.manual_seed(0)
-    text = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8, vocab_size=49408,
-                max_position_embeddings=77, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
-    vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=32)  # fmt: skip
+    text = dict(
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=8,
+        vocab_size=49408,
+        max_position_embeddings=77,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    vision = dict(
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        image_size=224,
+        patch_size=32,
+    )
     CLIPModel(CLIPConfig(projection_dim=512, text_config=text, vision_config=vision)).save_pretrained(path)
     return path
 
@@ -49,7 +65,9 @@ def make_t5_small(path: Path) -> Path:
 
         make_tokenizer(path, 77)
         torch.manual_seed(0)
-        T5EncoderModel(T5Config(d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128)).save_pretrained(path)  # fmt: skip
+        T5EncoderModel(
+            T5Config(d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128)
+        ).save_pretrained(path)
     return path
 
 
@@ -86,12 +104,17 @@ class Curate:
         def one(i: int) -> Verdict:
             jpg, caption = demo_jpeg(i)
             members = {"jpg": jpg, "json": json.dumps({"caption": caption}).encode(), "txt": caption.encode()}
-            return Verdict({"key": f"bench-{i:09d}", "source": "bench", "row": i, "status": "ok", "reason": None}, members=members)  # fmt: skip
+            return Verdict(
+                {"key": f"bench-{i:09d}", "source": "bench", "row": i, "status": "ok", "reason": None}, members=members
+            )
 
         run_shard(self.storage, self.tar, self.ledger, lambda: range(args.samples), one, source="bench", index=0)
         dtype = compute_dtype(args.compute_dtype, args.device)
         decode = "gpu" if args.device == "cuda" else "cpu"
-        self.cfgs = {m: CurateConfig(model=str(model), decode=decode, device=args.device, batch_size=args.batch, compute_dtype=d) for m, d in (("baseline", "fp32"), ("new", dtype))}  # fmt: skip
+        self.cfgs = {
+            m: CurateConfig(model=str(model), decode=decode, device=args.device, batch_size=args.batch, compute_dtype=d)
+            for m, d in (("baseline", "fp32"), ("new", dtype))
+        }
         self.encs = {
             m: load_encoder(str(model), None, None, args.device, c.compute_dtype)[0] for m, c in self.cfgs.items()
         }
@@ -104,7 +127,12 @@ class Curate:
         self.captions = _captions(local.tar, rows)
         local.close()
         tokens = [len(self.encs["new"].tokenizer(c)["input_ids"]) for c in self.captions.values()]
-        self.labels = {"baseline": "fp32, captions padded to 77" if args.baseline == "fp32-77" else "fp32, captions at their length", "new": f"{dtype}, captions at their length"}  # fmt: skip
+        self.labels = {
+            "baseline": "fp32, captions padded to 77"
+            if args.baseline == "fp32-77"
+            else "fp32, captions at their length",
+            "new": f"{dtype}, captions at their length",
+        }
         self.about = f"ViT-B/32-sized CLIP; captions {min(tokens)}-{max(tokens)} tokens (mean {np.mean(tokens):.1f})"
 
     def stage(self, mode: str, rnd: int) -> str:
@@ -132,7 +160,10 @@ class Curate:
 
         cos = {}
         for col in ("image", "text"):
-            a, b = (np.asarray(pq.read_table(self.base / outs[m], columns=[col]).column(col).to_pylist(), np.float32) for m in ("baseline", "new"))  # fmt: skip
+            a, b = (
+                np.asarray(pq.read_table(self.base / outs[m], columns=[col]).column(col).to_pylist(), np.float32)
+                for m in ("baseline", "new")
+            )
             cos[col] = float((a * b).sum(axis=1).min())
         return f"lowest cosine to the baseline's embeddings: image {cos['image']:.4f}, text {cos['text']:.4f}"
 
@@ -153,7 +184,9 @@ class Padded77:
 
         out, step = [], batch_size or len(captions)
         for at in range(0, len(captions), step):
-            tok = self.enc.tokenizer(captions[at : at + step], padding="max_length", truncation=True, max_length=77, return_tensors="pt")  # fmt: skip
+            tok = self.enc.tokenizer(
+                captions[at : at + step], padding="max_length", truncation=True, max_length=77, return_tensors="pt"
+            )
             with torch.inference_mode():
                 out.append(_normalised(self.enc.model.get_text_features(**tok)))
         return np.concatenate(out)
@@ -188,16 +221,27 @@ class Precache:
         sha = hashlib.sha256(self.storage.read_bytes(rel)).hexdigest()
         self.shard = PrecacheInput(rel, sha, tuple(pickle.loads(self.storage.read_bytes(records))))
         decode = "gpu" if args.device == "cuda" else "cpu"
-        self.cfgs = {m: PrecacheConfig(image_latents={"model": str(self.models["vae"]), "resolution": args.resolution},
-                                       text={"model": str(text), "max_length": 77}, batch_size=args.batch, decode=decode,
-                                       device=args.device, dtype="fp32", compute_dtype=d)
-                     for m, d in (("baseline", "fp32"), ("new", args.compute_dtype))}  # fmt: skip
+        self.cfgs = {
+            m: PrecacheConfig(
+                image_latents={"model": str(self.models["vae"]), "resolution": args.resolution},
+                text={"model": str(text), "max_length": 77},
+                batch_size=args.batch,
+                decode=decode,
+                device=args.device,
+                dtype="fp32",
+                compute_dtype=d,
+            )
+            for m, d in (("baseline", "fp32"), ("new", args.compute_dtype))
+        }
         self.encs = {m: load_encoders(c)[0] for m, c in self.cfgs.items()}
         self.encs["baseline"].encode_text = padded_text(self.encs["baseline"])
         self.batches = collect_batches(self.storage, self.shard, self.cfgs["new"])
         for enc in self.encs.values():
             run_encoders(enc, self.batches[:1])  # warm-up: first-call allocations
-        self.labels = {"baseline": "fp32, captions padded to 77", "new": f"{args.compute_dtype}, each batch at its longest caption"}  # fmt: skip
+        self.labels = {
+            "baseline": "fp32, captions padded to 77",
+            "new": f"{args.compute_dtype}, each batch at its longest caption",
+        }
         self.about = f"the demo's VAE at {args.resolution} px, text encoder t5-small; new: {self.encs['new'].dtypes}"
 
     def stage(self, mode: str, rnd: int) -> str:
@@ -214,13 +258,17 @@ class Precache:
 
         def arrays(rel):
             with self.storage.open(rel, "rb") as fh:
-                return {s.key: {m: np.load(io.BytesIO(d)) for m, d in s.members.items()} for s in iter_samples(fh, path=rel)}  # fmt: skip
+                return {
+                    s.key: {m: np.load(io.BytesIO(d)) for m, d in s.members.items()} for s in iter_samples(fh, path=rel)
+                }
 
         a, b = arrays(outs["baseline"]), arrays(outs["new"])
         lat = [np.stack([x[k]["latent_mean.npy"] for k in a]).astype(np.float64) for x in (a, b)]
         rms = float(np.sqrt(((lat[0] - lat[1]) ** 2).mean() / (lat[0] ** 2).mean()))
-        masked = max(float(np.abs((a[k]["text_emb.npy"] - b[k]["text_emb.npy"])[a[k]["text_mask.npy"] > 0]).max()) for k in a)  # fmt: skip
-        return f"latent_mean relative RMS difference {rms:.4f}; caption states where the mask is 1 at most {masked:.4f} apart"  # fmt: skip
+        masked = max(
+            float(np.abs((a[k]["text_emb.npy"] - b[k]["text_emb.npy"])[a[k]["text_mask.npy"] > 0]).max()) for k in a
+        )
+        return f"latent_mean relative RMS difference {rms:.4f}; caption states where the mask is 1 at most {masked:.4f} apart"
 
 
 def run_encoders(enc, batches: list) -> None:
@@ -241,7 +289,9 @@ def padded_text(enc):
     import torch
 
     def encode_text(captions):
-        tok = enc.tokenizer(captions, padding="max_length", truncation=True, max_length=enc.cfg.text.max_length, return_tensors="pt")  # fmt: skip
+        tok = enc.tokenizer(
+            captions, padding="max_length", truncation=True, max_length=enc.cfg.text.max_length, return_tensors="pt"
+        )
         with torch.inference_mode():
             out = enc.text(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"])
         return {"text_emb.npy": out.last_hidden_state, "text_mask.npy": tok["attention_mask"].to(torch.uint8)}
@@ -264,7 +314,12 @@ def collect_batches(storage: Storage, shard, cfg) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: on a GPU, decoding there too (exits 2 without one)")  # fmt: skip
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: on a GPU, decoding there too (exits 2 without one)",
+    )
     p.add_argument("--stage", choices=["curate", "precache"], default="curate")
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--batch", type=int, help="batch size (default: 32 for curate, 16 for precache)")
@@ -300,10 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         s, e = med(stage[mode]), med(alone[mode])
         rows.append((bench.labels[mode], f"{n / s:.2f}", f"{n / e:.2f}", f"{e / s:.3f}"))
     lines = [
-        f"{args.stage}: {n} demo images, batch {args.batch}, {args.device}, torch threads {args.threads}; {bench.about}; medians of {args.repeats} rounds",  # fmt: skip
-        "", *table(("mode", "stage samples/s", "encoders alone samples/s", "encoders' share of the stage"), rows), "",
+        f"{args.stage}: {n} demo images, batch {args.batch}, {args.device}, torch threads {args.threads}; {bench.about}; medians of {args.repeats} rounds",
+        "",
+        *table(("mode", "stage samples/s", "encoders alone samples/s", "encoders' share of the stage"), rows),
+        "",
         f"- new / baseline, stage samples/s: **{med(stage['baseline']) / med(stage['new']):.2f}x**; {bench.apart(outs)}",
-    ]  # fmt: skip
+    ]
     emit(f"Model stages (`bench_models.py --stage {args.stage}`)", lines, argv, args.markdown)
     return 0
 

@@ -44,9 +44,17 @@ def packing(args) -> list[str]:
     secs: dict[str, list[float]] = {}
     packs: dict[str, list] = {}
     for _ in range(args.repeats):
-        for name, fn in (("sorted (baseline)", None), ("balanced_greedy", pk.pack_balanced_greedy), ("ffd", pk.pack_first_fit_decreasing)):  # fmt: skip
+        for name, fn in (
+            ("sorted (baseline)", None),
+            ("balanced_greedy", pk.pack_balanced_greedy),
+            ("ffd", pk.pack_first_fit_decreasing),
+        ):
             with clock() as lap:
-                got = sorted(capped) if fn is None else fn(list(capped), cfg.budget, images.tolist(), cfg.max_images, tiles.tolist(), cfg.max_tiles)  # fmt: skip
+                got = (
+                    sorted(capped)
+                    if fn is None
+                    else fn(list(capped), cfg.budget, images.tolist(), cfg.max_images, tiles.tolist(), cfg.max_tiles)
+                )
             secs.setdefault(name, []).append(lap.wall)
             packs[name] = got
     base = med(secs["sorted (baseline)"])
@@ -57,16 +65,19 @@ def packing(args) -> list[str]:
     order = np.random.default_rng(args.seed + 1).permutation(len(capped))
     pad = pk.pad_to_longest_ratio(np.asarray(capped)[order], args.batch)
     fill, dropped = pk.fixed_drop_ratio(tokens, 512)
-    rows += [("pad-to-longest", f"{pad:.4f}", f"{-(-len(capped) // args.batch)} batches of {args.batch}", "-", "-", "0"),
-             ("fixed-512 drop", f"{fill:.4f}", f"{int((tokens <= 512).sum())} rows of 512", "-", "-", f"{dropped:.3f}"),
-             ("sorted (baseline)", "-", "-", f"{base:.3f}", "1x", "-")]  # fmt: skip
+    rows += [
+        ("pad-to-longest", f"{pad:.4f}", f"{-(-len(capped) // args.batch)} batches of {args.batch}", "-", "-", "0"),
+        ("fixed-512 drop", f"{fill:.4f}", f"{int((tokens <= 512).sum())} rows of 512", "-", "-", f"{dropped:.3f}"),
+        ("sorted (baseline)", "-", "-", f"{base:.3f}", "1x", "-"),
+    ]
     p = np.percentile(tokens, [50, 90, 99]).astype(int)
     return [
-        f"{args.samples} samples: tokens p50 {p[0]}, p90 {p[1]}, p99 {p[2]}, max {tokens.max()}; text-only {float((images == 0).mean()):.2f}; "  # fmt: skip
-        f"cut-off p{args.percentile:g} = {cutoff} ({int((tokens > cutoff).sum())} samples over it); budget {cfg.budget} tokens, "  # fmt: skip
-        f"{cfg.max_images} images a pack; medians of {args.repeats} rounds", "",
+        f"{args.samples} samples: tokens p50 {p[0]}, p90 {p[1]}, p99 {p[2]}, max {tokens.max()}; text-only {float((images == 0).mean()):.2f}; "
+        f"cut-off p{args.percentile:g} = {cutoff} ({int((tokens > cutoff).sum())} samples over it); budget {cfg.budget} tokens, "
+        f"{cfg.max_images} images a pack; medians of {args.repeats} rounds",
+        "",
         *table(("method", "fill ratio", "packs / batches", "seconds", "vs sort", "dropped share"), rows),
-    ]  # fmt: skip
+    ]
 
 
 def tiling(args) -> list[str]:

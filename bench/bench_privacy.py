@@ -64,7 +64,10 @@ def faces(args) -> list[str]:
     base = best_of(args.repeats, lambda: [process_image(b, ImageRules()) for b in jpegs])
     look = best_of(args.repeats, lambda: [detector.detect(img) for img in decoded])
     n, sides = len(jpegs), [max(img.size) for img in decoded]
-    lines = [f"{n} JPEGs, long side {min(sides)}-{max(sides)} px (mean {np.mean(sides):.0f}); work cap {WORK_SIDE} px; best of {args.repeats}", ""]  # fmt: skip
+    lines = [
+        f"{n} JPEGs, long side {min(sides)}-{max(sides)} px (mean {np.mean(sides):.0f}); work cap {WORK_SIDE} px; best of {args.repeats}",
+        "",
+    ]
     lines += report.table(
         ["work per image", "samples/s", "ms"],
         [
@@ -117,7 +120,9 @@ def captions(n: int, rng: random.Random) -> list[str]:
             words.append(rng.choice(WORDS))
         for share, pool in ((0.2, NUMBERS), (0.01, PLANTED)):
             if rng.random() < share:
-                words.insert(rng.randrange(len(words) + 1), rng.choice(pool).format(n=rng.randrange(1000), m=rng.randrange(256)))  # fmt: skip
+                words.insert(
+                    rng.randrange(len(words) + 1), rng.choice(pool).format(n=rng.randrange(1000), m=rng.randrange(256))
+                )
         out.append(" ".join(words))
     return out
 
@@ -165,17 +170,17 @@ def text(args) -> list[str]:
         [
             f"false cards in {n:,} Luhn-invalid 13-19 digit strings",
             found((card_shaped(rng, False) for _ in range(n)), "card"),
-        ],  # fmt: skip
+        ],
         [
             f"false IBANs in {n:,} IBAN-shaped strings with a wrong mod-97",
             found((iban_shaped(rng, False) for _ in range(n)), "iban"),
-        ],  # fmt: skip
+        ],
         [
             f"cards in {n:,} Luhn-valid random strings (issuer prefix and length decide)",
             found((card_shaped(rng, True) for _ in range(n)), "card"),
-        ],  # fmt: skip
+        ],
     ]
-    head = f"{len(texts):,} captions, median {statistics.median(lengths):.0f} characters, p99 {lengths[int(0.99 * (len(lengths) - 1))]}; best of {args.repeats}"  # fmt: skip
+    head = f"{len(texts):,} captions, median {statistics.median(lengths):.0f} characters, p99 {lengths[int(0.99 * (len(lengths) - 1))]}; best of {args.repeats}"
     return [head, "", *report.table(["measure", "value"], rows, "lr")]
 
 
@@ -212,14 +217,21 @@ def unstripped():
 
 def meta(args) -> list[str]:
     rng = np.random.default_rng(43)
-    items = [(tagged(rng, f), ImageRules(skip_reencode=True, output_format=f)) for f in ("jpeg", "png", "webp") * (args.images // 3)]  # fmt: skip
+    items = [
+        (tagged(rng, f), ImageRules(skip_reencode=True, output_format=f))
+        for f in ("jpeg", "png", "webp") * (args.images // 3)
+    ]
     same = 0
     for data, rules in items:
         with unstripped():
             before = process_image(data, rules)
         after = process_image(data, rules)
         with Image.open(io.BytesIO(data)) as a, Image.open(io.BytesIO(after.data)) as b:
-            same += np.array_equal(np.asarray(a), np.asarray(b)) and after.pixel_sha256 == before.pixel_sha256 and b"SN-0042" not in after.data  # fmt: skip
+            same += (
+                np.array_equal(np.asarray(a), np.asarray(b))
+                and after.pixel_sha256 == before.pixel_sha256
+                and b"SN-0042" not in after.data
+            )
     spent = {"before": [], "stripped": []}
     for rnd in range(args.repeats):  # alternated image by image, so that drift hits both alike
         t = {"before": 0.0, "stripped": 0.0}
@@ -233,8 +245,13 @@ def meta(args) -> list[str]:
             spent[k].append(len(items) / t[k])
     b, s = (statistics.median(spent[k]) for k in ("before", "stripped"))
     rows = [["`skip_reencode` as before", report.fmt(b)], ["`skip_reencode`, metadata stripped", report.fmt(s)]]
-    return [f"{len(items)} images (JPEG, PNG, WebP), medians of {args.repeats} passes", "", *report.table(["run", "samples/s"], rows, "lr"), "",
-            f"**ratio {s / b:.3f}** (target >= 0.95); same pixels and pixel key, metadata gone: {same}/{len(items)}"]  # fmt: skip
+    return [
+        f"{len(items)} images (JPEG, PNG, WebP), medians of {args.repeats} passes",
+        "",
+        *report.table(["run", "samples/s"], rows, "lr"),
+        "",
+        f"**ratio {s / b:.3f}** (target >= 0.95); same pixels and pixel key, metadata gone: {same}/{len(items)}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,7 +39,10 @@ def ensure_corpus(shards: int, samples: int, sample_kb: int, completion_order: b
 
     name = f"v{CORPUS_VERSION}-s{shards}-n{samples}-kb{sample_kb}" + ("-completion" if completion_order else "")
     storage = Storage(str(BENCH_DIR / name))
-    tars, ledgers = [f"inputs/{i:04d}.tar" for i in range(shards)], [f"ledgers/{i:04d}.ledger.parquet" for i in range(shards)]  # fmt: skip
+    tars, ledgers = (
+        [f"inputs/{i:04d}.tar" for i in range(shards)],
+        [f"ledgers/{i:04d}.ledger.parquet" for i in range(shards)],
+    )
     for i, (tar, ledger) in enumerate(zip(tars, ledgers)):
         if storage.exists(ledger):
             continue
@@ -59,7 +62,18 @@ def ensure_corpus(shards: int, samples: int, sample_kb: int, completion_order: b
             for r in order:
                 key, m = members[r]
                 rec = writer.write_sample(key, m)
-                rows.append(LedgerRow(key=key, source=src, row=r, shard=tar, bytes=len(m["jpg"]), offset=rec.offset, length=rec.length, members=rec.members_as_dicts()))  # fmt: skip
+                rows.append(
+                    LedgerRow(
+                        key=key,
+                        source=src,
+                        row=r,
+                        shard=tar,
+                        bytes=len(m["jpg"]),
+                        offset=rec.offset,
+                        length=rec.length,
+                        members=rec.members_as_dicts(),
+                    )
+                )
         write_ledger(storage, ledger, sorted(rows, key=lambda x: x.row))  # ledgers in row order, whatever the tar holds
     return storage, Validated(tars, ledgers)
 
@@ -82,12 +96,19 @@ def run_phase(address: str, root: str, dataset: str, validated: Validated, args)
     from flows.reshard import reshard_flow
     from tasks.formats.recipe import parse_recipe
 
-    data = {"dataset": dataset, "storage": root, "sources": [{"name": "bench", "manifest": "unused.csv"}],
-            "reshard": {"samples_per_shard": args.samples_per_shard, "seed": args.seed}, "execution": {"workers": args.workers}}  # fmt: skip
+    data = {
+        "dataset": dataset,
+        "storage": root,
+        "sources": [{"name": "bench", "manifest": "unused.csv"}],
+        "reshard": {"samples_per_shard": args.samples_per_shard, "seed": args.seed},
+        "execution": {"workers": args.workers},
+    }
     recipe = parse_recipe(data, Path(root) / "recipe.yaml")
     record = new_run(recipe, f"bench-{dataset}")
     with clock(lambda: tree_cpu(reaped=False)) as lap:
-        summary, _ = reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(recipe=recipe, validated=validated, run=record)  # fmt: skip
+        summary, _ = reshard_flow.with_options(task_runner=DaskTaskRunner(address=address))(
+            recipe=recipe, validated=validated, run=record
+        )
     if summary.samples != sum(o.samples for o in summary.outputs):
         raise SystemExit("reshard lost samples")
     return lap.wall, lap.cpu, summary
@@ -128,19 +149,41 @@ def bench_size(gb: float, args, address: str) -> tuple[str, dict, int]:
                 for k, v in table_.items():
                     rounds[key].setdefault(k, []).append(v)
             rounds["load"].append(os.getloadavg()[0])
-            print(f"  {gb:g} GB round {r}: " + ", ".join(f"{k} {v:.2f} s" for k, v in got.items()) + f", CPU {cpu:.2f} s", flush=True)  # fmt: skip
+            print(
+                f"  {gb:g} GB round {r}: " + ", ".join(f"{k} {v:.2f} s" for k, v in got.items()) + f", CPU {cpu:.2f} s",
+                flush=True,
+            )
     shutil.rmtree(work, ignore_errors=True)
-    return f"{gb:g} GB: {shards} input shards x {args.samples} samples of ~{args.sample_kb} KB, {total_bytes / 1e6:,.0f} MB", rounds, total_bytes  # fmt: skip
+    return (
+        f"{gb:g} GB: {shards} input shards x {args.samples} samples of ~{args.sample_kb} KB, {total_bytes / 1e6:,.0f} MB",
+        rounds,
+        total_bytes,
+    )
 
 
 def report(label: str, rounds: dict, total_bytes: int) -> list[str]:
     wall = {k: med(v) for k, v in rounds["wall"].items()}
     cpu = {k: med(v) for k, v in rounds["cpu"].items()}
-    rows = [[m, f"{wall[m]:.2f}", f"{total_bytes / 1e6 / wall[m]:.0f}", f"{wall['cp+sync'] / wall[m]:.2f}", f"{cpu[m] / (total_bytes / 1e9):.2f}" if m in cpu else ""]  # fmt: skip
-            for m in ("cp", "cp+sync", "reshard phase", "phase without the gate") if m in wall]  # fmt: skip
+    rows = [
+        [
+            m,
+            f"{wall[m]:.2f}",
+            f"{total_bytes / 1e6 / wall[m]:.0f}",
+            f"{wall['cp+sync'] / wall[m]:.2f}",
+            f"{cpu[m] / (total_bytes / 1e9):.2f}" if m in cpu else "",
+        ]
+        for m in ("cp", "cp+sync", "reshard phase", "phase without the gate")
+        if m in wall
+    ]
     steps = ", ".join(f"{k} {med(v):.2f}" for k, v in rounds["steps"].items()) or "not recorded"
-    return [f"### {label}", "", *table(["method", "median wall s", "MB/s", "cp+sync / method", "CPU s per GB"], rows), "",
-            f"Phase steps, median s: {steps}. Load average during the rounds: {min(rounds['load']):.1f}-{max(rounds['load']):.1f}.", ""]  # fmt: skip
+    return [
+        f"### {label}",
+        "",
+        *table(["method", "median wall s", "MB/s", "cp+sync / method", "CPU s per GB"], rows),
+        "",
+        f"Phase steps, median s: {steps}. Load average during the rounds: {min(rounds['load']):.1f}-{max(rounds['load']):.1f}.",
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     from flows.runtime import dask_cluster, prefect_api
     from tasks.audit.ge_runner import preload
 
-    lines = [f"N={args.samples_per_shard}, seed {args.seed}, {'completion' if args.completion_order else 'ledger'} order in the inputs, "  # fmt: skip
-             f"{args.workers} Dask workers, {args.repeats} rounds, page cache warm", ""]  # fmt: skip
+    lines = [
+        f"N={args.samples_per_shard}, seed {args.seed}, {'completion' if args.completion_order else 'ledger'} order in the inputs, "
+        f"{args.workers} Dask workers, {args.repeats} rounds, page cache warm",
+        "",
+    ]
     try:
         with prefect_api(), dask_cluster("local", args.workers) as address:
             preload()

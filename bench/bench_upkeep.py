@@ -64,23 +64,41 @@ def make_corpus(folder: Path, rows: int, per_ledger: int, entries: int) -> None:
         keys = [f"s-{i:09d}" for i in idx]
         urls = [f"https://img{h}.site{h % 20_000}.com/photos/{i}.jpg" for h, i in zip(hosts.tolist(), idx.tolist())]
         stored, pixels, fetched = _hex(rng, n), _hex(rng, n), _hex(rng, n)
-        phash = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) * np.uint64(2) + rng.integers(0, 2, n).astype(np.uint64)  # fmt: skip
+        phash = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) * np.uint64(2) + rng.integers(
+            0, 2, n
+        ).astype(np.uint64)
         sizes = rng.integers(20_000, 200_000, n)
         offsets = np.cumsum(np.concatenate([[0], sizes[:-1] + 2048]))
         member_offsets = np.stack([offsets + 512, offsets + 1024 + sizes, offsets + 1536 + sizes]).T.ravel()
         member_sizes = np.stack([sizes, np.full(n, 300), np.full(n, 40)]).T.ravel()
         names = pa.array([f"{k}.{ext}" for k in keys for ext in ("jpg", "json", "txt")], pa.string())
-        struct = pa.StructArray.from_arrays([names, pa.array(member_offsets, pa.int64()), pa.array(member_sizes, pa.int64())], fields=list(MEMBER_TYPE))  # fmt: skip
+        struct = pa.StructArray.from_arrays(
+            [names, pa.array(member_offsets, pa.int64()), pa.array(member_sizes, pa.int64())], fields=list(MEMBER_TYPE)
+        )
         members = pa.ListArray.from_arrays(pa.array(np.arange(0, 3 * n + 1, 3, dtype=np.int32)), struct)
         columns = {
-            "key": pa.array(keys), "source": pa.array(["s"] * n), "row": pa.array(idx, pa.int64()), "status": pa.array(["ok"] * n),
-            "bytes": pa.array(sizes, pa.int64()), "sha256": pa.array(stored), "offset": pa.array(offsets, pa.int64()),
-            "length": pa.array(sizes + 2048, pa.int64()), "members": members, "url": pa.array(urls), "format": pa.array(["jpeg"] * n),
-            "license": pa.array(["CC-BY-4.0"] * n), "width": pa.array(rng.integers(256, 1024, n), pa.int32()),
-            "height": pa.array(rng.integers(256, 1024, n), pa.int32()), "caption_chars": pa.array(rng.integers(10, 200, n), pa.int32()),
-            "pixel_sha256": pa.array(pixels), "phash": pa.array(phash, pa.uint64()), "origin": pa.array([f"manifest.parquet:{i}" for i in idx]),
-        }  # fmt: skip
-        table = pa.table({f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in LEDGER_SCHEMA}, schema=LEDGER_SCHEMA)  # fmt: skip
+            "key": pa.array(keys),
+            "source": pa.array(["s"] * n),
+            "row": pa.array(idx, pa.int64()),
+            "status": pa.array(["ok"] * n),
+            "bytes": pa.array(sizes, pa.int64()),
+            "sha256": pa.array(stored),
+            "offset": pa.array(offsets, pa.int64()),
+            "length": pa.array(sizes + 2048, pa.int64()),
+            "members": members,
+            "url": pa.array(urls),
+            "format": pa.array(["jpeg"] * n),
+            "license": pa.array(["CC-BY-4.0"] * n),
+            "width": pa.array(rng.integers(256, 1024, n), pa.int32()),
+            "height": pa.array(rng.integers(256, 1024, n), pa.int32()),
+            "caption_chars": pa.array(rng.integers(10, 200, n), pa.int32()),
+            "pixel_sha256": pa.array(pixels),
+            "phash": pa.array(phash, pa.uint64()),
+            "origin": pa.array([f"manifest.parquet:{i}" for i in idx]),
+        }
+        table = pa.table(
+            {f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in LEDGER_SCHEMA}, schema=LEDGER_SCHEMA
+        )
         write_parquet(storage, f"{DATASET}/validate/s/{j:06d}-v.ledger.parquet", table)
         download = table.set_column(table.column_names.index("sha256"), "sha256", pa.array(fetched))
         write_parquet(storage, f"{DATASET}/download/s/{j:06d}-d.ledger.parquet", download)
@@ -140,7 +158,10 @@ def takedown_child(tool: str, folder: Path) -> dict:
             return {}
         text = (folder / "lists" / "legal.txt").read_text().splitlines()[1:]  # a key-only takedown
         values = pa.array([line if line.startswith("http") else line.partition(":")[2] for line in text])
-        hits = sum(pc.sum(pc.is_in(read_ledger_with(storage, led, ["key"], []).column("key"), value_set=values)).as_py() or 0 for led in validated)  # fmt: skip
+        hits = sum(
+            pc.sum(pc.is_in(read_ledger_with(storage, led, ["key"], []).column("key"), value_set=values)).as_py() or 0
+            for led in validated
+        )
         return {"removed": hits}
 
     return measured(work)
@@ -150,14 +171,31 @@ def takedown(args) -> list[str]:
     folder = BENCH_DIR / "takedown" / f"{args.rows}-{args.per_ledger}-{args.entries}"
     make_corpus(folder, args.rows, args.per_ledger, args.entries)
     # Round 1 runs the tools in order, so "again" finds the overlays of a "first" from then on.
-    runs = rounds(TAKEDOWN, args.repeats, lambda tool, _: {"tool": tool} | run_child(__file__, tool, folder), args.quiet_wait)  # fmt: skip
-    floor, first = med(r["seconds"] for r in runs if r["tool"] == "read ledgers"), [r for r in runs if r["tool"] == "apply, first"]  # fmt: skip
-    columns = {"wall s": ("seconds", ".2f"), "CPU s": ("cpu", ".2f"), "peak RSS MB": ("peak_mb", ".0f"), "RSS after imports MB": ("base_mb", ".0f"),
-               "rows removed": ("removed", ".0f"), "overlays written": ("overlays", ".0f"), "/ read ledgers": (lambda r: r["seconds"] / floor, ".2f")}  # fmt: skip
+    runs = rounds(
+        TAKEDOWN, args.repeats, lambda tool, _: {"tool": tool} | run_child(__file__, tool, folder), args.quiet_wait
+    )
+    floor, first = (
+        med(r["seconds"] for r in runs if r["tool"] == "read ledgers"),
+        [r for r in runs if r["tool"] == "apply, first"],
+    )
+    columns = {
+        "wall s": ("seconds", ".2f"),
+        "CPU s": ("cpu", ".2f"),
+        "peak RSS MB": ("peak_mb", ".0f"),
+        "RSS after imports MB": ("base_mb", ".0f"),
+        "rows removed": ("removed", ".0f"),
+        "overlays written": ("overlays", ".0f"),
+        "/ read ledgers": (lambda r: r["seconds"] / floor, ".2f"),
+    }
     worst_s, worst_mb = max(r["seconds"] for r in first), max(r["peak_mb"] for r in first)
-    return [f"Release: {args.rows:,} rows in ledgers of {args.per_ledger:,}; list: {first[0]['entries']:,} entries; medians of {args.repeats} rounds, a fresh process each", "",  # fmt: skip
-            *summary(runs, columns), "", f"- slowest first apply {worst_s:.1f} s, peak {worst_mb:.0f} MB: {'meets' if worst_s < 60 and worst_mb < 1024 else 'MISSES'} "  # fmt: skip
-            "the target (under 60 s and 1024 MB)"]  # fmt: skip
+    return [
+        f"Release: {args.rows:,} rows in ledgers of {args.per_ledger:,}; list: {first[0]['entries']:,} entries; medians of {args.repeats} rounds, a fresh process each",
+        "",
+        *summary(runs, columns),
+        "",
+        f"- slowest first apply {worst_s:.1f} s, peak {worst_mb:.0f} MB: {'meets' if worst_s < 60 and worst_mb < 1024 else 'MISSES'} "
+        "the target (under 60 s and 1024 MB)",
+    ]
 
 
 # ------------------------------------------------------------------------------- recheck
@@ -191,10 +229,16 @@ def release(store: Path, nv: Path) -> int:
     from tasks.stages.release import commit_index, set_latest
 
     storage = Storage(str(store))
-    ok = pa.concat_tables([read_ledger(storage, rel, ["key", "source", "row", "status"]) for rel in ledgers(store, "download")])  # fmt: skip
+    ok = pa.concat_tables(
+        [read_ledger(storage, rel, ["key", "source", "row", "status"]) for rel in ledgers(store, "download")]
+    )
     ok = ok.filter(pc.equal(ok.column("status"), "ok")).drop_columns(["status"])
     n, base = ok.num_rows, f"{DATASET}/releases/v0001"
-    for name, value, kind in (("offset", 0, pa.int64()), ("length", 0, pa.int64()), ("shard", "shard-000000.tar", pa.string())):  # fmt: skip
+    for name, value, kind in (
+        ("offset", 0, pa.int64()),
+        ("length", 0, pa.int64()),
+        ("shard", "shard-000000.tar", pa.string()),
+    ):
         ok = ok.append_column(name, pa.array([value] * n, kind))
     write_parquet(storage, f"{base}/samples.parquet", ok)
     commit_index(storage, f"{base}/index.json", {"version": "v0001", "kind": "pretraining"})
@@ -221,7 +265,11 @@ def recheck_child(tool: str, work: Path) -> dict:
 
     def check() -> dict:
         s = recheck(Storage(str(store)), r, ledgers(store, "download"), when)
-        return {"rows": s.checked, "bytes_read": s.bytes_read, "outcomes": ", ".join(f"{n} {k}" for k, n in s.counts.items())}  # fmt: skip
+        return {
+            "rows": s.checked,
+            "bytes_read": s.bytes_read,
+            "outcomes": ", ".join(f"{n} {k}" for k, n in s.counts.items()),
+        }
 
     return measured(check)
 
@@ -234,7 +282,14 @@ def recheck(args, s: Session) -> list[str]:
     names = sorted(sizes)
     picks = np.random.default_rng([args.seed, 1]).integers(0, len(names), size=args.rows)
     write_manifest(s.work / "manifest.parquet", [f"{base_url}/img/{names[k]}?u={i}" for i, k in enumerate(picks)])
-    write_recipe(s.work / "recipe.yaml", s.work / "store", s.work / "manifest.parquet", args.rows_per_shard, 2, download={"recheck": {"every_days": 30, "fraction": 1}})  # fmt: skip
+    write_recipe(
+        s.work / "recipe.yaml",
+        s.work / "store",
+        s.work / "manifest.parquet",
+        args.rows_per_shard,
+        2,
+        download={"recheck": {"every_days": 30, "fraction": 1}},
+    )
     env = child_env(PYTHONPATH=str(REPO))
     run_child(__file__, "download", s.work, env=env)
     shutil.move(s.work / "again", s.work / "store")
@@ -247,17 +302,28 @@ def recheck(args, s: Session) -> list[str]:
 
     runs = rounds(RECHECK, args.repeats, run, args.quiet_wait)
     rate = {t: med(r["rows/s"] for r in runs if r["tool"] == t) for t in RECHECK}
-    columns = {"wall s": ("seconds", ".1f"), "rows/s": ("rows/s", ".0f"), "CPU s / 1k rows": (lambda r: per_1k(r["cpu"], r["rows"]), ".2f"),
-               "server CPU s / 1k rows": (lambda r: per_1k(r["server_cpu"], r["rows"]), ".2f"), "body bytes read": ("bytes_read", ".0f"), "outcomes": ("outcomes", "")}  # fmt: skip
-    speedup, read_304 = rate["recheck, 304"] / rate["download"], max(r["bytes_read"] for r in runs if r["tool"] == "recheck, 304")  # fmt: skip
+    columns = {
+        "wall s": ("seconds", ".1f"),
+        "rows/s": ("rows/s", ".0f"),
+        "CPU s / 1k rows": (lambda r: per_1k(r["cpu"], r["rows"]), ".2f"),
+        "server CPU s / 1k rows": (lambda r: per_1k(r["server_cpu"], r["rows"]), ".2f"),
+        "body bytes read": ("bytes_read", ".0f"),
+        "outcomes": ("outcomes", ""),
+    }
+    speedup, read_304 = (
+        rate["recheck, 304"] / rate["download"],
+        max(r["bytes_read"] for r in runs if r["tool"] == "recheck, 304"),
+    )
     return [
-        f"{args.rows:,} distinct URLs over {args.pool} images ({sum(sizes[names[k]] for k in picks) / 1e6:.0f} MB behind them), {released:,} released; "  # fmt: skip
-        f"{args.rows_per_shard} rows per chunk; the recipe's download defaults for every measurement; medians of {args.repeats} rounds", "",  # fmt: skip
-        *summary(runs, columns), "",
-        f"- recheck with conditional requests / download: **{speedup:.2f}x** rows/s; {read_304} body bytes read on 304 answers; "  # fmt: skip
+        f"{args.rows:,} distinct URLs over {args.pool} images ({sum(sizes[names[k]] for k in picks) / 1e6:.0f} MB behind them), {released:,} released; "
+        f"{args.rows_per_shard} rows per chunk; the recipe's download defaults for every measurement; medians of {args.repeats} rounds",
+        "",
+        *summary(runs, columns),
+        "",
+        f"- recheck with conditional requests / download: **{speedup:.2f}x** rows/s; {read_304} body bytes read on 304 answers; "
         f"target (>= 2x, no body read on 304): {'meets' if speedup >= 2 and read_304 == 0 else 'MISSES'}",
-        f"- recheck without validators (ranged GET, body hashed) / download: {rate['recheck, no validators'] / rate['download']:.2f}x rows/s",  # fmt: skip
-    ]  # fmt: skip
+        f"- recheck without validators (ranged GET, body hashed) / download: {rate['recheck, no validators'] / rate['download']:.2f}x rows/s",
+    ]
 
 
 # --------------------------------------------------------------------------------- retry
@@ -270,7 +336,9 @@ def small_jpeg(i: int) -> bytes:
 
     rng = np.random.default_rng([40, i])
     w, h = int(rng.integers(128, 321)), int(rng.integers(128, 321))
-    base = Image.fromarray(rng.integers(0, 256, size=(3, 4, 3), dtype=np.uint8)).resize((w, h), Image.Resampling.BICUBIC)  # fmt: skip
+    base = Image.fromarray(rng.integers(0, 256, size=(3, 4, 3), dtype=np.uint8)).resize(
+        (w, h), Image.Resampling.BICUBIC
+    )
     arr = np.asarray(base, np.int16) + rng.integers(-6, 7, size=(h, w, 1), dtype=np.int16)
     out = io.BytesIO()
     Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).save(out, "JPEG", quality=85)
@@ -305,13 +373,24 @@ def retry(args, s: Session) -> list[str]:
     write_manifest(s.work / "alone.parquet", [urls[i] for i in flaky])
 
     def shardsmith(work: Path, manifest: str, when: datetime, *more: str):
-        r = write_recipe(work / "r.yaml", work / "store", s.work / manifest, per_shard, args.workers, download={"retries": 0},
-                         validate={"image": {"min_side": 32}}, gates={"download": {"min_success_rate": 0.5}})  # fmt: skip
+        r = write_recipe(
+            work / "r.yaml",
+            work / "store",
+            s.work / manifest,
+            per_shard,
+            args.workers,
+            download={"retries": 0},
+            validate={"image": {"min_side": 32}},
+            gates={"download": {"min_success_rate": 0.5}},
+        )
         cmd = [str(SHARDSMITH), "run", str(r), "--phase", args.phase, "--json", *more]
         env = prefect_env(s.work / "prefect-home", api, SHARDSMITH_NOW=when.isoformat())
         return timed(s.children, cmd, env, REPO, work / "stderr.log", {"prefect": proc.pid})
 
-    print(f"night 1 (untimed): {args.rows} rows in {args.shards} chunks, {len(flaky)} failing once; --phase {args.phase}", flush=True)  # fmt: skip
+    print(
+        f"night 1 (untimed): {args.rows} rows in {args.shards} chunks, {len(flaky)} failing once; --phase {args.phase}",
+        flush=True,
+    )
     night1 = shardsmith(s.work / "night1", "manifest.parquet", NIGHT1)
     c = run_summary(night1.stdout)["download"]["counts"]
     if c["by_reason"].get("http_500") != len(flaky) or c["ok"] != args.rows - len(flaky):
@@ -323,7 +402,12 @@ def retry(args, s: Session) -> list[str]:
             shutil.copytree(s.work / "night1" / "store", work / "store", copy_function=os.link)
         before = web.stats()
         when = NIGHT1 + (timedelta(hours=2) if tool == "noop" else timedelta(days=1))
-        t = shardsmith(work, "alone.parquet" if tool == "alone" else "manifest.parquet", when, *(["--force"] if tool == "noop" else []))  # fmt: skip
+        t = shardsmith(
+            work,
+            "alone.parquet" if tool == "alone" else "manifest.parquet",
+            when,
+            *(["--force"] if tool == "noop" else []),
+        )
         asked = web.stats()["hits"] - before["hits"]  # each picture counted by path and by path with query
         fetched = sum(n for q, n in asked.items() if "?" not in q and q.startswith(("/img/", "/flaky/")))
         dl = run_summary(t.stdout)["download"]
@@ -332,36 +416,62 @@ def retry(args, s: Session) -> list[str]:
             raise SystemExit(f"{tool}: {ok} rows ok or retried, {fetched} pictures asked for; {len(flaky)} flaky")
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-        return {"tool": tool, "wall": t.wall_s, "phase": dl["seconds"], "cpu": t.cpu_s, "asked": fetched, "ok": ok, "rows": dl["counts"]["rows"]}  # fmt: skip
+        return {
+            "tool": tool,
+            "wall": t.wall_s,
+            "phase": dl["seconds"],
+            "cpu": t.cpu_s,
+            "asked": fetched,
+            "ok": ok,
+            "rows": dl["counts"]["rows"],
+        }
 
     runs = rounds(RETRY, args.repeats, run, args.quiet_wait)
     web.stop()
     wall, phase = ({t: med(r[k] for r in runs if r["tool"] == t) for t in RETRY} for k in ("wall", "phase"))
-    columns = {"wall s": ("wall", ".1f"), "phase s": ("phase", ".1f"), "CPU s": ("cpu", ".1f"), "pictures asked for": ("asked", ".0f"),
-               "rows recovered / ok": ("ok", ".0f"), "ledger rows": ("rows", ".0f")}  # fmt: skip
+    columns = {
+        "wall s": ("wall", ".1f"),
+        "phase s": ("phase", ".1f"),
+        "CPU s": ("cpu", ".1f"),
+        "pictures asked for": ("asked", ".0f"),
+        "rows recovered / ok": ("ok", ".0f"),
+        "ledger rows": ("rows", ".0f"),
+    }
     ratio = wall["retry"] / wall["alone"]
     return [
-        f"{args.rows:,} rows in {args.shards} chunks, {len(flaky):,} of them failing once on night 1 (`http_500`, download.retries 0); "  # fmt: skip
-        f"`--phase {args.phase}`, {args.workers} workers; night 1 took {night1.wall_s:.0f} s (untimed); medians of {args.repeats} rounds", "",  # fmt: skip
-        *summary(runs, columns), "",
-        f"- night 2 / the failed rows alone: **{ratio:.2f}x** wall, {phase['retry'] / phase['alone']:.2f}x the phase's own seconds; "  # fmt: skip
+        f"{args.rows:,} rows in {args.shards} chunks, {len(flaky):,} of them failing once on night 1 (`http_500`, download.retries 0); "
+        f"`--phase {args.phase}`, {args.workers} workers; night 1 took {night1.wall_s:.0f} s (untimed); medians of {args.repeats} rounds",
+        "",
+        *summary(runs, columns),
+        "",
+        f"- night 2 / the failed rows alone: **{ratio:.2f}x** wall, {phase['retry'] / phase['alone']:.2f}x the phase's own seconds; "
         f"{'within' if ratio <= 1.5 else 'over'} issue 40's 1.5x",
-        f"- nothing due (`--force`): {wall['noop']:.1f} s wall; what retrying adds to it: {wall['retry'] - wall['noop']:.1f} s",  # fmt: skip
-    ]  # fmt: skip
+        f"- nothing due (`--force`): {wall['noop']:.1f} s wall; what retrying adds to it: {wall['retry'] - wall['noop']:.1f} s",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=3, quiet_wait=60.0, keep="STAGE")
     p.add_argument("--stage", choices=tuple(ROWS), default="takedown", help="what is measured (default takedown)")
-    p.add_argument("--rows", type=int, help="rows of the release (default: takedown 1000000, recheck 10000, retry 100000)")  # fmt: skip
-    p.add_argument("--per-ledger", type=int, default=10_000, help="takedown: rows per validated shard's ledger (default 10000)")  # fmt: skip
+    p.add_argument(
+        "--rows", type=int, help="rows of the release (default: takedown 1000000, recheck 10000, retry 100000)"
+    )
+    p.add_argument(
+        "--per-ledger", type=int, default=10_000, help="takedown: rows per validated shard's ledger (default 10000)"
+    )
     p.add_argument("--entries", type=int, default=100_000, help="takedown: entries of the list (default 100000)")
     p.add_argument("--pool", type=int, default=400, help="recheck: distinct image files behind the URLs (default 400)")
     p.add_argument("--seed", type=int, default=0, help="recheck: seed of the image pool and the URL-to-image mapping")
-    p.add_argument("--rows-per-shard", type=int, default=1000, help="recheck: rows per chunk, one recheck task each (default 1000)")  # fmt: skip
+    p.add_argument(
+        "--rows-per-shard", type=int, default=1000, help="recheck: rows per chunk, one recheck task each (default 1000)"
+    )
     p.add_argument("--shards", type=int, default=100, help="retry: chunks the rows are in (default 100)")
-    p.add_argument("--transient", type=float, default=0.02, help="retry: share of the rows failing once on night 1 (default 0.02)")  # fmt: skip
-    p.add_argument("--phase", choices=("download", "validate"), default="download", help="retry: the phase every run runs to")  # fmt: skip
+    p.add_argument(
+        "--transient", type=float, default=0.02, help="retry: share of the rows failing once on night 1 (default 0.02)"
+    )
+    p.add_argument(
+        "--phase", choices=("download", "validate"), default="download", help="retry: the phase every run runs to"
+    )
     p.add_argument("--workers", type=int, default=2, help="retry: Dask workers of each run (default 2)")
     args = parse(p, argv)
     if args.child:  # a takedown or recheck measurement in this fresh process

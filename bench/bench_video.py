@@ -27,14 +27,27 @@ FPS, SIZE, LICENSE, TARGET = 25, (320, 180), "CC-BY-4.0", 1.5
 SECONDS = (6, 7, 8, 9, 10, 12)  # no 11: a 1 s remainder after a 10 s clip is a clip for one tool only
 # Scenes alternate a dark and a bright palette (background, square, bar) whose hues differ too, so
 # that both detectors see every cut (grey levels for shardsmith, HSV for PySceneDetect).
-DARK = (((20, 40, 110), (240, 200, 40), (250, 250, 250)), ((90, 20, 30), (60, 220, 120), (230, 230, 90)),
-        ((20, 70, 40), (240, 80, 200), (200, 240, 255)), ((50, 30, 80), (250, 150, 30), (120, 240, 240)))  # fmt: skip
-BRIGHT = (((230, 200, 60), (30, 40, 160), (90, 20, 20)), ((120, 220, 230), (150, 20, 40), (20, 60, 20)),
-          ((240, 170, 190), (20, 90, 40), (40, 20, 90)), ((200, 240, 150), (90, 30, 120), (120, 50, 10)))  # fmt: skip
+DARK = (
+    ((20, 40, 110), (240, 200, 40), (250, 250, 250)),
+    ((90, 20, 30), (60, 220, 120), (230, 230, 90)),
+    ((20, 70, 40), (240, 80, 200), (200, 240, 255)),
+    ((50, 30, 80), (250, 150, 30), (120, 240, 240)),
+)
+BRIGHT = (
+    ((230, 200, 60), (30, 40, 160), (90, 20, 20)),
+    ((120, 220, 230), (150, 20, 40), (20, 60, 20)),
+    ((240, 170, 190), (20, 90, 40), (40, 20, 90)),
+    ((200, 240, 150), (90, 30, 120), (120, 50, 10)),
+)
 TOOLS = ("ss-equal", "ss-warm", "v2d-equal", "v2d-keyframe", "ss-default", "v2d-default")
-LABELS = {"ss-equal": "shardsmith, equal settings", "ss-warm": "shardsmith, equal settings, through the warm service",
-          "v2d-equal": "video2dataset, equal settings (precision exact)", "v2d-keyframe": "video2dataset, equal but precision keyframe_adjusted",
-          "ss-default": "shardsmith, recipe defaults", "v2d-default": "video2dataset, default config (no clipping)"}  # fmt: skip
+LABELS = {
+    "ss-equal": "shardsmith, equal settings",
+    "ss-warm": "shardsmith, equal settings, through the warm service",
+    "v2d-equal": "video2dataset, equal settings (precision exact)",
+    "v2d-keyframe": "video2dataset, equal but precision keyframe_adjusted",
+    "ss-default": "shardsmith, recipe defaults",
+    "v2d-default": "video2dataset, default config (no clipping)",
+}
 PAIRS = (
     ("ss-equal", "v2d-equal"),
     ("ss-warm", "v2d-equal"),
@@ -44,16 +57,48 @@ PAIRS = (
 V2D_VENV, V2D_REQUIREMENT = BENCH_DIR / "video2dataset-venv", "video2dataset==1.3.0"
 # Its pins would pull a CUDA torch that its download stage imports but never runs: the venv gets the
 # project's CPU torch and the rest unpinned (numpy < 2; pyarrow < 20 and opencv < 4.12 take numpy 1).
-V2D_DEPS = ("numpy<2", "fire>=0.4,<0.6", "requests", "ffmpeg-python", "yt-dlp", "pyarrow<20", "fsspec", "webdataset", "webvtt-py",
-            "wandb", "pandas", "tqdm", "timeout-decorator", "scenedetect==0.6.2", "opencv-python-headless<4.12", "decord", "langdetect",
-            "soundfile", "omegaconf", "einops", "transformers==4.37.1", "Pillow", "accelerate", "scipy", "torchdata==0.9.0")  # fmt: skip
+V2D_DEPS = (
+    "numpy<2",
+    "fire>=0.4,<0.6",
+    "requests",
+    "ffmpeg-python",
+    "yt-dlp",
+    "pyarrow<20",
+    "fsspec",
+    "webdataset",
+    "webvtt-py",
+    "wandb",
+    "pandas",
+    "tqdm",
+    "timeout-decorator",
+    "scenedetect==0.6.2",
+    "opencv-python-headless<4.12",
+    "decord",
+    "langdetect",
+    "soundfile",
+    "omegaconf",
+    "einops",
+    "transformers==4.37.1",
+    "Pillow",
+    "accelerate",
+    "scipy",
+    "torchdata==0.9.0",
+)
 TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
 # Its open download-stage bugs (upstream issues 263, 311), fixed as FrameSubsampler is on its main
 # branch: the writer asks the first subsampler for ``encode_formats``, which two lack; FrameSubsampler
 # pops the stream dict the worker iterates. No ffmpeg call changes.
-_ENC = ("        self.encode_format = encode_format\n", "        self.encode_format = encode_format\n        self.encode_formats = {\"video\": encode_format}  # bench patch\n")  # fmt: skip
-V2D_PATCHES = {"subsamplers/resolution_subsampler.py": [_ENC],
-               "subsamplers/frame_subsampler.py": [_ENC, ('video_bytes = streams.pop("video")', 'video_bytes = streams["video"]  # bench patch')]}  # fmt: skip
+_ENC = (
+    "        self.encode_format = encode_format\n",
+    '        self.encode_format = encode_format\n        self.encode_formats = {"video": encode_format}  # bench patch\n',
+)
+V2D_PATCHES = {
+    "subsamplers/resolution_subsampler.py": [_ENC],
+    "subsamplers/frame_subsampler.py": [
+        _ENC,
+        ('video_bytes = streams.pop("video")', 'video_bytes = streams["video"]  # bench patch'),
+    ],
+}
 Scene = namedtuple("Scene", "start palette side speed bar_speed phase")
 
 
@@ -70,7 +115,13 @@ def plan(seed: int, index: int) -> tuple[int, list[Scene]]:
     dark_first, first, scenes, start = bool(rng.integers(0, 2)), int(rng.integers(0, 4)), [], 0
     for j, length in enumerate(lengths):
         bank = DARK if (j % 2 == 0) == dark_first else BRIGHT
-        scenes.append(Scene(start, bank[(first + j // 2 + index) % 4], *(int(rng.integers(*r)) for r in ((40, 70), (4, 10), (3, 7), (0, 400)))))  # fmt: skip
+        scenes.append(
+            Scene(
+                start,
+                bank[(first + j // 2 + index) % 4],
+                *(int(rng.integers(*r)) for r in ((40, 70), (4, 10), (3, 7), (0, 400))),
+            )
+        )
         start += length
     return frames, scenes
 
@@ -85,7 +136,11 @@ def frame(scenes: list[Scene], i: int) -> np.ndarray:
     sc = [s for s in scenes if s.start <= i][-1]
     (w, h), img = SIZE, np.empty((SIZE[1], SIZE[0], 3), np.uint8)
     img[:] = sc.palette[0]
-    x, y, yb = _bounce(sc.phase + i * sc.speed, w - sc.side), (h - sc.side) // 3, _bounce(sc.phase + i * sc.bar_speed, h - 12)  # fmt: skip
+    x, y, yb = (
+        _bounce(sc.phase + i * sc.speed, w - sc.side),
+        (h - sc.side) // 3,
+        _bounce(sc.phase + i * sc.bar_speed, h - 12),
+    )
     img[y : y + sc.side, x : x + sc.side] = sc.palette[1]
     img[yb : yb + 12, 10:80] = sc.palette[2]
     return img
@@ -109,7 +164,9 @@ def ensure_corpus(videos: int, seed: int) -> tuple[Path, dict[str, int]]:
         path = folder / f"v{index:04d}.mp4"
         if not path.exists():
             frames, scenes = plan(seed, index)
-            path.with_suffix(".part").write_bytes(make_video(seconds=frames / FPS, fps=FPS, size=SIZE, draw=lambda i, t, s=scenes: frame(s, i)))  # fmt: skip
+            path.with_suffix(".part").write_bytes(
+                make_video(seconds=frames / FPS, fps=FPS, size=SIZE, draw=lambda i, t, s=scenes: frame(s, i))
+            )
             path.with_suffix(".part").rename(path)
         sizes[path.name] = path.stat().st_size
     return folder, sizes
@@ -121,24 +178,59 @@ def scaled(side: int) -> tuple[int, int]:
     return max(2, int(SIZE[0] * scale) // 2 * 2), max(2, int(SIZE[1] * scale) // 2 * 2)
 
 
-def shardsmith_recipe(path: Path, store: Path, manifest: Path, clips: dict | None, per_shard: int | None, workers: int | None) -> None:  # fmt: skip
+def shardsmith_recipe(
+    path: Path, store: Path, manifest: Path, clips: dict | None, per_shard: int | None, workers: int | None
+) -> None:
     """A ``media: video`` recipe; ``clips`` (``validate.video.clips``), ``per_shard``, ``workers`` None: the defaults."""
-    lines = ["dataset: bench", "kind: pretraining", f"storage: {store}", "sources:", "  - name: bench", f"    manifest: {manifest}",
-             "    media: video", *([f"    rows_per_shard: {per_shard}"] if per_shard else []), "download:",
-             '  network: {allowed_networks: ["127.0.0.1/32"], any_port: true}', "validate:", f"  license: {{allow: [{LICENSE}],",
-             "    review: {reviewed_by: bench/bench_video.py, reviewed_on: 2026-12-04, notes: videos rendered locally}}",
-             *([f"  video: {{clips: {json.dumps(clips)}}}"] if clips else []), *([f"execution: {{cluster: local, workers: {workers}}}"] if workers else [])]  # fmt: skip
+    lines = [
+        "dataset: bench",
+        "kind: pretraining",
+        f"storage: {store}",
+        "sources:",
+        "  - name: bench",
+        f"    manifest: {manifest}",
+        "    media: video",
+        *([f"    rows_per_shard: {per_shard}"] if per_shard else []),
+        "download:",
+        '  network: {allowed_networks: ["127.0.0.1/32"], any_port: true}',
+        "validate:",
+        f"  license: {{allow: [{LICENSE}],",
+        "    review: {reviewed_by: bench/bench_video.py, reviewed_on: 2026-12-04, notes: videos rendered locally}}",
+        *([f"  video: {{clips: {json.dumps(clips)}}}"] if clips else []),
+        *([f"execution: {{cluster: local, workers: {workers}}}"] if workers else []),
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
-def v2d_config(path: Path, side: int, fps: float | None, precision: str, per_shard: int, workers: int, threads: int) -> None:  # fmt: skip
+def v2d_config(
+    path: Path, side: int, fps: float | None, precision: str, per_shard: int, workers: int, threads: int
+) -> None:
     """video2dataset's config for the settings shardsmith gets (cuts as clips, 1..10 s, the same size and rate). JSON is YAML."""
-    sub = {"CutDetectionSubsampler": {"cuts_are_clips": True, "args": {"cut_detection_mode": "all", "framerates": None, "threshold": 27, "min_scene_len": 15}},
-           "ClippingSubsampler": {"args": {"min_length": 1.0, "max_length": 10.0, "max_length_strategy": "all", "precision": precision}},
-           "ResolutionSubsampler": {"args": {"height": scaled(side)[1], "resize_mode": "scale"}}} | ({"FrameSubsampler": {"args": {"frame_rate": fps}}} if fps else {})  # fmt: skip
-    config = {"subsampling": sub, "reading": {"yt_args": {"download_size": 360, "download_audio_rate": 44100, "yt_metadata_args": None}, "timeout": 60, "sampler": None},
-              "storage": {"number_sample_per_shard": per_shard, "oom_shard_count": 5, "captions_are_subtitles": False},
-              "distribution": {"processes_count": workers, "thread_count": threads, "subjob_size": 1000, "distributor": "multiprocessing"}}  # fmt: skip
+    sub = {
+        "CutDetectionSubsampler": {
+            "cuts_are_clips": True,
+            "args": {"cut_detection_mode": "all", "framerates": None, "threshold": 27, "min_scene_len": 15},
+        },
+        "ClippingSubsampler": {
+            "args": {"min_length": 1.0, "max_length": 10.0, "max_length_strategy": "all", "precision": precision}
+        },
+        "ResolutionSubsampler": {"args": {"height": scaled(side)[1], "resize_mode": "scale"}},
+    } | ({"FrameSubsampler": {"args": {"frame_rate": fps}}} if fps else {})
+    config = {
+        "subsampling": sub,
+        "reading": {
+            "yt_args": {"download_size": 360, "download_audio_rate": 44100, "yt_metadata_args": None},
+            "timeout": 60,
+            "sampler": None,
+        },
+        "storage": {"number_sample_per_shard": per_shard, "oom_shard_count": 5, "captions_are_subtitles": False},
+        "distribution": {
+            "processes_count": workers,
+            "thread_count": threads,
+            "subjob_size": 1000,
+            "distributor": "multiprocessing",
+        },
+    }
     path.write_text(json.dumps(config, indent=1) + "\n")
 
 
@@ -162,7 +254,12 @@ def ensure_video2dataset() -> None:
     if missing := [x for x in ("ffmpeg", "ffprobe") if shutil.which(x) is None]:
         raise SystemExit(f"video2dataset runs {missing}: install FFmpeg (apt-get install ffmpeg)")
     torch = str(TORCH_WHEEL) if TORCH_WHEEL.exists() else "torch==2.13.0"
-    ensure_venv(V2D_VENV, [[torch], ["--no-deps", V2D_REQUIREMENT, "torchaudio==2.11.1"], V2D_DEPS], finish, V2D_VENV / ".bench-complete")  # fmt: skip
+    ensure_venv(
+        V2D_VENV,
+        [[torch], ["--no-deps", V2D_REQUIREMENT, "torchaudio==2.11.1"], V2D_DEPS],
+        finish,
+        V2D_VENV / ".bench-complete",
+    )
 
 
 def clips_in_tars(tars: list[Path]) -> int:
@@ -185,29 +282,68 @@ def run_tool(s: Session, args, loop, tool: str, rnd: int, manifest: Path, warm: 
     out, a = s.work / f"{tool}-{rnd}", args
     (out / "tmp").mkdir(parents=True)
     if tool.startswith("v2d"):
-        cmd = [str(V2D_VENV / "bin" / "video2dataset"), "--url_list", str(manifest), "--input_format", "parquet", "--url_col", "url",
-               "--caption_col", "caption", "--output_format", "webdataset", "--output_folder", str(out / "out"), "--tmp_dir", str(out / "tmp"), "--enable_wandb", "False"]  # fmt: skip
+        cmd = [
+            str(V2D_VENV / "bin" / "video2dataset"),
+            "--url_list",
+            str(manifest),
+            "--input_format",
+            "parquet",
+            "--url_col",
+            "url",
+            "--caption_col",
+            "caption",
+            "--output_format",
+            "webdataset",
+            "--output_folder",
+            str(out / "out"),
+            "--tmp_dir",
+            str(out / "tmp"),
+            "--enable_wandb",
+            "False",
+        ]
         if tool != "v2d-default":
-            v2d_config(out / "c.yaml", a.side, a.fps, "exact" if tool == "v2d-equal" else "keyframe_adjusted", a.rows_per_shard, a.workers, a.threads)  # fmt: skip
+            v2d_config(
+                out / "c.yaml",
+                a.side,
+                a.fps,
+                "exact" if tool == "v2d-equal" else "keyframe_adjusted",
+                a.rows_per_shard,
+                a.workers,
+                a.threads,
+            )
             cmd += ["--config", str(out / "c.yaml")]
-        env, watch = child_env(WANDB_MODE="disabled", WANDB_SILENT="true", TQDM_DISABLE="1"), {"server": loop.watch["server"]}  # fmt: skip
+        env, watch = (
+            child_env(WANDB_MODE="disabled", WANDB_SILENT="true", TQDM_DISABLE="1"),
+            {"server": loop.watch["server"]},
+        )
     else:
-        clips = {"split": "scenes", "min_s": 1, "max_s": 10, "max_side": a.side, "crf": 23} | ({"fps": a.fps} if a.fps else {})  # fmt: skip
+        clips = {"split": "scenes", "min_s": 1, "max_s": 10, "max_side": a.side, "crf": 23} | (
+            {"fps": a.fps} if a.fps else {}
+        )
         equal = tool != "ss-default"
-        shardsmith_recipe(out / "r.yaml", out / "store", manifest, *((clips, a.rows_per_shard, a.workers) if equal else (None, None, None)))  # fmt: skip
+        shardsmith_recipe(
+            out / "r.yaml",
+            out / "store",
+            manifest,
+            *((clips, a.rows_per_shard, a.workers) if equal else (None, None, None)),
+        )
         cmd = [str(VENV_PY), "-m", "cli", "run", str(out / "r.yaml"), "--phase", "validate", "--json"]
         env, watch = prefect_env(s.work / "prefect-home", loop.api), loop.watch
         if tool == "ss-warm" and warm:  # (its pid None: the untimed command that starts it)
             env, watch = warm["env"], loop.watch | ({"warm": warm["pid"]} if warm["pid"] else {})
     try:
         with TreeSampler(watch["warm"]) if "warm" in watch else contextlib.nullcontext() as service:
-            t = timed(s.children, cmd, env, out if tool.startswith("v2d") else REPO, out / "stderr.log", watch, a.run_timeout)  # fmt: skip
+            t = timed(
+                s.children, cmd, env, out if tool.startswith("v2d") else REPO, out / "stderr.log", watch, a.run_timeout
+            )
     except SystemExit:
         s.keep = True  # the failed run's folder and log stay for a look
         raise
     if tool.startswith("v2d"):
         meta, phase = i2d_outputs(out / "out", ["url", "status"])
-        run = Run(tool, rnd, ok=clips_in_tars(list((out / "out").glob("*.tar"))), rows=a.videos, phase_s=phase).took(t, False)  # fmt: skip
+        run = Run(tool, rnd, ok=clips_in_tars(list((out / "out").glob("*.tar"))), rows=a.videos, phase_s=phase).took(
+            t, False
+        )
         bad = sum(1 for x in meta.get("status", []) if x != "success")
     else:
         res = summary(t.stdout)
@@ -228,22 +364,61 @@ def render(runs: list[Run], tools: list[str], args) -> list[str]:
     s = {}
     for tool in tools:
         if rs := [r for r in runs if r.tool == tool]:
-            s[tool] = {"n": len(rs), "wall": med(r.wall_s for r in rs), "rate": med(r.rate for r in rs), "best": max(r.rate for r in rs),
-                       "phase": med(r.phase_rate for r in rs), "cpu": med(r.cpu_per_clip for r in rs), "rss": med(r.peak_rss_mb for r in rs),
-                       "videos_s": med(r.rows / r.wall_s for r in rs), "clips": sorted({r.ok for r in rs})}  # fmt: skip
-    lines = ["Medians over rounds (best clips/s in brackets):", "", *table(
-        ["tool", "runs", "wall s", "clips/s (wall)", "clips/s (phase)", "videos/s (wall)", "CPU s / clip", "peak RSS MB", "clips"],
-        [[LABELS[t], v["n"], f"{v['wall']:.1f}", f"{v['rate']:.2f} ({v['best']:.2f})", fmt(v["phase"], ".2f"), f"{v['videos_s']:.2f}",
-          f"{v['cpu']:.3f}", f"{v['rss']:.0f}", "/".join(map(str, v["clips"]))] for t, v in s.items()])]  # fmt: skip
+            s[tool] = {
+                "n": len(rs),
+                "wall": med(r.wall_s for r in rs),
+                "rate": med(r.rate for r in rs),
+                "best": max(r.rate for r in rs),
+                "phase": med(r.phase_rate for r in rs),
+                "cpu": med(r.cpu_per_clip for r in rs),
+                "rss": med(r.peak_rss_mb for r in rs),
+                "videos_s": med(r.rows / r.wall_s for r in rs),
+                "clips": sorted({r.ok for r in rs}),
+            }
+    lines = [
+        "Medians over rounds (best clips/s in brackets):",
+        "",
+        *table(
+            [
+                "tool",
+                "runs",
+                "wall s",
+                "clips/s (wall)",
+                "clips/s (phase)",
+                "videos/s (wall)",
+                "CPU s / clip",
+                "peak RSS MB",
+                "clips",
+            ],
+            [
+                [
+                    LABELS[t],
+                    v["n"],
+                    f"{v['wall']:.1f}",
+                    f"{v['rate']:.2f} ({v['best']:.2f})",
+                    fmt(v["phase"], ".2f"),
+                    f"{v['videos_s']:.2f}",
+                    f"{v['cpu']:.3f}",
+                    f"{v['rss']:.0f}",
+                    "/".join(map(str, v["clips"])),
+                ]
+                for t, v in s.items()
+            ],
+        ),
+    ]
     lines.append("")
     for ss, base in [(x, b) for x, b in PAIRS if x in s and b in s]:
         x, b, key = s[ss], s[base], "videos_s" if base.endswith("default") else "rate"
         phase = "" if key == "videos_s" else f", {fmt(ratio(x['phase'], b['phase']), '.2f')}x over the phase"
-        lines.append(f"- {LABELS[ss]} vs {LABELS[base]}: {'videos/s' if key == 'videos_s' else 'clips/s'} {fmt(ratio(x[key], b[key]), '.2f')}x over the whole command{phase}; "  # fmt: skip
-                     f"CPU per clip {fmt(ratio(b['cpu'], x['cpu']), '.2f')}x ({x['cpu']:.3f} vs {b['cpu']:.3f} s); peak RSS {x['rss']:.0f} vs {b['rss']:.0f} MB")  # fmt: skip
+        lines.append(
+            f"- {LABELS[ss]} vs {LABELS[base]}: {'videos/s' if key == 'videos_s' else 'clips/s'} {fmt(ratio(x[key], b[key]), '.2f')}x over the whole command{phase}; "
+            f"CPU per clip {fmt(ratio(b['cpu'], x['cpu']), '.2f')}x ({x['cpu']:.3f} vs {b['cpu']:.3f} s); peak RSS {x['rss']:.0f} vs {b['rss']:.0f} MB"
+        )
     if "ss-equal" in s and "v2d-equal" in s:
         r = ratio(s["ss-equal"]["rate"], s["v2d-equal"]["rate"])
-        lines.append(f"- issue 34's target, >= {TARGET:g}x video2dataset's clips/s on equal settings: {fmt(r, '.2f')}x, {'met' if r and r >= TARGET else 'NOT met'}")  # fmt: skip
+        lines.append(
+            f"- issue 34's target, >= {TARGET:g}x video2dataset's clips/s on equal settings: {fmt(r, '.2f')}x, {'met' if r and r >= TARGET else 'NOT met'}"
+        )
     return lines
 
 
@@ -278,7 +453,12 @@ def decode(tool: str, clips: list[bytes], args) -> list:
 
     out = []
     for i in range(0, len(clips), args.batch):
-        out += [t for t, _ in dali_decode(clips[i : i + args.batch], args.frames, args.fps, args.size, args.device, args.batch)]  # fmt: skip
+        out += [
+            t
+            for t, _ in dali_decode(
+                clips[i : i + args.batch], args.frames, args.fps, args.size, args.device, args.batch
+            )
+        ]
     if args.device == "mixed":
         import torch
 
@@ -303,17 +483,24 @@ def decode_stage(args, p) -> list[str]:
         return {"tool": tool, "wall": lap.wall, "cpu": lap.cpu}
 
     wall, cpu = (medians(rounds(("pyav", "dali"), args.repeats, run), lambda r, k=k: r[k]) for k in ("wall", "cpu"))
-    diffs = np.concatenate([(x.cpu().int() - y.cpu().int()).abs().float().mean(dim=(1, 2, 3)).numpy() for x, y in zip(outputs["dali"], outputs["pyav"], strict=True)])  # fmt: skip
+    diffs = np.concatenate(
+        [
+            (x.cpu().int() - y.cpu().int()).abs().float().mean(dim=(1, 2, 3)).numpy()
+            for x, y in zip(outputs["dali"], outputs["pyav"], strict=True)
+        ]
+    )
     fig = {t: (len(clips) / wall[t], len(clips) * args.frames / wall[t], 1000 * cpu[t] / len(clips)) for t in wall}
     rows = [(t, f"{a:.1f}", f"{b:.0f}", f"{c:.1f}") for t, (a, b, c) in fig.items()]
     rows.append(("**dali / pyav**", *(f"**{d / q:.2f}**" for d, q in zip(fig["dali"], fig["pyav"]))))
     return [
-        f"{len(clips)} {args.codec} clips of {args.videos} corpus videos (1..{args.max_s:g} s), {args.frames} frames at {args.fps} fps "  # fmt: skip
-        f"fitted to {args.size} px; DALI {args.device}, batches of {args.batch}; medians of {args.repeats} rounds", "",
-        *table(("tool", "clips/s", "frames/s", "CPU ms / clip"), rows), "",
+        f"{len(clips)} {args.codec} clips of {args.videos} corpus videos (1..{args.max_s:g} s), {args.frames} frames at {args.fps} fps "
+        f"fitted to {args.size} px; DALI {args.device}, batches of {args.batch}; medians of {args.repeats} rounds",
+        "",
+        *table(("tool", "clips/s", "frames/s", "CPU ms / clip"), rows),
+        "",
         f"- DALI's first batch, pipeline build included: {build.wall:.2f} s wall, {build.cpu:.2f} s CPU",
-        f"- DALI's frames from PyAV's: mean absolute difference per frame {diffs.mean():.2f} levels (largest {diffs.max():.2f})",  # fmt: skip
-    ]  # fmt: skip
+        f"- DALI's frames from PyAV's: mean absolute difference per frame {diffs.mean():.2f} levels (largest {diffs.max():.2f})",
+    ]
 
 
 def clips_stage(args) -> list[str]:
@@ -324,12 +511,20 @@ def clips_stage(args) -> list[str]:
     with Session("video", args.keep) as s:
         loop = serve(s, pool, prefect=False)  # each shardsmith command starts its own Prefect server
         manifest, small = s.work / "manifest.parquet", s.work / "warmup.parquet"
-        for path, urls in ((manifest, [f"{loop.base_url}/img/{x}" for x in names]), (small, [f"{loop.base_url}/img/{x}" for x in names[:4]])):  # fmt: skip
+        for path, urls in (
+            (manifest, [f"{loop.base_url}/img/{x}" for x in names]),
+            (small, [f"{loop.base_url}/img/{x}" for x in names[:4]]),
+        ):
             write_manifest(path, urls, caption=[f"synthetic video number {i}" for i in range(len(urls))])
         firsts = [next((t for t in args.tools if t.startswith(x)), None) for x in ("ss-", "v2d-")]
         for tool in [t for t in firsts if t and not args.no_warmup] + (["ss-warm"] if "ss-warm" in args.tools else []):
-            env = prefect_env(s.work / "prefect-home", loop.api, SHARDSMITH_WARM="1", SHARDSMITH_WARM_DIR=str(s.work / "warm"))  # fmt: skip
-            print(f"untimed: {tool} on 4 videos" + (", starting the warm service" if tool == "ss-warm" else ""), flush=True)  # fmt: skip
+            env = prefect_env(
+                s.work / "prefect-home", loop.api, SHARDSMITH_WARM="1", SHARDSMITH_WARM_DIR=str(s.work / "warm")
+            )
+            print(
+                f"untimed: {tool} on 4 videos" + (", starting the warm service" if tool == "ss-warm" else ""),
+                flush=True,
+            )
             run_tool(s, args, loop, tool, 0, small, {"env": env, "pid": None})
             shutil.rmtree(s.work / f"{tool}-0", ignore_errors=True)
             warm = {"env": env, "pid": wait_warm(s.work / "warm")} if tool == "ss-warm" else warm
@@ -353,27 +548,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", choices=("clips", "decode"), default="clips", help="what is measured (default clips)")
     p.add_argument("--videos", type=int, help="videos of the corpus, 6..12 s each (default: clips 40, decode 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus")
-    p.add_argument("--fps", type=float, help="clips: their rate at equal settings (default 10); decode: the rate frames are taken at (default 4); 0: the source's")  # fmt: skip
+    p.add_argument(
+        "--fps",
+        type=float,
+        help="clips: their rate at equal settings (default 10); decode: the rate frames are taken at (default 4); 0: the source's",
+    )
     p.add_argument("--side", type=int, default=256, help="clips: their long side at equal settings (default 256)")
     add_tool_flags(p, rows_per_shard=5, baseline="video2dataset", threads=32)  # its default thread_count
-    p.add_argument("--no-warmup", action="store_true", help="clips: skip the untimed first run of each program on 4 videos")  # fmt: skip
+    p.add_argument(
+        "--no-warmup", action="store_true", help="clips: skip the untimed first run of each program on 4 videos"
+    )
     p.add_argument("--run-timeout", type=float, default=1800, help="clips: stop a command after this many seconds")
     p.add_argument("--max-s", type=float, default=4.0, help="decode: a clip's longest length in seconds (default 4)")
-    p.add_argument("--codec", choices=["h264", "vp9"], help="decode: the clips' codec (default: h264 with a GPU, else vp9)")  # fmt: skip
-    p.add_argument("--device", choices=["cpu", "mixed"], help="decode: DALI's decoder, mixed is NVDEC (default: mixed with a GPU, else cpu)")  # fmt: skip
-    p.add_argument("--frames", type=int, default=8, help="decode: frames per clip (precache.clip_latents.frames; default 8)")  # fmt: skip
+    p.add_argument(
+        "--codec", choices=["h264", "vp9"], help="decode: the clips' codec (default: h264 with a GPU, else vp9)"
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "mixed"],
+        help="decode: DALI's decoder, mixed is NVDEC (default: mixed with a GPU, else cpu)",
+    )
+    p.add_argument(
+        "--frames", type=int, default=8, help="decode: frames per clip (precache.clip_latents.frames; default 8)"
+    )
     p.add_argument("--size", type=int, default=128, help="decode: the square frames are fitted to (default 128)")
-    p.add_argument("--batch", type=int, default=16, help="decode: clips per DALI batch (precache.batch_size; default 16)")  # fmt: skip
+    p.add_argument(
+        "--batch", type=int, default=16, help="decode: clips per DALI batch (precache.batch_size; default 16)"
+    )
     args = parse(p, argv, tools=TOOLS)
     decoding = args.stage == "decode"
-    args.videos, args.fps = args.videos or (8 if decoding else 40), (4.0 if decoding else 10.0) if args.fps is None else args.fps or None  # fmt: skip
+    args.videos, args.fps = (
+        args.videos or (8 if decoding else 40),
+        (4.0 if decoding else 10.0) if args.fps is None else args.fps or None,
+    )
     if decoding:
         emit("Clip decode (`bench_video.py --stage decode`)", decode_stage(args, p), argv, args.markdown)
         return 0
     import av
 
     planned = [plan(args.seed, i) for i in range(args.videos)]
-    note = f"{args.videos} videos, {sum(p[0] for p in planned) / FPS:.0f} s, {sum(len(expected_spans(*p)) for p in planned)} clips planned; PyAV {av.__version__}; {V2D_REQUIREMENT}"  # fmt: skip
+    note = f"{args.videos} videos, {sum(p[0] for p in planned) / FPS:.0f} s, {sum(len(expected_spans(*p)) for p in planned)} clips planned; PyAV {av.__version__}; {V2D_REQUIREMENT}"
     emit("Video clips (`bench_video.py --stage clips`)", clips_stage(args), argv, args.markdown, note)
     return 0
 

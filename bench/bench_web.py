@@ -21,29 +21,89 @@ from harness.report import emit, fmt, in_turn, med, parse, parser, per_1k, ratio
 from harness.servers import prefect_env, serve
 
 SCENARIOS = ("validate", "faulty", "download", "fixed")
-FAULTS = {"404": "/status/404?u={i}", "500": "/status/500?u={i}", "slow": "/trickle/{ms}/{n}", "timeout": "/hang?u={i}",
-          "truncated": "/truncated/{n}", "corrupt": "/corrupt/{n}", "html": "/html-as-jpeg?u={i}", "empty": "/empty/{n}"}  # fmt: skip
+FAULTS = {
+    "404": "/status/404?u={i}",
+    "500": "/status/500?u={i}",
+    "slow": "/trickle/{ms}/{n}",
+    "timeout": "/hang?u={i}",
+    "truncated": "/truncated/{n}",
+    "corrupt": "/corrupt/{n}",
+    "html": "/html-as-jpeg?u={i}",
+    "empty": "/empty/{n}",
+}
 # One command of a scenario: its key, what it is, ``shardsmith run`` (else img2dataset), --phase, --set overrides, img2dataset's arguments.
 Tool = namedtuple("Tool", "name label shardsmith phase sets i2d", defaults=("validate", (), ()))
-I2D = Tool("img2dataset", "img2dataset defaults (border 256, jpg q95, timeout 10 s, no retries)", False, i2d=ht.I2D_RESIZE + ht.I2D_NET)  # fmt: skip
-FIXED = {"small": "shardsmith --phase validate, {small}-row manifest, new store", "small-i2d": "img2dataset defaults, the same {small} rows",
-         "noop-small": "the same shardsmith command again (the nightly no-op)", "big-validate": "shardsmith --phase validate, {rows} rows, new store",
-         "reshard": "shardsmith --phase reshard right after it", "noop-reshard": "the same --phase reshard again (all committed)"}  # fmt: skip
+I2D = Tool(
+    "img2dataset",
+    "img2dataset defaults (border 256, jpg q95, timeout 10 s, no retries)",
+    False,
+    i2d=ht.I2D_RESIZE + ht.I2D_NET,
+)
+FIXED = {
+    "small": "shardsmith --phase validate, {small}-row manifest, new store",
+    "small-i2d": "img2dataset defaults, the same {small} rows",
+    "noop-small": "the same shardsmith command again (the nightly no-op)",
+    "big-validate": "shardsmith --phase validate, {rows} rows, new store",
+    "reshard": "shardsmith --phase reshard right after it",
+    "noop-reshard": "the same --phase reshard again (all committed)",
+}
 
 
 def scenario_tools(scenario: str, args) -> list[Tool]:
     """The tools one round of a scenario runs, in turn."""
     if scenario == "validate":  # shardsmith keeps the bytes as fetched beside its outputs by default
-        return [Tool("shardsmith", "shardsmith --phase validate, recipe defaults", True),
-                Tool("shardsmith-lean", "the same, download.keep_raw=false (no raw shards)", True, sets=("download.keep_raw=false",)), I2D]  # fmt: skip
+        return [
+            Tool("shardsmith", "shardsmith --phase validate, recipe defaults", True),
+            Tool(
+                "shardsmith-lean",
+                "the same, download.keep_raw=false (no raw shards)",
+                True,
+                sets=("download.keep_raw=false",),
+            ),
+            I2D,
+        ]
     if scenario == "faulty":  # img2dataset's timeout, no retries, as many requests in flight as it has threads
-        equal = ("download.timeout_s=10", "download.retries=0", f"download.max_inflight={args.threads}", f"download.per_host={args.threads}")  # fmt: skip
-        return [Tool("shardsmith-equal", f"shardsmith --phase validate, img2dataset's network settings ({' '.join(equal)})", True, sets=equal),
-                Tool("shardsmith-defaults", "shardsmith --phase validate, recipe defaults (its timeout, retries, per-host limit)", True), I2D]  # fmt: skip
+        equal = (
+            "download.timeout_s=10",
+            "download.retries=0",
+            f"download.max_inflight={args.threads}",
+            f"download.per_host={args.threads}",
+        )
+        return [
+            Tool(
+                "shardsmith-equal",
+                f"shardsmith --phase validate, img2dataset's network settings ({' '.join(equal)})",
+                True,
+                sets=equal,
+            ),
+            Tool(
+                "shardsmith-defaults",
+                "shardsmith --phase validate, recipe defaults (its timeout, retries, per-host limit)",
+                True,
+            ),
+            I2D,
+        ]
     raw = ("--resize_mode", "no", "--disable_all_reencoding", "True", *ht.I2D_NET)
-    return [Tool("shardsmith", "shardsmith --phase download (bytes stored as fetched)", True, phase="download"),
-            Tool("img2dataset-raw", "img2dataset --resize_mode no --disable_all_reencoding True (bytes as fetched)", False, i2d=raw)] + (
-           [Tool("img2dataset-reencode", "img2dataset --resize_mode no (decode and re-encode)", False, i2d=raw[:2] + ht.I2D_NET)] if args.reencode else [])  # fmt: skip
+    return [
+        Tool("shardsmith", "shardsmith --phase download (bytes stored as fetched)", True, phase="download"),
+        Tool(
+            "img2dataset-raw",
+            "img2dataset --resize_mode no --disable_all_reencoding True (bytes as fetched)",
+            False,
+            i2d=raw,
+        ),
+    ] + (
+        [
+            Tool(
+                "img2dataset-reencode",
+                "img2dataset --resize_mode no (decode and re-encode)",
+                False,
+                i2d=raw[:2] + ht.I2D_NET,
+            )
+        ]
+        if args.reencode
+        else []
+    )
 
 
 @dataclass
@@ -69,7 +129,9 @@ class Bench:
     def __init__(self, args, s: Session, loop) -> None:
         self.args, self.s, self.watch, self.api, self.home = args, s, loop.watch, loop.api, s.work / "prefect-home"
 
-    def measure(self, run: Run, cmd: list[str], env: dict, cwd: Path, log: Path, prefect: bool, watch: dict | None = None):  # fmt: skip
+    def measure(
+        self, run: Run, cmd: list[str], env: dict, cwd: Path, log: Path, prefect: bool, watch: dict | None = None
+    ):
         """Run and fill the run's times (a pre-started server's CPU is shardsmith's); on failure keep the error and the folders."""
         try:
             t = timed(
@@ -97,7 +159,11 @@ class Bench:
             res = ht.summary(t.stdout)
             if "up_to_date" not in res:  # else the last run covered these phases over the same inputs
                 dl, val, rs = res["download"], res.get("validate"), res.get("reshard")
-                run.rows, run.ok, run.phase_s = dl["counts"]["rows"], (val or dl)["counts"]["ok"], sum(x["seconds"] for x in (dl, val, rs) if x)  # fmt: skip
+                run.rows, run.ok, run.phase_s = (
+                    dl["counts"]["rows"],
+                    (val or dl)["counts"]["ok"],
+                    sum(x["seconds"] for x in (dl, val, rs) if x),
+                )
                 run.reasons = dl["counts"]["by_reason"] | (val["counts"]["by_reason"] if val else {})
                 run.reshard_s = rs["seconds"] if rs else None
         else:
@@ -156,12 +222,18 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
     out = {}
     for name in dict.fromkeys(r.tool for r in runs if r.error is None):
         rs = [r for r in runs if r.tool == name and r.error is None]
-        out[name] = ht.spread(rs) | {"cpu": med(r.cpu_s for r in rs), "reshard": med(r.reshard_s for r in rs),
-                                     "prefect": med(per_1k(r.prefect_cpu_s, r.ok) for r in rs), "disk": med(r.disk_mb for r in rs)}  # fmt: skip
+        out[name] = ht.spread(rs) | {
+            "cpu": med(r.cpu_s for r in rs),
+            "reshard": med(r.reshard_s for r in rs),
+            "prefect": med(per_1k(r.prefect_cpu_s, r.ok) for r in rs),
+            "disk": med(r.disk_mb for r in rs),
+        }
     return out
 
 
-def ratio_rows(scenario: str, s: dict[str, dict], tool: str, base: str, rate_aim: float | None, cpu_aim: float | None) -> list[tuple]:  # fmt: skip
+def ratio_rows(
+    scenario: str, s: dict[str, dict], tool: str, base: str, rate_aim: float | None, cpu_aim: float | None
+) -> list[tuple]:
     """The targets table's rows of ``tool`` / ``base``: samples/s and CPU per 1,000 accepted samples."""
     if tool not in s or base not in s:
         return [(f"{scenario}: {tool} / {base}", "-", "-", "no successful run", "-", "-")]
@@ -169,7 +241,16 @@ def ratio_rows(scenario: str, s: dict[str, dict], tool: str, base: str, rate_aim
     for what, key, aim, higher in (("samples/s", "rate", rate_aim, True), ("CPU s / 1k ok", "cpu_1k", cpu_aim, False)):
         r = ratio(s[tool][key], s[base][key])
         target = (f">= {aim}x" if higher else f"<= {aim}x") if aim else "reported"
-        rows.append((f"{scenario}: {tool} / {base}, {what}", f"{s[tool][key]:.2f}", f"{s[base][key]:.2f}", f"**{r:.2f}x**", target, verdict(r, aim, higher)))  # fmt: skip
+        rows.append(
+            (
+                f"{scenario}: {tool} / {base}, {what}",
+                f"{s[tool][key]:.2f}",
+                f"{s[base][key]:.2f}",
+                f"**{r:.2f}x**",
+                target,
+                verdict(r, aim, higher),
+            )
+        )
     return rows
 
 
@@ -178,52 +259,125 @@ def report(runs: list[Run], args, faults: dict[str, int]) -> list[str]:
     for scenario in args.scenarios:
         s = summarize(rs := [r for r in runs if r.scenario == scenario])
         lines += ["", f"### {scenario}", ""]
-        labels = {t.name: t.label for t in scenario_tools(scenario, args)} if scenario != "fixed" else {k: v.format(small=args.small_rows, rows=args.rows) for k, v in FIXED.items()}  # fmt: skip
-        rows = [[labels.get(k, k), v["n"], f"{v['wall']:.1f} ({v['wall_best']:.1f})", f"{v['rate']:.1f} ({v['rate_best']:.1f})", f"{v['cpu_1k']:.2f} ({v['cpu_1k_best']:.2f})",
-                 fmt(v["prefect"], ".2f"), f"{'/'.join(map(str, v['ok']))} of {v['rows']}", fmt(v["disk"], ".0f")] for k, v in s.items()]  # fmt: skip
-        lines += table(["tool", "runs ok", "wall s", "samples/s", "CPU s / 1k ok", "of which Prefect", "ok", "MB on disk"], rows)  # fmt: skip
+        labels = (
+            {t.name: t.label for t in scenario_tools(scenario, args)}
+            if scenario != "fixed"
+            else {k: v.format(small=args.small_rows, rows=args.rows) for k, v in FIXED.items()}
+        )
+        rows = [
+            [
+                labels.get(k, k),
+                v["n"],
+                f"{v['wall']:.1f} ({v['wall_best']:.1f})",
+                f"{v['rate']:.1f} ({v['rate_best']:.1f})",
+                f"{v['cpu_1k']:.2f} ({v['cpu_1k_best']:.2f})",
+                fmt(v["prefect"], ".2f"),
+                f"{'/'.join(map(str, v['ok']))} of {v['rows']}",
+                fmt(v["disk"], ".0f"),
+            ]
+            for k, v in s.items()
+        ]
+        lines += table(
+            ["tool", "runs ok", "wall s", "samples/s", "CPU s / 1k ok", "of which Prefect", "ok", "MB on disk"], rows
+        )
         lines += [f"- {r.tool} round {r.round} failed: {r.error}" for r in rs if r.error]
         if scenario == "fixed":
             wall, rsh = {k: v["wall"] for k, v in s.items()}, s.get("reshard", {})
-            for label, v, base, aim in ((f"{args.small_rows} rows end to end, wall s", wall.get("small"), fmt(wall.get("small-i2d")), 15.0),
-                                        ("no-op rerun, wall s", wall.get("noop-small"), "-", 10.0), ("no-op --phase reshard, wall s", wall.get("noop-reshard"), "-", 10.0),
-                                        ("--phase reshard after validate, less the reshard phase, s", rsh["wall"] - rsh["reshard"] if rsh.get("reshard") else None, "-", 10.0)):  # fmt: skip
+            for label, v, base, aim in (
+                (f"{args.small_rows} rows end to end, wall s", wall.get("small"), fmt(wall.get("small-i2d")), 15.0),
+                ("no-op rerun, wall s", wall.get("noop-small"), "-", 10.0),
+                ("no-op --phase reshard, wall s", wall.get("noop-reshard"), "-", 10.0),
+                (
+                    "--phase reshard after validate, less the reshard phase, s",
+                    rsh["wall"] - rsh["reshard"] if rsh.get("reshard") else None,
+                    "-",
+                    10.0,
+                ),
+            ):
                 targets.append((f"fixed: {label}", fmt(v), base, "-", f"<= {aim:g} s", verdict(v, aim)))
             continue
         if scenario == "faulty":
-            lines += ["", "Rows: " + ", ".join(f"{k} {n}" for k, n in faults.items()) + f" (slow: the whole image over {args.slow_ms} ms, so kept)"]  # fmt: skip
+            lines += [
+                "",
+                "Rows: "
+                + ", ".join(f"{k} {n}" for k, n in faults.items())
+                + f" (slow: the whole image over {args.slow_ms} ms, so kept)",
+            ]
         base = "img2dataset-raw" if scenario == "download" else "img2dataset"
         for t in scenario_tools(scenario, args):
             if t.shardsmith:
                 aim = 1.5 if scenario == "validate" or t.name in ("shardsmith", "shardsmith-equal") else None
                 targets += ratio_rows(scenario, s, t.name, base, aim, 0.67 if scenario == "validate" else None)
-        targets += ratio_rows(scenario, s, "shardsmith", "img2dataset-reencode", None, None) if args.reencode and scenario == "download" else []  # fmt: skip
+        targets += (
+            ratio_rows(scenario, s, "shardsmith", "img2dataset-reencode", None, None)
+            if args.reencode and scenario == "download"
+            else []
+        )
         due = faults["ok"] + faults["slow"] if scenario == "faulty" else args.rows
-        lines += [f"- WARNING: {k} kept {'/'.join(map(str, v['ok']))} samples where {due} are due" for k, v in s.items() if v["ok"] != [due]]  # fmt: skip
+        lines += [
+            f"- WARNING: {k} kept {'/'.join(map(str, v['ok']))} samples where {due} are due"
+            for k, v in s.items()
+            if v["ok"] != [due]
+        ]
         for r in {r.tool: r for r in rs[::-1] if r.error is None and r.reasons}.values():  # each tool's first round
-            lines.append(f"- {r.tool}, not kept: " + ", ".join(f"{k} {n}" for k, n in sorted(r.reasons.items(), key=lambda kv: -kv[1])))  # fmt: skip
-    return lines + ["", "### Against the targets (shardsmith / img2dataset, medians)", "", *table(["figure", "shardsmith", "img2dataset", "ratio", "target", ""], targets, "lrrrll")]  # fmt: skip
+            lines.append(
+                f"- {r.tool}, not kept: "
+                + ", ".join(f"{k} {n}" for k, n in sorted(r.reasons.items(), key=lambda kv: -kv[1]))
+            )
+    return lines + [
+        "",
+        "### Against the targets (shardsmith / img2dataset, medians)",
+        "",
+        *table(["figure", "shardsmith", "img2dataset", "ratio", "target", ""], targets, "lrrrll"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=3, quiet_wait=90.0, keep="web")
-    helps = {"validate": "shardsmith --phase validate, also with download.keep_raw=false, beside img2dataset (>= 1.5x samples/s, <= 0.67x CPU)",
-             "faulty": "the same with --faulty-share of the rows faulty, shardsmith with img2dataset's network settings (>= 1.5x) and its own",
-             "download": "--phase download beside img2dataset storing the bytes as fetched (>= 1.5x)",
-             "fixed": "--small-rows end to end (<= 15 s) and again (no-op), --phase reshard after a --rows validate and again (<= 10 s)",
-             "all": "every scenario, in this order"}  # fmt: skip
+    helps = {
+        "validate": "shardsmith --phase validate, also with download.keep_raw=false, beside img2dataset (>= 1.5x samples/s, <= 0.67x CPU)",
+        "faulty": "the same with --faulty-share of the rows faulty, shardsmith with img2dataset's network settings (>= 1.5x) and its own",
+        "download": "--phase download beside img2dataset storing the bytes as fetched (>= 1.5x)",
+        "fixed": "--small-rows end to end (<= 15 s) and again (no-op), --phase reshard after a --rows validate and again (<= 10 s)",
+        "all": "every scenario, in this order",
+    }
     for name, text in helps.items():
         p.add_argument(f"--{name}", action="store_true", help=text)
-    p.add_argument("--reencode", action="store_true", help="download: also img2dataset --resize_mode no (re-encodes every image)")  # fmt: skip
-    p.add_argument("--rows", type=int, default=10_000, help="URLs in the manifest, each a distinct image (default 10000)")  # fmt: skip
-    p.add_argument("--small-rows", type=int, default=20, help="rows of the small manifest: fixed scenario, warm-up (default 20)")  # fmt: skip
-    p.add_argument("--faulty-share", type=float, default=0.2, help="share of faulty rows: 404, 500, slow, never answering, truncated, corrupt, HTML, empty (default 0.2)")  # fmt: skip
-    p.add_argument("--slow-ms", type=int, default=3000, help="how long a slow row takes to arrive, complete (default 3000)")  # fmt: skip
+    p.add_argument(
+        "--reencode", action="store_true", help="download: also img2dataset --resize_mode no (re-encodes every image)"
+    )
+    p.add_argument(
+        "--rows", type=int, default=10_000, help="URLs in the manifest, each a distinct image (default 10000)"
+    )
+    p.add_argument(
+        "--small-rows", type=int, default=20, help="rows of the small manifest: fixed scenario, warm-up (default 20)"
+    )
+    p.add_argument(
+        "--faulty-share",
+        type=float,
+        default=0.2,
+        help="share of faulty rows: 404, 500, slow, never answering, truncated, corrupt, HTML, empty (default 0.2)",
+    )
+    p.add_argument(
+        "--slow-ms", type=int, default=3000, help="how long a slow row takes to arrive, complete (default 3000)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the image pool and of the faulty rows")
     ht.add_tool_flags(p, rows_per_shard=1000)
-    p.add_argument("--prefect", choices=("embedded", "server"), default="embedded", help="embedded: each shardsmith command starts its own Prefect server; server: one started beforehand")  # fmt: skip
-    p.add_argument("--run-timeout", type=float, default=3600.0, help="stop a command after this many seconds: failed (default 3600)")  # fmt: skip
-    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed --small-rows run of each tool")  # fmt: skip
+    p.add_argument(
+        "--prefect",
+        choices=("embedded", "server"),
+        default="embedded",
+        help="embedded: each shardsmith command starts its own Prefect server; server: one started beforehand",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=3600.0,
+        help="stop a command after this many seconds: failed (default 3600)",
+    )
+    p.add_argument(
+        "--no-warmup", dest="warmup", action="store_false", help="skip the untimed --small-rows run of each tool"
+    )
     args = parse(p, argv)
     args.scenarios = [s for s in SCENARIOS if args.all or getattr(args, s)]
     if not args.scenarios or args.rows < 1 or args.small_rows < 1 or not 0 <= args.faulty_share <= 1:
@@ -240,9 +394,20 @@ def main(argv: list[str] | None = None) -> int:
         write_manifest(clean, [f"{url}/img/{n}" for n in names[: args.rows]])
         write_manifest(small, [f"{url}/img/{n}" for n in names[: args.small_rows]])
         kinds = ["ok"] * args.rows  # the faulty rows at seeded rows, the kinds in equal parts
-        for j, row in enumerate(np.random.default_rng([args.seed, 13]).choice(args.rows, size=round(args.rows * args.faulty_share), replace=False)):  # fmt: skip
+        for j, row in enumerate(
+            np.random.default_rng([args.seed, 13]).choice(
+                args.rows, size=round(args.rows * args.faulty_share), replace=False
+            )
+        ):
             kinds[int(row)] = list(FAULTS)[j % len(FAULTS)]
-        write_manifest(faulty, [url + (FAULTS.get(k) or "/img/{n}").format(n=n, i=i, ms=args.slow_ms) for i, (k, n) in enumerate(zip(kinds, names))], kind=kinds)  # fmt: skip
+        write_manifest(
+            faulty,
+            [
+                url + (FAULTS.get(k) or "/img/{n}").format(n=n, i=i, ms=args.slow_ms)
+                for i, (k, n) in enumerate(zip(kinds, names))
+            ],
+            kind=kinds,
+        )
         faults = {k: kinds.count(k) for k in ("ok", *FAULTS)}
         for tool in scenario_tools("validate", args) if args.warmup else []:
             print(f"warm-up (not timed): {tool.name} on {args.small_rows} rows", flush=True)

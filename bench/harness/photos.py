@@ -66,7 +66,9 @@ def ensure_pool(rows: int, seed: int) -> tuple[Path, dict[str, int]]:
         print(f"rendering {len(missing)} images into {folder} (once; reused by later runs) ...", flush=True)
         started = time.perf_counter()
         # At the lowest priority: someone's timed run may be going.
-        with ProcessPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)), initializer=os.nice, initargs=(19,)) as ex:  # fmt: skip
+        with ProcessPoolExecutor(
+            max_workers=max(1, min(2, os.cpu_count() or 1)), initializer=os.nice, initargs=(19,)
+        ) as ex:
             for name, data in ex.map(render, [seed] * len(missing), missing, chunksize=16):
                 (folder / name).write_bytes(data)
                 sizes[name] = len(data)

@@ -152,7 +152,12 @@ def measured(work: Callable[[], dict]) -> dict:
     base = peak_rss_mb()
     with clock(process_cpu) as lap:
         out = work()
-    return out | {"seconds": lap.wall, "cpu": lap.cpu, "base_mb": base, "peak_mb": max(peak_rss_mb(), peak_rss_mb(True))}  # fmt: skip
+    return out | {
+        "seconds": lap.wall,
+        "cpu": lap.cpu,
+        "base_mb": base,
+        "peak_mb": max(peak_rss_mb(), peak_rss_mb(True)),
+    }
 
 
 def settle(max_wait: float, threshold: float = 0.3, window: float = 3.0) -> float | None:
@@ -243,8 +248,17 @@ class Timed:
         return self.watched["other"]
 
 
-def timed(children: Children, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, watch: dict[str, int] | None = None,
-          timeout: float | None = None, role: Callable | None = None, leftovers: bool = False) -> Timed:  # fmt: skip
+def timed(
+    children: Children,
+    cmd: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    log: Path,
+    watch: dict[str, int] | None = None,
+    timeout: float | None = None,
+    role: Callable | None = None,
+    leftovers: bool = False,
+) -> Timed:
     """Run ``cmd`` (stderr to ``log``), sampling its tree; CPU is its whole tree's (``RUSAGE_CHILDREN``). ``watch``:
     servers whose CPU meanwhile is kept apart, with other work's (``other``); ``leftovers``: kill what the command
     left running. SystemExit when it fails or runs past ``timeout`` s."""

@@ -18,15 +18,27 @@ from .procs import REPO, settle
 T = TypeVar("T")
 
 
-def parser(doc: str | None, repeats: int = 3, quiet_wait: float | None = None, keep: str | None = None) -> argparse.ArgumentParser:  # fmt: skip
+def parser(
+    doc: str | None, repeats: int = 3, quiet_wait: float | None = None, keep: str | None = None
+) -> argparse.ArgumentParser:
     """A script's parser: its docstring as the description, ``--repeats``, ``--markdown`` and a hidden ``--child``;
     ``--quiet-wait`` when ``quiet_wait`` is given, ``--keep`` when ``keep`` names its folder under ``.bench/``."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=repeats, help=f"rounds; each runs every tool once, in turn, reversed in even rounds (default {repeats})")  # fmt: skip
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=repeats,
+        help=f"rounds; each runs every tool once, in turn, reversed in even rounds (default {repeats})",
+    )
     p.add_argument("--markdown", type=Path, help="also write the report (markdown) to this file")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     if quiet_wait is not None:
-        p.add_argument("--quiet-wait", type=float, default=quiet_wait, help=f"before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't; default {quiet_wait:g})")  # fmt: skip
+        p.add_argument(
+            "--quiet-wait",
+            type=float,
+            default=quiet_wait,
+            help=f"before each run, wait up to this many seconds for other work on the machine to drop under 0.3 cores (0: don't; default {quiet_wait:g})",
+        )
     if keep:
         p.add_argument("--keep", action="store_true", help=f"keep each run's folder under .bench/{keep}/runs/")
     return p
@@ -72,7 +84,11 @@ def rounds(items: Sequence[T], repeats: int, run: Callable[[T, int], Any], quiet
     for rnd, item in alternated(items, repeats):
         settle(quiet_wait)
         out.append(r := run(item, rnd))
-        numbers = ", ".join(f"{k} {v:.4g}" for k, v in r.items() if isinstance(v, int | float) and not isinstance(v, bool)) if isinstance(r, dict) else ""  # fmt: skip
+        numbers = (
+            ", ".join(f"{k} {v:.4g}" for k, v in r.items() if isinstance(v, int | float) and not isinstance(v, bool))
+            if isinstance(r, dict)
+            else ""
+        )
         print(f"  round {rnd} {item}: {r.line() if hasattr(r, 'line') else numbers}", flush=True)
     return out
 
@@ -91,7 +107,9 @@ def medians(results: Iterable, value: Callable[[Any], float | None], key: str = 
     return {k: med(v) for k, v in groups.items()}
 
 
-def summary(results: Sequence[dict], columns: dict[str, tuple[str | Callable[[dict], Any], str]], key: str = "tool") -> list[str]:  # fmt: skip
+def summary(
+    results: Sequence[dict], columns: dict[str, tuple[str | Callable[[dict], Any], str]], key: str = "tool"
+) -> list[str]:
     """A markdown table, a row per tool (``r[key]``) in first-seen order: ``columns`` maps a heading to (a
     result's key or ``value(r)``, format spec); numbers show their median over the tool's results, else the first."""
     rows = []
@@ -128,7 +146,9 @@ def table(head: Sequence[str], rows: Iterable[Sequence[object]], align: str | No
 def revision() -> str:
     """The commit measured, with ``-dirty`` when the working tree has uncommitted changes."""
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() or "unknown"
@@ -140,9 +160,18 @@ def emit(title: str, lines: Iterable[str], argv: list[str] | None, markdown: Pat
     import psutil
 
     command = f"python bench/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:] if argv is None else argv)
-    machine = f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, {platform.machine()}, Python {platform.python_version()}"  # fmt: skip
-    when, load = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"), " ".join(f"{x:.2f}" for x in os.getloadavg())  # fmt: skip
-    head = [f"## {title}", "", f"- command: `{command}`", f"- commit {revision()}; {when}; {machine}; load average {load}" + (f"; {note}" if note else ""), ""]  # fmt: skip
+    machine = f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, {platform.machine()}, Python {platform.python_version()}"
+    when, load = (
+        dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    )
+    head = [
+        f"## {title}",
+        "",
+        f"- command: `{command}`",
+        f"- commit {revision()}; {when}; {machine}; load average {load}" + (f"; {note}" if note else ""),
+        "",
+    ]
     text = "\n".join([*head, *lines]) + "\n"
     print("\n" + text)
     if markdown:

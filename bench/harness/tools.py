@@ -24,7 +24,16 @@ I2D_VENV = BENCH_DIR / "img2dataset-venv"
 I2D_REQUIREMENT = "img2dataset==1.47.0"  # pinned: a new venv measures the code the figures came from
 # img2dataset 1.47.0's defaults (img2dataset/main.py, download()), stated so that a changed default cannot move the baseline.
 I2D_RESIZE_MODE, I2D_IMAGE_SIZE, I2D_ENCODE_QUALITY, I2D_TIMEOUT_S = "border", 256, 95, 10
-I2D_RESIZE = ("--resize_mode", I2D_RESIZE_MODE, "--image_size", str(I2D_IMAGE_SIZE), "--encode_quality", str(I2D_ENCODE_QUALITY), "--encode_format", "jpg")  # fmt: skip
+I2D_RESIZE = (
+    "--resize_mode",
+    I2D_RESIZE_MODE,
+    "--image_size",
+    str(I2D_IMAGE_SIZE),
+    "--encode_quality",
+    str(I2D_ENCODE_QUALITY),
+    "--encode_format",
+    "jpg",
+)
 I2D_NET = ("--timeout", str(I2D_TIMEOUT_S), "--retries", "0")
 LICENSE = "CC-BY-4.0"
 
@@ -48,13 +57,22 @@ class ToolRun:
 
     def took(self, t: Timed, prefect: bool = True) -> ToolRun:
         """Take the times of a finished command (a watched Prefect server's CPU when ``prefect``)."""
-        self.wall_s, self.cpu_s, self.other_cpu_s, self.peak_rss_mb = t.wall_s, t.cpu_s, t.other_s, t.sampler.peak_rss / 2**20  # fmt: skip
+        self.wall_s, self.cpu_s, self.other_cpu_s, self.peak_rss_mb = (
+            t.wall_s,
+            t.cpu_s,
+            t.other_s,
+            t.sampler.peak_rss / 2**20,
+        )
         self.prefect_cpu_s = t.watched.get("prefect") if prefect else self.prefect_cpu_s
         return self
 
     def add(self, t: Timed, stage: str) -> None:
         """Add one command of a pipeline (its stages' wall and CPU kept in ``extra["stages"]``)."""
-        self.wall_s, self.cpu_s, self.other_cpu_s = self.wall_s + t.wall_s, self.cpu_s + t.cpu_s, self.other_cpu_s + t.other_s  # fmt: skip
+        self.wall_s, self.cpu_s, self.other_cpu_s = (
+            self.wall_s + t.wall_s,
+            self.cpu_s + t.cpu_s,
+            self.other_cpu_s + t.other_s,
+        )
         self.peak_rss_mb = max(self.peak_rss_mb, t.sampler.peak_rss / 2**20)
         self.extra.setdefault("stages", {})[stage] = (t.wall_s, t.cpu_s)
 
@@ -72,31 +90,51 @@ class ToolRun:
 
     def line(self) -> str:
         other = self.other_cpu_s / self.wall_s if self.wall_s else 0.0  # cores other work used, on average
-        return (f"{self.wall_s:.1f} s wall = {self.rate:.2f}/s (phase {fmt(self.phase_s)} s); {self.cpu_per_1k:.2f} CPU s/1k; "
-                f"{self.ok}/{self.rows} ok; peak {self.peak_rss_mb:.0f} MB; other load {other:.2f} cores")  # fmt: skip
+        return (
+            f"{self.wall_s:.1f} s wall = {self.rate:.2f}/s (phase {fmt(self.phase_s)} s); {self.cpu_per_1k:.2f} CPU s/1k; "
+            f"{self.ok}/{self.rows} ok; peak {self.peak_rss_mb:.0f} MB; other load {other:.2f} cores"
+        )
 
 
 def spread(runs: list[ToolRun]) -> dict:
     """Medians over one tool's runs (best in ``*_best``): wall, samples/s (wall, phase), CPU per 1k; ``ok`` kept."""
     return {
-        "n": len(runs), "wall": med(r.wall_s for r in runs), "wall_best": min(r.wall_s for r in runs),
-        "rate": med(r.rate for r in runs), "rate_best": max(r.rate for r in runs),
+        "n": len(runs),
+        "wall": med(r.wall_s for r in runs),
+        "wall_best": min(r.wall_s for r in runs),
+        "rate": med(r.rate for r in runs),
+        "rate_best": max(r.rate for r in runs),
         "phase_rate": med(r.phase_rate for r in runs),
         "phase_rate_best": max((r.phase_rate for r in runs if r.phase_rate), default=None),
-        "cpu_1k": med(r.cpu_per_1k for r in runs), "cpu_1k_best": min(r.cpu_per_1k for r in runs),
-        "ok": sorted({r.ok for r in runs}), "rows": runs[0].rows,
-    }  # fmt: skip
+        "cpu_1k": med(r.cpu_per_1k for r in runs),
+        "cpu_1k_best": min(r.cpu_per_1k for r in runs),
+        "ok": sorted({r.ok for r in runs}),
+        "rows": runs[0].rows,
+    }
 
 
-def add_tool_flags(p: argparse.ArgumentParser, rows_per_shard: int | None, baseline: str = "img2dataset", threads: int = 64) -> None:  # fmt: skip
+def add_tool_flags(
+    p: argparse.ArgumentParser, rows_per_shard: int | None, baseline: str = "img2dataset", threads: int = 64
+) -> None:
     """--workers, --threads and (unless None) --rows-per-shard: the settings both tools get alike."""
     if rows_per_shard is not None:
-        p.add_argument("--rows-per-shard", type=int, default=rows_per_shard, help=f"shardsmith rows_per_shard = {baseline} number_sample_per_shard (default {rows_per_shard})")  # fmt: skip
-    p.add_argument("--workers", type=int, default=2, help=f"shardsmith Dask workers = {baseline} processes_count (default 2)")  # fmt: skip
-    p.add_argument("--threads", type=int, default=threads, help=f"{baseline} thread_count per process (default {threads})")  # fmt: skip
+        p.add_argument(
+            "--rows-per-shard",
+            type=int,
+            default=rows_per_shard,
+            help=f"shardsmith rows_per_shard = {baseline} number_sample_per_shard (default {rows_per_shard})",
+        )
+    p.add_argument(
+        "--workers", type=int, default=2, help=f"shardsmith Dask workers = {baseline} processes_count (default 2)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=threads, help=f"{baseline} thread_count per process (default {threads})"
+    )
 
 
-def ensure_venv(venv: Path, installs: Sequence[Sequence[str]], then: Callable[[Path], None] | None = None, done: Path | None = None) -> Path:  # fmt: skip
+def ensure_venv(
+    venv: Path, installs: Sequence[Sequence[str]], then: Callable[[Path], None] | None = None, done: Path | None = None
+) -> Path:
     """A venv of its own (never a project dependency): Python 3.11, ``pip install`` of each of ``installs``,
     then ``then(site_packages)``; ready when ``done`` exists, else when its stamp holds the same requirements."""
     want = "\n".join(r for i in installs for r in i) + "\n"
@@ -108,7 +146,10 @@ def ensure_venv(venv: Path, installs: Sequence[Sequence[str]], then: Callable[[P
     python = sys.executable if sys.version_info[:2] == (3, 11) else "python3.11"
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
     for reqs in installs:
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *reqs], check=True)  # fmt: skip
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *reqs],
+            check=True,
+        )
     if then:
         then(next((venv / "lib").glob("python3*/site-packages")))
     if not stamp.exists():
@@ -138,11 +179,29 @@ def tree_at(commit: str) -> Path:
 def i2d_command(manifest: Path, out: Path, workers: int, threads: int, per_shard: int, *extra: str) -> list[str]:
     """img2dataset over a parquet manifest (url, caption) into webdataset shards, then ``extra``."""
     return [
-        str(I2D_VENV / "bin" / "img2dataset"), "--url_list", str(manifest), "--input_format", "parquet",
-        "--url_col", "url", "--caption_col", "caption", "--output_format", "webdataset", "--output_folder", str(out),
-        "--processes_count", str(workers), "--thread_count", str(threads),
-        "--number_sample_per_shard", str(per_shard), "--enable_wandb", "False", *extra,
-    ]  # fmt: skip
+        str(I2D_VENV / "bin" / "img2dataset"),
+        "--url_list",
+        str(manifest),
+        "--input_format",
+        "parquet",
+        "--url_col",
+        "url",
+        "--caption_col",
+        "caption",
+        "--output_format",
+        "webdataset",
+        "--output_folder",
+        str(out),
+        "--processes_count",
+        str(workers),
+        "--thread_count",
+        str(threads),
+        "--number_sample_per_shard",
+        str(per_shard),
+        "--enable_wandb",
+        "False",
+        *extra,
+    ]
 
 
 def i2d_env(**extra: str) -> dict[str, str]:
@@ -165,13 +224,33 @@ def i2d_outputs(out: Path, columns: list[str] | None = None) -> tuple[dict[str, 
 def write_recipe(path: Path, store: Path, manifest: Path, rows_per_shard: int, workers: int, **more: Any) -> Path:
     """shardsmith's recipe at img2dataset's resize defaults, every license allowed and reviewed, loopback allowed;
     ``more``: sections replacing the recipe's (a dict replaces those keys of a section)."""
-    review = {"reviewed_by": "bench/harness/tools.py", "reviewed_on": "2026-01-01", "notes": "synthetic images rendered locally"}  # fmt: skip
-    recipe = {"dataset": "bench", "kind": "pretraining", "storage": str(store),
-              "sources": [{"name": "bench", "manifest": str(manifest), "rows_per_shard": rows_per_shard}],
-              "download": {"network": {"allowed_networks": ["127.0.0.1/32"], "any_port": True}},
-              "validate": {"license": {"allow": [LICENSE], "source_defaults": {"bench": LICENSE}, "unknown": "allow", "review": review},
-                           "image": {"resize_mode": I2D_RESIZE_MODE, "image_size": I2D_IMAGE_SIZE, "output_format": "jpeg", "quality": I2D_ENCODE_QUALITY}},
-              "execution": {"cluster": "local", "workers": workers}}  # fmt: skip
+    review = {
+        "reviewed_by": "bench/harness/tools.py",
+        "reviewed_on": "2026-01-01",
+        "notes": "synthetic images rendered locally",
+    }
+    recipe = {
+        "dataset": "bench",
+        "kind": "pretraining",
+        "storage": str(store),
+        "sources": [{"name": "bench", "manifest": str(manifest), "rows_per_shard": rows_per_shard}],
+        "download": {"network": {"allowed_networks": ["127.0.0.1/32"], "any_port": True}},
+        "validate": {
+            "license": {
+                "allow": [LICENSE],
+                "source_defaults": {"bench": LICENSE},
+                "unknown": "allow",
+                "review": review,
+            },
+            "image": {
+                "resize_mode": I2D_RESIZE_MODE,
+                "image_size": I2D_IMAGE_SIZE,
+                "output_format": "jpeg",
+                "quality": I2D_ENCODE_QUALITY,
+            },
+        },
+        "execution": {"cluster": "local", "workers": workers},
+    }
     for key, value in more.items():
         recipe[key] = recipe[key] | value if isinstance(value, dict) and isinstance(recipe.get(key), dict) else value
     path.parent.mkdir(parents=True, exist_ok=True)
