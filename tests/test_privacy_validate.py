@@ -15,7 +15,7 @@ from PIL import Image
 
 from tasks.formats.ledger import PRIVACY_FACTS, read_ledger
 from tasks.formats.recipe import parse_recipe
-from tasks.formats.recipe_download import DownloadConfig, SourceConfig
+from tasks.formats.recipe_download import SourceConfig
 from tasks.formats.shards import iter_samples
 from tasks.formats.storage import Storage
 from tasks.sources import ingest_rows, plan_ingest
@@ -53,14 +53,16 @@ def validate(
     folder = tmp_path / "shards"
     folder.mkdir(parents=True)
     members = []
-    for key, (data, caption) in inputs.items():
-        members += sample(key, caption, image=data, meta={"license": "CC0-1.0"})
+    exts = {key: (ext or ["jpg"])[0] for key, (_, _, *ext) in inputs.items()}  # the member's, jpg unless given
+    media = "video" if "mp4" in exts.values() else "image"
+    for key, (data, caption, *_) in inputs.items():
+        members += sample(key, caption, image=data, meta={"license": "CC0-1.0"}, ext=exts[key])
     (folder / "00000.tar").write_bytes(tar_bytes(members))
     recipe = parse_recipe(
         {
             "dataset": "ds",
             "storage": str(tmp_path / "out"),
-            "sources": [{"name": "wds", "manifest": str(folder), "kind": "webdataset"}],
+            "sources": [{"name": "wds", "manifest": str(folder), "kind": "webdataset", "media": media}],
             "validate": {
                 "license": {"allow": ["CC0-1.0"]},
                 "image": {"min_side": 32, **(image or {})},
@@ -69,13 +71,14 @@ def validate(
             "privacy": privacy,
         }
     )
-    source = SourceConfig(name="wds", manifest=str(folder), kind="webdataset")
+    source = SourceConfig(name="wds", manifest=str(folder), kind="webdataset", media=media)
     storage = Storage(str(tmp_path / "out"))
     ref = plan_ingest(source).chunks[0]
     down = shard_paths("ds", ref, "cfg")
     cand = candidate_paths("ds", ref.source, ref.index, down[0], "v")
     vcfg = recipe.validate_
-    download_and_validate(ref, storage, DownloadConfig(), vcfg, down, cand, None, partial(ingest_rows, source))
+    dcfg = recipe.download_for("wds")  # a video source keeps its containers
+    download_and_validate(ref, storage, dcfg, vcfg, down, cand, None, partial(ingest_rows, source))
     ledger = read_ledger(storage, cand[1])
     rows = {r["origin"].rsplit(":", 1)[1]: r for r in ledger.to_pylist()}
     written = {}
@@ -324,3 +327,18 @@ def test_hostile_pixels_metadata_and_captions_each_end_as_one_row(tmp_path):
     assert rows["digits"]["reason"] == "personal_data" and "truncated" in rows["digits"]["detail"]
     for key in ("ats", "mails"):
         assert rows[key]["status"] in ("ok", "rejected") and rows[key]["personal_data"] is not None, key
+
+
+def test_a_video_whose_caption_is_redacted_says_so_on_every_clip_row(tmp_path):
+    """The gate counts what is released: a redacted caption is ``redacted`` on a video's rows too."""
+    from video_fixtures import make_video
+
+    from tasks.audit.validate_samples import gate_samples
+
+    inputs = {"clip": (make_video(seconds=2, fps=10, size=(128, 72)), EMAIL_CAPTION, "mp4")}
+    ledger, _, written = validate(tmp_path, inputs, {"text": {"mode": "redact"}})
+    rows = [r for r in ledger.to_pylist() if r["status"] == "ok"]
+    assert rows and all((r["personal_data"], r["privacy"]) == ("email", "redacted") for r in rows)
+    assert all(m["txt"].decode().endswith("<EMAIL>") for m in written.values())
+    ok = ledger.filter(pa.compute.equal(ledger.column("status"), "ok"))
+    assert not any(gate_samples(ok).column("personal_data_shown").to_pylist())

@@ -50,20 +50,20 @@ def privacy_view(samples: pa.Table | None, cap: int) -> dict[str, Any] | None:
     looked_text = [r for r in rows if r["personal_data"] is not None]
     if not looked_faces and not looked_text and not any(r["privacy"] for r in rows):
         return None
-    done = Counter(d for r in rows if r["status"] == OK for d in (r["privacy"] or "").split(",") if d)
+    counts = privacy_counts(samples)
     kinds = Counter(k for r in looked_text for k in r["personal_data"].split(",") if k)
     refused = Counter(str(r["reason"]) for r in rows if r["reason"] in ("face_present", "personal_data"))
     outcomes = [
         ("images looked at for faces", len(looked_faces)),
-        ("with a face", sum(1 for r in looked_faces if r["faces"])),
+        ("with a face", counts["with_faces"]),
         ("faces found", sum(r["faces"] for r in looked_faces)),
-        ("released blurred", done["blurred"]),
+        ("released blurred", counts["blurred"]),
         ("refused: face_present", refused["face_present"]),
         ("texts scanned for personal data", len(looked_text)),
-        ("with personal data", sum(1 for r in looked_text if r["personal_data"])),
-        ("released redacted", done["redacted"]),
+        ("with personal data", counts["with_personal_data"]),
+        ("released redacted", counts["redacted"]),
         ("refused: personal_data", refused["personal_data"]),
-        ("released with metadata removed from bytes kept as fetched", done["metadata"]),
+        ("released with metadata removed from bytes kept as fetched", counts["metadata_removed"]),
     ]
     figs: list[dict[str, Any]] = []
     for r in sorted(rows, key=lambda r: str(r["key"])):

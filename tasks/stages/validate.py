@@ -25,6 +25,7 @@ from tasks.formats.tar_reader import ShardError
 from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
 from tasks.policies.licenses import license_verdict
+from tasks.policies.personal import describe
 from tasks.policies.privacy import TextOutcome, check_text, kinds_of, span_facts
 from tasks.policies.ruling import Ruling
 from tasks.policies.sniff import EXTENSIONS, VIDEO_FORMATS
@@ -39,6 +40,8 @@ IMAGE_EXTS = frozenset(EXTENSIONS.values()) | {"jpeg", "tif"}
 # Thumbnails of a few rejected samples per reason, for the audit report, beside the ledger.
 THUMBS_SCHEMA = pa.schema([("key", pa.string()), ("thumbnail", pa.binary())])
 THUMBNAILS_PER_REASON = 3
+# What was done to a released sample, in the order its ledger's ``privacy`` column lists it.
+PRIVACY_DONE = ("blurred", "redacted", "metadata")
 # Accepted samples whose faces were blurred keep a few thumbnails too, under this name.
 BLURRED = "blurred"
 # Threads that decode and re-encode images in one task: Pillow releases the GIL while it
@@ -252,14 +255,17 @@ def _base_row(key: str, down: dict[str, Any], spdx: str | None, text: TextOutcom
     return row
 
 
-def _privacy_notes(text: TextOutcome, detail: str | None) -> str | None:
-    """An accepted row's detail with what the text check found and did (kinds and offsets)."""
+def _text_found(row: dict[str, Any], meta: dict[str, Any], text: TextOutcome) -> None:
+    """An accepted sample's record of its caption's privacy check (image and video samples alike):
+    kinds and offsets into its json and its row's detail, ``redacted`` into the row's ``privacy``."""
     if not text.spans:
-        return detail
-    from tasks.policies.personal import describe
-
+        return
     note = ("redacted: " if text.redacted else "personal data kept: ") + describe(text.spans)
-    return note if detail is None else f"{detail}; {note}"
+    row["detail"] = note if row["detail"] is None else f"{row['detail']}; {note}"
+    meta["personal_data"] = span_facts(text.spans, "caption")
+    if text.redacted:
+        done = {"redacted", *(row["privacy"] or "").split(",")}
+        row["privacy"] = ",".join(d for d in PRIVACY_DONE if d in done)
 
 
 def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], judge: Judge, ext: str) -> list[Verdict]:
@@ -273,9 +279,7 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     row = {**_base_row(key, down, spdx, text, reason, detail), **dict.fromkeys(VIDEO_FACTS)}
     if reason is not None:
         return [Verdict(row)]
-    if text.spans:
-        row["detail"] = _privacy_notes(text, row["detail"])
-        meta["personal_data"] = span_facts(text.spans, "caption")
+    _text_found(row, meta, text)
     from tasks.video.samples import judge_video
 
     clean = partial(_checked_caption, cfg=cfg)
@@ -369,18 +373,15 @@ def _judge(
         bytes=len(outcome.data),
         sha256=hashlib.sha256(outcome.data).hexdigest(),
     )
-    done = [*(["blurred"] if outcome.changed else []), *(["redacted"] if text.redacted else [])]
-    done += ["metadata"] if outcome.metadata_removed else []
+    done = [*(["blurred"] if outcome.changed else []), *(["metadata"] if outcome.metadata_removed else [])]
     if outcome.facts is not None:
         meta.update(
             faces=outcome.facts["faces"], faces_found=outcome.facts["faces_found"], faces_blurred=outcome.changed
         )
-    if text.spans:
-        meta["personal_data"] = span_facts(text.spans, "caption")
     if outcome.metadata_removed:
         meta["metadata_removed"] = list(outcome.metadata_removed)
     row.update(bytes=len(outcome.data), sha256=meta["sha256"], privacy=",".join(done) or None)
-    row["detail"] = _privacy_notes(text, row["detail"])
+    _text_found(row, meta, text)
     out = {outcome.ext: outcome.data, "json": json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")}
     if caption is not None:
         out["txt"] = caption.encode("utf-8")
