@@ -1,9 +1,10 @@
 """The privacy checks beside the validation work they join, on one thread (issue 43).
 
-- faces: ``FaceDetector.detect`` on decoded pixels beside ``process_image(data, ImageRules())``
-  on the same JPEGs (today's validation work per image); the phase's speed with faces on relative
-  to off is a / (a + b) in time. Recall and precision at IoU >= 0.4 on tasks/demo/faces.py's
-  labelled set (scikit-image's photographs and LFW faces, and generated pictures).
+- faces: ``FaceDetector.detect`` (MTCNN) and, as the baseline, OpenCV's Haar cascade on decoded
+  pixels beside ``process_image(data, ImageRules())`` on the same JPEGs, and validation's real
+  pass over a tar of them with faces off and on (CPU time); one thread. Recall and precision at
+  IoU >= 0.4 on tasks/demo/faces.py's labelled set (scikit-image's photographs and LFW faces,
+  and generated pictures), for each ``min_score`` and ``min_size``.
 - text: ``find_personal`` beside caption cleanup (``caption_verdict``) on captions of LAION's
   length distribution; false cards and IBANs among random strings that fail their checksums.
 - metadata: ``process_image`` with ``skip_reencode`` with and without stripping (alternated per
@@ -23,6 +24,7 @@ import statistics
 import time
 import types
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -52,45 +54,156 @@ def jpeg(img: Image.Image, **save) -> bytes:
 # --------------------------------------------------------------------------------------- faces
 
 
+def validation_phase(tmp: Path, jpegs: list[bytes], faces: dict | None) -> float:
+    """CPU seconds of validation's real pass (``download_and_validate`` over an ingested tar of
+    ``jpegs``: read, license and caption checks, decode, resize, encode, shard and ledger) with
+    ``privacy.faces`` set to ``faces`` (None: off)."""
+    from functools import partial
+
+    from tasks.formats.recipe import parse_recipe
+    from tasks.formats.shards import ShardWriter
+    from tasks.formats.storage import Storage
+    from tasks.sources import ingest_rows, plan_ingest
+    from tasks.stages.download import shard_paths
+    from tasks.stages.onepass import download_and_validate
+    from tasks.stages.validate import candidate_paths
+
+    run = tmp / ("faces" if faces else "off")
+    (run / "in").mkdir(parents=True)
+    with open(run / "in" / "00000.tar", "wb") as fh, ShardWriter(fh) as tar:
+        for i, data in enumerate(jpegs):
+            tar.write_sample(f"{i:05d}", {"jpg": data, "txt": b"a picture", "json": b'{"license": "CC0-1.0"}'})
+    privacy = {"text": {"mode": "off"}, **({"faces": faces} if faces else {})}
+    source = {"name": "s", "manifest": str(run / "in"), "kind": "webdataset"}
+    recipe = parse_recipe(
+        {
+            "dataset": "b",
+            "storage": str(run / "out"),
+            "sources": [source],
+            "privacy": privacy,
+            "validate": {"license": {"allow": ["CC0-1.0"]}},
+        }
+    )
+    ref = plan_ingest(recipe.sources[0]).chunks[0]
+    down = shard_paths("b", ref, "cfg")
+    cand = candidate_paths("b", ref.source, ref.index, down[0], "v")
+    rows = partial(ingest_rows, recipe.sources[0])
+    start = time.process_time()
+    download_and_validate(
+        ref, Storage(str(run / "out")), recipe.download_for("s"), recipe.validate_, down, cand, None, rows
+    )
+    return time.process_time() - start
+
+
+def haar(min_size: int) -> Callable[[Image.Image], list[tuple[int, int, int, int]]]:
+    """The baseline: OpenCV's Haar cascade ``frontalface_alt2`` as shardsmith ran it before MTCNN
+    (a grey copy of at most 640 px, OpenCV's default scale step 1.1 and 3 neighbours)."""
+    import cv2
+    import cv2.data
+
+    cascade = cv2.CascadeClassifier(cv2.data.haarcascades + "haarcascade_frontalface_alt2.xml")
+
+    def detect(img: Image.Image) -> list[tuple[int, int, int, int]]:
+        scale = min(1.0, 640 / max(img.size), 20 / min_size)
+        grey = img.resize((round(img.width * scale), round(img.height * scale)), Image.Resampling.BOX).convert("L")
+        found = cascade.detectMultiScale(np.asarray(grey), scaleFactor=1.1, minNeighbors=3, minSize=(20, 20))
+        boxes = [tuple(round(v / scale) for v in box) for box in np.asarray(found).reshape(-1, 4)]
+        return [b for b in boxes if max(b[2:]) >= min_size]
+
+    return detect
+
+
+def scored(items, detect: Callable[[Image.Image], list], groups: Iterable[str], min_size: int) -> list[list]:
+    """(group, faces, recall, precision) at IoU >= 0.4 of ``detect`` on ``items``, faces >= ``min_size``."""
+    from tasks.demo.faces import iou, match
+
+    rows = []
+    found_by_item = [detect(item.rgb) for item in items]
+    for group in groups:
+        t = f = m = 0
+        for item, found in zip(items, found_by_item):
+            if group not in ("all", item.group):
+                continue
+            small = [b for b in item.boxes if max(b[2:]) < min_size]  # a face's size: its box's longer side
+            found = [b for b in found if all(iou(b, s) < 0.4 for s in small)]
+            truth = [b for b in item.boxes if max(b[2:]) >= min_size]
+            t, f, m = t + len(truth), f + len(found), m + match(found, truth)
+        rows.append([group, t, f"{m / max(t, 1):.3f}", f"{m / max(f, 1):.3f}"])
+    return rows
+
+
 def faces(args) -> list[str]:
-    from tasks.demo.faces import iou, labelled_set, match
+    import tempfile
+
+    import cv2
+    import torch
+
+    from tasks.demo.faces import labelled_set
     from tasks.models.faces import WORK_SIDE, face_detector
 
+    torch.set_num_threads(1)  # one worker thread, as a Dask worker runs (OMP_NUM_THREADS=1)
+    cv2.setNumThreads(1)
     items = labelled_set(generated=args.images, lfw=args.images // 2)
     jpegs = [jpeg(item.rgb) for item in items if max(item.rgb.size) <= 1024]
     decoded = [Image.open(io.BytesIO(b)).convert("RGB") for b in jpegs]
     detector = face_detector(FacePrivacy(mode="record"))
-    detector.detect(decoded[0])  # the cascade's load is not timed
+    detector.detect(decoded[0])  # the networks' load is not timed
+    cascade = haar(20)
     base = best_of(args.repeats, lambda: [process_image(b, ImageRules()) for b in jpegs])
     look = best_of(args.repeats, lambda: [detector.detect(img) for img in decoded])
+    old = best_of(args.repeats, lambda: [cascade(img) for img in decoded])
     n, sides = len(jpegs), [max(img.size) for img in decoded]
+    with tempfile.TemporaryDirectory() as tmp:
+        phase_off = min(validation_phase(Path(tmp) / f"{r}", jpegs, None) for r in range(args.repeats))
+        phase_on = min(validation_phase(Path(tmp) / f"{r}", jpegs, {"mode": "record"}) for r in range(args.repeats))
     lines = [
-        f"{n} JPEGs, long side {min(sides)}-{max(sides)} px (mean {np.mean(sides):.0f}); work cap {WORK_SIDE} px; best of {args.repeats}",
+        f"{n} JPEGs, long side {min(sides)}-{max(sides)} px (mean {np.mean(sides):.0f}); work cap {WORK_SIDE} px; "
+        f"one thread; best of {args.repeats}",
         "",
     ]
     lines += report.table(
         ["work per image", "samples/s", "ms"],
         [
-            ["validation today (`process_image`)", report.fmt(n / base), report.fmt(base / n * 1e3)],
-            ["face detection", report.fmt(n / look), report.fmt(look / n * 1e3)],
-            ["validation with faces on", report.fmt(n / (base + look)), report.fmt((base + look) / n * 1e3)],
+            ["`process_image` (decode, resize, encode)", report.fmt(n / base), report.fmt(base / n * 1e3)],
+            ["face detection: MTCNN (shardsmith)", report.fmt(n / look), report.fmt(look / n * 1e3)],
+            ["face detection: Haar cascade (baseline)", report.fmt(n / old), report.fmt(old / n * 1e3)],
+            ["validation phase, faces off (CPU)", report.fmt(n / phase_off), report.fmt(phase_off / n * 1e3)],
+            ["validation phase, faces on (CPU)", report.fmt(n / phase_on), report.fmt(phase_on / n * 1e3)],
         ],
         "lrr",
     )
-    lines += ["", f"**ratio with faces on / off: {base / (base + look):.2f}** (target 0.7)", ""]
+    lines += [
+        "",
+        f"**phase with faces on / off: {phase_off / phase_on:.2f}x** (target 0.7); MTCNN / Haar time: "
+        f"{look / old:.2f}x; `process_image` with each beside it: {base / (base + look):.2f}x / {base / (base + old):.2f}x",
+        "",
+    ]
+    groups = ("photos", "lfw", "generated", "all")
+    low = face_detector(FacePrivacy(mode="record", min_score=0.5, max_faces=1024))
+    found = {id(img): low.detect(img)[0] for img in (item.rgb for item in items)}
     rows = []
-    for min_score in (0.0, 1.5):
-        kept = face_detector(FacePrivacy(mode="record", min_score=min_score, max_faces=1024))
-        for group in ("photos", "lfw", "generated", "all"):
-            t = f = m = 0
-            for item in (i for i in items if group in ("all", i.group)):
-                found = [(x.x, x.y, x.w, x.h) for x in kept.detect(item.rgb)[0]]
-                small = [b for b in item.boxes if b[2] < FacePrivacy().min_size]
-                found = [b for b in found if all(iou(b, s) < 0.4 for s in small)]
-                truth = [b for b in item.boxes if b[2] >= FacePrivacy().min_size]
-                t, f, m = t + len(truth), f + len(found), m + match(found, truth)
-            rows.append([min_score, group, t, f"{m / max(t, 1):.3f}", f"{m / max(f, 1):.3f}"])
-    return lines + report.table(["min_score", "group", "faces", "recall", "precision"], rows, "llrrr")
+    for min_score in (0.7, 0.8, 0.95):
+        at = lambda img, cut=min_score: [(f.x, f.y, f.w, f.h) for f in found[id(img)] if f.score >= cut]  # noqa: E731
+        rows += [[f"MTCNN, `min_score` {min_score}", *row] for row in scored(items, at, groups, 20)]
+    rows += [["Haar cascade", *row] for row in scored(items, cascade, groups, 20)]
+    lines += report.table(["detector", "group", "faces", "recall", "precision"], rows, "llrrr")
+    return lines + ["", *by_min_size(items, decoded, args.repeats)]
+
+
+def by_min_size(items, decoded, repeats: int) -> list[str]:
+    """Detection time and recall for each ``min_size``: a larger one works on a smaller copy."""
+    from tasks.models.faces import face_detector
+
+    rows = []
+    for min_size in (20, 32, 48):
+        mtcnn = face_detector(FacePrivacy(mode="record", min_size=min_size, max_faces=1024))
+        detectors = {"MTCNN": lambda img, d=mtcnn: [(f.x, f.y, f.w, f.h) for f in d.detect(img)[0]]}
+        for name, detect in {**detectors, "Haar cascade": haar(min_size)}.items():
+            took = best_of(repeats, lambda detect=detect: [detect(img) for img in decoded])
+            row = scored(items, detect, ["all"], min_size)[0]
+            rows.append([min_size, name, row[1], report.fmt(took / len(decoded) * 1e3), row[2], row[3]])
+    head = ["`min_size`", "detector", "faces >= min_size", "ms per image", "recall", "precision"]
+    return report.table(head, rows, "rlrrrr")
 
 
 # ---------------------------------------------------------------------------------------- text

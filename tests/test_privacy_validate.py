@@ -342,3 +342,43 @@ def test_a_video_whose_caption_is_redacted_says_so_on_every_clip_row(tmp_path):
     assert all(m["txt"].decode().endswith("<EMAIL>") for m in written.values())
     ok = ledger.filter(pa.compute.equal(ledger.column("status"), "ok"))
     assert not any(gate_samples(ok).column("personal_data_shown").to_pylist())
+
+
+def face_video() -> bytes:
+    """Two seconds of the bundled face drifting right (a clip must move to be kept)."""
+    import numpy as np
+    from video_fixtures import make_video
+
+    frame = np.asarray(Image.open(io.BytesIO(face_jpeg(0, 1))).convert("RGB").resize((256, 256)))
+    return make_video(seconds=2, fps=10, size=(256, 256), draw=lambda i, t: np.roll(frame, 3 * i, axis=1))
+
+
+@pytest.mark.parametrize("mode", ["record", "reject", "blur"])
+def test_a_video_clip_is_looked_at_for_faces_in_its_keyframe(tmp_path, mode):
+    """A clip's released keyframe is checked as an image is; its frames cannot be blurred, so
+    ``blur`` refuses a clip that shows a face, as ``reject`` does; a clip without one is kept."""
+    from video_fixtures import make_video
+
+    inputs = {
+        "face": (face_video(), "a portrait", "mp4"),
+        "plain": (make_video(seconds=2, fps=10, size=(128, 72)), "a red square", "mp4"),
+    }
+    ledger, _, written = validate(tmp_path, inputs, {"faces": {"mode": mode}, "text": {"mode": "off"}})
+    by_video: dict[str, list[dict]] = {}
+    for r in ledger.to_pylist():
+        by_video.setdefault(r["origin"].rsplit(":", 1)[1], []).append(r)
+    faces, plain = by_video["face"], by_video["plain"]
+    assert all(r["faces"] >= 1 for r in faces) and all(r["faces"] == 0 for r in plain)
+    assert all(r["status"] == "ok" for r in plain)
+    metas = [json.loads(m["json"]) for m in written.values()]
+    assert all(m["faces_frame"] == "keyframe" for m in metas)
+    if mode == "record":
+        assert all(r["status"] == "ok" for r in faces)
+        shown = [m for m in metas if m["faces_found"]]
+        assert len(shown) == len(faces) and all(len(m["faces"][0]["box"]) == 4 for m in shown)
+    else:
+        assert {(r["status"], r["reason"]) for r in faces} == {("rejected", "face_present")}
+        assert all(r["detail"].startswith("keyframe: ") and r["sha256"] is None for r in faces)
+        if mode == "blur":
+            assert all("not blurred" in r["detail"] for r in faces)
+        assert len(metas) == len(plain)  # the refused clips are not written; the plain video's are

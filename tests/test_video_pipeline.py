@@ -355,13 +355,25 @@ def test_caption_spans_become_clips_with_their_own_captions(tmp_path, prefect_ap
             for m in tf.getmembers():
                 if m.name.endswith(".json"):
                     meta = json.loads(tf.extractfile(m).read())
-                    clips[(meta["start_s"], meta["end_s"])] = meta["caption"]
-    assert clips == {(0.5, 2.5): "the red square sets off, mail <EMAIL>", (5.0, 6.0): "a clip of spans.mp4"}
+                    clips[(meta["start_s"], meta["end_s"])] = (meta["caption"], meta.get("personal_data"))
+    mail = "the red square sets off, mail jane.doe@example.com".index("jane")
+    assert clips == {
+        (0.5, 2.5): (
+            "the red square sets off, mail <EMAIL>",
+            [{"kind": "email", "start": mail, "end": mail + 20, "field": "caption"}],
+        ),
+        (5.0, 6.0): ("a clip of spans.mp4", None),
+    }
     validated = [
         r
         for p in (store / "validate").rglob("*.ledger.parquet")
-        for r in pq.read_table(p, columns=["key", "reason", "start_s", "end_s"]).to_pylist()
+        for r in pq.read_table(p, columns=["key", "reason", "start_s", "end_s", "personal_data", "privacy"]).to_pylist()
     ]
+    # each clip's row records its own caption's check: the gate counts what each clip releases
+    facts = {
+        (r["start_s"], r["end_s"]): (r["personal_data"], r["privacy"]) for r in validated if r["start_s"] is not None
+    }
+    assert facts[(0.5, 2.5)] == ("email", "redacted") and facts[(5.0, 6.0)] == ("", None)
     assert {(r["start_s"], r["end_s"], r["reason"]) for r in validated if r["start_s"] == 3.0} == {
         (3.0, 5.0, "caption_missing")
     }

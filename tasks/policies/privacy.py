@@ -17,6 +17,8 @@ from tasks.formats.recipe_privacy import TextPrivacy
 from tasks.policies.personal import Span, describe, find_personal, redact
 
 PERSONAL_DATA = "personal_data"
+# What a sample's ``privacy`` ledger column lists, in this order: what was done to what is released.
+PRIVACY_DONE = ("blurred", "redacted", "metadata")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,21 @@ def check_text(text: str | None, rules: TextPrivacy, field: str | None = None) -
 def span_facts(spans: tuple[Span, ...], field: str | None = None) -> list[dict[str, Any]]:
     """The json record of spans: kind and offsets, never the value."""
     return [{"kind": s.kind, "start": s.start, "end": s.end, **({"field": field} if field else {})} for s in spans]
+
+
+def record_text(row: dict[str, Any], meta: dict[str, Any], text: TextOutcome) -> None:
+    """An accepted sample's record of its caption's check (image and video samples alike): the
+    ledger row's ``personal_data`` kinds (None where the text was not scanned), the kinds and
+    offsets in its json and its row's detail, ``redacted`` in its row's ``privacy``."""
+    row["personal_data"] = kinds_of(text.spans) if text.checked else None
+    if not text.spans:
+        return
+    note = ("redacted: " if text.redacted else "personal data kept: ") + describe(text.spans)
+    row["detail"] = note if row["detail"] is None else f"{row['detail']}; {note}"
+    meta["personal_data"] = span_facts(text.spans, "caption")
+    if text.redacted:
+        done = {"redacted", *(row["privacy"] or "").split(",")}
+        row["privacy"] = ",".join(d for d in PRIVACY_DONE if d in done)
 
 
 def kinds_of(spans: tuple[Span, ...]) -> str:

@@ -3,16 +3,21 @@
 tasks/models/faces.py finds the faces in the image as it is to be released (after resizing);
 ``record`` writes their boxes into the json, ``blur`` blurs them in the released image,
 ``reject`` refuses the sample (``face_present``). Under ``blur`` an image with more faces than
-``max_faces`` is refused: it would be released with faces that were not blurred. The text
-check is tasks/policies/privacy.py.
+``max_faces`` is refused: it would be released with faces that were not blurred. A video clip
+is looked at in its keyframe (its middle frame, the JPEG released beside its mp4,
+``clip_faces``): its faces are recorded, or the clip is refused under ``reject``, and under
+``blur`` too, since a clip's frames are not blurred. The text check is tasks/policies/privacy.py.
 """
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
 from PIL import Image
 
+from tasks.formats.reasons import status_of
 from tasks.formats.recipe_privacy import FacePrivacy, PrivacyConfig
 from tasks.policies.images import PixelVerdict
 
@@ -55,3 +60,38 @@ class FaceLook:
 def face_look(cfg: PrivacyConfig) -> FaceLook | None:
     """The look ``process_image`` gets, or None where faces are not looked for."""
     return None if cfg.faces.mode == "off" else FaceLook(cfg.faces)
+
+
+def clip_faces(
+    look: FaceLook, row: dict[str, Any], members: dict[str, bytes]
+) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
+    """A kept clip after the face check of its keyframe (``members["jpg"]``): (its row, its
+    members or None when refused, a thumbnail of its keyframe with the faces blurred when refused).
+
+    The faces found go into the row (``faces``) and the clip's json (``faces``, ``faces_found``,
+    ``faces_frame``: boxes are in the keyframe's pixels). Under ``reject``, and under ``blur``
+    (the mp4's frames are released as they are), a clip whose keyframe shows a face is refused
+    (``face_present``).
+    """
+    with Image.open(io.BytesIO(members["jpg"])) as img:
+        frame = img.convert("RGB")
+    verdict = look(frame)
+    facts = verdict.facts
+    row = {**row, "faces": facts["faces_found"]}
+    reason, detail = verdict.reason, verdict.detail
+    if reason is None and facts["faces"] and look.rules.mode == "blur":
+        largest = facts["faces"][0]["box"]
+        reason = FACE_PRESENT
+        detail = (
+            f"{facts['faces_found']} face(s) in the clip's keyframe, the largest {largest[2]}x{largest[3]}:"
+            " a clip's frames are not blurred, so privacy.faces: blur refuses it"
+        )
+    if reason is not None:
+        thumb = io.BytesIO()
+        shown = verdict.image if verdict.image is not None else frame
+        shown.save(thumb, "JPEG", quality=85)
+        refused = {**row, "status": status_of(reason), "reason": reason, "detail": f"keyframe: {detail}"}
+        return {**refused, "bytes": None, "sha256": None}, None, thumb.getvalue()
+    meta = json.loads(members["json"])
+    meta.update(faces=facts["faces"], faces_found=facts["faces_found"], faces_frame="keyframe")
+    return row, {**members, "json": json.dumps(meta, ensure_ascii=False, sort_keys=True).encode()}, None

@@ -25,12 +25,11 @@ from tasks.formats.tar_reader import ShardError
 from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
 from tasks.policies.licenses import license_verdict
-from tasks.policies.personal import describe
-from tasks.policies.privacy import TextOutcome, check_text, kinds_of, span_facts
+from tasks.policies.privacy import TextOutcome, check_text, kinds_of, record_text
 from tasks.policies.ruling import Ruling
 from tasks.policies.sniff import EXTENSIONS, VIDEO_FORMATS
 from tasks.stages.dedup import DEDUP_COLUMNS, duplicates_by_table, final_paths, finalize_shard, find_duplicates
-from tasks.stages.privacy import face_look
+from tasks.stages.privacy import clip_faces, face_look
 from tasks.stages.runner import DECIDE_FAILED, ShardResult, Verdict, failure_detail, run_shard
 
 # Dedup lives in tasks/stages/dedup.py; named here too, where the flows and tests import it.
@@ -40,8 +39,6 @@ IMAGE_EXTS = frozenset(EXTENSIONS.values()) | {"jpeg", "tif"}
 # Thumbnails of a few rejected samples per reason, for the audit report, beside the ledger.
 THUMBS_SCHEMA = pa.schema([("key", pa.string()), ("thumbnail", pa.binary())])
 THUMBNAILS_PER_REASON = 3
-# What was done to a released sample, in the order its ledger's ``privacy`` column lists it.
-PRIVACY_DONE = ("blurred", "redacted", "metadata")
 # Accepted samples whose faces were blurred keep a few thumbnails too, under this name.
 BLURRED = "blurred"
 # Threads that decode and re-encode images in one task: Pillow releases the GIL while it
@@ -255,19 +252,6 @@ def _base_row(key: str, down: dict[str, Any], spdx: str | None, text: TextOutcom
     return row
 
 
-def _text_found(row: dict[str, Any], meta: dict[str, Any], text: TextOutcome) -> None:
-    """An accepted sample's record of its caption's privacy check (image and video samples alike):
-    kinds and offsets into its json and its row's detail, ``redacted`` into the row's ``privacy``."""
-    if not text.spans:
-        return
-    note = ("redacted: " if text.redacted else "personal data kept: ") + describe(text.spans)
-    row["detail"] = note if row["detail"] is None else f"{row['detail']}; {note}"
-    meta["personal_data"] = span_facts(text.spans, "caption")
-    if text.redacted:
-        done = {"redacted", *(row["privacy"] or "").split(",")}
-        row["privacy"] = ",".join(d for d in PRIVACY_DONE if d in done)
-
-
 def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], judge: Judge, ext: str) -> list[Verdict]:
     """A video's clips as samples (tasks/video/samples.py), or its one refused row; a few
     refused clips per reason leave their keyframe as the report's thumbnail."""
@@ -279,7 +263,7 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     row = {**_base_row(key, down, spdx, text, reason, detail), **dict.fromkeys(VIDEO_FACTS)}
     if reason is not None:
         return [Verdict(row)]
-    _text_found(row, meta, text)
+    record_text(row, meta, text)
     from tasks.video.samples import judge_video
 
     clean = partial(_checked_caption, cfg=cfg)
@@ -295,6 +279,8 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
         min_side=cfg.image.min_side,
         max_aspect=cfg.image.max_aspect_ratio,
     ):
+        if judge.look is not None and m is not None:  # a kept clip: its keyframe's faces
+            r, m, keyframe = clip_faces(judge.look, r, m)
         # Counted per reason without its payload (duplicate_of:<clip key>).
         if keyframe is not None and r["reason"] is not None and judge.took_thumbnail(r["reason"].split(":", 1)[0]):
             judge.keep_thumbnail(r["key"], keyframe)
@@ -302,14 +288,14 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     return verdicts
 
 
-def _checked_caption(text: str | None, cfg: ValidateConfig) -> Ruling[str]:
-    """A clip's own caption (its span's) under the caption rules, then the privacy check: redacted
-    or refused as the sample's caption is (its spans are not recorded in the json)."""
+def _checked_caption(text: str | None, cfg: ValidateConfig) -> Ruling[TextOutcome]:
+    """A clip's own caption (its span's) under the caption rules, then the privacy check: the
+    outcome, redacted or refused as the sample's caption is (the clip records it as its own)."""
     ruled = caption_verdict(text, cfg.caption)
     if not ruled.ok:
-        return ruled
+        return Ruling(TextOutcome(ruled.value), ruled.reason, ruled.detail)
     private = check_text(ruled.value, cfg.privacy.text)
-    return Ruling(private.text, private.reason, private.detail)
+    return Ruling(private, private.reason, private.detail)
 
 
 def _judge(
@@ -381,7 +367,7 @@ def _judge(
     if outcome.metadata_removed:
         meta["metadata_removed"] = list(outcome.metadata_removed)
     row.update(bytes=len(outcome.data), sha256=meta["sha256"], privacy=",".join(done) or None)
-    _text_found(row, meta, text)
+    record_text(row, meta, text)
     out = {outcome.ext: outcome.data, "json": json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")}
     if caption is not None:
         out["txt"] = caption.encode("utf-8")

@@ -20,6 +20,7 @@ from tasks.formats.ledger import VIDEO_FACTS
 from tasks.formats.reasons import status_of
 from tasks.formats.recipe_download import VideoRules
 from tasks.formats.spooled import Payload
+from tasks.policies.privacy import TextOutcome, kinds_of, record_text
 from tasks.policies.ruling import Ruling
 from tasks.video.clips import clip_size
 from tasks.video.probe import VideoInfo
@@ -37,7 +38,7 @@ def judge_video(
     row: dict[str, Any],
     cfg: VideoRules,
     caption: str | None,
-    clean: Callable[[str | None], Ruling[str]],
+    clean: Callable[[str | None], Ruling[TextOutcome]],
     *,
     min_side: int,
     max_aspect: float,
@@ -47,7 +48,9 @@ def judge_video(
 
     ``meta`` is the downloaded sample's json and ``row`` the ledger row its license and caption
     checks made (source, row, url, license ...); ``caption`` the cleaned caption, or None;
-    ``clean`` the caption rules, for the captions of time spans (``split: captions``);
+    ``clean`` the caption rules and privacy check, for the captions of time spans (``split:
+    captions``): a clip with its span's own caption records that caption's check in place of
+    the video's (a span without one keeps the video's caption and its record);
     ``min_side`` and ``max_aspect`` the image rules' (``validate.image``), which the validation
     gate holds every sample to: a video whose clips would break them is refused unopened.
     """
@@ -70,14 +73,15 @@ def judge_video(
     width, height = clip_size(info, cfg.clips)
     judged = []
     for c in clips:
-        clip_caption, refused = caption, None
-        if segments is not None:  # the clip's own caption: its span's, cleaned by the same rules
-            span = segments[c.row["scene"]]
-            checked = clean(span.caption if span.caption is not None else caption)
-            clip_caption = checked.value
+        clip_caption, refused, own = caption, None, None
+        span = segments[c.row["scene"]] if segments is not None else None
+        if span is not None and span.caption is not None:  # the clip's own caption, by the same rules
+            checked = clean(span.caption)
+            own = checked.value
+            clip_caption = own.text if own is not None else None
             if checked.reason is not None:
                 refused = (checked.reason, f"span {c.row['scene']}: {checked.detail}")
-        judged.append(_clip(c, key, meta, row, info, (width, height), cfg, clip_caption, refused))
+        judged.append(_clip(c, key, meta, row, info, (width, height), cfg, clip_caption, refused, own))
     return judged
 
 
@@ -101,7 +105,10 @@ def _clip(
     cfg: VideoRules,
     caption: str | None,
     refused: tuple[str, str] | None = None,
+    own: TextOutcome | None = None,
 ) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
+    """One clip's (ledger row, members or None, keyframe or None); ``own`` is the check of the
+    clip's own caption (its span's), recorded in place of the video's caption's."""
     c = clip.row
     if refused is not None and c["reason"] is None:  # its span's caption failed the caption rules
         c = _refused(c, *refused)
@@ -121,7 +128,11 @@ def _clip(
         "pixel_sha256": content,
         "caption_chars": len(caption) if caption else None,
     }
+    if own is not None:  # the video's caption is not this clip's: neither is its privacy record
+        out.update(personal_data=None, privacy=None)
     if c["reason"] is not None or clip.mp4 is None or clip.jpg is None:
+        if own is not None:
+            out["personal_data"] = kinds_of(own.spans) if own.checked else None
         return out, None, clip.jpg
     sha = hashlib.sha256(clip.mp4).hexdigest()
     out.update(format="mp4", width=size[0], height=size[1], bytes=len(clip.mp4), sha256=sha)
@@ -148,6 +159,9 @@ def _clip(
         "content_sha256": content,
         **{f"video_{f}": getattr(info, f) for f in _SOURCE_FACTS},
     }
+    if own is not None:
+        sample.pop("personal_data", None)
+        record_text(out, sample, own)
     members = {
         "mp4": clip.mp4,
         "jpg": clip.jpg,
