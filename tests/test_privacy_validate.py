@@ -46,17 +46,24 @@ def face_jpeg(seed: int, faces: int) -> bytes:
 
 
 def validate(
-    tmp_path, inputs: dict[str, tuple[bytes, str]], privacy: dict, image: dict | None = None, caption_rules=None
+    tmp_path,
+    inputs: dict[str, tuple[bytes, str]],
+    privacy: dict,
+    image: dict | None = None,
+    caption_rules=None,
+    metas: dict[str, dict] | None = None,
 ):
     """Ingest one tar of ``inputs`` (key -> (image, caption)) and validate it in one pass under the
-    recipe's ``privacy`` block; (ledger rows by key, written members by key)."""
+    recipe's ``privacy`` block; (ledger rows by key, written members by key). ``metas``: more
+    fields of a sample's own json, by key."""
     folder = tmp_path / "shards"
     folder.mkdir(parents=True)
     members = []
     exts = {key: (ext or ["jpg"])[0] for key, (_, _, *ext) in inputs.items()}  # the member's, jpg unless given
     media = "video" if "mp4" in exts.values() else "image"
     for key, (data, caption, *_) in inputs.items():
-        members += sample(key, caption, image=data, meta={"license": "CC0-1.0"}, ext=exts[key])
+        meta = {"license": "CC0-1.0", **(metas or {}).get(key, {})}
+        members += sample(key, caption, image=data, meta=meta, ext=exts[key])
     (folder / "00000.tar").write_bytes(tar_bytes(members))
     recipe = parse_recipe(
         {
@@ -382,3 +389,60 @@ def test_a_video_clip_is_looked_at_for_faces_in_its_keyframe(tmp_path, mode):
         if mode == "blur":
             assert all("not blurred" in r["detail"] for r in faces)
         assert len(metas) == len(plain)  # the refused clips are not written; the plain video's are
+
+
+FIELDS = {
+    "copy": {"caption": EMAIL_CAPTION, "notes": "call +44 20 7946 0958", "nested": {"who": ["jane.doe@example.com"]}},
+    "exif": {"exif": '{"GPSInfo": {"1": "N", "2": [59.0, 19.0, 44.0]}}', "Xmp": None},
+    "plain": {"notes": "a kite", "exif": None},
+}
+
+
+def test_the_json_fields_besides_the_caption_are_checked_and_metadata_copies_removed(tmp_path):
+    """An ingested shard's own json is released under ``upstream``: a copy of the caption there,
+    or a note with a phone number, is redacted as the caption is; img2dataset's ``exif`` is removed."""
+    inputs = {k: (distinct_image(i), "a kite over the dunes") for i, k in enumerate(FIELDS)}
+    _, rows, written = validate(tmp_path, inputs, {"text": {"mode": "redact"}}, metas=FIELDS)
+    assert {k: r["status"] for k, r in rows.items()} == {"copy": "ok", "exif": "ok", "plain": "ok"}
+    copy = json.loads(written["copy"]["json"])
+    assert copy["upstream"]["caption"].endswith("<EMAIL>") and copy["upstream"]["notes"] == "call <PHONE>"
+    assert copy["upstream"]["nested"] == {"who": ["<EMAIL>"]}
+    assert {(f["field"], f["kind"]) for f in copy["personal_data"]} == {
+        ("upstream.caption", "email"),
+        ("upstream.notes", "phone"),
+        ("upstream.nested.who[0]", "email"),
+    }
+    assert (rows["copy"]["personal_data"], rows["copy"]["privacy"]) == ("email,phone", "redacted")
+    assert "upstream.notes: phone 5-21" in rows["copy"]["detail"]
+    assert "jane.doe" not in written["copy"]["json"].decode() and "7946" not in written["copy"]["json"].decode()
+    gps = json.loads(written["exif"]["json"])
+    assert (
+        "exif" not in gps["upstream"]
+        and "Xmp" not in gps["upstream"]
+        and "GPSInfo" not in written["exif"]["json"].decode()
+    )
+    assert gps["metadata_removed"][-1] == "json:upstream.exif" and "metadata" in rows["exif"]["privacy"]
+    plain = json.loads(written["plain"]["json"])  # an empty exif field goes, and is not a change
+    assert "exif" not in plain["upstream"] and rows["plain"]["privacy"] in (None, "metadata")
+    assert "json:upstream.exif" not in plain.get("metadata_removed", [])
+
+
+def test_json_fields_refused_under_reject_kept_under_record_and_bounded(tmp_path):
+    inputs = {k: (distinct_image(i), "a kite over the dunes") for i, k in enumerate(FIELDS)}
+    _, rows, _ = validate(tmp_path / "reject", inputs, {"text": {"mode": "reject"}}, metas=FIELDS)
+    assert (rows["copy"]["reason"], rows["plain"]["reason"]) == ("personal_data", None)
+    assert rows["copy"]["detail"].startswith("upstream.caption: email")
+    _, rows, written = validate(tmp_path / "record", inputs, {"text": {"mode": "record"}}, metas=FIELDS)
+    copy = json.loads(written["copy"]["json"])
+    assert copy["upstream"]["notes"] == "call +44 20 7946 0958" and rows["copy"]["personal_data"] == "email,phone"
+    assert rows["copy"]["privacy"] is None and rows["copy"]["detail"].startswith("personal data kept: ")
+    # hostile: a json of 5,000 strings and one nested 50 deep ends as one row each, refused under redact
+    deep: dict = {"x": "jane.doe@example.com"}
+    for _ in range(50):
+        deep = {"d": deep}
+    many = {"many": {f"f{i}": "a" for i in range(5000)}, "deep": {"deep": deep}}
+    hostile = {k: (distinct_image(10 + i), "a kite") for i, k in enumerate(many)}
+    metas = {"many": many["many"], "deep": many["deep"]}
+    ledger, rows, _ = validate(tmp_path / "hostile", hostile, {"text": {"mode": "redact"}}, metas=metas)
+    assert ledger.num_rows == 2
+    assert all(r["reason"] == "personal_data" and "scan truncated" in r["detail"] for r in rows.values())

@@ -6,11 +6,17 @@ refuses the sample (``personal_data``). A text the scanner could not read to its
 spans or candidates stopped it; hostile input) is refused under ``redact`` and ``reject`` too:
 what it did not read it cannot vouch for. Offsets are into the
 text as cleaned, before redaction; values are never written anywhere.
+
+A sample's json carries third parties' text besides its caption: a manifest's extra columns, an
+ingested shard's own json (``upstream``) and side-file row (``upstream_row``), where a copy of
+the caption may sit unredacted. ``check_fields`` scans every string there under the same rules
+(``OWN_FIELDS``, which shardsmith writes itself, are left as they are), and removes copies of
+image metadata (``METADATA_FIELDS``: img2dataset's ``exif`` column, say) wherever they are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.formats.recipe_privacy import TextPrivacy
@@ -19,6 +25,38 @@ from tasks.policies.personal import Span, describe, find_personal, redact
 PERSONAL_DATA = "personal_data"
 # What a sample's ``privacy`` ledger column lists, in this order: what was done to what is released.
 PRIVACY_DONE = ("blurred", "redacted", "metadata")
+# Fields of a sample's json that shardsmith writes (its provenance and facts), never scanned:
+# the caption is checked on its own, the URL and id are what the sample is known by.
+OWN_FIELDS = frozenset(
+    {"key", "source", "row", "url", "caption", "license", "format", "bytes", "sha256", "origin", "id", "side_file"}
+)
+# Image metadata copied into a json (img2dataset's ``exif`` column, a tool's ``xmp``): removed
+# wherever it is, by its field's name (any case), as the image's own metadata is.
+METADATA_FIELDS = frozenset({"exif", "xmp", "iptc", "gps", "gpsinfo", "icc_profile"})
+MAX_FIELD_TEXTS = 256  # strings of one json scanned; a json with more is a truncated scan
+MAX_FIELD_DEPTH = 8  # nesting of one json scanned; deeper values are a truncated scan
+
+
+@dataclass(frozen=True)
+class FieldsOutcome:
+    """A sample's json after the check of its third parties' fields (``check_fields``).
+
+    Args:
+        meta: the json to release: redacted where the rules redact, metadata fields removed.
+        spans: (field path, span) of each finding, offsets into that field's text.
+        removed: paths of the metadata fields removed.
+        reason, detail: a refusal (``personal_data``), or None.
+        redacted: a field's text was redacted.
+        checked: its fields were scanned (a mode other than off).
+    """
+
+    meta: dict[str, Any]
+    spans: tuple[tuple[str, Span], ...] = ()
+    removed: tuple[str, ...] = ()
+    reason: str | None = None
+    detail: str | None = None
+    redacted: bool = False
+    checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -32,6 +70,17 @@ class TextOutcome:
     redacted: bool = False
     truncated: bool = False
     checked: bool = False  # the text was scanned (a text, and a mode other than off)
+    fields: FieldsOutcome | None = field(default=None, compare=False)  # the json's other fields, where checked
+
+    @property
+    def kinds(self) -> str:
+        """The ledger's ``personal_data``: kinds found in the caption and the json's fields."""
+        found = [*self.spans, *(s for _, s in (self.fields.spans if self.fields else ()))]
+        return kinds_of(tuple(found))
+
+    @property
+    def scanned(self) -> bool:
+        return self.checked or (self.fields is not None and self.fields.checked)
 
 
 def check_text(text: str | None, rules: TextPrivacy, field: str | None = None) -> TextOutcome:
@@ -50,24 +99,101 @@ def check_text(text: str | None, rules: TextPrivacy, field: str | None = None) -
     return TextOutcome(text, tuple(spans), truncated=truncated, checked=True)
 
 
+def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
+    """``meta`` (a sample's json) with the strings of its third parties' fields checked under
+    ``rules`` and its metadata fields removed; the first refusal stops the scan."""
+    spans: list[tuple[str, Span]] = []
+    removed: list[str] = []
+    state = {"texts": 0, "truncated": False, "redacted": False}
+    refusal: list[TextOutcome] = []
+
+    def walk(value: Any, path: str, depth: int) -> Any:
+        if refusal:
+            return value
+        if isinstance(value, (dict, list)) and depth >= MAX_FIELD_DEPTH:
+            state["truncated"] = True
+            return value
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                here = f"{path}.{key}"
+                if str(key).lower() in METADATA_FIELDS:
+                    if item not in (None, "", [], {}):  # dropped either way; recorded when it held something
+                        removed.append(here)
+                else:
+                    out[key] = walk(item, here, depth + 1)
+            return out
+        if isinstance(value, list):
+            return [walk(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+        if not isinstance(value, str) or not value or rules.mode == "off":
+            return value
+        if state["texts"] >= MAX_FIELD_TEXTS:
+            state["truncated"] = True
+            return value
+        state["texts"] += 1
+        checked = check_text(value, rules, path)
+        if checked.reason is not None:
+            refusal.append(checked)
+            return value
+        spans.extend((path, s) for s in checked.spans)
+        state["redacted"] = state["redacted"] or checked.redacted
+        return checked.text
+
+    out: dict[str, Any] = {}
+    for key, value in meta.items():
+        if key in OWN_FIELDS:
+            out[key] = value
+        elif str(key).lower() in METADATA_FIELDS:
+            if value not in (None, "", [], {}):
+                removed.append(key)
+        else:
+            out[key] = walk(value, key, 0)
+    checked = rules.mode != "off"
+    if refusal:
+        return FieldsOutcome(meta, reason=refusal[0].reason, detail=refusal[0].detail, checked=checked)
+    if state["truncated"] and rules.mode in ("redact", "reject"):
+        detail = (
+            f"json fields: more than {MAX_FIELD_TEXTS} texts or nested deeper than {MAX_FIELD_DEPTH}: scan truncated"
+        )
+        return FieldsOutcome(meta, reason=PERSONAL_DATA, detail=detail, checked=checked)
+    return FieldsOutcome(out, tuple(spans), tuple(removed), redacted=bool(state["redacted"]), checked=checked)
+
+
 def span_facts(spans: tuple[Span, ...], field: str | None = None) -> list[dict[str, Any]]:
     """The json record of spans: kind and offsets, never the value."""
     return [{"kind": s.kind, "start": s.start, "end": s.end, **({"field": field} if field else {})} for s in spans]
 
 
 def record_text(row: dict[str, Any], meta: dict[str, Any], text: TextOutcome) -> None:
-    """An accepted sample's record of its caption's check (image and video samples alike): the
-    ledger row's ``personal_data`` kinds (None where the text was not scanned), the kinds and
-    offsets in its json and its row's detail, ``redacted`` in its row's ``privacy``."""
-    row["personal_data"] = kinds_of(text.spans) if text.checked else None
-    if not text.spans:
-        return
-    note = ("redacted: " if text.redacted else "personal data kept: ") + describe(text.spans)
-    row["detail"] = note if row["detail"] is None else f"{row['detail']}; {note}"
-    meta["personal_data"] = span_facts(text.spans, "caption")
+    """An accepted sample's record of its text's check (image and video samples alike): the
+    ledger row's ``personal_data`` kinds (None where nothing was scanned), the kinds and offsets
+    in its json and its row's detail, ``redacted`` and ``metadata`` in its row's ``privacy``.
+    ``meta`` is the json to release, its other fields already as ``check_fields`` left them."""
+    fields = text.fields
+    row["personal_data"] = text.kinds if text.scanned else None
+    done = set((row["privacy"] or "").split(","))
+    facts, notes = span_facts(text.spans, "caption"), [describe(text.spans)] if text.spans else []
+    if fields is not None:
+        by_field: dict[str, list[Span]] = {}
+        for path, span in fields.spans:
+            by_field.setdefault(path, []).append(span)
+        for path, found in by_field.items():
+            facts += span_facts(tuple(found), path)
+            notes.append(describe(found, path))
+        if fields.removed:
+            gone = [*meta.get("metadata_removed", []), *(f"json:{p}" for p in fields.removed)]
+            meta["metadata_removed"] = list(dict.fromkeys(gone))
+            done.add("metadata")
+        if fields.redacted:
+            done.add("redacted")
+    if facts:
+        redacted = text.redacted or (fields is not None and fields.redacted)
+        note = ("redacted: " if redacted else "personal data kept: ") + "; ".join(notes)
+        row["detail"] = note if row["detail"] is None else f"{row['detail']}; {note}"
+        meta["personal_data"] = facts
     if text.redacted:
-        done = {"redacted", *(row["privacy"] or "").split(",")}
-        row["privacy"] = ",".join(d for d in PRIVACY_DONE if d in done)
+        done.add("redacted")
+    row["privacy"] = ",".join(d for d in PRIVACY_DONE if d in done) or None
 
 
 def kinds_of(spans: tuple[Span, ...]) -> str:

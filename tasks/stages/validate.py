@@ -7,6 +7,7 @@ import json
 import os
 import threading
 from collections import Counter
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -25,7 +26,7 @@ from tasks.formats.tar_reader import ShardError
 from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
 from tasks.policies.licenses import license_verdict
-from tasks.policies.privacy import TextOutcome, check_text, kinds_of, record_text
+from tasks.policies.privacy import FieldsOutcome, TextOutcome, check_fields, check_text, record_text
 from tasks.policies.ruling import Ruling
 from tasks.policies.sniff import EXTENSIONS, VIDEO_FORMATS
 from tasks.stages.dedup import DEDUP_COLUMNS, duplicates_by_table, final_paths, finalize_shard, find_duplicates
@@ -222,7 +223,8 @@ def _text_checks(
 ) -> tuple[dict[str, Any], str | None, TextOutcome, str | None, str | None]:
     """The sample's json, normalised license, the caption's privacy outcome (its cleaned and
     checked text), and the first refusal (reason, detail): the license is judged first, its
-    refusal is the row's whatever the caption; then the caption's rules, then its personal data."""
+    refusal is the row's whatever the caption; then the caption's rules, then its personal data,
+    then the json's other fields' (``check_fields``: the json returned is as it left it)."""
     meta = json.loads(members.get("json", b"{}"))
     licensed = license_verdict(meta.get("license"), down["source"], cfg.license)
     captioned = caption_verdict(
@@ -232,7 +234,12 @@ def _text_checks(
         first = licensed if not licensed.ok else captioned
         return meta, licensed.value, TextOutcome(captioned.value), first.reason, first.detail
     private = check_text(captioned.value, cfg.privacy.text)
-    return meta, licensed.value, private, private.reason, private.detail
+    if private.reason is not None:
+        return meta, licensed.value, private, private.reason, private.detail
+    # the json's other text (extra columns, an ingested shard's own json) and metadata copies
+    fields = check_fields(meta, cfg.privacy.text)
+    private = replace(private, fields=fields)
+    return fields.meta, licensed.value, private, fields.reason, fields.detail
 
 
 def _base_row(key: str, down: dict[str, Any], spdx: str | None, text: TextOutcome, reason, detail) -> dict[str, Any]:
@@ -248,7 +255,7 @@ def _base_row(key: str, down: dict[str, Any], spdx: str | None, text: TextOutcom
         origin=down.get("origin"),
     ).as_dict()
     row.update(dict.fromkeys(PRIVACY_FACTS))
-    row.update(personal_data=kinds_of(text.spans) if text.checked else None)
+    row.update(personal_data=text.kinds if text.scanned else None)
     return row
 
 
@@ -266,7 +273,7 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     record_text(row, meta, text)
     from tasks.video.samples import judge_video
 
-    clean = partial(_checked_caption, cfg=cfg)
+    clean = partial(_checked_caption, cfg=cfg, fields=text.fields)
     verdicts = []
     for r, m, keyframe in judge_video(
         key,
@@ -288,13 +295,14 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     return verdicts
 
 
-def _checked_caption(text: str | None, cfg: ValidateConfig) -> Ruling[TextOutcome]:
+def _checked_caption(text: str | None, cfg: ValidateConfig, fields: FieldsOutcome | None) -> Ruling[TextOutcome]:
     """A clip's own caption (its span's) under the caption rules, then the privacy check: the
-    outcome, redacted or refused as the sample's caption is (the clip records it as its own)."""
+    outcome, redacted or refused as the sample's caption is (the clip records it as its own,
+    with its video's ``fields``)."""
     ruled = caption_verdict(text, cfg.caption)
     if not ruled.ok:
-        return Ruling(TextOutcome(ruled.value), ruled.reason, ruled.detail)
-    private = check_text(ruled.value, cfg.privacy.text)
+        return Ruling(TextOutcome(ruled.value, fields=fields), ruled.reason, ruled.detail)
+    private = replace(check_text(ruled.value, cfg.privacy.text), fields=fields)
     return Ruling(private, private.reason, private.detail)
 
 

@@ -20,7 +20,7 @@ from tasks.formats.ledger import VIDEO_FACTS
 from tasks.formats.reasons import status_of
 from tasks.formats.recipe_download import VideoRules
 from tasks.formats.spooled import Payload
-from tasks.policies.privacy import TextOutcome, kinds_of, record_text
+from tasks.policies.privacy import TextOutcome, record_text
 from tasks.policies.ruling import Ruling
 from tasks.video.clips import clip_size
 from tasks.video.probe import VideoInfo
@@ -132,7 +132,7 @@ def _clip(
         out.update(personal_data=None, privacy=None)
     if c["reason"] is not None or clip.mp4 is None or clip.jpg is None:
         if own is not None:
-            out["personal_data"] = kinds_of(own.spans) if own.checked else None
+            out["personal_data"] = own.kinds if own.scanned else None
         return out, None, clip.jpg
     sha = hashlib.sha256(clip.mp4).hexdigest()
     out.update(format="mp4", width=size[0], height=size[1], bytes=len(clip.mp4), sha256=sha)
