@@ -185,11 +185,11 @@ REASONS: dict[str, tuple[str, str]] = {
     # privacy (tasks/models/faces.py, tasks/policies/personal.py; recipe privacy:)
     "face_present": (
         REJECTED,
-        "the image shows a face (privacy.faces.mode: reject), or more faces than privacy.faces.max_faces where they were to be blurred; the detail gives the count and the largest box",
+        "the image, or a video clip's keyframe, shows a face (privacy.faces.mode: reject; for a clip, blur too: its frames are not blurred), or more faces than privacy.faces.max_faces where they were to be blurred; the detail gives the count and the largest box",
     ),
     "personal_data": (
         REJECTED,
-        "the caption or a conversation turn holds personal data (e-mail address, phone number, payment card, IBAN, IP address, URL with credentials or a token) under privacy.text.mode: reject, or more spans than can be redacted; the detail names the kinds and offsets, never the values",
+        "the caption, a text field of the sample's json, or a conversation turn holds personal data (e-mail address, phone number, payment card, IBAN, IP address, URL with credentials or a token) under privacy.text.mode: reject, or more than can be read or redacted; the detail names the field, kinds and offsets, never the values",
     ),
     # curation (tasks/curate/): scores over the sample's embeddings, against curate.* filters
     "low_alignment": (
