@@ -351,44 +351,63 @@ def test_a_video_whose_caption_is_redacted_says_so_on_every_clip_row(tmp_path):
     assert not any(gate_samples(ok).column("personal_data_shown").to_pylist())
 
 
-def face_video() -> bytes:
-    """Two seconds of the bundled face drifting right (a clip must move to be kept)."""
+def face_video(leaving: bool = False) -> bytes:
+    """Two seconds of the bundled face drifting right (a clip must move to be kept); ``leaving``:
+    it moves out of the picture on the right, gone well before the middle frame."""
     import numpy as np
     from video_fixtures import make_video
 
+    from tasks.demo.faces import ASTRONAUT_FACE, astronaut_crop, face_tile
+
     frame = np.asarray(Image.open(io.BytesIO(face_jpeg(0, 1))).convert("RGB").resize((256, 256)))
-    return make_video(seconds=2, fps=10, size=(256, 256), draw=lambda i, t: np.roll(frame, 3 * i, axis=1))
+    tile = np.asarray(face_tile(np.random.default_rng(0), astronaut_crop(), ASTRONAUT_FACE, 70, jitter=False)[0])
+
+    def draw(i: int, t: float):
+        if not leaving:
+            return np.roll(frame, 3 * i, axis=1)
+        img = np.full((256, 256, 3), (40, 90, 160), np.uint8)
+        x = 60 + 22 * i  # whole at a quarter of the way (frame 5), out of the picture by the middle
+        if x < 256:
+            img[40 : 40 + tile.shape[0], x : x + tile.shape[1]] = tile[:, : 256 - x]
+        return img
+
+    return make_video(seconds=2, fps=10, size=(256, 256), draw=draw)
 
 
 @pytest.mark.parametrize("mode", ["record", "reject", "blur"])
-def test_a_video_clip_is_looked_at_for_faces_in_its_keyframe(tmp_path, mode):
-    """A clip's released keyframe is checked as an image is; its frames cannot be blurred, so
-    ``blur`` refuses a clip that shows a face, as ``reject`` does; a clip without one is kept."""
+def test_a_video_clip_is_looked_at_for_faces_in_three_of_its_frames(tmp_path, mode):
+    """A clip's frames a quarter, half and three quarters through are checked as an image is (a
+    face gone by the middle frame too); its frames cannot be blurred, so ``blur`` refuses a clip
+    that shows a face, as ``reject`` does; a clip without one is kept."""
     from video_fixtures import make_video
 
     inputs = {
         "face": (face_video(), "a portrait", "mp4"),
+        "early": (face_video(leaving=True), "a face leaving", "mp4"),  # not in the middle frame
         "plain": (make_video(seconds=2, fps=10, size=(128, 72)), "a red square", "mp4"),
     }
     ledger, _, written = validate(tmp_path, inputs, {"faces": {"mode": mode}, "text": {"mode": "off"}})
     by_video: dict[str, list[dict]] = {}
     for r in ledger.to_pylist():
         by_video.setdefault(r["origin"].rsplit(":", 1)[1], []).append(r)
-    faces, plain = by_video["face"], by_video["plain"]
-    assert all(r["faces"] >= 1 for r in faces) and all(r["faces"] == 0 for r in plain)
+    faces, early, plain = by_video["face"], by_video["early"], by_video["plain"]
+    assert all(r["faces"] >= 1 for r in faces + early) and all(r["faces"] == 0 for r in plain)
     assert all(r["status"] == "ok" for r in plain)
-    metas = [json.loads(m["json"]) for m in written.values()]
-    assert all(m["faces_frame"] == "keyframe" for m in metas)
+    metas = {m["origin"]["key"]: m for m in (json.loads(w["json"]) for w in written.values())}
+    assert all(set(m["faces_frames"]) == {"0.25", "0.5", "0.75"} for m in metas.values())
     if mode == "record":
-        assert all(r["status"] == "ok" for r in faces)
-        shown = [m for m in metas if m["faces_found"]]
-        assert len(shown) == len(faces) and all(len(m["faces"][0]["box"]) == 4 for m in shown)
+        assert all(r["status"] == "ok" for r in faces + early)
+        assert metas["face"]["faces_found"] >= 1 and len(metas["face"]["faces"][0]["box"]) == 4
+        # the face is in the first quarter's frame only: counted, though the keyframe has none
+        assert (metas["early"]["faces_frames"]["0.25"], metas["early"]["faces_frames"]["0.5"]) == (1, 0)
+        assert metas["early"]["faces"] == []
     else:
-        assert {(r["status"], r["reason"]) for r in faces} == {("rejected", "face_present")}
-        assert all(r["detail"].startswith("keyframe: ") and r["sha256"] is None for r in faces)
+        assert {(r["status"], r["reason"]) for r in faces + early} == {("rejected", "face_present")}
+        assert all(r["detail"].startswith("frame 0.25 of the way through: ") for r in faces + early)
+        assert all(r["sha256"] is None for r in faces + early)
         if mode == "blur":
-            assert all("not blurred" in r["detail"] for r in faces)
-        assert len(metas) == len(plain)  # the refused clips are not written; the plain video's are
+            assert all("not blurred" in r["detail"] for r in faces + early)
+        assert set(metas) == {"plain"}  # the refused clips are not written; the plain video's are
 
 
 FIELDS = {

@@ -4,9 +4,9 @@ tasks/models/faces.py finds the faces in the image as it is to be released (afte
 ``record`` writes their boxes into the json, ``blur`` blurs them in the released image,
 ``reject`` refuses the sample (``face_present``). Under ``blur`` an image with more faces than
 ``max_faces`` is refused: it would be released with faces that were not blurred. A video clip
-is looked at in its keyframe (its middle frame, the JPEG released beside its mp4,
-``clip_faces``): its faces are recorded, or the clip is refused under ``reject``, and under
-``blur`` too, since a clip's frames are not blurred. The text check is tasks/policies/privacy.py.
+is looked at in three frames (a quarter, half and three quarters through; the middle one is the
+keyframe released beside its mp4; ``clip_faces``): its faces are recorded, or the clip is
+refused under ``reject``, and under ``blur`` too, since a clip's frames are not blurred. The text check is tasks/policies/privacy.py.
 """
 
 from __future__ import annotations
@@ -63,35 +63,40 @@ def face_look(cfg: PrivacyConfig) -> FaceLook | None:
 
 
 def clip_faces(
-    look: FaceLook, row: dict[str, Any], members: dict[str, bytes]
+    look: FaceLook, row: dict[str, Any], members: dict[str, bytes], stills: tuple[Image.Image, ...] = ()
 ) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
-    """A kept clip after the face check of its keyframe (``members["jpg"]``): (its row, its
-    members or None when refused, a thumbnail of its keyframe with the faces blurred when refused).
+    """A kept clip after the face check of its keyframe (``members["jpg"]``, its middle frame)
+    and ``stills`` (its frames a quarter and three quarters through): (its row, its members or
+    None when refused, a thumbnail of the frame with the faces blurred when refused).
 
-    The faces found go into the row (``faces``) and the clip's json (``faces``, ``faces_found``,
-    ``faces_frame``: boxes are in the keyframe's pixels). Under ``reject``, and under ``blur``
-    (the mp4's frames are released as they are), a clip whose keyframe shows a face is refused
-    (``face_present``).
+    The row's ``faces`` is the most faces one frame shows; the clip's json gets the keyframe's
+    boxes (``faces``, in its pixels), ``faces_found`` and ``faces_frames`` (faces per frame
+    looked at: ``0.25``, ``0.5``, ``0.75`` of the way through). Under ``reject``, and under
+    ``blur`` (the mp4's frames are released as they are), a clip with a face in any of these
+    frames is refused (``face_present``).
     """
     with Image.open(io.BytesIO(members["jpg"])) as img:
-        frame = img.convert("RGB")
-    verdict = look(frame)
-    facts = verdict.facts
-    row = {**row, "faces": facts["faces_found"]}
-    reason, detail = verdict.reason, verdict.detail
-    if reason is None and facts["faces"] and look.rules.mode == "blur":
-        largest = facts["faces"][0]["box"]
-        reason = FACE_PRESENT
-        detail = (
-            f"{facts['faces_found']} face(s) in the clip's keyframe, the largest {largest[2]}x{largest[3]}:"
-            " a clip's frames are not blurred, so privacy.faces: blur refuses it"
-        )
-    if reason is not None:
-        thumb = io.BytesIO()
-        shown = verdict.image if verdict.image is not None else frame
-        shown.save(thumb, "JPEG", quality=85)
-        refused = {**row, "status": status_of(reason), "reason": reason, "detail": f"keyframe: {detail}"}
-        return {**refused, "bytes": None, "sha256": None}, None, thumb.getvalue()
+        frames = {"0.5": img.convert("RGB")}
+    frames.update(zip(("0.25", "0.75"), stills))
+    verdicts = {at: look(frame) for at, frame in sorted(frames.items())}
+    counts = {at: v.facts["faces_found"] for at, v in verdicts.items()}
+    row = {**row, "faces": max(counts.values())}
+    for at, verdict in verdicts.items():
+        reason, detail, facts = verdict.reason, verdict.detail, verdict.facts
+        if reason is None and facts["faces"] and look.rules.mode == "blur":
+            largest = facts["faces"][0]["box"]
+            reason = FACE_PRESENT
+            detail = (
+                f"{facts['faces_found']} face(s), the largest {largest[2]}x{largest[3]}:"
+                " a clip's frames are not blurred, so privacy.faces: blur refuses it"
+            )
+        if reason is not None:
+            thumb = io.BytesIO()
+            (verdict.image if verdict.image is not None else frames[at]).save(thumb, "JPEG", quality=85)
+            where = "keyframe" if at == "0.5" else f"frame {at} of the way through"
+            refused = {**row, "status": status_of(reason), "reason": reason, "detail": f"{where}: {detail}"}
+            return {**refused, "bytes": None, "sha256": None}, None, thumb.getvalue()
     meta = json.loads(members["json"])
-    meta.update(faces=facts["faces"], faces_found=facts["faces_found"], faces_frame="keyframe")
+    middle = verdicts["0.5"].facts
+    meta.update(faces=middle["faces"], faces_found=row["faces"], faces_frames=counts)
     return row, {**members, "json": json.dumps(meta, ensure_ascii=False, sort_keys=True).encode()}, None

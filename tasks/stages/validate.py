@@ -285,9 +285,8 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
         clean,
         min_side=cfg.image.min_side,
         max_aspect=cfg.image.max_aspect_ratio,
+        look=partial(clip_faces, judge.look) if judge.look is not None else None,
     ):
-        if judge.look is not None and m is not None:  # a kept clip: its keyframe's faces
-            r, m, keyframe = clip_faces(judge.look, r, m)
         # Counted per reason without its payload (duplicate_of:<clip key>).
         if keyframe is not None and r["reason"] is not None and judge.took_thumbnail(r["reason"].split(":", 1)[0]):
             judge.keep_thumbnail(r["key"], keyframe)

@@ -17,6 +17,7 @@ import io
 import os
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -311,18 +312,27 @@ def render(
     cfg: ClipConfig,
     side: int = 160,
     encode: bool | set[int] = True,
+    stills: dict[int, list[Any]] | None = None,
 ) -> dict[int, tuple[bytes | None, bytes]]:
     """Every clip's mp4 (when ``encode``, or when its index is in it) and a JPEG of its middle
     frame (long side ``side``), by clip index, in one decode pass over the video (clips may
-    overlap: caption spans do)."""
+    overlap: caption spans do). With ``stills``, each clip's frames a quarter and three quarters
+    of the way through go into it too (RGB images of the keyframe's size, by clip index): with
+    the middle frame, what a check of a clip's pixels looks at."""
     import av
     from PIL import Image
 
     todo = sorted(clips, key=lambda c: c.first)
     scale = side / max(info.width, info.height)
     size = (max(1, int(info.width * scale)), max(1, int(info.height * scale)))
+    quarters = {c.index: {c.first + (c.end - c.first) // 4, c.first + 3 * (c.end - c.first) // 4} for c in clips}
     mp4s: dict[int, bytes] = {}
     jpgs: dict[int, bytes] = {}
+
+    def still(frame: Any) -> Any:
+        image = frame.to_image(width=size[0], height=size[1])
+        return Image.fromarray(orient(np.asarray(image), info)) if _turned(info) else image
+
     k = 0
     active: dict[int, tuple[Clip, _ClipWriter | None]] = {}
     try:
@@ -346,11 +356,10 @@ def render(
                         writer.add(i, frame)
                     if i == (clip.first + clip.end) // 2:
                         out = io.BytesIO()
-                        image = frame.to_image(width=size[0], height=size[1])
-                        if _turned(info):
-                            image = Image.fromarray(orient(np.asarray(image), info))
-                        image.save(out, "JPEG", quality=85)
+                        still(frame).save(out, "JPEG", quality=85)
                         jpgs[clip.index] = out.getvalue()
+                    if stills is not None and i in quarters[clip.index]:
+                        stills.setdefault(clip.index, []).append(still(frame))
         for index, (_, writer) in list(active.items()):
             if writer is not None:
                 mp4s[index] = writer.finish()

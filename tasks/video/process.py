@@ -21,11 +21,13 @@ from tasks.video.probe import VideoInfo, VideoLimits, probe
 
 @dataclass(frozen=True, slots=True)
 class ClipOut:
-    """A clip's ledger row, its keyframe (a JPEG of its middle frame), and for a kept clip its mp4."""
+    """A clip's ledger row, its keyframe (a JPEG of its middle frame), and for a kept clip its mp4;
+    ``stills``: its frames a quarter and three quarters through, where they were asked for."""
 
     row: dict[str, Any]
     mp4: bytes | None = None
     jpg: bytes | None = None
+    stills: tuple[Any, ...] = ()
 
 
 def clip_key(video_key: str, index: int) -> str:
@@ -41,12 +43,14 @@ def process_video(
     spans: list[tuple[float, float]] | None = None,
     min_side: int = 1,
     max_aspect: float | None = None,
+    stills: bool = False,
 ) -> tuple[dict[str, Any], list[ClipOut]]:
     """The video's row and its clips (none when the video is refused); each kept clip's
     keyframe (its middle frame) is a JPEG whose long side is ``side``. ``spans``: the captions'
     time spans, for ``split: captions``. ``min_side``, ``max_aspect``: what the validation gate
     expects of every sample (``validate.image``): a video whose clips would be smaller or
-    narrower is refused from its declared size, before a frame is decoded."""
+    narrower is refused from its declared size, before a frame is decoded. ``stills``: each
+    kept clip also carries two more of its frames (``ClipOut.stills``) for a check of its pixels."""
     ruling = probe(data, limits)
     if ruling.reason is not None or ruling.value is None:
         return _video_row(key, len(data), None, ruling.reason, ruling.detail), []
@@ -61,8 +65,10 @@ def process_video(
             return _video_row(key, len(data), info, "video_no_clips", no_clips_detail(sig, info, cfg, spans)), []
         # One more decode pass: every kept clip's mp4, every clip's keyframe (the report shows
         # a refused clip by its keyframe).
-        files = render(data, info, clips, cfg, side, encode={c.index for c in clips if c.reason is None})
-        outs = [_clip(key, clip, files.get(clip.index)) for clip in clips]
+        frames: dict[int, list[Any]] | None = {} if stills else None
+        encode = {c.index for c in clips if c.reason is None}
+        files = render(data, info, clips, cfg, side, encode=encode, stills=frames)
+        outs = [_clip(key, clip, files.get(clip.index), (frames or {}).get(clip.index, ())) for clip in clips]
     except Exception as err:  # noqa: BLE001 - FFmpeg's errors, whatever they are: the video's reason
         return _video_row(key, len(data), info, "undecodable_video", f"{type(err).__name__}: {err}"), []
     kept = sum(o.row["status"] == "ok" for o in outs)
@@ -101,7 +107,7 @@ def _video_row(
     }
 
 
-def _clip(key: str, clip: Clip, files: tuple[bytes | None, bytes] | None) -> ClipOut:
+def _clip(key: str, clip: Clip, files: tuple[bytes | None, bytes] | None, stills: Any = ()) -> ClipOut:
     reason = clip.reason
     if reason and reason.startswith("duplicate_of:"):
         reason = f"duplicate_of:{clip_key(key, int(reason.split(':', 1)[1]))}"
@@ -121,4 +127,6 @@ def _clip(key: str, clip: Clip, files: tuple[bytes | None, bytes] | None) -> Cli
     if files is None:
         return ClipOut(row)
     mp4, jpg = files
-    return ClipOut(row, mp4 if reason is None else None, jpg)  # a refused clip keeps its keyframe
+    if reason is not None:
+        return ClipOut(row, None, jpg)  # a refused clip keeps its keyframe
+    return ClipOut(row, mp4, jpg, tuple(stills))

@@ -27,6 +27,11 @@ from tasks.video.probe import VideoInfo
 from tasks.video.process import ClipOut, process_video
 from tasks.video.segments import Segment, read_segments
 
+# A clip as judged: (ledger row, members or None, keyframe or thumbnail or None).
+Judged = tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]
+# A check of a kept clip's pixels: (row, members, more of its frames) -> the clip as judged.
+Look = Callable[[dict[str, Any], dict[str, bytes], tuple[Any, ...]], Judged]
+
 # What a clip's sample and row say of the video it was cut from (``video_`` + the field).
 _SOURCE_FACTS = ("container", "codec", "width", "height", "fps", "duration_s", "frames", "rotation", "audio")
 
@@ -42,6 +47,7 @@ def judge_video(
     *,
     min_side: int,
     max_aspect: float,
+    look: Look | None = None,
 ) -> list[tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]]:
     """The (ledger row, members or None, keyframe of a refused clip or None) of every clip of
     the video under ``key``, or of the video alone.
@@ -52,7 +58,9 @@ def judge_video(
     captions``): a clip with its span's own caption records that caption's check in place of
     the video's (a span without one keeps the video's caption and its record);
     ``min_side`` and ``max_aspect`` the image rules' (``validate.image``), which the validation
-    gate holds every sample to: a video whose clips would break them is refused unopened.
+    gate holds every sample to: a video whose clips would break them is refused unopened;
+    ``look`` a check of a kept clip's pixels (the privacy face check): given its row, members
+    and two more of its frames (``ClipOut.stills``), it answers as a clip does.
     """
     segments: list[Segment] | None = None
     if cfg.clips.split == "captions":
@@ -62,7 +70,15 @@ def judge_video(
         segments = read.value
     spans = [(s.start, s.end) for s in segments] if segments is not None else None
     video, clips = process_video(
-        key, data, cfg, cfg.clips, side=cfg.clips.max_side, spans=spans, min_side=min_side, max_aspect=max_aspect
+        key,
+        data,
+        cfg,
+        cfg.clips,
+        side=cfg.clips.max_side,
+        spans=spans,
+        min_side=min_side,
+        max_aspect=max_aspect,
+        stills=look is not None,
     )
     if video["reason"] is not None:
         out = _refused(row, video["reason"], video["detail"])
@@ -81,7 +97,7 @@ def judge_video(
             clip_caption = own.text if own is not None else None
             if checked.reason is not None:
                 refused = (checked.reason, f"span {c.row['scene']}: {checked.detail}")
-        judged.append(_clip(c, key, meta, row, info, (width, height), cfg, clip_caption, refused, own))
+        judged.append(_clip(c, key, meta, row, info, (width, height), cfg, clip_caption, refused, own, look))
     return judged
 
 
@@ -106,9 +122,11 @@ def _clip(
     caption: str | None,
     refused: tuple[str, str] | None = None,
     own: TextOutcome | None = None,
+    look: Look | None = None,
 ) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
     """One clip's (ledger row, members or None, keyframe or None); ``own`` is the check of the
-    clip's own caption (its span's), recorded in place of the video's caption's."""
+    clip's own caption (its span's), recorded in place of the video's caption's; ``look`` the
+    check of a kept clip's pixels."""
     c = clip.row
     if refused is not None and c["reason"] is None:  # its span's caption failed the caption rules
         c = _refused(c, *refused)
@@ -169,4 +187,4 @@ def _clip(
     }
     if caption is not None:
         members["txt"] = caption.encode("utf-8")
-    return out, members, None
+    return look(out, members, clip.stills) if look is not None else (out, members, None)
