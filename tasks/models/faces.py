@@ -89,8 +89,10 @@ def _load(name: str) -> list[np.ndarray]:
     return [np.asarray(w, dtype=np.float32) for w in joblib.load(path)]
 
 
-def _networks() -> tuple[Any, Any, Any]:
-    """P-Net, R-Net and O-Net as torch modules holding the wheel's weights (TensorFlow's layout turned into torch's)."""
+@functools.cache
+def networks() -> tuple[Any, Any, Any]:
+    """The process's P-Net, R-Net and O-Net, loaded once: torch modules holding the wheel's
+    weights (TensorFlow's layout turned into torch's)."""
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -160,12 +162,6 @@ def _networks() -> tuple[Any, Any, Any]:
         net(_load(name)).eval().requires_grad_(False).to(memory_format=torch.channels_last)
         for net, name in ((PNet, "pnet"), (RNet, "rnet"), (ONet, "onet"))
     )
-
-
-@functools.cache
-def networks() -> tuple[Any, Any, Any]:
-    """The process's three networks, loaded once."""
-    return _networks()
 
 
 def work_scale(width: int, height: int, min_size: int) -> float:

@@ -108,16 +108,19 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
     refusal: list[TextOutcome] = []
 
     def walk(value: Any, path: str, depth: int) -> Any:
+        """``value`` as released; the json itself is at depth 0, its fields at 1."""
         if refusal:
             return value
-        if isinstance(value, (dict, list)) and depth >= MAX_FIELD_DEPTH:
+        if isinstance(value, (dict, list)) and depth > MAX_FIELD_DEPTH:
             state["truncated"] = True
             return value
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
-                here = f"{path}.{key}"
-                if str(key).lower() in METADATA_FIELDS:
+                here = f"{path}.{key}" if path else str(key)
+                if depth == 0 and key in OWN_FIELDS:
+                    out[key] = item
+                elif str(key).lower() in METADATA_FIELDS:
                     if item not in (None, "", [], {}):  # dropped either way; recorded when it held something
                         removed.append(here)
                 else:
@@ -139,15 +142,7 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
         state["redacted"] = state["redacted"] or checked.redacted
         return checked.text
 
-    out: dict[str, Any] = {}
-    for key, value in meta.items():
-        if key in OWN_FIELDS:
-            out[key] = value
-        elif str(key).lower() in METADATA_FIELDS:
-            if value not in (None, "", [], {}):
-                removed.append(key)
-        else:
-            out[key] = walk(value, key, 0)
+    out = walk(meta, "", 0)
     checked = rules.mode != "off"
     if refusal:
         return FieldsOutcome(meta, reason=refusal[0].reason, detail=refusal[0].detail, checked=checked)
@@ -170,8 +165,9 @@ def record_text(row: dict[str, Any], meta: dict[str, Any], text: TextOutcome) ->
     in its json and its row's detail, ``redacted`` and ``metadata`` in its row's ``privacy``.
     ``meta`` is the json to release, its other fields already as ``check_fields`` left them."""
     fields = text.fields
+    redacted = text.redacted or (fields is not None and fields.redacted)
     row["personal_data"] = text.kinds if text.scanned else None
-    done = set((row["privacy"] or "").split(","))
+    done = set((row["privacy"] or "").split(",")) | ({"redacted"} if redacted else set())
     facts, notes = span_facts(text.spans, "caption"), [describe(text.spans)] if text.spans else []
     if fields is not None:
         by_field: dict[str, list[Span]] = {}
@@ -184,15 +180,10 @@ def record_text(row: dict[str, Any], meta: dict[str, Any], text: TextOutcome) ->
             gone = [*meta.get("metadata_removed", []), *(f"json:{p}" for p in fields.removed)]
             meta["metadata_removed"] = list(dict.fromkeys(gone))
             done.add("metadata")
-        if fields.redacted:
-            done.add("redacted")
     if facts:
-        redacted = text.redacted or (fields is not None and fields.redacted)
         note = ("redacted: " if redacted else "personal data kept: ") + "; ".join(notes)
         row["detail"] = note if row["detail"] is None else f"{row['detail']}; {note}"
         meta["personal_data"] = facts
-    if text.redacted:
-        done.add("redacted")
     row["privacy"] = ",".join(d for d in PRIVACY_DONE if d in done) or None
 
 

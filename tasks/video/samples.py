@@ -147,10 +147,8 @@ def _clip(
         "caption_chars": len(caption) if caption else None,
     }
     if own is not None:  # the video's caption is not this clip's: neither is its privacy record
-        out.update(personal_data=None, privacy=None)
+        out.update(personal_data=own.kinds if own.scanned else None, privacy=None)
     if c["reason"] is not None or clip.mp4 is None or clip.jpg is None:
-        if own is not None:
-            out["personal_data"] = own.kinds if own.scanned else None
         return out, None, clip.jpg
     sha = hashlib.sha256(clip.mp4).hexdigest()
     out.update(format="mp4", width=size[0], height=size[1], bytes=len(clip.mp4), sha256=sha)
