@@ -146,7 +146,7 @@ def faces(args) -> list[str]:
     items = labelled_set(generated=args.images, lfw=args.images // 2)
     jpegs = [jpeg(item.rgb) for item in items if max(item.rgb.size) <= 1024]
     decoded = [Image.open(io.BytesIO(b)).convert("RGB") for b in jpegs]
-    detector = face_detector(FacePrivacy(mode="record"))
+    detector = face_detector(FacePrivacy(mode="record", device="cpu"))
     detector.detect(decoded[0])  # the networks' load is not timed
     cascade = haar(20)
     base = best_of(args.repeats, lambda: [process_image(b, ImageRules()) for b in jpegs])
@@ -155,7 +155,9 @@ def faces(args) -> list[str]:
     n, sides = len(jpegs), [max(img.size) for img in decoded]
     with tempfile.TemporaryDirectory() as tmp:
         phase_off = min(validation_phase(Path(tmp) / f"{r}", jpegs, None) for r in range(args.repeats))
-        phase_on = min(validation_phase(Path(tmp) / f"{r}", jpegs, {"mode": "record"}) for r in range(args.repeats))
+        on = {"mode": "record", "device": "cpu"}
+        phase_on = min(validation_phase(Path(tmp) / f"{r}", jpegs, on) for r in range(args.repeats))
+        gpu = gpu_rows(Path(tmp), jpegs, decoded, args.repeats, phase_off) if torch.cuda.is_available() else []
     lines = [
         f"{n} JPEGs, long side {min(sides)}-{max(sides)} px (mean {np.mean(sides):.0f}); work cap {WORK_SIDE} px; "
         f"one thread; best of {args.repeats}",
@@ -169,6 +171,7 @@ def faces(args) -> list[str]:
             ["face detection: Haar cascade (baseline)", report.fmt(n / old), report.fmt(old / n * 1e3)],
             ["validation phase, faces off (CPU)", report.fmt(n / phase_off), report.fmt(phase_off / n * 1e3)],
             ["validation phase, faces on (CPU)", report.fmt(n / phase_on), report.fmt(phase_on / n * 1e3)],
+            *gpu,
         ],
         "lrr",
     )
@@ -190,13 +193,41 @@ def faces(args) -> list[str]:
     return lines + ["", *by_min_size(items, decoded, args.repeats)]
 
 
+def gpu_rows(tmp: Path, jpegs: list[bytes], decoded: list[Image.Image], repeats: int, phase_off: float) -> list[list]:
+    """The detector on this machine's GPU (``device: cuda``): its wall time per image, and the
+    validation phase's CPU time with it on (the CPU work that is left: decoding, crops, launches)."""
+    import torch
+
+    from tasks.models.faces import face_detector
+
+    detector = face_detector(FacePrivacy(mode="record", device="cuda"))
+    detector.detect(decoded[0])
+
+    def look() -> None:
+        for img in decoded:
+            detector.detect(img)
+        torch.cuda.synchronize()
+
+    took, n = best_of(repeats, look), len(jpegs)
+    on = {"mode": "record", "device": "cuda"}
+    phase = min(validation_phase(tmp / f"gpu{r}", jpegs, on) for r in range(repeats))
+    return [
+        ["face detection: MTCNN on the GPU (wall)", report.fmt(n / took), report.fmt(took / n * 1e3)],
+        [
+            f"validation phase, faces on the GPU (CPU; {phase_off / phase:.2f}x)",
+            report.fmt(n / phase),
+            report.fmt(phase / n * 1e3),
+        ],
+    ]
+
+
 def by_min_size(items, decoded, repeats: int) -> list[str]:
     """Detection time and recall for each ``min_size``: a larger one works on a smaller copy."""
     from tasks.models.faces import face_detector
 
     rows = []
     for min_size in (20, 32, 48):
-        mtcnn = face_detector(FacePrivacy(mode="record", min_size=min_size, max_faces=1024))
+        mtcnn = face_detector(FacePrivacy(mode="record", min_size=min_size, max_faces=1024, device="cpu"))
         detectors = {"MTCNN": lambda img, d=mtcnn: [(f.x, f.y, f.w, f.h) for f in d.detect(img)[0]]}
         for name, detect in {**detectors, "Haar cascade": haar(min_size)}.items():
             took = best_of(repeats, lambda detect=detect: [detect(img) for img in decoded])

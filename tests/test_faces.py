@@ -237,3 +237,34 @@ def test_one_detector_per_rules() -> None:
     assert isinstance(face_detector(RULES), FaceDetector)
     with pytest.raises(AttributeError):
         Face(0, 0, 1, 1, 0.0).x = 2  # type: ignore[misc]
+
+
+def test_the_detector_runs_where_the_recipe_says(monkeypatch) -> None:
+    import torch
+
+    from tasks.models.placement import ModelError
+
+    assert face_detector(FacePrivacy(mode="record", device="cpu")).device == "cpu"
+    auto = face_detector(FacePrivacy(mode="record"))
+    assert auto.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a worker without a GPU
+    with pytest.raises(ModelError, match=r"privacy\.faces\.device is cuda but this worker sees no CUDA GPU"):
+        FaceDetector(FacePrivacy(mode="record", device="cuda"))
+    assert FaceDetector(FacePrivacy(mode="record", device="auto")).device == "cpu"
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_same_faces_as_on_the_cpu() -> None:
+    items = labelled_set(generated=24, lfw=12, seed=5)
+    on_gpu = face_detector(FacePrivacy(mode="record", max_faces=1024, device="cuda"))
+    on_cpu = face_detector(FacePrivacy(mode="record", max_faces=1024, device="cpu"))
+    assert on_gpu.device == "cuda"
+    found = 0
+    for item in items:
+        (gpu, gpu_total), (cpu, cpu_total) = on_gpu.detect(item.rgb), on_cpu.detect(item.rgb)
+        assert gpu_total == cpu_total, item.name
+        for a, b in zip(gpu, cpu):  # the same boxes, to a pixel of rounding, and scores
+            assert max(abs(p - q) for p, q in zip(boxes_of([a])[0], boxes_of([b])[0])) <= 1, item.name
+            assert a.score == pytest.approx(b.score, abs=1e-3)
+        found += gpu_total
+    assert found > 0

@@ -108,12 +108,16 @@ class FacePrivacy(Frozen):
         min_score: the detector's last network's face probability at least this (0.8: on the
             labelled set, the recall of MTCNN's own 0.7 less one face in 326, and no false
             face on scikit-image's photographs; docs/guide/privacy.md gives the figures).
+        device: where the detector's networks run: ``auto`` (this worker's CUDA GPU where it
+            has one, as under ``--cluster cuda``; the CPU otherwise), ``cpu``, or ``cuda`` (an
+            error where the worker sees no GPU). The networks compute in fp32 on either.
     """
 
     mode: Literal["off", "record", "blur", "reject"] = "off"
     min_size: int = Field(default=20, ge=8, le=4096)
     max_faces: int = Field(default=32, ge=1, le=1024)
     min_score: float = Field(default=0.8, ge=0.5, le=1.0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 class TextPrivacy(Frozen):
