@@ -21,8 +21,14 @@ GOLDEN_FLOATS = GOLDEN_DIGESTS.with_name("demo_release_floats.json")
 # instead: tests/test_flow_curate.py, tests/test_curate*.py and the demo's own check. Precache
 # computes in fp32 here: ``auto`` is bf16 on a CPU with AVX512-BF16 or AMX only, and the golden
 # floats must not depend on which CPU runs the test (bf16 is pinned by tests/test_precache.py
-# and tests/test_compute_dtype.py).
-NO_CURATION = {"curate.model": None, "precache.image_embedding": None, "precache.compute_dtype": "fp32"}
+# and tests/test_compute_dtype.py). The face detector runs on the CPU here too: on a GPU its boxes,
+# which decide the blurred pixels, could round a pixel apart (tests/test_faces.py pins the GPU's).
+NO_CURATION = {
+    "curate.model": None,
+    "precache.image_embedding": None,
+    "precache.compute_dtype": "fp32",
+    "privacy.faces.device": "cpu",
+}
 
 
 @pytest.fixture(scope="module")
