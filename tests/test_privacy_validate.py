@@ -351,9 +351,10 @@ def test_a_video_whose_caption_is_redacted_says_so_on_every_clip_row(tmp_path):
     assert not any(gate_samples(ok).column("personal_data_shown").to_pylist())
 
 
-def face_video(leaving: bool = False) -> bytes:
-    """Two seconds of the bundled face drifting right (a clip must move to be kept); ``leaving``:
-    it moves out of the picture on the right, gone well before the middle frame."""
+def face_video(leaving: bool = False, speed: int = 22, start: int = 60) -> bytes:
+    """Two seconds (20 frames) of the bundled face drifting right (a clip must move to be kept);
+    ``leaving``: it moves out of the picture on the right, ``speed`` px a frame from ``start``
+    (by default whole at a quarter of the way, frame 5, and gone well before the middle frame)."""
     import numpy as np
     from video_fixtures import make_video
 
@@ -366,7 +367,7 @@ def face_video(leaving: bool = False) -> bytes:
         if not leaving:
             return np.roll(frame, 3 * i, axis=1)
         img = np.full((256, 256, 3), (40, 90, 160), np.uint8)
-        x = 60 + 22 * i  # whole at a quarter of the way (frame 5), out of the picture by the middle
+        x = start + speed * i
         if x < 256:
             img[40 : 40 + tile.shape[0], x : x + tile.shape[1]] = tile[:, : 256 - x]
         return img
@@ -408,6 +409,35 @@ def test_a_video_clip_is_looked_at_for_faces_in_three_of_its_frames(tmp_path, mo
         if mode == "blur":
             assert all("not blurred" in r["detail"] for r in faces + early)
         assert set(metas) == {"plain"}  # the refused clips are not written; the plain video's are
+
+
+def test_more_frames_of_a_clip_are_looked_at_where_the_recipe_asks(tmp_path):
+    """``clip_frames: 5`` looks a sixth of the way through too: a face gone by the quarter frame
+    (whole in frames 0-3 of 20, 11 px of it left by frame 5) is missed by the default 3 frames
+    and found in the frame at 0.17 by 5."""
+    brief = {"brief": (face_video(leaving=True, speed=45, start=20), "a face passing", "mp4")}
+    seen = {}
+    for frames in (3, 5):
+        privacy = {"faces": {"mode": "reject", "clip_frames": frames}, "text": {"mode": "off"}}
+        ledger, _, written = validate(tmp_path / str(frames), brief, privacy)
+        seen[frames] = ledger.to_pylist()
+        metas = [json.loads(w["json"]) for w in written.values()]
+        if frames == 3:
+            assert metas and all(m["faces_frames"] == {"0.25": 0, "0.5": 0, "0.75": 0} for m in metas)
+    assert seen[3] and {(r["status"], r["faces"]) for r in seen[3]} == {("ok", 0)}
+    assert {(r["status"], r["reason"]) for r in seen[5]} == {("rejected", "face_present")}
+    assert all(r["detail"].startswith("frame 0.17 of the way through: ") for r in seen[5])
+
+
+def test_clip_frames_is_odd_and_spread_evenly():
+    from tasks.formats.recipe_privacy import FacePrivacy
+    from tasks.video.clips import look_points
+
+    assert look_points(1) == [] and look_points(3) == [(1, "0.25"), (3, "0.75")]
+    assert [at for _, at in look_points(5)] == ["0.17", "0.33", "0.67", "0.83"]
+    assert len(look_points(15)) == 14 and len({at for _, at in look_points(15)}) == 14
+    with pytest.raises(ValueError, match="4 is even: an odd count keeps the keyframe"):
+        FacePrivacy(mode="reject", clip_frames=4)
 
 
 FIELDS = {

@@ -108,6 +108,11 @@ class FacePrivacy(Frozen):
         min_score: the detector's last network's face probability at least this (0.8: on the
             labelled set, the recall of MTCNN's own 0.7 less one face in 326, and no false
             face on scikit-image's photographs; docs/guide/privacy.md gives the figures).
+        clip_frames: how many frames of each video clip are looked at, spread evenly through
+            it (odd: the middle one is the keyframe released beside the clip's mp4): at ``k / (n
+            + 1)`` of the way through for ``k`` = 1..n. 3 (default) looks a quarter, half and
+            three quarters through; a face on screen for less than about ``1 / (n + 1)`` of a
+            clip can be missed. Each frame costs one detection (bench/RESULTS.md).
         device: where the detector's networks run: ``auto`` (this worker's CUDA GPU where it
             has one, as under ``--cluster cuda``; the CPU otherwise), ``cpu``, or ``cuda`` (an
             error where the worker sees no GPU). The networks compute in fp32 on either.
@@ -117,7 +122,15 @@ class FacePrivacy(Frozen):
     min_size: int = Field(default=20, ge=8, le=4096)
     max_faces: int = Field(default=32, ge=1, le=1024)
     min_score: float = Field(default=0.8, ge=0.5, le=1.0)
+    clip_frames: int = Field(default=3, ge=1, le=15)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @field_validator("clip_frames")
+    @classmethod
+    def _odd(cls, value: int) -> int:
+        if value % 2 == 0:
+            raise ValueError(f"{value} is even: an odd count keeps the keyframe (the middle frame) among them")
+        return value
 
 
 class TextPrivacy(Frozen):

@@ -4,9 +4,10 @@ tasks/models/faces.py finds the faces in the image as it is to be released (afte
 ``record`` writes their boxes into the json, ``blur`` blurs them in the released image,
 ``reject`` refuses the sample (``face_present``). Under ``blur`` an image with more faces than
 ``max_faces`` is refused: it would be released with faces that were not blurred. A video clip
-is looked at in three frames (a quarter, half and three quarters through; the middle one is the
-keyframe released beside its mp4; ``clip_faces``): its faces are recorded, or the clip is
-refused under ``reject``, and under ``blur`` too, since a clip's frames are not blurred. The text check is tasks/policies/privacy.py.
+is looked at in ``clip_frames`` frames spread through it (3: a quarter, half and three quarters
+through; the middle one is the keyframe released beside its mp4; ``clip_faces``): its faces are
+recorded, or the clip is refused under ``reject``, and under ``blur`` too, since a clip's frames
+are not blurred. The text check is tasks/policies/privacy.py.
 """
 
 from __future__ import annotations
@@ -63,21 +64,25 @@ def face_look(cfg: PrivacyConfig) -> FaceLook | None:
 
 
 def clip_faces(
-    look: FaceLook, row: dict[str, Any], members: dict[str, bytes], stills: tuple[Image.Image, ...] = ()
+    look: FaceLook,
+    row: dict[str, Any],
+    members: dict[str, bytes],
+    stills: tuple[tuple[str, Image.Image], ...] = (),
 ) -> tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]:
     """A kept clip after the face check of its keyframe (``members["jpg"]``, its middle frame)
-    and ``stills`` (its frames a quarter and three quarters through): (its row, its members or
-    None when refused, a thumbnail of the frame with the faces blurred when refused).
+    and ``stills`` (its other frames looked at, by their share of the way through:
+    ``privacy.faces.clip_frames``): (its row, its members or None when refused, a thumbnail of
+    the frame with the faces blurred when refused).
 
     The row's ``faces`` is the most faces one frame shows; the clip's json gets the keyframe's
     boxes (``faces``, in its pixels), ``faces_found`` and ``faces_frames`` (faces per frame
-    looked at: ``0.25``, ``0.5``, ``0.75`` of the way through). Under ``reject``, and under
-    ``blur`` (the mp4's frames are released as they are), a clip with a face in any of these
-    frames is refused (``face_present``).
+    looked at, by its share of the way through: ``0.25``, ``0.5``, ``0.75`` for 3 frames). Under
+    ``reject``, and under ``blur`` (the mp4's frames are released as they are), a clip with a
+    face in any of these frames is refused (``face_present``), for the earliest such frame.
     """
     with Image.open(io.BytesIO(members["jpg"])) as img:
         frames = {"0.5": img.convert("RGB")}
-    frames.update(zip(("0.25", "0.75"), stills))
+    frames.update(stills)
     verdicts = {at: look(frame) for at, frame in sorted(frames.items())}
     counts = {at: v.facts["faces_found"] for at, v in verdicts.items()}
     row = {**row, "faces": max(counts.values())}

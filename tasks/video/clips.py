@@ -305,6 +305,18 @@ class _ClipWriter:
             os.unlink(self.path)
 
 
+def look_points(frames: int) -> list[tuple[int, str]]:
+    """Where a check of a clip's pixels looks when it looks at ``frames`` (odd) frames: ``(k,
+    label)`` for the frames ``k / (frames + 1)`` of the way through, the middle one (the
+    keyframe) left out; the label is that share, as ``0.25``."""
+    return [(k, share_label(k / (frames + 1))) for k in range(1, frames + 1) if 2 * k != frames + 1]
+
+
+def share_label(share: float) -> str:
+    """``0.25``, ``0.5``, ``0.17``: a share of the way through a clip, as the json names its frames."""
+    return f"{share:.2f}".rstrip("0")
+
+
 def render(
     data: Payload,
     info: VideoInfo,
@@ -312,20 +324,22 @@ def render(
     cfg: ClipConfig,
     side: int = 160,
     encode: bool | set[int] = True,
-    stills: dict[int, list[Any]] | None = None,
+    stills: dict[int, list[tuple[str, Any]]] | None = None,
+    looks: int = 3,
 ) -> dict[int, tuple[bytes | None, bytes]]:
     """Every clip's mp4 (when ``encode``, or when its index is in it) and a JPEG of its middle
     frame (long side ``side``), by clip index, in one decode pass over the video (clips may
-    overlap: caption spans do). With ``stills``, each clip's frames a quarter and three quarters
-    of the way through go into it too (RGB images of the keyframe's size, by clip index): with
-    the middle frame, what a check of a clip's pixels looks at."""
+    overlap: caption spans do). With ``stills``, each clip's other frames of the ``looks`` spread
+    through it (``look_points``) go into it too, as (label, RGB image of the keyframe's size) by
+    clip index: with the middle frame, what a check of a clip's pixels looks at."""
     import av
     from PIL import Image
 
     todo = sorted(clips, key=lambda c: c.first)
     scale = side / max(info.width, info.height)
     size = (max(1, int(info.width * scale)), max(1, int(info.height * scale)))
-    quarters = {c.index: {c.first + (c.end - c.first) // 4, c.first + 3 * (c.end - c.first) // 4} for c in clips}
+    points = look_points(looks)
+    looked = {c.index: {c.first + k * (c.end - c.first) // (looks + 1): at for k, at in points} for c in clips}
     mp4s: dict[int, bytes] = {}
     jpgs: dict[int, bytes] = {}
 
@@ -358,8 +372,8 @@ def render(
                         out = io.BytesIO()
                         still(frame).save(out, "JPEG", quality=85)
                         jpgs[clip.index] = out.getvalue()
-                    if stills is not None and i in quarters[clip.index]:
-                        stills.setdefault(clip.index, []).append(still(frame))
+                    if stills is not None and i in looked[clip.index]:
+                        stills.setdefault(clip.index, []).append((looked[clip.index][i], still(frame)))
         for index, (_, writer) in list(active.items()):
             if writer is not None:
                 mp4s[index] = writer.finish()

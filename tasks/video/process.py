@@ -22,7 +22,8 @@ from tasks.video.probe import VideoInfo, VideoLimits, probe
 @dataclass(frozen=True, slots=True)
 class ClipOut:
     """A clip's ledger row, its keyframe (a JPEG of its middle frame), and for a kept clip its mp4;
-    ``stills``: its frames a quarter and three quarters through, where they were asked for."""
+    ``stills``: its other frames a check of its pixels looks at, as (label, image), where they
+    were asked for (``tasks.video.clips.look_points``)."""
 
     row: dict[str, Any]
     mp4: bytes | None = None
@@ -43,14 +44,15 @@ def process_video(
     spans: list[tuple[float, float]] | None = None,
     min_side: int = 1,
     max_aspect: float | None = None,
-    stills: bool = False,
+    stills: int = 0,
 ) -> tuple[dict[str, Any], list[ClipOut]]:
     """The video's row and its clips (none when the video is refused); each kept clip's
     keyframe (its middle frame) is a JPEG whose long side is ``side``. ``spans``: the captions'
     time spans, for ``split: captions``. ``min_side``, ``max_aspect``: what the validation gate
     expects of every sample (``validate.image``): a video whose clips would be smaller or
-    narrower is refused from its declared size, before a frame is decoded. ``stills``: each
-    kept clip also carries two more of its frames (``ClipOut.stills``) for a check of its pixels."""
+    narrower is refused from its declared size, before a frame is decoded. ``stills``: how many
+    frames of each kept clip a check of its pixels looks at (0: none; odd): the clip carries
+    those besides its keyframe (``ClipOut.stills``)."""
     ruling = probe(data, limits)
     if ruling.reason is not None or ruling.value is None:
         return _video_row(key, len(data), None, ruling.reason, ruling.detail), []
@@ -65,9 +67,9 @@ def process_video(
             return _video_row(key, len(data), info, "video_no_clips", no_clips_detail(sig, info, cfg, spans)), []
         # One more decode pass: every kept clip's mp4, every clip's keyframe (the report shows
         # a refused clip by its keyframe).
-        frames: dict[int, list[Any]] | None = {} if stills else None
+        frames: dict[int, list[tuple[str, Any]]] | None = {} if stills else None
         encode = {c.index for c in clips if c.reason is None}
-        files = render(data, info, clips, cfg, side, encode=encode, stills=frames)
+        files = render(data, info, clips, cfg, side, encode=encode, stills=frames, looks=max(stills, 1))
         outs = [_clip(key, clip, files.get(clip.index), (frames or {}).get(clip.index, ())) for clip in clips]
     except Exception as err:  # noqa: BLE001 - FFmpeg's errors, whatever they are: the video's reason
         return _video_row(key, len(data), info, "undecodable_video", f"{type(err).__name__}: {err}"), []

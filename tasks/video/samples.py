@@ -48,6 +48,7 @@ def judge_video(
     min_side: int,
     max_aspect: float,
     look: Look | None = None,
+    look_frames: int = 3,
 ) -> list[tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]]:
     """The (ledger row, members or None, keyframe of a refused clip or None) of every clip of
     the video under ``key``, or of the video alone.
@@ -60,7 +61,7 @@ def judge_video(
     ``min_side`` and ``max_aspect`` the image rules' (``validate.image``), which the validation
     gate holds every sample to: a video whose clips would break them is refused unopened;
     ``look`` a check of a kept clip's pixels (the privacy face check): given its row, members
-    and two more of its frames (``ClipOut.stills``), it answers as a clip does.
+    and its other ``look_frames`` - 1 frames (``ClipOut.stills``), it answers as a clip does.
     """
     segments: list[Segment] | None = None
     if cfg.clips.split == "captions":
@@ -78,7 +79,7 @@ def judge_video(
         spans=spans,
         min_side=min_side,
         max_aspect=max_aspect,
-        stills=look is not None,
+        stills=look_frames if look is not None else 0,
     )
     if video["reason"] is not None:
         out = _refused(row, video["reason"], video["detail"])
