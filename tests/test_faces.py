@@ -253,16 +253,42 @@ def test_the_detector_runs_where_the_recipe_says(monkeypatch) -> None:
     assert FaceDetector(FacePrivacy(mode="record", device="auto")).device == "cpu"
 
 
+def test_the_pyramid_and_crops_made_by_torch_find_the_faces_opencvs_do() -> None:
+    """A GPU's path (the pyramid and the crops made by torch on the networks' device), run here
+    on the CPU: the same faces as OpenCV's path, in boxes that overlap it."""
+    items = labelled_set(generated=24, lfw=12, seed=7)
+    rules = FacePrivacy(mode="record", max_faces=1024, device="cpu")
+    opencv, torch_made = FaceDetector(rules), FaceDetector(rules)
+    torch_made.pixels_on_device = True
+    found = 0
+    for item in items:
+        (a, total_a), (b, total_b) = opencv.detect(item.rgb), torch_made.detect(item.rgb)
+        assert total_a == total_b, item.name
+        assert all(max(iou(x, y) for y in boxes_of(b)) >= 0.5 for x in boxes_of(a)), item.name
+        found += total_b
+    assert found >= 40
+    truth = [box for item in items for box in item.boxes]
+    hits = sum(match(boxes_of(torch_made.detect(item.rgb)[0]), item.boxes) for item in items)
+    assert hits / len(truth) >= 0.95
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_the_same_faces_as_on_the_cpu() -> None:
+    """On a GPU the pyramid and crops are made there too: the same faces as that path on the
+    CPU, to a pixel, and as many as OpenCV's path finds."""
     items = labelled_set(generated=24, lfw=12, seed=5)
-    on_gpu = face_detector(FacePrivacy(mode="record", max_faces=1024, device="cuda"))
-    on_cpu = face_detector(FacePrivacy(mode="record", max_faces=1024, device="cpu"))
-    assert on_gpu.device == "cuda"
+    rules = FacePrivacy(mode="record", max_faces=1024)
+    on_gpu = FaceDetector(rules.model_copy(update={"device": "cuda"}))
+    on_cpu, opencv = (
+        FaceDetector(rules.model_copy(update={"device": "cpu"})),
+        face_detector(rules.model_copy(update={"device": "cpu"})),
+    )
+    on_cpu.pixels_on_device = True
+    assert on_gpu.device == "cuda" and on_gpu.pixels_on_device
     found = 0
     for item in items:
         (gpu, gpu_total), (cpu, cpu_total) = on_gpu.detect(item.rgb), on_cpu.detect(item.rgb)
-        assert gpu_total == cpu_total, item.name
+        assert gpu_total == cpu_total == opencv.detect(item.rgb)[1], item.name
         for a, b in zip(gpu, cpu):  # the same boxes, to a pixel of rounding, and scores
             assert max(abs(p - q) for p, q in zip(boxes_of([a])[0], boxes_of([b])[0])) <= 1, item.name
             assert a.score == pytest.approx(b.score, abs=1e-3)
