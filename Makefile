@@ -49,8 +49,8 @@ lint: setup
 test: setup $(ENERGON)/.installed
 	$(VENV)/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder --durations=25
 
-# On a machine with a GPU: every gpu-marked test and the GPU modes of the precache, curation and
-# clip-decode benchmarks, in under ten minutes, all into .bench/gpu-check/results.md
+# On a machine with a GPU: every gpu-marked test and the GPU modes of the precache, curation,
+# clip-decode and face-detection benchmarks, in under ten minutes, all into .bench/gpu-check/results.md
 # (tools/gpu_check.py). Without a GPU it says so in one line and succeeds.
 gpu-check: setup
 	$(VENV)/bin/python tools/gpu_check.py

@@ -1,6 +1,7 @@
 """The privacy checks beside the validation work they join, on one thread (issue 43).
 
-- faces: ``FaceDetector.detect`` (MTCNN) and, as the baseline, OpenCV's Haar cascade on decoded
+- faces: ``FaceDetector.detect`` (MTCNN; also with a GPU's pyramid and crops, made by torch,
+  run on the CPU) and, as the baseline, OpenCV's Haar cascade on decoded
   pixels beside ``process_image(data, ImageRules())`` on the same JPEGs, and validation's real
   pass over a tar of them with faces off and on (CPU time); one thread. Recall and precision at
   IoU >= 0.4 on tasks/demo/faces.py's labelled set (scikit-image's photographs and LFW faces,
@@ -139,19 +140,25 @@ def faces(args) -> list[str]:
     import torch
 
     from tasks.demo.faces import labelled_set
-    from tasks.models.faces import WORK_SIDE, face_detector
+    from tasks.models.faces import WORK_SIDE, FaceDetector, face_detector
 
     torch.set_num_threads(1)  # one worker thread, as a Dask worker runs (OMP_NUM_THREADS=1)
     cv2.setNumThreads(1)
     items = labelled_set(generated=args.images, lfw=args.images // 2)
     jpegs = [jpeg(item.rgb) for item in items if max(item.rgb.size) <= 1024]
     decoded = [Image.open(io.BytesIO(b)).convert("RGB") for b in jpegs]
+    if args.gpu:
+        return gpu_only(jpegs, decoded, args.repeats)
     detector = face_detector(FacePrivacy(mode="record", device="cpu"))
     detector.detect(decoded[0])  # the networks' load is not timed
     cascade = haar(20)
     base = best_of(args.repeats, lambda: [process_image(b, ImageRules()) for b in jpegs])
     look = best_of(args.repeats, lambda: [detector.detect(img) for img in decoded])
     old = best_of(args.repeats, lambda: [cascade(img) for img in decoded])
+    # a GPU's path (the pyramid and the crops made by torch on the networks' device), here on the CPU
+    torch_made = FaceDetector(FacePrivacy(mode="record", device="cpu"))
+    torch_made.pixels_on_device = True
+    by_torch = best_of(args.repeats, lambda: [torch_made.detect(img) for img in decoded])
     n, sides = len(jpegs), [max(img.size) for img in decoded]
     with tempfile.TemporaryDirectory() as tmp:
         phase_off = min(validation_phase(Path(tmp) / f"{r}", jpegs, None) for r in range(args.repeats))
@@ -173,6 +180,11 @@ def faces(args) -> list[str]:
             ["`process_image` (decode, resize, encode)", report.fmt(n / base), report.fmt(base / n * 1e3)],
             ["face detection: MTCNN (shardsmith)", report.fmt(n / look), report.fmt(look / n * 1e3)],
             ["face detection: Haar cascade (baseline)", report.fmt(n / old), report.fmt(old / n * 1e3)],
+            [
+                "face detection: MTCNN, pyramid and crops by torch (a GPU's path)",
+                report.fmt(n / by_torch),
+                report.fmt(by_torch / n * 1e3),
+            ],
             ["validation phase, faces off (CPU)", report.fmt(n / phase_off), report.fmt(phase_off / n * 1e3)],
             ["validation phase, faces on (CPU)", report.fmt(n / phase_on), report.fmt(phase_on / n * 1e3)],
             *gpu,
@@ -234,6 +246,27 @@ def gpu_rows(tmp: Path, jpegs: list[bytes], decoded: list[Image.Image], repeats:
             report.fmt(phase / n * 1e3),
         ],
     ]
+
+
+def gpu_only(jpegs: list[bytes], decoded: list[Image.Image], repeats: int) -> list[str]:
+    """``--gpu`` (``make gpu-check``): the validation phase without faces and with them on the
+    GPU, and the detector's wall time there, alone."""
+    import tempfile
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--gpu: torch sees no CUDA GPU here")
+    with tempfile.TemporaryDirectory() as tmp:
+        off = min(validation_phase(Path(tmp) / f"{r}", jpegs, None) for r in range(repeats))
+        rows = gpu_rows(Path(tmp), jpegs, decoded, repeats, off)
+    n = len(jpegs)
+    head = [f"{n} JPEGs; one thread; best of {repeats}", ""]
+    return head + report.table(
+        ["work per image", "samples/s", "ms"],
+        [["validation phase, faces off (CPU)", report.fmt(n / off), report.fmt(off / n * 1e3)], *rows],
+        "lrr",
+    )
 
 
 def by_min_size(items, decoded, repeats: int) -> list[str]:
@@ -443,6 +476,7 @@ def main(argv: list[str] | None = None) -> None:
     p = report.parser(__doc__)
     p.add_argument("--stage", choices=("faces", "text", "metadata"), required=True)
     p.add_argument("--images", type=int, default=60, help="faces: generated pictures; metadata: images")
+    p.add_argument("--gpu", action="store_true", help="faces: only the GPU's rows (make gpu-check)")
     p.add_argument("--captions", type=int, default=200_000)
     p.add_argument("--strings", type=int, default=1_000_000, help="random card- and IBAN-shaped strings per set")
     args = report.parse(p, argv)

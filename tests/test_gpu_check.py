@@ -48,18 +48,21 @@ def test_without_a_gpu_it_says_so_in_one_line_and_succeeds(tmp_path):
 
 def test_the_plan_asks_each_benchmark_for_its_gpu_mode_and_fits_ten_minutes():
     tool = load_tool()
-    # Keyed by script and stage: precache and curation are bench_models.py's, clip decode bench_video.py's.
+    # Keyed by script and stage: precache and curation are bench_models.py's, clip decode bench_video.py's,
+    # face detection bench_privacy.py's.
     steps = {" ".join(s.argv[1:2] + s.argv[4:6] if "--stage" in s.argv else s.argv[1:2]): s for s in tool.plan(sys.executable)}  # fmt: skip
     assert steps["-m"].argv[2:6] == ("pytest", "tests", "-m", "gpu")
     assert steps["bench/bench_models.py --stage precache"].argv[2:4] == ("--device", "cuda")
     assert steps["bench/bench_models.py --stage curate"].argv[2:4] == ("--device", "cuda")
     assert steps["bench/bench_video.py --stage decode"].argv[2:4] == ("--device", "mixed")
-    assert len(steps) == 4 and tool.BUDGET_S < 600 and sum(s.limit_s for s in steps.values()) <= tool.BUDGET_S
+    assert "--gpu" in steps["bench/bench_privacy.py --stage faces"].argv
+    assert len(steps) == 5 and tool.BUDGET_S < 600 and sum(s.limit_s for s in steps.values()) <= tool.BUDGET_S
     # Each benchmark has its GPU mode's flag.
     for key in (
         "bench/bench_models.py --stage precache",
         "bench/bench_models.py --stage curate",
         "bench/bench_video.py --stage decode",
+        "bench/bench_privacy.py --stage faces",
     ):
         assert tool.missing_flags(steps[key]) == [], key
 

@@ -81,7 +81,13 @@ def plan(python: str) -> list[Step]:
         Step(
             "gpu-marked tests",
             (python, "-m", "pytest", "tests", "-m", "gpu", "-q", "-n", "0", "-p", "no:cacheprovider", "-rA"),
-            240,
+            210,
+        ),
+        Step(
+            "face detection (bench/bench_privacy.py --stage faces, --gpu)",
+            (python, "bench/bench_privacy.py", "--images", "40", "--stage", "faces", "--gpu", "--repeats", "2"),
+            60,
+            ("--gpu",),
         ),
         Step(
             "precache (bench/bench_models.py --stage precache, --device cuda)",

@@ -293,9 +293,9 @@ class _Pixels:
 class _DevicePixels:
     """The same made by torch on the networks' device (area resizing; crops by ``_level_crops``),
     so that with the networks on a GPU only boxes and scores cross back to the CPU. On the CPU
-    it is slower than OpenCV's (35 against 29 ms per image, one measurement on the bench's
-    images) and finds the same faces on the labelled set (its boxes at IoU 0.94 with OpenCV's
-    path's on average; tests/test_faces.py checks both)."""
+    it takes 1.34x the time of OpenCV's (44 against 33 ms per image: ``bench_privacy.py
+    --stage faces``) and finds the same faces on the labelled set (its boxes at IoU 0.94 with
+    OpenCV's on average; tests/test_faces.py checks both)."""
 
     def __init__(self, img: np.ndarray, device: str) -> None:
         import torch
