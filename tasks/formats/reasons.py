@@ -185,7 +185,7 @@ REASONS: dict[str, tuple[str, str]] = {
     # privacy (tasks/models/faces.py, tasks/policies/personal.py; recipe privacy:)
     "face_present": (
         REJECTED,
-        "the image, or one of three frames of a video clip, shows a face (privacy.faces.mode: reject; for a clip, blur too: its frames are not blurred), or more faces than privacy.faces.max_faces where they were to be blurred; the detail gives the count and the largest box",
+        "the image, or a frame of a video clip looked at (privacy.faces.clip_frames), shows a face (privacy.faces.mode: reject; for a clip, blur too: its frames are not blurred), or more faces than privacy.faces.max_faces where they were to be blurred; the detail gives the count and the largest box",
     ),
     "personal_data": (
         REJECTED,

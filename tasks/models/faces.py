@@ -225,13 +225,16 @@ def _crops(img: np.ndarray, boxes: np.ndarray, side: int) -> Any:
     return out
 
 
-def _tensor(pixels: np.ndarray, device: str) -> Any:
-    """uint8 NHWC pixels as the networks' input on ``device``: NCHW (channels-last in memory),
-    (x - 127.5) / 128. The bytes cross to a GPU as uint8, a quarter of their float size."""
+def _upload(pixels: np.ndarray, device: str) -> Any:
+    """uint8 pixels as a tensor on ``device``: they cross to a GPU as uint8, a quarter of their float size."""
     import torch
 
-    x = torch.from_numpy(np.ascontiguousarray(pixels)).to(device)
-    return x.permute(0, 3, 1, 2).float().sub_(127.5).div_(128)
+    return torch.from_numpy(np.require(pixels, requirements=["C", "W"])).to(device)
+
+
+def _tensor(pixels: np.ndarray, device: str) -> Any:
+    """uint8 NHWC pixels as the networks' input on ``device`` (``_normalised``)."""
+    return _normalised(_upload(pixels, device).permute(0, 3, 1, 2).float())
 
 
 def _normalised(pixels: Any) -> Any:
@@ -298,11 +301,7 @@ class _DevicePixels:
     OpenCV's on average; tests/test_faces.py checks both)."""
 
     def __init__(self, img: np.ndarray, device: str) -> None:
-        import torch
-
-        # the bytes cross to a GPU as uint8, a quarter of their float size
-        work = torch.from_numpy(np.require(img, requirements=["C", "W"])).to(device)
-        self.levels = [work.permute(2, 0, 1)[None].float()]
+        self.levels = [_upload(img, device).permute(2, 0, 1)[None].float()]
 
     def next_level(self, width: int, height: int) -> Any:
         from torch.nn import functional as F
