@@ -158,13 +158,52 @@ def _last_run(storage: Storage, recipe: Recipe) -> dict[str, Any] | None:
 
 
 def phases_problem(recipe: Recipe, phases: Sequence[str]) -> str | None:
-    """Why these phases cannot run with this recipe, or None."""
+    """Why these phases cannot run with this recipe (here), or None."""
     if recipe.kind == "pretraining" and not recipe.download.keep_raw and _upto(phases) == ["download"]:
         return (
             "download.keep_raw is false: the download phase alone would keep only its ledgers, no "
             "samples; run --phase validate or a later phase (or set download.keep_raw: true)"
         )
-    return None
+    return gpu_problem(recipe, phases)
+
+
+def gpu_settings(recipe: Recipe, phases: Sequence[str]) -> list[str]:
+    """The recipe's settings that need a CUDA GPU on the workers (a ``cuda`` device, ``gpu``
+    decoding), of the stages these phases run (a fine-tuning run runs all of its phases)."""
+    upto = _upto(phases) if recipe.kind == "pretraining" else ["validate", "curate"]
+    stages = []
+    if "validate" in upto and recipe.privacy.faces.mode != "off":
+        stages.append(("privacy.faces", recipe.privacy.faces))
+    if "curate" in upto and recipe.curate.enabled:
+        stages.append(("curate", recipe.curate))
+    if "precache" in upto and recipe.kind == "pretraining" and recipe.precache.enabled:
+        stages.append(("precache", recipe.precache))
+    wanted = []
+    for name, cfg in stages:
+        wanted += [f"{name}.device: cuda"] if cfg.device == "cuda" else []
+        wanted += [f"{name}.decode: gpu"] if getattr(cfg, "decode", None) == "gpu" else []
+    return wanted
+
+
+def gpu_problem(recipe: Recipe, phases: Sequence[str]) -> str | None:
+    """Why the run would fail on every shard: settings that need a CUDA GPU, and a cluster on this
+    machine (``local``, ``cuda``) whose workers would see none, as torch tells; None otherwise.
+
+    An existing cluster's workers are not asked: they may have GPUs this machine lacks (each
+    stage still fails on a worker without one, naming the setting)."""
+    if recipe.execution.cluster not in ("local", "cuda"):
+        return None
+    wanted = gpu_settings(recipe, phases)
+    if not wanted:
+        return None
+    import torch  # only when a setting asks for a GPU
+
+    if torch.cuda.is_available():
+        return None
+    return (
+        f"{', '.join(wanted)}: needs a CUDA GPU, and torch sees none on this machine, where the "
+        f"{recipe.execution.cluster} cluster's workers run; set it to auto (the GPU where a worker has one) or cpu"
+    )
 
 
 def _upto(phases: Sequence[str]) -> list[str]:

@@ -102,6 +102,47 @@ def test_demo_end_to_end(tmp_path):
     assert missing.returncode == 2 and "no run.json" in missing.stderr
 
 
+def test_a_setting_that_needs_a_gpu_stops_the_run_before_it_fetches_anything(tmp_path):
+    """``cuda`` asked of a stage, on a local cluster with no GPU visible (CUDA_VISIBLE_DEVICES
+    is empty, so on a GPU machine too): exit 2 naming every such setting, and nothing stored."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("url,caption,license\nhttp://127.0.0.1:9/a.jpg,a,CC0-1.0\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"dataset: x\nstorage: {tmp_path / 's'}\nsources:\n  - name: a\n    manifest: {manifest}\n")
+    sets = ["--set", "privacy.faces.mode=blur", "--set", "privacy.faces.device=cuda"]
+    out = cli("run", str(recipe), *sets, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"{recipe}: privacy.faces.device: cuda: needs a CUDA GPU" in out.stderr
+    assert "set it to auto" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_settings_that_need_a_gpu_are_those_of_the_stages_the_phases_run(tmp_path):
+    from flows.preflight import gpu_problem, gpu_settings
+    from tasks.formats.recipe import parse_recipe
+
+    def recipe(**blocks) -> object:
+        base = {"dataset": "x", "storage": str(tmp_path), "sources": [{"name": "a", "manifest": "m.csv"}]}
+        return parse_recipe({**base, **blocks})
+
+    gpu = recipe(
+        privacy={"faces": {"mode": "record", "device": "cuda"}},
+        curate={"model": str(tmp_path), "device": "cuda", "decode": "gpu"},
+        precache={"text": {"model": str(tmp_path)}, "decode": "gpu"},
+    )
+    everything = ["precache.decode: gpu", "privacy.faces.device: cuda", "curate.device: cuda", "curate.decode: gpu"]
+    assert sorted(gpu_settings(gpu, ["release"])) == sorted(everything)
+    assert gpu_settings(gpu, ["download"]) == []
+    assert gpu_settings(gpu, ["validate"]) == ["privacy.faces.device: cuda"]
+    assert len(gpu_settings(gpu, ["curate"])) == 3
+    # A stage that is off asks nothing of the workers, whatever its device says.
+    off = recipe(privacy={"faces": {"mode": "off", "device": "cuda"}}, precache={"device": "cuda"})
+    assert gpu_settings(off, ["release"]) == []
+    # An existing cluster's workers are not this machine's: they are not judged from here.
+    remote = recipe(privacy={"faces": {"mode": "blur", "device": "cuda"}}, execution={"cluster": "tcp://10.0.0.9:8786"})
+    assert gpu_problem(remote, ["release"]) is None
+
+
 def test_an_allowlist_entry_that_names_no_license_is_a_recipe_error(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("url,caption,license\n")

@@ -122,8 +122,11 @@ class CurateConfig(Frozen):
         max_length: caption tokens (default: the model's context length).
         batch_size: images per decode and encode batch.
         prefetch: batches DALI decodes ahead of the encoder.
-        decode: ``auto`` decodes on the GPU (DALI ``mixed``) when the worker has one.
-        device: ``auto`` runs the encoder on the GPU when the worker has one.
+        decode: ``auto`` decodes on the GPU (DALI ``mixed``) when the worker has one; ``gpu``
+            always (see ``device``), ``cpu`` never.
+        device: ``auto`` runs the encoder on the GPU when the worker has one; ``cuda`` always:
+            a run on a cluster of this machine's that has no GPU stops before it starts (exit
+            2), and a worker of an existing cluster that sees none fails its shards.
         compute_dtype: the precision the towers compute in (weights stay fp32; matrix products
             run under autocast). ``auto`` takes bf16 on CPUs with AVX512-BF16 or AMX and on GPUs
             that support it, fp32 otherwise. Side shards are named by it (and record it), so

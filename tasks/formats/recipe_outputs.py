@@ -152,8 +152,11 @@ class PrecacheConfig(Frozen):
         dtype: storage dtype of the arrays (``bf16`` is stored as its raw 16 bits, ``<u2``).
         batch_size: images per decode and encode batch.
         prefetch: batches DALI prepares ahead.
-        decode: ``auto`` decodes on the GPU (DALI ``mixed``) when the worker has one.
-        device: ``auto`` runs the encoders on the GPU when the worker has one.
+        decode: ``auto`` decodes on the GPU (DALI ``mixed``) when the worker has one; ``gpu``
+            always (see ``device``), ``cpu`` never.
+        device: ``auto`` runs the encoders on the GPU when the worker has one; ``cuda`` always:
+            a run on a cluster of this machine's that has no GPU stops before it starts (exit
+            2), and a worker of an existing cluster that sees none fails its shards.
         compute_dtype: the precision the encoders compute in (weights stay fp32; matrix
             products and convolutions run under autocast): ``auto`` takes bf16 on CPUs with
             AVX512-BF16 or AMX and on GPUs that support it, fp32 otherwise. Each encoder's block

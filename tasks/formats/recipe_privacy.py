@@ -114,8 +114,10 @@ class FacePrivacy(Frozen):
             three quarters through; a face on screen for less than about ``1 / (n + 1)`` of a
             clip can be missed. Each frame costs one detection (bench/RESULTS.md).
         device: where the detector's networks run: ``auto`` (this worker's CUDA GPU where it
-            has one, as under ``--cluster cuda``; the CPU otherwise), ``cpu``, or ``cuda`` (an
-            error where the worker sees no GPU). The networks compute in fp32 on either.
+            has one, as under ``--cluster cuda``; the CPU otherwise), ``cpu``, or ``cuda``: a
+            run on a cluster of this machine's that has no GPU stops before it starts (exit 2),
+            and a worker of an existing cluster that sees none fails its shards, naming this
+            field. The networks compute in fp32 on either.
     """
 
     mode: Literal["off", "record", "blur", "reject"] = "off"
