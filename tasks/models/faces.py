@@ -313,6 +313,18 @@ class _DevicePixels:
         return _normalised(_level_crops(self.levels, boxes, side))
 
 
+def _host(maps: list[Any], joined: bool) -> list[np.ndarray]:
+    """P-Net's maps of every pyramid level as numpy arrays; ``joined`` (from a GPU): in one
+    transfer, one wait for the whole pyramid rather than one per level, split again here."""
+    import torch
+
+    if not joined:
+        return [m.cpu().numpy() for m in maps]
+    flat = torch.cat([m.reshape(len(m), -1) for m in maps], 1).cpu().numpy()
+    ends = np.cumsum([m.shape[1] * m.shape[2] for m in maps])[:-1]
+    return [part.reshape(m.shape) for m, part in zip(maps, np.split(flat, ends, 1))]
+
+
 def _top(scores: np.ndarray, most: int) -> np.ndarray:
     """Indices of the ``most`` best scores, best first (all of them when there are fewer)."""
     return np.argsort(-scores, kind="stable")[:most]
@@ -336,7 +348,8 @@ class FaceDetector:
 
         self.rules = rules
         self.device = resolve_device(rules.device, "privacy.faces.device", ModelError)
-        # where the pyramid and the crops are made: by torch on the networks' GPU, by OpenCV on the CPU
+        # where the pyramid and the crops are made: by torch on the networks' GPU (whose P-Net
+        # maps then come back in one transfer), by OpenCV on the CPU
         self.pixels_on_device = self.device != "cpu"
 
     def detect(self, rgb: Image.Image) -> tuple[list[Face], int]:
@@ -375,24 +388,30 @@ class FaceDetector:
 
     def _faces(self, img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Boxes (x1, y1, x2, y2 in ``img``'s pixels) and scores of the faces in the work copy ``img``."""
+        import torch
+
         pnet, rnet, onet = networks(self.device)
         pixels = (_DevicePixels if self.pixels_on_device else _Pixels)(img, self.device)
         height, width = img.shape[:2]
-        found, found_scores = [], []
+        scales, maps = [], []
         scale = CELL / WINDOW  # the first level makes a WINDOW px face P-Net's 12 px cell
         while min(height, width) * scale >= CELL:
             offsets, prob = pnet(pixels.next_level(max(CELL, round(width * scale)), max(CELL, round(height * scale))))
-            prob = prob[0].cpu().numpy()
+            scales.append(scale)
+            maps.append(torch.cat([prob, offsets[0]]))  # (5, h, w): the face probability, then the offsets
+            scale *= PYRAMID_STEP
+        found, found_scores = [], []
+        for scale, level in zip(scales, _host(maps, joined=self.pixels_on_device)):
+            prob = level[0]
             ys, xs = np.nonzero(prob > PNET_THRESHOLD)
             if len(ys):
                 top = _top(prob[ys, xs], MAX_PROPOSALS)
                 ys, xs = ys[top], xs[top]
                 cells = np.stack([xs, ys, xs, ys], 1).astype(np.float32) * 2 + np.array([0, 0, CELL, CELL])
-                boxes, scores, moves = cells / scale, prob[ys, xs], offsets[0].cpu().numpy()[:, ys, xs].T
+                boxes, scores, moves = cells / scale, prob[ys, xs], level[1:, ys, xs].T
                 keep = nms(boxes, scores, 0.5)
                 found.append(_moved(boxes[keep], moves[keep]))
                 found_scores.append(scores[keep])
-            scale *= PYRAMID_STEP
         if not found:
             return np.zeros((0, 4)), np.zeros(0)
         boxes, scores = np.concatenate(found), np.concatenate(found_scores)
