@@ -275,6 +275,28 @@ def test_exif_orientation_with_draft_and_resize():
     assert arr[3, 60].min() > 200 and arr[3, 3].max() < 60
 
 
+@pytest.mark.parametrize("fmt", ["TIFF", "PNG", "WEBP"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_each_orientation_is_applied_once_in_each_lossless_format(fmt, orientation):
+    """Pillow 13 turns a TIFF itself as it opens and loads it (and reports the turned size):
+    the picture is released as displayed, not turned twice."""
+    stored = np.zeros((24, 40, 3), np.uint8)
+    stored[:8, :12] = (255, 0, 0)
+    stored[16:, 30:] = (0, 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    extra = {"tiffinfo": {0x0112: orientation}} if fmt == "TIFF" else {"exif": exif.tobytes()}
+    if fmt == "WEBP":
+        extra["lossless"] = True
+    data = encode(Image.fromarray(stored), fmt, **extra)
+    method = decoders.TRANSPOSE.get(orientation)
+    shown = np.asarray(Image.fromarray(stored).transpose(method)) if method is not None else stored
+    for skip in (False, True):
+        outcome = process_image(data, EXACT.model_copy(update={"skip_reencode": skip}))
+        assert (outcome.orig_width, outcome.orig_height) == (shown.shape[1], shown.shape[0])
+        assert np.array_equal(pixels(outcome), shown), (fmt, orientation, skip)
+
+
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_draft_box_follows_the_transpose(orientation):
     # A 10x6 image whose first 7x4 pixels are the "picture"; the rest is DCT padding.
@@ -515,6 +537,40 @@ def test_accepted_outcome_fields():
 
 
 # ----------------------------------------------------------------------------- hostile bytes
+
+
+def _png_chunk(tag: bytes, body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + tag + body + zlib.crc32(tag + body).to_bytes(4, "big")
+
+
+def tiny_segments(fmt: str, count: int) -> bytes:
+    """A small picture with ``count`` empty segments before its pixels, as its format allows."""
+    data = encode(scene(40, (48, 40)), fmt.split()[0].upper())
+    if fmt == "jpeg":
+        return data[:2] + b"\xff\xfe\x00\x02" * count + data[2:]  # comments
+    if fmt == "jpeg fill":
+        return data[:2] + b"\xff" * count + data[2:]  # fill bytes before the first marker
+    if fmt == "png":
+        at = data.index(b"IDAT") - 4
+        return data[:at] + _png_chunk(b"prIv", b"") * count + data[at:]
+    if fmt == "webp":  # an extended file: VP8X, then the empty chunks, then the bitstream
+        size = (47).to_bytes(3, "little") + (39).to_bytes(3, "little")
+        body = b"WEBP" + b"VP8X" + (10).to_bytes(4, "little") + b"\0" * 4 + size + b"ZZZZ\0\0\0\0" * count + data[12:]
+        return b"RIFF" + len(body).to_bytes(4, "little") + body
+    table = 3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0  # gif: a comment of 1-byte sub-blocks
+    return data[: 13 + table] + b"\x21\xfe" + b"\x01c" * count + b"\x00" + data[13 + table :]
+
+
+@pytest.mark.parametrize("fmt", ["jpeg", "jpeg fill", "png", "webp", "gif"])
+def test_a_file_of_too_many_tiny_segments_is_refused_before_any_parser_walks_it(fmt):
+    """Pillow's parsers walk segments in Python: millions of empty ones would take seconds each
+    file. One more than MAX_SEGMENTS is refused; a file with fewer is decoded."""
+    rules = ImageRules(min_side=1, allowed_formats=("jpeg", "png", "webp", "gif"))
+    refused = process_image(tiny_segments(fmt, decoders.MAX_SEGMENTS + 1), rules)
+    assert refused.reason == "undecodable_image"
+    assert refused.detail.startswith(f"more than {decoders.MAX_SEGMENTS} segments")
+    decoded = process_image(tiny_segments(fmt, 1000), rules)
+    assert decoded.reason is None and (decoded.width, decoded.height) == (48, 40)
 
 
 @pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning", "ignore:Tag data larger:UserWarning")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -54,6 +55,81 @@ _PNG_MIN_LENGTH = {b"IHDR": 13, b"gAMA": 4, b"sRGB": 1, b"pHYs": 9, b"cHRM": 32}
 _PNG_ORIENTATION_TEXT = {b"exif", b"Raw profile type exif", b"XML:com.adobe.xmp", b"xmp"}
 
 Box = tuple[float, float, float, float]
+
+# The most segments a file may have (JPEG markers and fill bytes before its first scan, PNG
+# chunks, RIFF chunks, GIF sub-blocks shorter than a full 255 bytes): Pillow's parsers and our
+# own walks take one pass of Python per segment, so a file of millions of empty ones would
+# take seconds. Real files have tens (a PNG in 8 KiB IDATs: thousands).
+MAX_SEGMENTS = 100_000
+_JPEG_FILL = re.compile(rb"\xff+")
+
+
+def segments_problem(fmt: str, data: bytes) -> str | None:
+    """Why a file is refused before any parser walks it: more than :data:`MAX_SEGMENTS`
+    segments (the walk stops there); None otherwise, broken structure included (the decoders
+    judge that). Costs a pass over segment headers only."""
+    walk = {"jpeg": _jpeg_units, "png": _png_units, "webp": _riff_units, "gif": _gif_units}.get(fmt)
+    if walk is None or walk(data, MAX_SEGMENTS) <= MAX_SEGMENTS:
+        return None
+    return f"more than {MAX_SEGMENTS} segments before its picture ends: a hostile file, not parsed"
+
+
+def _jpeg_units(data: bytes, cap: int) -> int:
+    """Markers and fill bytes before the first scan (libjpeg reads the rest, in C)."""
+    pos, units = 2, 0
+    while units <= cap:
+        fill = _JPEG_FILL.match(data, pos)
+        if fill is None or fill.end() >= len(data):
+            break
+        marker, pos = data[fill.end()], fill.end() + 1
+        units += fill.end() - fill.start()
+        if marker == 0xDA or marker == 0xD9:  # SOS, EOI
+            break
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, RSTn: no length
+            continue
+        pos += int.from_bytes(data[pos : pos + 2], "big")
+    return units
+
+
+def _png_units(data: bytes, cap: int) -> int:
+    pos, units = 8, 0
+    while units <= cap and pos + 12 <= len(data):
+        units += 1
+        pos += 12 + int.from_bytes(data[pos : pos + 4], "big")
+    return units
+
+
+def _riff_units(data: bytes, cap: int) -> int:
+    units = 0
+    for units, _ in enumerate(libwebp.riff_chunks(data), 1):
+        if units > cap:
+            break
+    return units
+
+
+def _gif_units(data: bytes, cap: int) -> int:
+    """Blocks and the sub-blocks shorter than 255 bytes (full ones cost a pass per 255 bytes)."""
+    if len(data) < 13:
+        return 0
+    pos, units = 13, 0
+    flags = data[10]
+    pos += 3 << ((flags & 7) + 1) if flags & 0x80 else 0
+    while units <= cap and pos < len(data):
+        kind, units = data[pos], units + 1
+        if kind == 0x21:  # extension: label, then sub-blocks
+            pos += 2
+        elif kind == 0x2C and pos + 10 <= len(data):  # image: descriptor, local table, code size, sub-blocks
+            local = data[pos + 9]
+            pos += 10 + (3 << ((local & 7) + 1) if local & 0x80 else 0) + 1
+        else:  # the trailer, or broken
+            break
+        while pos < len(data) and units <= cap:
+            size = data[pos]
+            units += size < 255
+            pos += 1 + size
+            if size == 0:
+                break
+    return units
 
 
 class Unsupported(Exception):
@@ -148,8 +224,11 @@ class PillowSource:
         self.img = img
         self.size = img.size
         # A PNG may keep its eXIf chunk after the pixels, and reading it there decodes them;
-        # its orientation is read after the decode instead.
-        self._late_exif = img.format == "PNG" and "exif" not in img.info
+        # its orientation is read after the decode instead. Pillow turns a TIFF itself (its
+        # size is the turned one from the start; the load turns the pixels and drops the tag):
+        # read after the load, what is left to apply is nothing, or what a Pillow that does
+        # not turn TIFFs left.
+        self._late_exif = (img.format == "PNG" and "exif" not in img.info) or img.format == "TIFF"
 
     def animated(self) -> bool:
         return self.img.format != "MPO" and bool(getattr(self.img, "is_animated", False))

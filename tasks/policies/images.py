@@ -95,6 +95,7 @@ from tasks.policies.decoders import (
     box_after,
     open_pillow,
     plain_png,
+    segments_problem,
     to_rgb,
     webp_info,
 )
@@ -261,6 +262,9 @@ def process_image(
         return ImageOutcome("undecodable_image", f"no decoder for {fmt}", src_format=fmt)
     if is_truncated(fmt, data):
         return ImageOutcome("truncated_image", f"{fmt} ends before its end marker", src_format=fmt)
+    hostile = segments_problem(fmt, data)
+    if hostile is not None:
+        return ImageOutcome("undecodable_image", hostile, src_format=fmt)
 
     if fmt == "webp":
         # Read from the bytes: Pillow's WebP plugin builds the animation decoder, which

@@ -56,7 +56,7 @@ from typing import Any, Literal
 from PIL import ExifTags, Image
 
 from tasks.formats.recipe_privacy import KEEPABLE, check_keep
-from tasks.policies.decoders import DECODE_ERRORS, webp_info
+from tasks.policies.decoders import DECODE_ERRORS, MAX_SEGMENTS, webp_info
 
 __all__ = ["KEEPABLE", "KINDS", "MAX_SEGMENTS", "check_keep", "exif_kept", "metadata_kinds", "strip_metadata"]
 
@@ -65,10 +65,8 @@ __all__ = ["KEEPABLE", "KINDS", "MAX_SEGMENTS", "check_keep", "exif_kept", "meta
 # (gAMA, sRGB, pHYs, ...) are removed but not reported.
 KINDS = ("exif", "gps", "xmp", "iptc", "icc", "comment", "text", "other", "trailing")
 
-# Segments (JPEG markers, PNG or WebP chunks) walked before giving up: hostile files of tiny
-# segments are re-encoded instead. Real files have tens; a PNG of 8 KiB IDATs needs 100,000 at
-# about 800 MB.
-MAX_SEGMENTS = 100_000
+# MAX_SEGMENTS (decoders): segments walked before giving up. A file with more is refused
+# before it gets here (decoders.segments_problem); the walks stop there all the same.
 
 _TAG_IDS: dict[str, list[int]] = {}
 for _tag, _name in ExifTags.TAGS.items():
