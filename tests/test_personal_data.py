@@ -69,6 +69,11 @@ FOUND = [
     ("card 4111-1111-1111-1111 12/25", "card", 5, 24),
     ("card 4111 1111 1111 1111/25", "card", 5, 24),
     ("visa 4000 0000 0000 0000 006", "card", 5, 28),  # 19 digits, 4-4-4-4-3
+    ("card 4111 1111 1111 1111 12/25", "card", 5, 24),  # its expiry month is not a fifth group
+    ("amex 3782 822463 10005 12/25 ok", "card", 5, 22),
+    ("John,4111111111111111,12/25", "card", 5, 21),  # a list's commas
+    ("cvv 123 4111111111111111", "card", 8, 24),
+    ("No. 1 4111 1111 1111 1111", "card", 6, 25),
     # IBAN
     ("IBAN DE89 3704 0044 0532 0130 00 BIC COBADEFFXXX", "iban", 5, 32),
     ("GB82WEST12345698765432", "iban", 0, 22),
@@ -77,6 +82,8 @@ FOUND = [
     ("server 8.8.8.8:53", "ip", 7, 14),
     ("from 93.184.216.34.", "ip", 5, 18),
     ("ip 2001:4860:4860::8888 ok", "ip", 3, 23),
+    ("[https://ex.com/a?token=abc123xyz](link)", "url_secret", 1, 33),  # Markdown's order, reversed
+    ("https://x.com/p?tel=650-253-0000", "phone", 20, 32),  # a query's values are read, a path's digits not
     # URLs with secrets
     ("https://user:pw@example.com/x", "url_secret", 0, 29),
     ("ftp://anon@ftp.example.org/pub", "url_secret", 0, 30),
@@ -149,6 +156,12 @@ LOOK_ALIKES = [
     "4111 1111 1111 1112",  # Luhn fails
     "4111 1111 1111 1111 1111 1111 1111",  # seven groups: a table of numbers
     "4111-1111-1111-1111-123",  # 19 digits, judged whole: Luhn fails
+    "multicast 224.0.0.1 ff02::1",
+    "Scene 2::3, Bible 3::16, Bad::Cafe, 10::20",  # Python calls these global: not unicast
+    "Ratio 1:2:3:4:5:6:7:8",
+    "https://cdn.example.com/photos/2345678901.jpg",
+    "photo www.example.com/a_6502530000_b.jpg",
+    "Figure 2.3.1.4, Section 3.4.5.6, § 8.8.4.4",
     "1234 5678 9012 3456 7890",
     "version 1.2.3.4",
     "router 10.0.0.1",
@@ -356,6 +369,8 @@ HOSTILE = {
     "pluses": ("+1 " * (MIB // 3), False),
     "dots": ("1." * (MIB // 2), True),
     "www": ("www." * (MIB // 4), True),
+    "closing brackets after a url": ("https://e.com/" + ")" * MIB, True),
+    "dots and brackets after a url": ("https://e.com/" + ".)" * (MIB // 2), True),
 }
 
 
@@ -378,6 +393,14 @@ def test_a_token_in_a_huge_url_is_found_on_its_first_part():
     text = "https://example.com/?token=" + "a" * MIB
     found = find_personal(text, ALL)
     assert found == (Span("url_secret", 0, 16384),) and found.truncated
+
+
+def test_a_long_log_of_dates_and_numbers_is_read_to_its_end():
+    """A fine-tuning turn holding a log: each date and time is a digit run phonenumbers is
+    asked about; the scan reads the whole of it, so it is not refused as truncated."""
+    log = "".join(f"2023-01-05 12:00:{i % 60:02d} INFO step {i} done\n" for i in range(600))
+    found = find_personal(log, ALL)
+    assert found == () and not found.truncated
 
 
 def test_many_phone_numbers_stop_at_the_cap():

@@ -441,7 +441,12 @@ def test_clip_frames_is_odd_and_spread_evenly():
 
 
 FIELDS = {
-    "copy": {"caption": EMAIL_CAPTION, "notes": "call +44 20 7946 0958", "nested": {"who": ["jane.doe@example.com"]}},
+    "copy": {
+        "caption": EMAIL_CAPTION,
+        "notes": "call +44 20 7946 0958",
+        "nested": {"who": ["jane.doe@example.com"]},
+        "contacts": {"jo.bloggs@example.org": "a friend", "jo@example.org": "another"},  # keys are text too
+    },
     "exif": {"exif": '{"GPSInfo": {"1": "N", "2": [59.0, 19.0, 44.0]}}', "Xmp": None},
     "plain": {"notes": "a kite", "exif": None},
 }
@@ -456,14 +461,17 @@ def test_the_json_fields_besides_the_caption_are_checked_and_metadata_copies_rem
     copy = json.loads(written["copy"]["json"])
     assert copy["upstream"]["caption"].endswith("<EMAIL>") and copy["upstream"]["notes"] == "call <PHONE>"
     assert copy["upstream"]["nested"] == {"who": ["<EMAIL>"]}
+    assert copy["upstream"]["contacts"] == {"<EMAIL>": "a friend", "<EMAIL>#2": "another"}
     assert {(f["field"], f["kind"]) for f in copy["personal_data"]} == {
         ("upstream.caption", "email"),
         ("upstream.notes", "phone"),
         ("upstream.nested.who[0]", "email"),
+        ("upstream.contacts.<key>", "email"),
     }
     assert (rows["copy"]["personal_data"], rows["copy"]["privacy"]) == ("email,phone", "redacted")
     assert "upstream.notes: phone 5-21" in rows["copy"]["detail"]
-    assert "jane.doe" not in written["copy"]["json"].decode() and "7946" not in written["copy"]["json"].decode()
+    assert not [v for v in ("jane.doe", "7946", "bloggs") if v in written["copy"]["json"].decode()]
+    assert "bloggs" not in rows["copy"]["detail"]
     gps = json.loads(written["exif"]["json"])
     assert (
         "exif" not in gps["upstream"]
@@ -485,6 +493,10 @@ def test_json_fields_refused_under_reject_kept_under_record_and_bounded(tmp_path
     copy = json.loads(written["copy"]["json"])
     assert copy["upstream"]["notes"] == "call +44 20 7946 0958" and rows["copy"]["personal_data"] == "email,phone"
     assert rows["copy"]["privacy"] is None and rows["copy"]["detail"].startswith("personal data kept: ")
+    assert "jo.bloggs@example.org" in copy["upstream"]["contacts"] and "bloggs" not in rows["copy"]["detail"]
+    only_key = {"contacts": {"jo.bloggs@example.org": "a friend"}}  # refused for its key alone, which no detail names
+    _, rows, _ = validate(tmp_path / "key", {"k": inputs["plain"]}, {"text": {"mode": "reject"}}, metas={"k": only_key})
+    assert rows["k"]["reason"] == "personal_data" and rows["k"]["detail"] == "upstream.contacts.<key>: email 0-21"
     # hostile: a json of 5,000 strings and one nested 50 deep ends as one row each, refused under redact
     deep: dict = {"x": "jane.doe@example.com"}
     for _ in range(50):

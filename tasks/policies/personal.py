@@ -14,11 +14,14 @@ What each kind matches:
   every region; a run where none is found is tried again without its last token ("+44 20 7946
   0958 2024-05-01"), and after a number is found its rest is tried, up to ``_CALLS_PER_RUN``. A run right after a product-code label (ISBN, SKU, model, ...) is
   skipped. An extension (``ext. 12``) is not part of the span; vanity numbers (``1-800-FLOWERS``)
-  are not found.
+  are not found. Digits in a URL's host and path (file names, ids) are not phones; in its
+  query they may be.
 - ``card``: 14-19 digits, contiguous or in groups as cards are printed (4-4-4-4 and an optional
   1-3, 4-4-4-1..4, 4-6-4, 4-6-5; one separator, space or dash; the leading groups of a grouped
-  run too long for a card, so a card followed by a year is found), not inside a longer number (a digit
-  before, a letter or dash after), Luhn-valid, and with a length and
+  run too long for a card, so a card followed by a year is found; a last group of 1-2 digits
+  followed by ``/`` and a digit is an expiry month, not part of the number), not inside a
+  longer number (a digit, letter, dot or slash before, a grouped run not right after a 4-digit
+  group, a letter, dash or decimal after; a comma before or after is a list's), Luhn-valid, and with a length and
   prefix that a card network issues (``_ISSUERS``): a random Luhn-valid digit run is mostly not
   a card. A number right after a product-code label (serial, IMEI, SKU, ...) is skipped.
   13-digit Visa and 13-digit Maestro are left out (no longer issued; they collide with EAN-13
@@ -28,10 +31,11 @@ What each kind matches:
   (registered country, BBAN format, mod-97, national checks) and the check digits are 02-98
   (00, 01 and 99 pass mod-97 only by congruence and are never issued). Lower-case IBANs are
   not found.
-- ``ip``: IPv4 dotted quads and IPv6 addresses that ``ipaddress`` parses and calls global:
-  private, loopback, link-local, unspecified, multicast, reserved and documentation ranges
-  identify no one on the internet and are skipped, as is a quad after a version word
-  ("version 1.2.3.4", "v 10.0.0.1").
+- ``ip``: IPv4 dotted quads and IPv6 addresses that ``ipaddress`` parses and calls global,
+  IPv4 not multicast, IPv6 in global unicast (2000::/3: "Bible 3::16" and "Bad::Cafe" parse,
+  and Python calls them global): private, loopback, link-local, unspecified, multicast,
+  reserved and documentation ranges identify no one on the internet and are skipped, as is a
+  quad after a version or numbering word ("version 1.2.3.4", "v 10.0.0.1", "Figure 2.3.1.4").
 - ``url_secret``: an ``http(s)``/``ftp(s)``/``ws(s)``/``sftp`` URL or one starting ``www.`` that
   carries a user name (``user@host``, ``user:pass@host``), a query or fragment parameter named
   like a secret (``_STRONG_NAMES``, ``_STRONG_SUFFIXES``) with a value of 4+ characters, a
@@ -39,7 +43,8 @@ What each kind matches:
   looks random (16+ characters, letters and digits, some entropy), or any query value that looks
   like a token (32+ characters mixing upper case, lower case and digits, 4+ bits of entropy a
   character). Paths are not inspected: content hashes in CDN paths are not secrets. The whole
-  URL is the span.
+  URL is the span; its end is the prose's (trailing punctuation, an unopened ``)`` or ``]``,
+  Markdown's ``](``).
 
 Overlaps: when two findings overlap, the longer span wins; at equal length the more specific
 kind wins, in the order url_secret, email, iban, card, phone, ip. So an IBAN is not also a phone
@@ -81,8 +86,10 @@ PLACEHOLDERS: dict[str, str] = {
 
 # Most spans returned for one text; past it the scan stops and the result says ``truncated``.
 MAX_SPANS = 256
-# Most digit runs handed to phonenumbers per text (each costs tens of microseconds).
-MAX_PHONE_WINDOWS = 256
+# Most digit runs handed to phonenumbers per text (each costs tens of microseconds; a 1 MiB
+# hostile text stops in about half a second). 256 refused a fine-tuning turn of 400 log lines
+# (each date a run) as a truncated scan; 1,024 reads about 1,000 such lines.
+MAX_PHONE_WINDOWS = 1024
 # Most candidates of any other kind checked per text (Luhn, mod-97, ipaddress, URL parsing).
 MAX_CHECKS = 1024
 # Most characters of one URL inspected; a longer URL is checked on its first part only.
@@ -247,11 +254,14 @@ def _match_phones(text: str, s: int, e: int, region: str) -> Iterator[Span]:
 # Contiguous 14-19 digits, or groups: 4 digits, then up to five more groups with the same
 # separator; which leading groups make a card number is decided in ``_cards``. Neither may sit
 # inside a longer number: no digit, letter, slash or "1." before, no letter or ".1" after, and
-# no slash or "-1" after a contiguous one (a path, a range) or a further group after a grouped one.
+# no slash or "-1" after a contiguous one (a path, a range) or a further group after a grouped
+# one, which also may not follow a 4-digit group ("0132 4111 ...": one long run). A comma
+# before or after is a list's ("a,4111...,5500..."): a thousands group has three digits.
 _CARD = re.compile(
-    r"(?<![\w.,/+\-])(?<!\d[ \-])"
-    r"(?:\d{14,19}(?![\w/\-]|[.,]\d)|\d{4}([ \-])\d{4,6}(?:\1\d{1,6}){1,4}(?!\w|[.,]\d|\1\d))"
+    r"(?<![\w./+\-])"
+    r"(?:\d{14,19}(?![\w/\-]|\.\d)|(?<!\d{4}[ \-])\d{4}([ \-])\d{4,6}(?:\1\d{1,6}){1,4}(?!\w|[.,]\d|\1\d))"
 )
+_EXPIRY_AFTER = re.compile(r"/\d")  # "4111 1111 1111 1111 12/25": the last group is a month
 
 
 def _lengths(lo: int, hi: int) -> frozenset[int]:
@@ -338,7 +348,9 @@ def _cards(text: str, state: _Budget) -> Iterator[Span]:
         # long for a card, the longest leading groups shaped like a card and passing the checks
         # are the card. A run of card length is judged whole, so its checksum decides.
         groups = number.split(sep)
-        whole = len(number) - len(groups) + 1 <= 19
+        if len(groups) > 3 and len(groups[-1]) <= 2 and _EXPIRY_AFTER.match(text, m.end()):
+            groups = groups[:-1]
+        whole = sum(map(len, groups)) <= 19
         for k in [len(groups)] if whole else range(len(groups) - 1, 2, -1):
             if _card_shape(groups[:k]) and is_card_number("".join(groups[:k])):
                 yield Span("card", m.start(), m.start() + len(sep.join(groups[:k])))
@@ -370,7 +382,14 @@ def _ibans(text: str, state: _Budget) -> Iterator[Span]:
 # The first digit, then the look-behind at it: a leading digit lets the regex engine scan fast.
 _IPV4 = re.compile(r"[0-9](?<![\w.][0-9])[0-9]{0,2}\.(?:[0-9]{1,3}\.){2}[0-9]{1,3}(?!\w|\.[0-9])")
 _IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f:]{3,39}(?![\w:]|\.\w)")
-_VERSION_WORD = re.compile(r"(?i)\b(?:v|ver|version|build|release|rev|revision|firmware|fw)\s*[.:]?\s*$")
+# Words before a dotted number that make it a version or a section, not an address.
+_VERSION_WORD = re.compile(
+    r"(?i)(?:\b(?:v|ver|version|build|release|rev|revision|firmware|fw|fig|figure|sec|section|chapter|ch|"
+    r"table|step|item|clause|article|art|rule|para|paragraph)|§)\s*[.:]?\s*$"
+)
+# Global unicast IPv6 (2000::/3): "Bible 3::16", "Bad::Cafe" and "1:2:3:4:5:6:7:8" parse as
+# addresses that Python calls global, but no host has them.
+_IPV6_UNICAST = ipaddress.IPv6Network("2000::/3")
 
 
 def _ips(text: str, state: _Budget) -> Iterator[Span]:
@@ -384,7 +403,7 @@ def _ips(text: str, state: _Budget) -> Iterator[Span]:
                 addr = ipaddress.IPv4Address(m.group())
             except ValueError:
                 continue
-            if addr.is_global:
+            if addr.is_global and not addr.is_multicast:
                 yield Span("ip", m.start(), m.end())
     if "::" in text or text.count(":") >= 7:
         for m in _IPV6.finditer(text):
@@ -396,7 +415,7 @@ def _ips(text: str, state: _Budget) -> Iterator[Span]:
                 addr6 = ipaddress.IPv6Address(m.group())
             except ValueError:
                 continue
-            if addr6.is_global:
+            if addr6.is_global and addr6 in _IPV6_UNICAST:
                 yield Span("ip", m.start(), m.end())
 
 
@@ -474,16 +493,35 @@ def url_has_secret(url: str) -> bool:
     return False
 
 
+def _url_end(url: str) -> int:
+    """Where a URL found in prose ends: trailing punctuation is the sentence's, and so is each
+    trailing ``)`` or ``]`` without its opening one in the URL (one pass: counted once), and
+    whatever follows a ``](``."""
+    link = url.find("](")  # Markdown's [text](https://...) written the other way round
+    url = url[:link] if link > 0 else url
+    unopened = {")": url.count(")") - url.count("("), "]": url.count("]") - url.count("[")}
+    end = len(url)
+    while end:
+        ch = url[end - 1]
+        if ch in ".,;:!?":
+            end -= 1
+        elif unopened.get(ch, 0) > 0:
+            unopened[ch] -= 1
+            end -= 1
+        else:
+            break
+    return end
+
+
 def _urls(text: str, state: _Budget) -> Iterator[Span]:
     for m in _URL.finditer(text):
         if not state.spend_check(m.start()):
             return
-        url = m.group().rstrip(".,;:!?")
-        while url.endswith((")", "]")) and url.count(url[-1]) > url.count("(" if url[-1] == ")" else "["):
-            url = url[:-1].rstrip(".,;:!?")
+        url = m.group()
         if len(url) > MAX_URL_CHARS:
             state.stop_at(m.start() + MAX_URL_CHARS)
             url = url[:MAX_URL_CHARS]
+        url = url[: _url_end(url)]
         if url_has_secret(url):
             yield Span("url_secret", m.start(), m.start() + len(url))
 
@@ -581,11 +619,32 @@ def find_personal(text: str, rules: TextPrivacy) -> Findings:
         return _NOTHING if limit == len(text) else Findings((), truncated=True)
     if limit < len(text):
         found = [s for s in found if s.end <= limit]
+    found = _outside_url_paths(text, found)
     spans = _resolve(found)
     truncated = limit < len(text)
     if len(spans) > MAX_SPANS:
         spans, truncated = spans[:MAX_SPANS], True
     return Findings(spans, truncated)
+
+
+def _outside_url_paths(text: str, found: list[Span]) -> list[Span]:
+    """``found`` less the phone numbers inside a URL's host and path: the digit runs there are
+    file names and ids ("/photos/2345678901.jpg"), and paths are not inspected (a query's
+    values are: ``?phone=...``)."""
+    if not any(s.kind == "phone" for s in found) or not ("://" in text or "www." in text.lower()):
+        return found
+    starts, ends = [], []  # of each URL's host and path, in order, disjoint
+    for m in _URL.finditer(text):
+        url = m.group()[:MAX_URL_CHARS]
+        cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=_url_end(url))
+        starts.append(m.start())
+        ends.append(m.start() + cut)
+
+    def inside(span: Span) -> bool:
+        i = bisect.bisect_right(starts, span.start) - 1
+        return i >= 0 and span.end <= ends[i]
+
+    return [s for s in found if s.kind != "phone" or not inside(s)]
 
 
 def _resolve(found: list[Span]) -> list[Span]:

@@ -9,9 +9,11 @@ text as cleaned, before redaction; values are never written anywhere.
 
 A sample's json carries third parties' text besides its caption: a manifest's extra columns, an
 ingested shard's own json (``upstream``) and side-file row (``upstream_row``), where a copy of
-the caption may sit unredacted. ``check_fields`` scans every string there under the same rules
-(``OWN_FIELDS``, which shardsmith writes itself, are left as they are), and removes copies of
-image metadata (``METADATA_FIELDS``: img2dataset's ``exif`` column, say) wherever they are.
+the caption may sit unredacted. ``check_fields`` scans every string there under the same rules,
+keys included (a map keyed by e-mail address: such a key is named ``<key>`` in paths, so no
+detail carries it), (``OWN_FIELDS``, which shardsmith writes itself, are left as they are), and
+removes copies of image metadata (``METADATA_FIELDS``: img2dataset's ``exif`` column, say)
+wherever they are.
 """
 
 from __future__ import annotations
@@ -117,10 +119,16 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
-                here = f"{path}.{key}" if path else str(key)
                 if depth == 0 and key in OWN_FIELDS:
                     out[key] = item
-                elif str(key).lower() in METADATA_FIELDS:
+                    continue
+                key, shown = released_key(key, path)
+                if refusal:
+                    return value
+                here = f"{path}.{shown}" if path else shown
+                if key in out:  # two keys redacted alike: the later one numbered
+                    key = next(f"{key}#{n}" for n in range(2, len(value) + 2) if f"{key}#{n}" not in out)
+                if str(key).lower() in METADATA_FIELDS:
                     if item not in (None, "", [], {}):  # dropped either way; recorded when it held something
                         removed.append(here)
                 else:
@@ -142,6 +150,28 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
         state["redacted"] = state["redacted"] or checked.redacted
         return checked.text
 
+    def released_key(key: Any, path: str) -> tuple[Any, str]:
+        """A key as released and as paths name it. Keys are third parties' text too (a
+        contacts map keyed by address): one holding personal data is named in paths with its
+        spans replaced (so no detail carries it), released so under ``redact``, refuses the
+        sample under ``reject``. Only keys with a digit, ``@`` or a URL's start are scanned."""
+        if not isinstance(key, str) or rules.mode == "off" or not _may_hold_personal(key):
+            return key, str(key)
+        if state["texts"] >= MAX_FIELD_TEXTS:
+            state["truncated"] = True
+            return key, "<key>"
+        state["texts"] += 1
+        shown = f"{path}.<key>" if path else "<key>"
+        checked = check_text(key, rules, shown)
+        if checked.reason is not None:
+            refusal.append(checked)
+            return key, "<key>"
+        if not checked.spans:
+            return key, key
+        spans.extend((shown, s) for s in checked.spans)
+        state["redacted"] = state["redacted"] or checked.redacted
+        return checked.text, redact(key, checked.spans)
+
     out = walk(meta, "", 0)
     checked = rules.mode != "off"
     if refusal:
@@ -152,6 +182,11 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
         )
         return FieldsOutcome(meta, reason=PERSONAL_DATA, detail=detail, checked=checked)
     return FieldsOutcome(out, tuple(spans), tuple(removed), redacted=bool(state["redacted"]), checked=checked)
+
+
+def _may_hold_personal(text: str) -> bool:
+    """Whether any kind could be found in ``text``: each needs a digit, an ``@`` or a URL."""
+    return "@" in text or any(ch.isdigit() for ch in text) or "://" in text or "www." in text.lower()
 
 
 def span_facts(spans: tuple[Span, ...], field: str | None = None) -> list[dict[str, Any]]:
