@@ -129,6 +129,15 @@ def full_webp(img: Image.Image | None = None, **kw) -> bytes:
     return with_riff_chunk(data, riff_chunk(b"pRVt", TEXT_MARK)) + TRAILING_MARK
 
 
+def alph_after_bitstream() -> bytes:
+    """An extended WebP (VP8X, no flags) whose VP8 bitstream is followed by an ALPH chunk,
+    which no decoder reads: a place to hide data."""
+    simple = save(photo(14), "webp", quality=80)  # RIFF, WEBP, then its VP8 chunk
+    canvas = (96 - 1).to_bytes(3, "little") + (64 - 1).to_bytes(3, "little")
+    body = riff_chunk(b"VP8X", b"\x00" * 4 + canvas) + simple[12:] + riff_chunk(b"ALPH", b"\x00" + TEXT_MARK)
+    return b"RIFF" + (4 + len(body)).to_bytes(4, "little") + b"WEBP" + body
+
+
 def samples() -> dict[str, tuple[str, bytes]]:
     """Name -> (format, bytes): each carrying every kind of metadata its format can hold."""
     jpeg = full_jpeg()
@@ -155,6 +164,12 @@ def samples() -> dict[str, tuple[str, bytes]]:
         "png_rgba": ("png", full_png(photo(11, mode="RGBA"))),
         "png_palette_trns": ("png", full_png(palette)),
         "png_grey16": ("png", full_png(Image.fromarray((np.arange(64 * 48).reshape(48, 64) * 21).astype(np.uint16)))),
+        # segments no decoder reads, holding data: a DNL before the frame, an ALPH after the bitstream
+        "jpeg_dnl_before_frame": (
+            "jpeg",
+            after_soi(save(photo(13), "jpeg"), jpeg_segment(0xDC, b"\x00\x10" + TEXT_MARK)),
+        ),
+        "webp_alph_after_bitstream": ("webp", alph_after_bitstream()),
         "webp_lossy": ("webp", full_webp(quality=85)),
         "webp_lossless_alpha": ("webp", full_webp(photo(12, mode="RGBA"), lossless=True)),
     }
@@ -228,6 +243,8 @@ def test_stripped_bytes_pass_validation_with_the_same_pixel_key(name: str) -> No
         ("jpeg_mpo", ("exif", "gps", "other", "trailing")),
         ("png_rgb", ("exif", "gps", "xmp", "icc", "comment", "text", "other", "trailing")),
         ("webp_lossy", ("exif", "gps", "xmp", "icc", "other", "trailing")),
+        ("jpeg_dnl_before_frame", ("other",)),
+        ("webp_alph_after_bitstream", ("other",)),
     ],
 )
 def test_metadata_kinds(name: str, kinds: tuple[str, ...]) -> None:

@@ -8,7 +8,11 @@ Decisions (tests/test_metadata_strip.py pins each one):
   and everything after EOI (appended payloads, the further images of an MPO). PNG: every ancillary chunk but ``tRNS`` (tEXt, zTXt, iTXt, eXIf, tIME,
   iCCP, unknown and private chunks) and everything after IEND. WebP: EXIF, XMP, ICCP and
   unknown chunks, their VP8X flags cleared, the RIFF size fixed, everything after the RIFF
-  payload dropped; a simple (VP8 / VP8L) file keeps only its bitstream chunk.
+  payload dropped; a simple (VP8 / VP8L) file keeps only its bitstream chunk. Segments no
+  decoder reads, which can only carry data: JPEG markers other than SOFn, DHT, DAC, DQT, DRI,
+  SOS and (after a scan) DNL; a WebP ALPH, VP8 or VP8L chunk after the bitstream (``other``).
+  Not inspected: bytes inside the compressed data itself (after a JPEG scan's last code,
+  padding inside a VP8 chunk), which only a re-encode removes.
 - What is kept, because decoded pixels depend on it: JPEG's APP0 JFIF (libjpeg takes a
   3-component file with it as YCbCr; its thumbnail is cut, the density kept) and APP14
   Adobe (its transform flag says YCbCr/YCCK or RGB/CMYK; cut to the 12 bytes libjpeg and
@@ -112,6 +116,9 @@ _PNG_TEXT_KINDS = {
 _WEBP_ICC, _WEBP_ALPHA, _WEBP_EXIF, _WEBP_XMP = 0x20, 0x10, 0x08, 0x04
 _WEBP_KEEP = {b"ALPH", b"VP8 ", b"VP8L", b"ANIM", b"ANMF"}
 _WEBP_IMAGE = {b"VP8 ", b"VP8L", b"ANMF"}
+# A still image's alpha and bitstream: one of each, the alpha first. Another after the bitstream
+# is read by no decoder, so it is data, removed as ``other``.
+_WEBP_STILL = {b"ALPH", b"VP8 ", b"VP8L"}
 _WEBP_KINDS = {b"EXIF": "exif", b"XMP ": "xmp", b"ICCP": "icc"}
 
 Part = tuple[int, int] | bytes  # a range of the input kept as is, or new bytes
@@ -311,8 +318,11 @@ def _scan_jpeg(data: bytes) -> _Scan:
                 _jpeg_kind(scan, marker, payload)
             pos = end
             continue
-        scan.keep(start, end)
         pos = end
+        if not _jpeg_structure(marker, scanned):  # a segment no decoder reads (DNL before a scan): data
+            scan.kinds.add("other")
+            continue
+        scan.keep(start, end)
         if marker == _SOS:
             following = _JPEG_NEXT.search(data, end)
             if following is None:
@@ -321,6 +331,12 @@ def _scan_jpeg(data: bytes) -> _Scan:
             scanned = True
             pos = following.start()
     return scan.fail()
+
+
+def _jpeg_structure(marker: int, scanned: bool) -> bool:
+    """A segment a decoder reads: SOFn, DHT and DAC (FF C0-CF but JPG, FF C8), DQT, DRI, SOS,
+    and DNL after a scan has begun."""
+    return (0xC0 <= marker <= 0xCF and marker != 0xC8) or marker in (0xDA, 0xDB, 0xDD) or (marker == 0xDC and scanned)
 
 
 def _jpeg_kind(scan: _Scan, marker: int, payload: bytes) -> None:
@@ -429,7 +445,7 @@ def _scan_webp(data: bytes) -> _Scan:
             scan.flags = data[20] & ~(_WEBP_ICC | _WEBP_EXIF | _WEBP_XMP)
             scan.parts.append(data[20:21] if scan.flags == data[20] else bytes([scan.flags]))
             scan.keep(21, end)  # the rest of VP8X: reserved bits and the canvas
-        elif pos == 12 or (not simple and tag in _WEBP_KEEP):
+        elif pos == 12 or (not simple and tag in _WEBP_KEEP and not (image and tag in _WEBP_STILL)):
             scan.keep(pos, end)
             image = image or tag in _WEBP_IMAGE
             if pos == 12 and tag == b"VP8L" and length >= 5:
