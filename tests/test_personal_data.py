@@ -83,7 +83,19 @@ FOUND = [
     ("from 93.184.216.34.", "ip", 5, 18),
     ("ip 2001:4860:4860::8888 ok", "ip", 3, 23),
     ("[https://ex.com/a?token=abc123xyz](link)", "url_secret", 1, 33),  # Markdown's order, reversed
-    ("https://x.com/p?tel=650-253-0000", "phone", 20, 32),  # a query's values are read, a path's digits not
+    ("https://x.com/p?call=650-253-0000", "phone", 21, 33),  # a query's values are read, a path's digits not
+    ("To order: +44 20 7946 0958", "phone", 10, 26),
+    ("paid for order 4111 1111 1111 1111", "card", 15, 34),
+    ("call +1 415 555 0132x12", "phone", 5, 20),
+    ("mail o'brien@example.com", "email", 5, 24),
+    ("ivan@example.xn--p1ai", "email", 0, 21),
+    ("IP:2001:4860:4860::8888", "ip", 3, 23),
+    ("from 2001:4860:4860::8888: ok", "ip", 5, 25),
+    ("card 4111\u00a01111\u00a01111\u00a01111", "card", 5, 24),
+    ("+44\u202f20\u202f7946\u202f0958", "phone", 0, 16),
+    ("Www.example.com/?token=abcd1234", "url_secret", 0, 31),
+    ("https://example.com/x?email=john%40example.com", "url_secret", 0, 46),
+    ("https://e.com/?pw=hunter2xx", "url_secret", 0, 27),
     # URLs with secrets
     ("https://user:pw@example.com/x", "url_secret", 0, 29),
     ("ftp://anon@ftp.example.org/pub", "url_secret", 0, 30),
@@ -160,6 +172,8 @@ LOOK_ALIKES = [
     "Scene 2::3, Bible 3::16, Bad::Cafe, 10::20",  # Python calls these global: not unicast
     "Ratio 1:2:3:4:5:6:7:8",
     "https://cdn.example.com/photos/2345678901.jpg",
+    "SKU 4111 1111 1111 1111",
+    "https://e.com/?mail=true&mode=tel",
     "photo www.example.com/a_6502530000_b.jpg",
     "Figure 2.3.1.4, Section 3.4.5.6, § 8.8.4.4",
     "1234 5678 9012 3456 7890",

@@ -2,9 +2,9 @@
 
 What each kind matches:
 
-- ``email``: ``local@domain.tld`` with a practical local part (letters, digits, ``._%+-``; at
+- ``email``: ``local@domain.tld`` with a practical local part (letters, digits, ``._%+-'``; at
   most 64 characters a dotted part) and a domain of up to 16 dotted labels ending in a
-  letters-only TLD of 2-63 characters. ``user@localhost``
+  letters-only TLD of 2-63 characters or a punycode one (``xn--p1ai``). ``user@localhost``
   (no dot), ``@handle`` (no local part) and retina file names such as ``logo@2x.png`` (a TLD that
   is an image or media file extension) are not addresses. ASCII only.
 - ``phone``: runs of digits and phone punctuation with enough digits for the region, handed to
@@ -12,8 +12,8 @@ What each kind matches:
   for its region *and* grouped as that region writes it, so "1 2 3 4 5 6 7 8 9 10" is not a
   phone. National formats are read for ``rules.phone_region``; ``+``-international numbers for
   every region; a run where none is found is tried again without its last token ("+44 20 7946
-  0958 2024-05-01"), and after a number is found its rest is tried, up to ``_CALLS_PER_RUN``. A run right after a product-code label (ISBN, SKU, model, ...) is
-  skipped. An extension (``ext. 12``) is not part of the span; vanity numbers (``1-800-FLOWERS``)
+  0958 2024-05-01"), and after a number is found its rest is tried, up to ``_CALLS_PER_RUN``. A run right after a product-code label (ISBN, SKU, model, order, ...) is
+  skipped, unless it starts with ``+``. An extension (``ext. 12``, ``x12`` written on) is not part of the span; vanity numbers (``1-800-FLOWERS``)
   are not found. Digits in a URL's host and path (file names, ids) are not phones; in its
   query they may be.
 - ``card``: 14-19 digits, contiguous or in groups as cards are printed (4-4-4-4 and an optional
@@ -23,7 +23,8 @@ What each kind matches:
   longer number (a digit, letter, dot or slash before, a grouped run not right after a 4-digit
   group, a letter, dash or decimal after; a comma before or after is a list's), Luhn-valid, and with a length and
   prefix that a card network issues (``_ISSUERS``): a random Luhn-valid digit run is mostly not
-  a card. A number right after a product-code label (serial, IMEI, SKU, ...) is skipped.
+  a card. A number right after a product-code label (serial, IMEI, SKU, ...; not order or
+  invoice) is skipped.
   13-digit Visa and 13-digit Maestro are left out (no longer issued; they collide with EAN-13
   barcodes), as is UATP (prefix 1).
 - ``iban``: an upper-case country code, two check digits and 11-30 letters or digits, in groups
@@ -42,9 +43,14 @@ What each kind matches:
   parameter with a weaker name (``key``, ``session``, ``sid``, ``auth``, ``code``) whose value
   looks random (16+ characters, letters and digits, some entropy), or any query value that looks
   like a token (32+ characters mixing upper case, lower case and digits, 4+ bits of entropy a
-  character). Paths are not inspected: content hashes in CDN paths are not secrets. The whole
+  character), and one carrying a person's address or number: a parameter named ``email``,
+  ``mail``, ``phone``, ``tel`` or ``mobile``, or any value holding an e-mail address once
+  percent-decoded. Paths are not inspected: content hashes in CDN paths are not secrets. The whole
   URL is the span; its end is the prose's (trailing punctuation, an unopened ``)`` or ``]``,
   Markdown's ``](``).
+
+Spaces that print as one (no-break, thin, ideographic) and full-width digits are read as their
+ASCII selves, a character for a character, so "4111\u00a01111 ..." is a card and offsets hold.
 
 Overlaps: when two findings overlap, the longer span wins; at equal length the more specific
 kind wins, in the order url_secret, email, iban, card, phone, ip. So an IBAN is not also a phone
@@ -135,8 +141,8 @@ _NOTHING = Findings()
 # Bounded repeats throughout: an unbounded repeat of a group costs the regex engine memory per
 # repetition (100 MiB for "x@" and 1 MiB of "a."), and no address has 17 dotted parts.
 _EMAIL = re.compile(
-    r"(?<![A-Za-z0-9_%+.\-])[A-Za-z0-9_%+\-]{1,64}(?:\.[A-Za-z0-9_%+\-]{1,64}){0,16}"
-    r"@(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.){1,16}([A-Za-z]{2,63})"
+    r"(?<![A-Za-z0-9_%+.'\-])[A-Za-z0-9_%+'\-]{1,64}(?:\.[A-Za-z0-9_%+'\-]{1,64}){0,16}"
+    r"@(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.){1,16}([A-Za-z]{2,63}|xn--[A-Za-z0-9\-]{1,59})"
     r"(?![A-Za-z0-9\-]|\.[A-Za-z0-9])"
 )
 _FILE_TLDS = frozenset("png jpg jpeg gif webp svg bmp tif tiff heic avif ico pdf js css mp4 webm".split())
@@ -164,10 +170,14 @@ _PHONE = re.compile(
 )
 # A number right after one of these labels is a product, device or publication code, not a phone
 # or card number.
-_CODE_LABEL = re.compile(
-    r"(?i)\b(?:isbn(?:-1[03])?|issn|ean|upc|gtin|asin|sku|mpn|imei|model|part|serial|item|lot|patent|doi|order|invoice)"
-    r"\s*(?:no\.?|nr\.?|number)?\s*[:#.]?\s*$"
-)
+_CODE_WORDS = r"isbn(?:-1[03])?|issn|ean|upc|gtin|asin|sku|mpn|imei|model|part|serial|item|lot|patent|doi"
+_LABEL_END = r"\s*(?:no\.?|nr\.?|number)?\s*[:#.]?\s*$"
+_CODE_LABEL = re.compile(rf"(?i)\b(?:{_CODE_WORDS}|order|invoice){_LABEL_END}")
+# Cards are checked harder (issuer, length, Luhn): an order or invoice label does not hide one.
+_CARD_CODE_LABEL = re.compile(rf"(?i)\b(?:{_CODE_WORDS}){_LABEL_END}")
+# An extension written onto the number ("0132x12", "0132ext12"): phonenumbers reads it, and a
+# letter right after a number otherwise refuses it.
+_EXTENSION = re.compile(r"(?i)(?:x|ext\.?|extn\.?)\s?\d{1,6}(?!\w)")
 _INTERNATIONAL_MIN_DIGITS = 6  # the shortest "+CC NSN" of any region (Austria, Germany, Iran)
 _CALLS_PER_RUN = 6  # phonenumbers calls on one run of digits and punctuation, its retries included
 
@@ -187,8 +197,8 @@ def _phones(text: str, region: str, state: _Budget) -> Iterator[Span]:
         s, e = m.start(), m.end()
         if _count_digits(text, s, e) < _needed_digits(text, s, national_min):
             continue
-        if _CODE_LABEL.search(text, max(0, s - 24), s):
-            continue
+        if text[s] not in "+\uff0b" and _CODE_LABEL.search(text, max(0, s - 24), s):
+            continue  # a "+" number is never a product's code
         # A run may hold a number and then more digits ("... 0958 2024-05-01") or several numbers;
         # phonenumbers finds a number after leading junk but not before trailing junk, so the run
         # is offered again without its last token, and after each number found, its rest.
@@ -242,7 +252,8 @@ def _match_phones(text: str, s: int, e: int, region: str) -> Iterator[Span]:
     # they may be a timestamp's ":30": what phonenumbers looks at around a number. No more, so
     # the token dropped by ``_drop_last_token`` stays out.
     ws = max(0, s - 1)
-    window = text[ws : e + (3 if text[e : e + 1] == ":" else 1)]
+    extension = _EXTENSION.match(text, e)
+    window = text[ws : extension.end() if extension else e + (3 if text[e : e + 1] == ":" else 1)]
     for pm in PhoneNumberMatcher(window, region, leniency=Leniency.STRICT_GROUPING, max_tries=16):
         start, end = max(ws + pm.start, s), min(ws + pm.end, e)
         if start < end:
@@ -334,7 +345,7 @@ def _cards(text: str, state: _Budget) -> Iterator[Span]:
     for m in _CARD.finditer(text):
         if not state.spend_check(m.start()):
             return
-        if _CODE_LABEL.search(text, max(0, m.start() - 24), m.start()):
+        if _CARD_CODE_LABEL.search(text, max(0, m.start() - 24), m.start()):
             continue
         number = m.group()
         if not number.isascii():
@@ -381,7 +392,7 @@ def _ibans(text: str, state: _Budget) -> Iterator[Span]:
 
 # The first digit, then the look-behind at it: a leading digit lets the regex engine scan fast.
 _IPV4 = re.compile(r"[0-9](?<![\w.][0-9])[0-9]{0,2}\.(?:[0-9]{1,3}\.){2}[0-9]{1,3}(?!\w|\.[0-9])")
-_IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f:]{3,39}(?![\w:]|\.\w)")
+_IPV6 = re.compile(r"(?<![\w.])(?<![0-9A-Fa-f:]:)[0-9A-Fa-f:]{3,39}(?!\w|:[\w:]|\.\w)")
 # Words before a dotted number that make it a version or a section, not an address.
 _VERSION_WORD = re.compile(
     r"(?i)(?:\b(?:v|ver|version|build|release|rev|revision|firmware|fw|fig|figure|sec|section|chapter|ch|"
@@ -411,20 +422,24 @@ def _ips(text: str, state: _Budget) -> Iterator[Span]:
                 continue
             if not state.spend_check(m.start()):
                 return
+            found = m.group()
+            if found.endswith(":") and not found.endswith("::"):
+                found = found[:-1]  # the sentence's colon ("from 2001:db8::1:")
             try:
-                addr6 = ipaddress.IPv6Address(m.group())
+                addr6 = ipaddress.IPv6Address(found)
             except ValueError:
                 continue
             if addr6.is_global and addr6 in _IPV6_UNICAST:
-                yield Span("ip", m.start(), m.end())
+                yield Span("ip", m.start(), m.start() + len(found))
 
 
 # -- URLs carrying secrets ------------------------------------------------------------------
 
 _URL = re.compile(r"(?i)(?<![\w@.])(?:(?:https?|ftps?|wss?|sftp)://|www\.)[^\s<>\"'`]+")
 _STRONG_NAMES = frozenset(
-    "password passwd pwd pass secret token apikey accesskey sig signature credential credentials "
-    "sessionid sessiontoken securitytoken clientsecret privatekey authorization".split()
+    "password passwd pwd pw pass secret token apikey accesskey sig signature credential credentials "
+    "sessionid sessid phpsessid jsessionid sessiontoken securitytoken clientsecret privatekey authorization "
+    "email mail phone tel mobile".split()  # the last: a person's address or number in a link
 )
 _STRONG_SUFFIXES = (
     "token",
@@ -436,6 +451,9 @@ _STRONG_SUFFIXES = (
     "accesskey",
     "sessionid",
     "credential",
+    "resetkey",
+    "authkey",
+    "sessionkey",
 )
 _WEAK_NAMES = frozenset("key session sid auth code".split())
 _NON_VALUES = frozenset("true false null none undefined yes no".split())
@@ -464,6 +482,8 @@ def _looks_random(value: str, min_len: int, min_bits: float, mixed_case: bool) -
 def _param_is_secret(name: str, value: str) -> bool:
     key = _PARAM_NAME_JUNK.sub("", unquote(name).lower())
     value = unquote(value)
+    if "@" in value and _EMAIL.search(value):  # an address, whatever the parameter's name
+        return True
     if key in _STRONG_NAMES or key.endswith(_STRONG_SUFFIXES):
         return len(value) >= 4 and value.lower() not in _NON_VALUES
     if key in _WEAK_NAMES:
@@ -560,6 +580,15 @@ class _Budget:
 _DIGIT = re.compile(r"\d")
 
 
+# Spaces that print as a space (no-break, thin, figure, ideographic: "4111\u00a01111 ...") and
+# full-width digits are read as their ASCII selves, so cards, IBANs and phones written with
+# them are found; a character for a character, so offsets into the text hold.
+_PLAIN = str.maketrans(
+    {**dict.fromkeys("\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000", " ")}
+    | {chr(0xFF10 + i): str(i) for i in range(10)}
+)
+
+
 def _finders(text: str, rules: TextPrivacy) -> Iterator[tuple[str, _Budget]]:
     """The finders worth running on ``text``, each named by kind with a fresh budget."""
     kinds = rules.kinds
@@ -571,7 +600,7 @@ def _finders(text: str, rules: TextPrivacy) -> Iterator[tuple[str, _Budget]]:
             yield kind, _Budget(len(text))
         elif kind == "ip" and ((has_digit and "." in text) or ":" in text):
             yield kind, _Budget(len(text))
-        elif kind == "url_secret" and ("://" in text or "www." in text or "WWW." in text):
+        elif kind == "url_secret" and ("://" in text or "www." in text or "WWW." in text or "Www." in text):
             yield kind, _Budget(len(text))
 
 
@@ -604,6 +633,7 @@ def find_personal(text: str, rules: TextPrivacy) -> Findings:
     """
     if rules.mode == "off" or not text:
         return _NOTHING
+    text = text if text.isascii() else text.translate(_PLAIN)  # one character for one: offsets hold
     found: list[Span] = []
     limit = len(text)
     for kind, budget in _finders(text, rules):
