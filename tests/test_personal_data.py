@@ -83,7 +83,8 @@ FOUND = [
     ("from 93.184.216.34.", "ip", 5, 18),
     ("ip 2001:4860:4860::8888 ok", "ip", 3, 23),
     ("[https://ex.com/a?token=abc123xyz](link)", "url_secret", 1, 33),  # Markdown's order, reversed
-    ("https://x.com/p?call=650-253-0000", "phone", 21, 33),  # a query's values are read, a path's digits not
+    ("https://x.com/p?call=650-253-0000", "phone", 21, 33),
+    ("Phone number: 6502530000", "phone", 14, 24),  # a query's values are read, a path's digits not
     ("To order: +44 20 7946 0958", "phone", 10, 26),
     ("paid for order 4111 1111 1111 1111", "card", 15, 34),
     ("call +1 415 555 0132x12", "phone", 5, 20),
@@ -173,6 +174,8 @@ LOOK_ALIKES = [
     "Ratio 1:2:3:4:5:6:7:8",
     "https://cdn.example.com/photos/2345678901.jpg",
     "SKU 4111 1111 1111 1111",
+    "Stock Photo - 2345678901",  # bare digits are an id, unless a phone word comes before them
+    "ID: 6502530000, Photo #6502530000",
     "https://e.com/?mail=true&mode=tel",
     "photo www.example.com/a_6502530000_b.jpg",
     "Figure 2.3.1.4, Section 3.4.5.6, § 8.8.4.4",
