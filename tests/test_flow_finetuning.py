@@ -75,6 +75,26 @@ def test_every_record_is_one_ledger_row_with_its_reason(released):
     assert all("license" in d or "duplicate_of" in d for d in details)
 
 
+def test_personal_data_in_any_turn_is_recorded_and_redacted_in_the_release(released):
+    """The planted address sits in text-only records' questions, turns no image's caption
+    holds: each such record's ledger row says what was found and done, the release holds a
+    placeholder and never the address, and the report counts them."""
+    from tasks.demo.finetune import PERSONAL_ADDRESS, PERSONAL_EVERY, PERSONAL_FIRST
+
+    store, packed, _, expected = released
+    base = store / "releases" / packed["release"].version
+    rows = {r["id"]: r for r in pq.read_table(base / "ledger.parquet").to_pylist()}
+    planted = {f"txt-{i:04d}" for i in range(PERSONAL_FIRST, expected["records"]["text"], PERSONAL_EVERY)}
+    assert {(rows[i]["personal_data"], rows[i]["privacy"]) for i in planted} == {("email", "redacted")}
+    kept = [i for i in planted if rows[i]["status"] == "ok"]
+    assert kept and all(rows[i]["detail"].startswith("redacted: turn 0: email") for i in kept)
+    assert {r["personal_data"] for i, r in rows.items() if i not in planted and r["status"] == "ok"} == {""}
+    texts = [s.members["json"].decode() for tar in sorted(base.glob("**/*.tar")) for s in _samples(tar)]
+    assert any("<EMAIL>" in t for t in texts) and not any(PERSONAL_ADDRESS in t for t in texts)
+    report = sorted((store / "reports").glob("*/report.html"), key=lambda p: p.stat().st_mtime)[0].read_text()
+    assert "texts scanned for personal data" in report and "released redacted" in report
+
+
 def test_every_phase_of_the_run_reports_its_rate(released):
     # The packing step's row (phase "reshard") said 0 samples/s for packs it had just written.
     store, packed, _, _ = released
@@ -172,6 +192,7 @@ def test_gate_fails_on_over_budget_pack_and_fill():
             "tags_ok": [True, False],
             "pack": ["p0", None],
             "text_only": [False, True],
+            "personal_data_shown": [False, True],  # one record of two released with personal data
         }
     )
     packs = pa.table({"key": ["p0"], "tokens": [5000], "images": [1], "tiles": [7], "samples": [1]})
@@ -181,6 +202,7 @@ def test_gate_fails_on_over_budget_pack_and_fill():
     assert "tag groups equal images" in failed
     assert "every accepted sample in a pack" in failed
     assert "every accepted sample in exactly one pack" in failed
+    assert "personal data shown rate <= 0.05" in failed
     assert "fill ratio >= 0.9" not in failed  # 5000 / 4096 is over the minimum
 
 

@@ -484,6 +484,20 @@ def test_the_json_fields_besides_the_caption_are_checked_and_metadata_copies_rem
     assert "json:upstream.exif" not in plain.get("metadata_removed", [])
 
 
+def test_numbers_in_the_json_are_read_as_their_digits_and_a_refusal_records_its_kinds(tmp_path):
+    """A card or phone number stored as a json number is personal data too; a field named as a
+    phone makes bare digits a phone number; a refused sample's row says what was found."""
+    numbers = {"n": {"card_number": 4111111111111111, "phone": 4155552671, "views": 123456789}}
+    inputs = {"n": (distinct_image(20), "a kite over the dunes")}
+    _, rows, written = validate(tmp_path / "redact", inputs, {"text": {"mode": "redact"}}, metas=numbers)
+    upstream = json.loads(written["n"]["json"])["upstream"]
+    assert {k: upstream[k] for k in numbers["n"]} == {"card_number": "<CARD>", "phone": "<PHONE>", "views": 123456789}
+    assert (rows["n"]["status"], rows["n"]["personal_data"]) == ("ok", "card,phone")
+    _, rows, _ = validate(tmp_path / "reject", inputs, {"text": {"mode": "reject"}}, metas=numbers)
+    assert (rows["n"]["reason"], rows["n"]["detail"]) == ("personal_data", "upstream.card_number: card 0-16")
+    assert rows["n"]["personal_data"] == "card"
+
+
 def test_json_fields_refused_under_reject_kept_under_record_and_bounded(tmp_path):
     inputs = {k: (distinct_image(i), "a kite over the dunes") for i, k in enumerate(FIELDS)}
     _, rows, _ = validate(tmp_path / "reject", inputs, {"text": {"mode": "reject"}}, metas=FIELDS)

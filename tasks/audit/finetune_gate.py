@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from tasks.audit.gate_checks import Check, all_true, check_count, check_rows, key_checks, mostly_of, share_unexpected
+from tasks.audit.gate_checks import (
+    Check,
+    all_true,
+    check_count,
+    check_rows,
+    key_checks,
+    mostly_of,
+    share_unexpected,
+    shown_check,
+)
 from tasks.audit.gate_results import GateResult, fmt_number
 from tasks.audit.ge_runner import expectation_stats, import_gx, ledger_stats, reason_families, run_suites, to_frame
 from tasks.formats.reasons import OK
@@ -51,6 +60,9 @@ def _finetune_checks(
             {"column": "text_only", "min_value": cfg.min_text_only_ratio, "max_value": cfg.max_text_only_ratio},
             check_count,
         ),
+        # every turn of a record, text-only records included: validation's gate sees only the
+        # text that speaks of each image
+        shown_check("personal data shown", "personal_data_shown", cfg.max_personal_data_rate),
     ]
     cap_tiles = packing.max_tiles if packing.max_tiles is not None else 1 << 40
     packs = [
@@ -106,16 +118,18 @@ def finetune_gate(
 
     Ledger (one row per input record): keys present and unique, statuses known, share not
     accepted <= ``cfg.max_reject_rate``. Samples (one per accepted record; columns key,
-    schema_ok, tags_ok, pack, text_only): at least ``cfg.min_samples``; keys unique; every
-    sample's json complete; as many tag groups as images; every sample in a pack; the
-    text-only share within bounds. Packs (key, tokens, images, tiles, samples): pack sizes sum
+    schema_ok, tags_ok, pack, text_only, personal_data_shown): at least ``cfg.min_samples``;
+    keys unique; every sample's json complete; as many tag groups as images; every sample in a
+    pack; the text-only share within bounds; records released with personal data left in
+    their turns (``privacy.text: record``) at most ``cfg.max_personal_data_rate``. Packs (key, tokens, images, tiles, samples): pack sizes sum
     to the accepted samples (each in exactly one pack, keys unique); when packed, none over the
     budget, the image cap or the tile cap, and mean tokens / budget >= ``cfg.min_fill_ratio``.
     """
     gx = import_gx()
     ledger_frame = to_frame(ledger, ["key", "status", "reason"], "finetune ledger")
     ledger_frame["reason"] = reason_families(ledger_frame["reason"])
-    samples_frame = to_frame(samples, ["key", "schema_ok", "tags_ok", "pack", "text_only"], "finetune samples")
+    columns = ["key", "schema_ok", "tags_ok", "pack", "text_only", "personal_data_shown"]
+    samples_frame = to_frame(samples, columns, "finetune samples")
     samples_frame["text_only"] = samples_frame["text_only"].astype(float)
     packs_frame = to_frame(packs, ["key", "tokens", "images", "tiles", "samples"], "finetune packs")
     packs_frame["fill"] = packs_frame["tokens"].astype(float) / packing.budget

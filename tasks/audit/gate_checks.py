@@ -88,6 +88,20 @@ def key_checks(prefix: str = "") -> list[Check]:
     ]
 
 
+def shown_check(what: str, column: str, limit: float) -> Check:
+    """Released samples with what the privacy checks found left in (``column`` True), share <= ``limit``."""
+    from tasks.audit.gate_results import fmt_number
+
+    rate = fmt_number(limit)
+    return Check(
+        f"{what} rate <= {rate}",
+        f"<= {rate}",
+        "ExpectColumnValuesToBeInSet",
+        {"column": column, "value_set": [False], "mostly": mostly_of(1.0 - limit)},
+        share_unexpected,
+    )
+
+
 def reason_share_check(reason: str, limit: float, word: str = "share") -> Check:
     """A check that rows of the reason family ``reason`` are at most ``limit`` of all rows
     (named ``{reason} {word} <= {limit}``)."""

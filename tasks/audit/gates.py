@@ -14,6 +14,7 @@ from tasks.audit.gate_checks import (
     reason_share_check,
     share_expected,
     share_unexpected,
+    shown_check,
 )
 from tasks.audit.gate_results import LICENSE_REVIEW, ExpectationOutcome, GateResult, fmt_number
 from tasks.audit.ge_runner import expectation_stats, import_gx, ledger_stats, reason_families, run_suites, to_frame
@@ -121,22 +122,10 @@ def _samples_checks(cfg: ValidateGate, license_allow: list[str], image: ImageRul
             {"column": "pixel_sha256"},
             check_rows,
         ),
-        _shown_check("faces shown", "faces_shown", cfg.max_face_rate),
-        _shown_check("personal data shown", "personal_data_shown", cfg.max_personal_data_rate),
+        shown_check("faces shown", "faces_shown", cfg.max_face_rate),
+        shown_check("personal data shown", "personal_data_shown", cfg.max_personal_data_rate),
     ]
     return checks
-
-
-def _shown_check(what: str, column: str, limit: float) -> Check:
-    """Released samples with what the privacy checks found left in (``column`` True), share <= ``limit``."""
-    rate = fmt_number(limit)
-    return Check(
-        f"{what} rate <= {rate}",
-        f"<= {rate}",
-        "ExpectColumnValuesToBeInSet",
-        {"column": column, "value_set": [False], "mostly": mostly_of(1.0 - limit)},
-        share_unexpected,
-    )
 
 
 # --- gates ------------------------------------------------------------------------------------

@@ -94,10 +94,18 @@ def _image_record(i: int, info: ImageInfo, extra: ImageInfo | None, rng: np.rand
     return rec
 
 
+# Every fourth text-only record's question, from the third on, carries an e-mail address
+# (redacted by the recipe's ``privacy.text``); the release must not hold the address itself.
+PERSONAL_FIRST, PERSONAL_EVERY, PERSONAL_ADDRESS = 2, 4, "ana.reyes@example.org"
+
+
 def _text_record(i: int, rng: np.random.Generator) -> dict[str, Any]:
     q, a = _FACTS[i % len(_FACTS)]
     x, y = int(rng.integers(2, 99)), int(rng.integers(2, 99))
-    turns = [{"from": "human", "value": q.format(a=x, b=y)}, {"from": "gpt", "value": a.format(a=x, b=y, s=x + y)}]
+    question = q.format(a=x, b=y)
+    if i % PERSONAL_EVERY == PERSONAL_FIRST:
+        question = f"I am {PERSONAL_ADDRESS}. {question}"
+    turns = [{"from": "human", "value": question}, {"from": "gpt", "value": a.format(a=x, b=y, s=x + y)}]
     return {"id": f"txt-{i:04d}", "conversations": turns}
 
 

@@ -28,6 +28,9 @@ class Conversation:
         images: the image references, in placeholder order.
         turn_images: placeholders per turn.
         license: the record's ``license`` field, if any.
+        personal_data: kinds of personal data found in its turns, comma-joined ("" for none;
+            None where they were not scanned).
+        redacted: its turns were redacted.
     """
 
     reason: str | None = None
@@ -37,6 +40,8 @@ class Conversation:
     images: list[str] = field(default_factory=list)
     turn_images: list[int] = field(default_factory=list)
     license: str | None = None
+    personal_data: str | None = None
+    redacted: bool = False
 
     @property
     def ok(self) -> bool:
@@ -169,17 +174,20 @@ def private_turns(conv: Conversation, rules: TextPrivacy) -> Conversation:
     if not conv.ok or rules.mode == "off":
         return conv
     from tasks.policies.personal import describe
-    from tasks.policies.privacy import check_text
+    from tasks.policies.privacy import check_text, kinds_of
 
-    turns, notes = [], []
+    turns, notes, found = [], [], []
     for j, (role, text) in enumerate(conv.turns):
         got = check_text(text, rules, f"turn {j}")
+        found += got.spans
         if got.reason is not None:
-            return replace(conv, reason=got.reason, detail=got.detail)
+            return replace(conv, reason=got.reason, detail=got.detail, personal_data=kinds_of(tuple(found)))
         turns.append((role, got.text or text))
         if got.spans:
             notes.append(describe(got.spans, f"turn {j}"))
     if not notes:
-        return conv
-    done = "redacted: " if rules.mode == "redact" else "personal data kept: "
-    return replace(conv, turns=turns, detail=done + "; ".join(notes))
+        return replace(conv, personal_data="")
+    redacted = rules.mode == "redact"
+    done = "redacted: " if redacted else "personal data kept: "
+    kinds = kinds_of(tuple(found))
+    return replace(conv, turns=turns, detail=done + "; ".join(notes), personal_data=kinds, redacted=redacted)

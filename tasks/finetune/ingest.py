@@ -231,7 +231,13 @@ def _write_range(
             }
             if raw.reason is None:
                 conv = private_turns(check_conversation(raw.record, rules), rules.privacy)
-                out.update(reason=conv.reason, detail=conv.detail, id=conv.id)
+                out.update(
+                    reason=conv.reason,
+                    detail=conv.detail,
+                    id=conv.id,
+                    personal_data=conv.personal_data,
+                    privacy="redacted" if conv.redacted else None,
+                )
                 if conv.ok:
                     lines = [
                         {

@@ -23,7 +23,11 @@ REPORT_COLUMNS = [
     "tokens_text",
     "tokens_image",
     "tokens_total",
+    "faces",  # null: a record's images are looked at by validation, whose report counts them
+    "personal_data",
+    "privacy",
 ]
+PRIVACY_COLUMNS = ("personal_data", "privacy")  # of the sample tables; older runs' lack them
 
 
 @dataclass
@@ -43,12 +47,20 @@ def plan_with_rows(
 ) -> tuple[PackPlan, pa.Table]:
     """The pack plan (its stats name the tokenizer the samples were counted with), and the
     sample rows (report and gate columns) of every record, from the sample tables."""
-    loaded = [read_parquet(storage, t) for t in tables]
+    loaded = [_with_privacy(read_parquet(storage, t)) for t in tables]
     plan = plan_packs([t.select(PLAN_COLUMNS) for t in loaded], cfg, per_shard, seed)
     rows = pa.concat_tables(loaded)
     names = [n for n in rows.column("tokenizer").to_pylist() if n]
     plan.stats["tokenizer"] = names[0] if names else None
     return plan, rows
+
+
+def _with_privacy(table: pa.Table) -> pa.Table:
+    """A sample table with the privacy columns (null in an older run's table) and a null ``faces``."""
+    for name in PRIVACY_COLUMNS:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(len(table), pa.string()))
+    return table.append_column("faces", pa.nulls(len(table), pa.int32()))
 
 
 def records_in(outputs: list[PackShardResult]) -> int:
@@ -87,7 +99,8 @@ def final_tables(rows: pa.Table, plan: PackPlan, outputs: list[PackShardResult])
             for k in p["members"]:
                 where[k] = (p["key"], names[o.tar])
     led, smp = [], []
-    for r in rows.select(["key", "source", "row", "id", "tags_ok", "text_only", "images", "tokens_total"]).to_pylist():
+    columns = ["key", "source", "row", "id", "tags_ok", "text_only", "images", "tokens_total", *PRIVACY_COLUMNS]
+    for r in rows.select(columns).to_pylist():
         v = verdict[r["key"]]
         pack, shard = where.get(r["key"], (None, None))
         status = v["status"] if v["status"] != "ok" or pack is not None else "error"
@@ -104,6 +117,8 @@ def final_tables(rows: pa.Table, plan: PackPlan, outputs: list[PackShardResult])
                 "pack": pack,
                 "shard": shard,
                 "truncated": v["truncated"],
+                "personal_data": r["personal_data"],
+                "privacy": r["privacy"],
             }
         )
         if status == "ok":
@@ -116,6 +131,8 @@ def final_tables(rows: pa.Table, plan: PackPlan, outputs: list[PackShardResult])
                     "schema_ok": r["images"] is not None and r["tokens_total"] is not None,
                     "text_only": r["text_only"],
                     "tokens": r["tokens_total"],
+                    # released with personal data in a turn that was not redacted (``record``)
+                    "personal_data_shown": bool(r["personal_data"]) and r["privacy"] != "redacted",
                 }
             )
     ledger = pa.Table.from_pylist(led)

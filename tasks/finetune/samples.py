@@ -106,6 +106,7 @@ def build_samples(
 
     def decide(rec: dict[str, Any]) -> Verdict:
         row = {k: rec[k] for k in ("key", "source", "row", "status", "reason", "detail", "id")}
+        row.update({k: rec.get(k) for k in ("personal_data", "privacy")})  # absent from older runs' records
         counter = _counter(cfg.tokens, cfg.tiling)  # loaded once per worker, and not for a committed shard
         row["tokenizer"] = counter.name
         members = _build_one(storage, rec, fates, cfg, counter, handles, row) if rec["status"] == OK else None

@@ -138,11 +138,13 @@ RESHARD_SCHEMA = ledger_schema(*LEDGER_SCHEMA.names[len(CORE_COLUMNS) :], "input
 # Precache: one row per latent sample.
 PRECACHE_SCHEMA = ledger_schema("shard", "bytes", "sha256", "position", "aligned", "finite")
 # Fine-tuning: records as ingest leaves them, samples after building, packs as released.
-RECORD_SCHEMA = ledger_schema("detail", "id", "turns", "image_rows", "turn_images")
+# Records and samples carry what the text privacy check found in every turn and did
+# (``personal_data``, ``privacy``: as validation's PRIVACY_FACTS); older runs' lack them.
+RECORD_SCHEMA = ledger_schema("detail", "id", "turns", "image_rows", "turn_images", "personal_data", "privacy")
 SAMPLE_SCHEMA = ledger_schema(
     *("detail", "id", "shard", "offset", "length", "members", "text_only", "images", "tiles"),
     *("tokens_text", "tokens_image", "tokens_total", "turn_tokens", "turn_images", "turn_tiles"),
-    *("tags_ok", "tokenizer"),
+    *("tags_ok", "tokenizer", "personal_data", "privacy"),
 )
 PACK_SCHEMA = ledger_schema(
     "shard", "offset", "length", "members", "tokens", "images", "tiles", "samples", "sample_keys"

@@ -166,6 +166,10 @@ class FinetuneGate(Frozen):
         max_reject_rate: records not accepted / records at most this.
         min_fill_ratio: useful tokens / (packs x budget) at least this (packed releases).
         min_text_only_ratio, max_text_only_ratio: bounds on text-only samples / accepted.
+        max_personal_data_rate: accepted records released with personal data left in a turn
+            (found under ``privacy.text: record``; redacted turns do not count) / accepted at
+            most this: every turn of every record, text-only ones included (the validation
+            gate's ``max_personal_data_rate`` sees only the text beside each image).
     """
 
     min_samples: int = Field(default=1, ge=1)
@@ -173,3 +177,4 @@ class FinetuneGate(Frozen):
     min_fill_ratio: float = Field(default=0.9, ge=0, le=1)
     min_text_only_ratio: float = Field(default=0.0, ge=0, le=1)
     max_text_only_ratio: float = Field(default=1.0, ge=0, le=1)
+    max_personal_data_rate: float = Field(default=0.05, ge=0, le=1)

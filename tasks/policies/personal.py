@@ -198,7 +198,7 @@ def _min_national_digits(region: str) -> int:
     return max(_INTERNATIONAL_MIN_DIGITS, min(lengths, default=_INTERNATIONAL_MIN_DIGITS))
 
 
-def _phones(text: str, region: str, state: _Budget) -> Iterator[Span]:
+def _phones(text: str, region: str, state: _Budget, phone_field: bool = False) -> Iterator[Span]:
     national_min = _min_national_digits(region)
     for m in _PHONE.finditer(text):
         s, e = m.start(), m.end()
@@ -223,7 +223,7 @@ def _phones(text: str, region: str, state: _Budget) -> Iterator[Span]:
                 end = _drop_last_token(text, s, end)
             if not spans:
                 break
-            yield from (span for span in spans if not _bare_id(text, span))
+            yield from (span for span in spans if phone_field or not _bare_id(text, span))
             s = spans[-1].end
             while s < e and not (text[s].isdecimal() or text[s] in _PHONE_LEAD_CHARS):
                 s += 1
@@ -617,11 +617,11 @@ def _finders(text: str, rules: TextPrivacy) -> Iterator[tuple[str, _Budget]]:
             yield kind, _Budget(len(text))
 
 
-def _run(kind: str, text: str, rules: TextPrivacy, budget: _Budget) -> Iterator[Span]:
+def _run(kind: str, text: str, rules: TextPrivacy, budget: _Budget, phone_field: bool) -> Iterator[Span]:
     if kind == "email":
         return _emails(text)
     if kind == "phone":
-        return _phones(text, rules.phone_region, budget)
+        return _phones(text, rules.phone_region, budget, phone_field)
     if kind == "card":
         return _cards(text, budget)
     if kind == "iban":
@@ -631,12 +631,14 @@ def _run(kind: str, text: str, rules: TextPrivacy, budget: _Budget) -> Iterator[
     return _urls(text, budget)
 
 
-def find_personal(text: str, rules: TextPrivacy) -> Findings:
+def find_personal(text: str, rules: TextPrivacy, phone_field: bool = False) -> Findings:
     """Find the personal data in ``text`` that ``rules.kinds`` asks for.
 
     Args:
         text: a caption or one conversation turn, as it will be released.
         rules: the recipe's ``privacy.text``; with ``mode: off`` nothing is looked for.
+        phone_field: the text is a field named as a phone number (a json's ``phone``): bare
+            digits there are a number, not an id.
 
     Returns:
         A :class:`Findings` (a tuple of :class:`Span`) sorted by start, non-overlapping (the
@@ -651,7 +653,7 @@ def find_personal(text: str, rules: TextPrivacy) -> Findings:
     limit = len(text)
     for kind, budget in _finders(text, rules):
         count = 0
-        for span in _run(kind, text, rules, budget):
+        for span in _run(kind, text, rules, budget, phone_field):
             found.append(span)
             count += 1
             if count >= MAX_SPANS:

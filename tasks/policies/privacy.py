@@ -10,7 +10,8 @@ text as cleaned, before redaction; values are never written anywhere.
 A sample's json carries third parties' text besides its caption: a manifest's extra columns, an
 ingested shard's own json (``upstream``) and side-file row (``upstream_row``), where a copy of
 the caption may sit unredacted. ``check_fields`` scans every string there under the same rules,
-keys included (a map keyed by e-mail address: such a key is named ``<key>`` in paths, so no
+numbers of six digits or more (as their digits; a field named as a phone makes bare digits a
+phone number), keys included (a map keyed by e-mail address: such a key is named ``<key>`` in paths, so no
 detail carries it), (``OWN_FIELDS``, which shardsmith writes itself, are left as they are), and
 removes copies of image metadata (``METADATA_FIELDS``: img2dataset's ``exif`` column, say)
 wherever they are.
@@ -18,6 +19,7 @@ wherever they are.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,11 +87,14 @@ class TextOutcome:
         return self.checked or (self.fields is not None and self.fields.checked)
 
 
-def check_text(text: str | None, rules: TextPrivacy, field: str | None = None) -> TextOutcome:
-    """The privacy check of one text (a caption, a turn) under ``rules``."""
+def check_text(
+    text: str | None, rules: TextPrivacy, field: str | None = None, phone_field: bool = False
+) -> TextOutcome:
+    """The privacy check of one text (a caption, a turn, a json field: ``phone_field`` when its
+    name says it holds a phone number) under ``rules``."""
     if not text or rules.mode == "off":
         return TextOutcome(text)
-    spans = find_personal(text, rules)
+    spans = find_personal(text, rules, phone_field)
     truncated = spans.truncated  # a cap stopped the scan: what it did not read it cannot vouch for
     if not spans and not truncated:
         return TextOutcome(text, checked=True)
@@ -107,9 +112,9 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
     spans: list[tuple[str, Span]] = []
     removed: list[str] = []
     state = {"texts": 0, "truncated": False, "redacted": False}
-    refusal: list[TextOutcome] = []
+    refusal: list[tuple[str, TextOutcome]] = []
 
-    def walk(value: Any, path: str, depth: int) -> Any:
+    def walk(value: Any, path: str, depth: int, name: str = "") -> Any:
         """``value`` as released; the json itself is at depth 0, its fields at 1."""
         if refusal:
             return value
@@ -132,23 +137,26 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
                     if item not in (None, "", [], {}):  # dropped either way; recorded when it held something
                         removed.append(here)
                 else:
-                    out[key] = walk(item, here, depth + 1)
+                    out[key] = walk(item, here, depth + 1, str(key))
             return out
         if isinstance(value, list):
-            return [walk(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
-        if not isinstance(value, str) or not value or rules.mode == "off":
+            return [walk(item, f"{path}[{i}]", depth + 1, name) for i, item in enumerate(value)]
+        # A number of six digits or more is read as its digits ({"card": 4111111111111111}):
+        # under redact its placeholder, a string, takes its place.
+        number = isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 100_000
+        if not (number or (isinstance(value, str) and value)) or rules.mode == "off":
             return value
         if state["texts"] >= MAX_FIELD_TEXTS:
             state["truncated"] = True
             return value
         state["texts"] += 1
-        checked = check_text(value, rules, path)
+        checked = check_text(str(value), rules, path, phone_field=_phone_name(name))
         if checked.reason is not None:
-            refusal.append(checked)
+            refusal.append((path, checked))
             return value
         spans.extend((path, s) for s in checked.spans)
         state["redacted"] = state["redacted"] or checked.redacted
-        return checked.text
+        return checked.text if checked.redacted else value
 
     def released_key(key: Any, path: str) -> tuple[Any, str]:
         """A key as released and as paths name it. Keys are third parties' text too (a
@@ -164,7 +172,7 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
         shown = f"{path}.<key>" if path else "<key>"
         checked = check_text(key, rules, shown)
         if checked.reason is not None:
-            refusal.append(checked)
+            refusal.append((shown, checked))
             return key, "<key>"
         if not checked.spans:
             return key, key
@@ -174,14 +182,25 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
 
     out = walk(meta, "", 0)
     checked = rules.mode != "off"
-    if refusal:
-        return FieldsOutcome(meta, reason=refusal[0].reason, detail=refusal[0].detail, checked=checked)
+    if refusal:  # what it found is recorded (the row's personal_data), as an accepted sample's is
+        where, refused = refusal[0]
+        found = (*spans, *((where, s) for s in refused.spans))
+        return FieldsOutcome(meta, found, reason=refused.reason, detail=refused.detail, checked=checked)
     if state["truncated"] and rules.mode in ("redact", "reject"):
         detail = (
             f"json fields: more than {MAX_FIELD_TEXTS} texts or nested deeper than {MAX_FIELD_DEPTH}: scan truncated"
         )
         return FieldsOutcome(meta, reason=PERSONAL_DATA, detail=detail, checked=checked)
     return FieldsOutcome(out, tuple(spans), tuple(removed), redacted=bool(state["redacted"]), checked=checked)
+
+
+_PHONE_NAMES = frozenset("phone tel telephone mobile cell fax whatsapp msisdn telefon phonenumber".split())
+
+
+def _phone_name(name: str) -> bool:
+    """A json field named as a phone number (``phone``, ``mobileNumber``, ``tel_2``)."""
+    words = re.findall(r"[a-z]+", re.sub(r"([a-z])([A-Z])", r"\1 \2", name).lower())
+    return any(word in _PHONE_NAMES for word in words)
 
 
 def _may_hold_personal(text: str) -> bool:
