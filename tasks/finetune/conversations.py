@@ -173,10 +173,10 @@ def private_turns(conv: Conversation, rules: TextPrivacy) -> Conversation:
     what was found (kinds and offsets per turn, never the values) goes into its detail."""
     if not conv.ok or rules.mode == "off":
         return conv
-    from tasks.policies.personal import describe
+    from tasks.policies.personal import Span, describe
     from tasks.policies.privacy import check_text, kinds_of
 
-    turns, notes, found = [], [], []
+    turns, notes, found = [], [], list[Span]()
     for j, (role, text) in enumerate(conv.turns):
         got = check_text(text, rules, f"turn {j}")
         found += got.spans
