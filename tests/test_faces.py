@@ -199,6 +199,24 @@ def test_work_scale_is_bounded() -> None:
     assert work_scale(400, 400, 80) == pytest.approx(WINDOW / 80)
 
 
+def test_a_large_image_is_looked_at_for_faces_as_small_as_work_side_allows() -> None:
+    """A face 30 px wide in a 1600 x 1200 picture: at the default work_side (640) the smallest
+    face looked for there is 50 px, so it is not found, and the detector says so; at 1600 it is."""
+    face = tiled(30, 1, 1)
+    img = Image.new("RGB", (1600, 1200), (120, 124, 118))
+    img.paste(face, (700, 500))
+    default = FaceDetector(FacePrivacy(mode="record", device="cpu"))
+    assert default.smallest_face(*img.size) == 50 and default.detect(img) == ([], 0)
+    wide = FaceDetector(FacePrivacy(mode="record", device="cpu", work_side=1600))
+    found, count = wide.detect(img)
+    assert wide.smallest_face(*img.size) == 20 and count == 1
+    assert 700 <= found[0].x <= 700 + face.width and 500 <= found[0].y <= 500 + face.height
+    assert FacePrivacy(mode="record").model_dump() == FacePrivacy(mode="record", work_side=640).model_dump()
+    assert (
+        "work_side" not in FacePrivacy().model_dump() and FacePrivacy(work_side=1600).model_dump()["work_side"] == 1600
+    )
+
+
 def test_threads_get_the_same_faces() -> None:
     pictures = [picture(seed, 384, 1 + seed % 4)[0] for seed in range(6)]
     detector = face_detector(RULES)

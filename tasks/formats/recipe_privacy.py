@@ -9,9 +9,9 @@ each detector finds, with its measured quality.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from tasks.formats.recipe_base import Frozen
 
@@ -19,6 +19,8 @@ from tasks.formats.recipe_base import Frozen
 # token-like query value (``?token=``, ``access_key=``, ...).
 TextKind = Literal["email", "phone", "card", "iban", "ip", "url_secret"]
 TEXT_KINDS: tuple[TextKind, ...] = ("email", "phone", "card", "iban", "ip", "url_secret")
+# Long side of the copy the face detector works on, by default (``privacy.faces.work_side``).
+FACE_WORK_SIDE = 640
 
 
 # EXIF tags that may be kept: descriptive fields of the base IFD (IFD0). The Exif sub-IFD
@@ -100,7 +102,13 @@ class FacePrivacy(Frozen):
             blurred pixels); ``reject`` refuses a sample with a face (``face_present``).
         min_size: smallest face that counts: the longer side of its box, in pixels of the
             released image. A larger
-            one is faster: the detector then works on a smaller copy of the image.
+            one is faster: the detector then works on a smaller copy of the image. In an image
+            larger than ``work_side`` the smallest face looked for is larger still: the json's
+            ``faces_min_size`` says, per image, how small a face it looked for.
+        work_side: the long side, in pixels, of the copy the detector works on (at most the
+            image's own). 640 finds every face of ``min_size`` 20 in images up to 640 px, and
+            in a 4032 px photo only faces of 126 px and more; a larger value finds smaller
+            faces in large released images (``resize_mode: no``), in time about quadratic in it.
         max_faces: most faces recorded (and blurred) per sample, largest first; a sample with
             more is ``face_present`` under ``reject``, and under ``blur`` too (it cannot be
             released with every face blurred); under ``record`` the first ``max_faces`` are
@@ -126,6 +134,16 @@ class FacePrivacy(Frozen):
     min_score: float = Field(default=0.8, ge=0.5, le=1.0)
     clip_frames: int = Field(default=3, ge=1, le=15)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    work_side: int = Field(default=FACE_WORK_SIDE, ge=160, le=8192)
+
+    @model_serializer(mode="wrap")
+    def _new_fields_only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``work_side`` (added after datasets were made) is dumped only when set away from its
+        default, so that a recipe without it keeps its outputs' names (they hash this dump)."""
+        out = handler(self)
+        if out.get("work_side") == FACE_WORK_SIDE:
+            del out["work_side"]
+        return out
 
     @field_validator("clip_frames")
     @classmethod

@@ -12,11 +12,12 @@ faces runs the cascade beside it): it finds frontal faces, three-quarter profile
 faces the cascades miss, in about a third of their time.
 
 Work per image is bounded: detection runs on an RGB copy whose long side is at most
-``WORK_SIDE`` px (boxes are mapped back to the given image's pixels), and never at a finer scale
-than makes a ``min_size`` face ``WINDOW`` px across (``work_scale``). A face (its size: the longer
-side of its box, which is about the height from brows to chin) is therefore found when it is at
-least ``min_size`` px and at least ``WINDOW / scale`` px: 20 px up to a 640 px long side, 32 px
-in a 1024 px image. The boxes each network passes on are capped
+``work_side`` px (the recipe's; ``WORK_SIDE`` by default; boxes are mapped back to the given
+image's pixels), and never at a finer scale than makes a ``min_size`` face ``WINDOW`` px across
+(``work_scale``). A face (its size: the longer side of its box, which is about the height from
+brows to chin) is therefore found when it is at least ``min_size`` px and at least ``WINDOW /
+scale`` px (``smallest_face``, which the sample's json records as ``faces_min_size``): 20 px up
+to a 640 px long side, 32 px in a 1024 px image, 126 px in a 4032 px one. The boxes each network passes on are capped
 (``MAX_PROPOSALS``, ``MAX_CHECKED``), so a picture of 10,000 tiny faces costs a bounded time.
 
 Score: O-Net's face probability (0-1); ``min_score`` is O-Net's threshold (MTCNN's own is 0.7,
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +46,13 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageFilter
 
-from tasks.formats.recipe_privacy import FacePrivacy
+from tasks.formats.recipe_privacy import FACE_WORK_SIDE, FacePrivacy
 
 WINDOW = 20  # px: the smallest face found at the scale detection works at (P-Net's 12 px cell, scaled)
 CELL = 12  # P-Net's window, px
-# Long side of the copy detection works on, px: 640 keeps recall on 256-1024 px images.
-WORK_SIDE = 640
+# Long side of the copy detection works on, px, by default (``privacy.faces.work_side``): 640
+# keeps recall on 256-1024 px images.
+WORK_SIDE = FACE_WORK_SIDE
 PYRAMID_STEP = 0.709  # each pyramid level is this much smaller (MTCNN's: half the area)
 PNET_THRESHOLD, RNET_THRESHOLD = 0.6, 0.7  # MTCNN's; O-Net's is the recipe's min_score
 MAX_PROPOSALS = 2048  # P-Net boxes per level, and over all levels, passed on (best first)
@@ -168,10 +171,10 @@ def networks(device: str = "cpu") -> tuple[Any, Any, Any]:
     )
 
 
-def work_scale(width: int, height: int, min_size: int) -> float:
-    """The scale of the copy detection works on: at most ``WORK_SIDE`` on the long side, and
+def work_scale(width: int, height: int, min_size: int, work_side: int = WORK_SIDE) -> float:
+    """The scale of the copy detection works on: at most ``work_side`` on the long side, and
     no finer than makes a ``min_size`` face ``WINDOW`` px wide."""
-    return min(1.0, WORK_SIDE / max(width, height, 1), WINDOW / min_size)
+    return min(1.0, work_side / max(width, height, 1), WINDOW / min_size)
 
 
 def nms(boxes: np.ndarray, scores: np.ndarray, overlap: float, by_min: bool = False) -> np.ndarray:
@@ -352,12 +355,18 @@ class FaceDetector:
         # maps then come back in one transfer), by OpenCV on the CPU
         self.pixels_on_device = self.device != "cpu"
 
+    def smallest_face(self, width: int, height: int) -> int:
+        """The smallest face, in pixels of a ``width`` x ``height`` image, detection looks for
+        there: ``min_size``, or more where the image is larger than ``work_side``."""
+        scale = work_scale(width, height, self.rules.min_size, self.rules.work_side)
+        return max(self.rules.min_size, math.ceil(WINDOW / scale - 1e-9))
+
     def detect(self, rgb: Image.Image) -> tuple[list[Face], int]:
         """The faces kept (largest first, at most ``max_faces``) and how many were counted before that cap."""
         import torch
 
         width, height = rgb.size
-        scale = work_scale(width, height, self.rules.min_size)
+        scale = work_scale(width, height, self.rules.min_size, self.rules.work_side)
         work_w, work_h = round(width * scale), round(height * scale)
         if min(work_w, work_h) < WINDOW:
             return [], 0

@@ -41,6 +41,8 @@ class FaceLook:
         facts: dict[str, Any] = {
             "faces": [{"box": [f.x, f.y, f.w, f.h], "score": round(float(f.score), 3)} for f in faces],
             "faces_found": found,
+            # the smallest face looked for, in these pixels: min_size, or more in a large image
+            "faces_min_size": self.detector.smallest_face(*image.size),
         }
         if not faces:
             return PixelVerdict(facts=facts)
@@ -103,5 +105,7 @@ def clip_faces(
             return {**refused, "bytes": None, "sha256": None}, None, thumb.getvalue()
     meta = json.loads(members["json"])
     middle = verdicts["0.5"].facts
-    meta.update(faces=middle["faces"], faces_found=row["faces"], faces_frames=counts)
+    meta.update(
+        faces=middle["faces"], faces_found=row["faces"], faces_frames=counts, faces_min_size=middle["faces_min_size"]
+    )
     return row, {**members, "json": json.dumps(meta, ensure_ascii=False, sort_keys=True).encode()}, None

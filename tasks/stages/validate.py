@@ -370,7 +370,10 @@ def _judge(
     done = [*(["blurred"] if outcome.changed else []), *(["metadata"] if outcome.metadata_removed else [])]
     if outcome.facts is not None:
         meta.update(
-            faces=outcome.facts["faces"], faces_found=outcome.facts["faces_found"], faces_blurred=outcome.changed
+            faces=outcome.facts["faces"],
+            faces_found=outcome.facts["faces_found"],
+            faces_blurred=outcome.changed,
+            faces_min_size=outcome.facts["faces_min_size"],
         )
     if outcome.metadata_removed:
         meta["metadata_removed"] = list(outcome.metadata_removed)
