@@ -301,6 +301,7 @@ def test_one_pass_validates_ingested_samples_and_keeps_their_origin(tmp_path):
     folder = tmp_path / "shards"
     folder.mkdir()
     members = good_samples("a", 3, license="CC-BY-4.0") + sample("b", "no license here", meta={"url": "u"})
+    members += sample("c", "its json is broken") + [("c.json", b'{"license": "CC-BY-4.0",')]
     (folder / "00000.tar").write_bytes(tar_bytes(members))
     source = SourceConfig(name="wds", manifest=str(folder), kind="webdataset")
     storage = Storage(str(tmp_path / "out"))
@@ -311,9 +312,14 @@ def test_one_pass_validates_ingested_samples_and_keeps_their_origin(tmp_path):
     got, validated = download_and_validate(
         ref, storage, DownloadConfig(), vcfg, down, cand, None, partial(ingest_rows, source)
     )
-    assert got.counts.ok == 4 and validated.counts.ok == 3
+    assert got.counts.ok == 5 and validated.counts.ok == 3
     rows = read_ledger(storage, cand[1]).to_pylist()
     assert {r["reason"] for r in rows} == {None, "license_missing"}
+    # a json that could not be read is said where its license is missing, not silently dropped
+    broken = next(r for r in rows if r["origin"].endswith(":c"))
+    assert (
+        broken["reason"] == "license_missing" and "the sample's json member was not read: not JSON" in broken["detail"]
+    )
     assert all(r["origin"].startswith(str(folder / "00000.tar") + ":") for r in rows)
     kept = tar_samples(storage, cand[0])
     metas = [json.loads(members["json"]) for members in kept.values()]

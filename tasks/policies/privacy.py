@@ -32,7 +32,21 @@ PRIVACY_DONE = ("blurred", "redacted", "metadata")
 # Fields of a sample's json that shardsmith writes (its provenance and facts), never scanned:
 # the caption is checked on its own, the URL and id are what the sample is known by.
 OWN_FIELDS = frozenset(
-    {"key", "source", "row", "url", "caption", "license", "format", "bytes", "sha256", "origin", "id", "side_file"}
+    {
+        "key",
+        "source",
+        "row",
+        "url",
+        "caption",
+        "license",
+        "format",
+        "bytes",
+        "sha256",
+        "origin",
+        "id",
+        "side_file",
+        "json_unread",
+    }
 )
 # Image metadata copied into a json (img2dataset's ``exif`` column, a tool's ``xmp``): removed
 # wherever it is, by its field's name (any case), as the image's own metadata is.

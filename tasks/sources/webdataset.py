@@ -67,14 +67,17 @@ def read_side_rows(url: str, storage_options: dict[str, Any] | None) -> tuple[li
     return table.to_pylist(), ""
 
 
-def _json_member(data: bytes | None) -> dict[str, Any] | None:
-    if not data or len(data) > MAX_JSON_BYTES:
-        return None
+def _json_member(data: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The sample's json member as a dict, or None and why it was not read (None: no member)."""
+    if data is None:
+        return None, None
+    if len(data) > MAX_JSON_BYTES:
+        return None, f"{len(data)} bytes, over {MAX_JSON_BYTES}"
     try:
         meta = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    return meta if isinstance(meta, dict) else None
+    except (ValueError, RecursionError) as err:
+        return None, f"not JSON ({shown(str(err), 80)})"
+    return (meta, None) if isinstance(meta, dict) else (None, f"a JSON {type(meta).__name__}, not an object")
 
 
 def _text(value: Any) -> str | None:
@@ -182,7 +185,7 @@ class ShardIngest:
         return None
 
     def _sample_row(self, sample: TarSample, index: int, upstream: Row | None, note: str) -> Row:
-        meta = _json_member(sample.members.get("json"))
+        meta, unread = _json_member(sample.members.get("json"))
         caption = None
         txt = sample.members.get("txt")
         if txt is not None and len(txt) <= MAX_JSON_BYTES:
@@ -200,6 +203,8 @@ class ShardIngest:
             extra["id"] = meta[self.source.id_column]
         if note:
             extra["side_file"] = note
+        if unread:  # said where the license or caption it would have held is missing
+            extra["json_unread"] = unread
         return {
             "row": self.ref.first_row + index,
             "url": self._field(self.source.url_column, meta, upstream),

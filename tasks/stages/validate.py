@@ -232,7 +232,10 @@ def _text_checks(
     )
     if not licensed.ok or not captioned.ok:
         first = licensed if not licensed.ok else captioned
-        return meta, licensed.value, TextOutcome(captioned.value), first.reason, first.detail
+        detail = first.detail
+        if meta.get("json_unread") and first.reason in ("license_missing", "caption_missing"):
+            detail = f"{detail}; the sample's json member was not read: {meta['json_unread']}"
+        return meta, licensed.value, TextOutcome(captioned.value), first.reason, detail
     private = check_text(captioned.value, cfg.privacy.text)
     if private.reason is not None:
         return meta, licensed.value, private, private.reason, private.detail
