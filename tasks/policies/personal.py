@@ -593,12 +593,13 @@ class _Budget:
 _DIGIT = re.compile(r"\d")
 
 
-# Spaces that print as a space (no-break, thin, figure, ideographic: "4111\u00a01111 ...") and
-# full-width digits are read as their ASCII selves, so cards, IBANs and phones written with
+# Spaces that print as a space (no-break, thin, figure, ideographic: "4111\u00a01111 ..."),
+# full-width digits, at signs and full stops are read as their ASCII selves, so cards, IBANs and phones written with
 # them are found; a character for a character, so offsets into the text hold.
 _PLAIN = str.maketrans(
     {**dict.fromkeys("\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000", " ")}
     | {chr(0xFF10 + i): str(i) for i in range(10)}
+    | {"\uff20": "@", "\uff0e": "."}  # full-width at sign and full stop: "jo\uff20example.org"
 )
 
 
