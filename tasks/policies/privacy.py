@@ -19,6 +19,7 @@ wherever they are.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,6 +212,7 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
 _PHONE_NAMES = frozenset("phone tel telephone mobile cell fax whatsapp msisdn telefon phonenumber".split())
 
 
+@functools.lru_cache(maxsize=4096)  # field names repeat from sample to sample
 def _phone_name(name: str) -> bool:
     """A json field named as a phone number (``phone``, ``mobileNumber``, ``tel_2``)."""
     words = re.findall(r"[a-z]+", re.sub(r"([a-z])([A-Z])", r"\1 \2", name).lower())
