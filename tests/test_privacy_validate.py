@@ -169,6 +169,32 @@ def test_reencoded_images_keep_only_the_exif_fields_the_recipe_names(tmp_path):
         assert not img.getexif()
 
 
+def test_kept_exif_fields_go_through_the_text_rules(tmp_path):
+    """A kept field is third parties' text like a caption: an address in Artist is redacted in
+    the released EXIF (re-encoded or kept as fetched) and recorded as "exif:Artist", or refuses
+    the sample under reject."""
+    img = Image.open(io.BytesIO(distinct_image(7))).convert("RGB")
+    exif = Image.Exif()
+    exif[0x013B] = "Jo Bloggs, jo.bloggs@example.org"  # Artist
+    exif[0x8298] = "(c) Jo Bloggs"  # Copyright
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=92, exif=exif)
+    inputs = {"art": (buf.getvalue(), "a kite")}
+    keep = {"metadata": {"keep": ["Artist", "Copyright"]}}
+    for skip in (False, True):
+        out = tmp_path / f"redact-{skip}"
+        _, rows, written = validate(out, inputs, {**keep, "text": {"mode": "redact"}}, {"skip_reencode": skip})
+        with Image.open(io.BytesIO(written["art"]["jpg"])) as released:
+            assert dict(released.getexif()) == {0x013B: "Jo Bloggs, <EMAIL>", 0x8298: "(c) Jo Bloggs"}
+        meta = json.loads(written["art"]["json"])
+        assert {(f["field"], f["kind"]) for f in meta["personal_data"]} == {("exif:Artist", "email")}
+        assert rows["art"]["personal_data"] == "email" and "redacted" in rows["art"]["privacy"]
+        assert b"jo.bloggs" not in written["art"]["jpg"]
+    _, rows, _ = validate(tmp_path / "reject", inputs, {**keep, "text": {"mode": "reject"}})
+    assert (rows["art"]["reason"], rows["art"]["detail"]) == ("personal_data", "exif:Artist: email 11-32")
+    assert rows["art"]["personal_data"] == "email"
+
+
 def test_a_recipe_cannot_keep_gps_or_orientation():
     from tasks.formats.recipe_base import RecipeError
 

@@ -181,7 +181,9 @@ class MetadataPrivacy(Frozen):
         keep: EXIF tag names kept (e.g. ``Copyright``, ``Artist``): descriptive fields of the
             first IFD only (``KEEPABLE`` above). ``Orientation`` is never kept
             (it is applied to the pixels), nor are GPS, maker notes, serial numbers or fields
-            that embed other metadata.
+            that embed other metadata. A kept field's text goes through ``privacy.text`` as a
+            caption does: redacted in the written EXIF, recorded as ``exif:Artist``, or the
+            sample refused.
     """
 
     keep: tuple[str, ...] = ()

@@ -240,12 +240,14 @@ def process_image(
     thumbnail: bool = False,
     look: Look | None = None,
     keep_exif: tuple[str, ...] = (),
+    exif_screen: metadata.Screen | None = None,
 ) -> ImageOutcome:
     """Decide on one image's bytes and, when accepted, re-encode and hash it (see the module docstring).
 
     ``look`` sees the pixels to be released (after resizing) and may refuse them or replace
     them; ``keep_exif`` names the EXIF fields written into the output
-    (``privacy.metadata.keep``; tasks/policies/metadata.py says which may be kept).
+    (``privacy.metadata.keep``; tasks/policies/metadata.py says which may be kept), whose text
+    ``exif_screen`` sees first (the text privacy rules: tasks/stages/validate.py).
     """
     _quiet_bomb_warning()
     size = len(data)
@@ -276,9 +278,9 @@ def process_image(
         if bomb is not None:
             return ImageOutcome("decompression_bomb", bomb, src_format=fmt)
         if not info.animated and decoders.STILL_WEBP:
-            return _decide(StillWebPSource(data, info), fmt, rules, thumbnail, data, look, keep_exif)
+            return _decide(StillWebPSource(data, info), fmt, rules, thumbnail, data, look, keep_exif, exif_screen)
     if fmt == "png" and decoders.PLAIN_PNG and (png_size := plain_png(data)) is not None:
-        return _decide(PlainPngSource(data, png_size), fmt, rules, thumbnail, data, look, keep_exif)
+        return _decide(PlainPngSource(data, png_size), fmt, rules, thumbnail, data, look, keep_exif, exif_screen)
     try:
         img = open_pillow(data, fmt)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -287,7 +289,7 @@ def process_image(
         reason, detail = _decode_failure(err)
         return ImageOutcome(reason, detail, src_format=fmt)
     with img:
-        return _decide(PillowSource(img), fmt, rules, thumbnail, data, look, keep_exif)
+        return _decide(PillowSource(img), fmt, rules, thumbnail, data, look, keep_exif, exif_screen)
 
 
 def _decide(
@@ -298,6 +300,7 @@ def _decide(
     data: bytes,
     look: Look | None = None,
     keep_exif: tuple[str, ...] = (),
+    exif_screen: metadata.Screen | None = None,
 ) -> ImageOutcome:
     width, height = src.size
     if width < 1 or height < 1:
@@ -373,11 +376,11 @@ def _decide(
     released = seen.image if seen is not None and seen.image is not None else out
     # The input bytes decode to exactly ``out`` only when nothing was resized, converted or rotated.
     keep = rules.skip_reencode and out is rgb and unchanged and not animated and fmt == rules.output_format
-    stripped = metadata.strip_metadata(data, fmt, keep_exif) if keep and not changed else None
+    stripped = metadata.strip_metadata(data, fmt, keep_exif, exif_screen) if keep and not changed else None
     if stripped is not None:
         encoded, removed = stripped, metadata.metadata_kinds(data, fmt)
     else:
-        exif = _kept_exif(data, fmt, keep_exif) if keep_exif else None
+        exif = _kept_exif(data, fmt, keep_exif, exif_screen) if keep_exif else None
         encoded, removed = pixels.encode(released, rules.output_format, rules.quality, exif=exif), ()
     return ImageOutcome(
         None,
@@ -396,10 +399,10 @@ def _decide(
     )
 
 
-def _kept_exif(data: bytes, fmt: str, keep: tuple[str, ...]) -> bytes | None:
-    """The EXIF fields ``keep`` names, read from the input's EXIF, for the re-encoded output."""
+def _kept_exif(data: bytes, fmt: str, keep: tuple[str, ...], screen: metadata.Screen | None) -> bytes | None:
+    """The EXIF fields ``keep`` names, read from the input's EXIF (their text through ``screen``), for the re-encoded output."""
     try:
         with Image.open(io.BytesIO(data), formats=[PIL_FORMATS[fmt]]) as img:
-            return metadata.exif_kept(img.getexif(), keep)
+            return metadata.exif_kept(img.getexif(), keep, screen)
     except DECODE_ERRORS:
         return None

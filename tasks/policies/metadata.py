@@ -494,8 +494,26 @@ def _tag_ids(keep: Iterable[str]) -> tuple[int, ...]:
     return tuple(tag for name in dict.fromkeys(keep) for tag in _TAG_IDS[name])
 
 
-def _build_exif(get: Callable[[int], Any], tags: tuple[int, ...]) -> bytes | None:
-    """A new EXIF (``Exif\\0\\0`` + TIFF) with ``tags`` whose values ``get`` reads, each kept while it fits one segment."""
+# What the caller does to a kept field's text (privacy.text's rules): the text to write (redacted
+# where the rules redact), or None to write nothing of it.
+Screen = Callable[[str, str], str | None]
+
+
+def _screened(value: Any, name: str, screen: Screen | None) -> Any:
+    """A kept value after ``screen``: ASCII text as it is, Windows' XP* fields as UTF-16."""
+    if screen is None:
+        return value
+    if isinstance(value, str):
+        return screen(name, value)
+    if isinstance(value, bytes) and name.startswith("XP"):
+        text = screen(name, value.decode("utf-16-le", "replace").rstrip("\x00"))
+        return None if text is None else text.encode("utf-16-le") + b"\x00\x00"
+    return value
+
+
+def _build_exif(get: Callable[[int], Any], tags: tuple[int, ...], screen: Screen | None = None) -> bytes | None:
+    """A new EXIF (``Exif\\0\\0`` + TIFF) with ``tags`` whose values ``get`` reads (after ``screen``),
+    each kept while it fits one segment."""
     out = Image.Exif()
     for tag in tags:
         try:
@@ -503,6 +521,9 @@ def _build_exif(get: Callable[[int], Any], tags: tuple[int, ...]) -> bytes | Non
         except _EXIF_ERRORS:
             continue
         if value is None or isinstance(value, dict):
+            continue
+        value = _screened(value, ExifTags.TAGS.get(tag, str(tag)), screen)
+        if value is None:
             continue
         out[tag] = value
         try:
@@ -516,16 +537,17 @@ def _build_exif(get: Callable[[int], Any], tags: tuple[int, ...]) -> bytes | Non
     return out.tobytes()
 
 
-def exif_kept(source_exif: Image.Exif, keep: Iterable[str]) -> bytes | None:
+def exif_kept(source_exif: Image.Exif, keep: Iterable[str], screen: Screen | None = None) -> bytes | None:
     """The EXIF to write into a re-encoded image (Pillow's ``save(..., exif=...)``): only the ``keep`` tags
-    of ``source_exif``'s base IFD; None when none of them is there. Raises ValueError as :func:`check_keep`."""
+    of ``source_exif``'s base IFD, their text through ``screen``; None when none of them is
+    there. Raises ValueError as :func:`check_keep`."""
     tags = _tag_ids(keep)
     if not tags:
         return None
-    return _build_exif(source_exif.get, tags)
+    return _build_exif(source_exif.get, tags, screen)
 
 
-def _exif_from(tiff: bytes | None, tags: tuple[int, ...]) -> bytes | None:
+def _exif_from(tiff: bytes | None, tags: tuple[int, ...], screen: Screen | None = None) -> bytes | None:
     subset = _tiff_subset(tiff, tags) if tags and tiff else None
     if subset is None:
         return None
@@ -534,7 +556,7 @@ def _exif_from(tiff: bytes | None, tags: tuple[int, ...]) -> bytes | None:
         source.load(subset)
     except _EXIF_ERRORS:
         return None
-    return _build_exif(source.get, tags)
+    return _build_exif(source.get, tags, screen)
 
 
 # --- public -------------------------------------------------------------------------------
@@ -542,11 +564,11 @@ def _exif_from(tiff: bytes | None, tags: tuple[int, ...]) -> bytes | None:
 _SCANNERS: dict[str, Callable[[bytes], _Scan]] = {"jpeg": _scan_jpeg, "png": _scan_png, "webp": _scan_webp}
 
 
-def strip_metadata(data: bytes, fmt: str, keep: tuple[str, ...] = ()) -> bytes | None:
+def strip_metadata(data: bytes, fmt: str, keep: tuple[str, ...] = (), screen: Screen | None = None) -> bytes | None:
     """The same ``jpeg``, ``png`` or ``webp`` image with its metadata removed and its pixel data copied as is.
 
     ``keep`` names EXIF fields written into the result (a new EXIF holding only them, see the
-    module docstring). None when the bytes cannot be rewritten safely (broken or truncated
+    module docstring), their text through ``screen`` where given. None when the bytes cannot be rewritten safely (broken or truncated
     structure, unknown critical segments, another format): the caller re-encodes. Returns
     ``data`` itself when there is nothing to remove. Never raises on hostile bytes; raises
     ValueError for a ``keep`` name :func:`check_keep` refuses. The caller applies EXIF
@@ -559,7 +581,7 @@ def strip_metadata(data: bytes, fmt: str, keep: tuple[str, ...] = ()) -> bytes |
     scan = scanner(data)
     if not scan.ok:
         return None
-    exif = _exif_from(scan.exif, tags)
+    exif = _exif_from(scan.exif, tags, screen)
     if fmt == "webp":
         return _webp_assemble(data, scan, exif)
     if exif is None:

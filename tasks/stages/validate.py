@@ -7,6 +7,7 @@ import json
 import os
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -298,6 +299,21 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     return verdicts
 
 
+def _exif_screen(cfg: ValidateConfig, found: list[tuple[str, TextOutcome]]) -> Callable[[str, str], str | None] | None:
+    """What the EXIF fields a recipe keeps (``privacy.metadata.keep``) go through: the text
+    rules, as the caption's. A field is written redacted under ``redact``, as it is under
+    ``record``; under ``reject`` the sample is refused (``found`` holds each check)."""
+    if not cfg.privacy.metadata.keep or cfg.privacy.text.mode == "off":
+        return None
+
+    def screen(name: str, value: str) -> str | None:
+        got = check_text(value, cfg.privacy.text, f"exif:{name}")
+        found.append((f"exif:{name}", got))
+        return None if got.reason is not None else got.text
+
+    return screen
+
+
 def _checked_caption(text: str | None, cfg: ValidateConfig, fields: FieldsOutcome | None) -> Ruling[TextOutcome]:
     """A clip's own caption (its span's) under the caption rules, then the privacy check: the
     outcome, redacted or refused as the sample's caption is (the clip records it as its own,
@@ -328,9 +344,20 @@ def _judge(
         # Thumbnails only for the few rejected samples the report shows; an image the rules
         # reject is decoded once more for its thumbnail (rare, and capped per reason).
         # A sample refused before its image is not looked at for faces (only thumbnailed).
-        image = partial(process_image, members[image_ext], cfg.image, keep_exif=cfg.privacy.metadata.keep)
+        kept_text: list[tuple[str, TextOutcome]] = []  # the kept EXIF fields' text, as checked
+        screen = _exif_screen(cfg, kept_text) if reason is None else None
+        image = partial(
+            process_image, members[image_ext], cfg.image, keep_exif=cfg.privacy.metadata.keep, exif_screen=screen
+        )
         look = judge.look if reason is None else None
         outcome = image(thumbnail=want_thumb, look=look)
+        if kept_text and text.fields is not None:  # recorded with the json's fields, as "exif:Artist"
+            found = tuple((where, s) for where, got in kept_text for s in got.spans)
+            redacted = text.fields.redacted or any(got.redacted for _, got in kept_text)
+            text = replace(text, fields=replace(text.fields, spans=text.fields.spans + found, redacted=redacted))
+        refused = next((got for _, got in kept_text if got.reason is not None), None)
+        if outcome.reason is None and refused is not None:
+            outcome = replace(outcome, reason=refused.reason, detail=refused.detail, data=None)
         if reason is None and outcome.reason is not None:
             reason, detail = outcome.reason, outcome.detail
             want_thumb = judge.want_thumbnail(reason)
