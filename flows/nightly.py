@@ -126,7 +126,17 @@ def rebuild_one(
 def publish_summary(rows: list[dict[str, Any]], phases: list[tuple[str, SummaryRow]] | None = None) -> None:
     """A markdown and a table artifact under stable keys, so the Artifacts page keeps each night;
     the markdown ends with every dataset's phases (``phases``: dataset and summary row)."""
-    from tasks.audit.report_markdown import summary_table
+    create_markdown_artifact(
+        summary_markdown(rows, phases),
+        key=SUMMARY_KEY,
+        description="What the nightly rebuild released, what it blocked and why",
+    )
+    create_table_artifact(rows, key=f"{SUMMARY_KEY}-table", description="Nightly rebuild, one row per dataset")
+
+
+def summary_markdown(rows: list[dict[str, Any]], phases: list[tuple[str, SummaryRow]] | None = None) -> str:
+    """The night's markdown: counts, one escaped row per dataset, then every dataset's phases."""
+    from tasks.audit.report_markdown import md, summary_table
 
     counts = {
         s: sum(1 for r in rows if r["status"] == s) for s in ("released", "unchanged", "done", "blocked", "failed")
@@ -141,16 +151,12 @@ def publish_summary(rows: list[dict[str, Any]], phases: list[tuple[str, SummaryR
     ]
     for r in rows:
         report = f"[report]({r['report']})" if r["report"] else ""
-        why = r["why"].replace("|", "\\|")
-        lines.append(f"| {r['dataset']} | {r['kind']} | **{r['status']}** | {r['version']} | {why} | {report} |")
+        # the why can quote third parties' text (a manifest's column names): escaped, as every cell
+        cells = [md(r[k]) for k in ("dataset", "kind", "status", "version", "why")]
+        lines.append("| {} | {} | **{}** | {} | {} | ".format(*cells) + f"{report} |")
     if phases:
         lines += ["", "## Phases", "", *summary_table([p for _, p in phases], [d for d, _ in phases])]
-    create_markdown_artifact(
-        "\n".join(lines) + "\n",
-        key=SUMMARY_KEY,
-        description="What the nightly rebuild released, what it blocked and why",
-    )
-    create_table_artifact(rows, key=f"{SUMMARY_KEY}-table", description="Nightly rebuild, one row per dataset")
+    return "\n".join(lines) + "\n"
 
 
 def _declared_name(path: Path) -> str:

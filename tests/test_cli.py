@@ -143,6 +143,19 @@ def test_the_settings_that_need_a_gpu_are_those_of_the_stages_the_phases_run(tmp
     assert gpu_problem(remote, ["release"]) is None
 
 
+def test_an_error_quoting_hostile_text_cannot_drive_the_terminal(tmp_path):
+    """A manifest's column names are third parties' text, quoted by the error that names them:
+    an escape sequence there (clear the screen, set the title) reaches the terminal as text."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_bytes(b"link\x1b[2J\x1b]0;pwned\x07,caption\nhttp://example.org/a.jpg,a\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"dataset: x\nstorage: {tmp_path / 's'}\nsources:\n  - name: a\n    manifest: {manifest}\n")
+    out = cli("run", str(recipe))
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "ManifestError" in out.stderr and "link?[2J?]0;pwned?" in out.stderr
+    assert "\x1b[2J" not in out.stderr and "\x07" not in out.stderr
+
+
 def test_an_allowlist_entry_that_names_no_license_is_a_recipe_error(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("url,caption,license\n")

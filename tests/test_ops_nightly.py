@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,18 @@ def test_unknown_kind_has_no_flow():
 
 
 @pytest.mark.slow
+def test_the_nightly_summary_escapes_what_a_failure_quotes():
+    """A failure's why can quote third parties' text (a manifest's column names): in the UI's
+    markdown it is text, never an image, a link or HTML, and it stays in its cell."""
+    from flows.nightly import summary_markdown
+
+    why = "no column 'url' (columns: ![x](http://evil.example/t.png), <img src=x onerror=alert(1)>, a|b\nc)"
+    row = {"dataset": "d", "kind": "pretraining", "status": "failed", "version": "", "why": why, "report": ""}
+    line = next(x for x in summary_markdown([row]).splitlines() if x.startswith("| d "))
+    assert re.search(r"(?<!\\)!\[", line) is None and re.search(r"(?<!\\)<img", line) is None
+    assert len(re.split(r"(?<!\\)\|", line)) == 8  # six cells: the pipe in the why is escaped
+
+
 def test_nightly_rebuild_runs_every_dataset_and_says_why(prefect_harness, shared_cluster, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
