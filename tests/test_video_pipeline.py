@@ -357,9 +357,10 @@ def test_caption_spans_become_clips_with_their_own_captions(tmp_path, prefect_ap
                     meta = json.loads(tf.extractfile(m).read())
                     clips[(meta["start_s"], meta["end_s"])] = (meta["caption"], meta.get("personal_data"))
     # The spans' captions are also in the json's segments field, which every clip's json carries:
-    # the json's fields are checked too, so the email is redacted there and recorded as found there.
+    # the json's fields are checked too, so the email is redacted there and recorded as found
+    # there; the clip with it in its own caption records it as its caption's as well.
     assert {k: (caption, {(f["field"], f["kind"]) for f in found or ()}) for k, (caption, found) in clips.items()} == {
-        (0.5, 2.5): ("the red square sets off, mail <EMAIL>", {("segments", "email")}),
+        (0.5, 2.5): ("the red square sets off, mail <EMAIL>", {("caption", "email"), ("segments", "email")}),
         (5.0, 6.0): ("a clip of spans.mp4", {("segments", "email")}),
     }
     validated = [

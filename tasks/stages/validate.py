@@ -291,6 +291,7 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
         max_aspect=cfg.image.max_aspect_ratio,
         look=partial(clip_faces, judge.look) if judge.look is not None else None,
         look_frames=cfg.privacy.faces.clip_frames,
+        spans_from=json.loads(members.get("json", b"{}")),  # the spans as written, not as the json's check left them
     ):
         # Counted per reason without its payload (duplicate_of:<clip key>).
         if keyframe is not None and r["reason"] is not None and judge.took_thumbnail(r["reason"].split(":", 1)[0]):

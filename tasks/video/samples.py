@@ -49,6 +49,7 @@ def judge_video(
     max_aspect: float,
     look: Look | None = None,
     look_frames: int = 3,
+    spans_from: dict[str, Any] | None = None,
 ) -> list[tuple[dict[str, Any], dict[str, bytes] | None, bytes | None]]:
     """The (ledger row, members or None, keyframe of a refused clip or None) of every clip of
     the video under ``key``, or of the video alone.
@@ -61,11 +62,13 @@ def judge_video(
     ``min_side`` and ``max_aspect`` the image rules' (``validate.image``), which the validation
     gate holds every sample to: a video whose clips would break them is refused unopened;
     ``look`` a check of a kept clip's pixels (the privacy face check): given its row, members
-    and its other ``look_frames`` - 1 frames (``ClipOut.stills``), it answers as a clip does.
+    and its other ``look_frames`` - 1 frames (``ClipOut.stills``), it answers as a clip does;
+    ``spans_from`` the json the time spans are read from, where ``meta`` has had its fields
+    redacted (so each span's own caption is checked, and recorded, as written).
     """
     segments: list[Segment] | None = None
     if cfg.clips.split == "captions":
-        read = read_segments(meta.get(cfg.clips.segments_field))
+        read = read_segments((spans_from if spans_from is not None else meta).get(cfg.clips.segments_field))
         if read.value is None:
             return [(_refused(row, read.reason, read.detail), None, None)]
         segments = read.value
