@@ -503,6 +503,17 @@ def test_plots_for_the_ui_are_standalone_svg_files(samples):
     assert plot_svgs({"phases": []}, None) == {}
 
 
+def test_the_download_summary_says_failed_shards_as_text():
+    from tasks.audit.download_summary import DownloadSummary, summary_markdown
+    from tasks.formats.ledger import Counts
+
+    failed = ["a/000001: OSError: server said ![t](http://evil.example/t.png) <img src=x>"]
+    summary = DownloadSummary("d", "r", "/s", 2, 0, failed, Counts(0, 0, 0, 0, {}, 0), 1.0, 1.0, 1.0)
+    item = summary_markdown(summary).split("## Failed shards", 1)[1]
+    assert "\\!\\[t\\](http://evil.example/t.png) \\<img src=x\\>" in item
+    assert not re.search(r"(?<!\\)(!\[|<img)", item)
+
+
 def test_run_summary_markdown_escapes_and_counts(samples):
     from tasks.audit.report_markdown import gate_rows, md, reason_rows, run_summary
 

@@ -65,7 +65,7 @@ class DownloadSummary:
 
 def summary_markdown(s: DownloadSummary) -> str:
     """The phase's summary row, what it skipped, failed and fetched, its reasons and where things are."""
-    from tasks.audit.report_markdown import summary_table
+    from tasks.audit.report_markdown import md, summary_table
 
     c = s.counts
     lines = [
@@ -93,7 +93,8 @@ def summary_markdown(s: DownloadSummary) -> str:
             f"| {s.rows_retried} | {s.rows_recovered} | {when} |",
         ]
     if s.shards_failed:
-        lines += ["", "## Failed shards", "", *[f"- {f}" for f in s.shards_failed]]
+        # a failure's message can quote what a server or a file said: text, never markdown
+        lines += ["", "## Failed shards", "", *[f"- {md(f)}" for f in s.shards_failed]]
     return "\n".join(lines) + "\n"
 
 
