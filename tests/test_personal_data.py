@@ -84,7 +84,13 @@ FOUND = [
     ("ip 2001:4860:4860::8888 ok", "ip", 3, 23),
     ("[https://ex.com/a?token=abc123xyz](link)", "url_secret", 1, 33),  # Markdown's order, reversed
     ("https://x.com/p?call=650-253-0000", "phone", 21, 33),
-    ("Phone number: 6502530000", "phone", 14, 24),  # a query's values are read, a path's digits not
+    ("Phone number: 6502530000", "phone", 14, 24),
+    (
+        "call me at 6502530000",
+        "phone",
+        11,
+        21,
+    ),  # a phone word a few words before bare digits  # a query's values are read, a path's digits not
     ("To order: +44 20 7946 0958", "phone", 10, 26),
     ("paid for order 4111 1111 1111 1111", "card", 15, 34),
     ("call +1 415 555 0132x12", "phone", 5, 20),

@@ -14,8 +14,8 @@ What each kind matches:
   every region; a run where none is found is tried again without its last token ("+44 20 7946
   0958 2024-05-01"), and after a number is found its rest is tried, up to ``_CALLS_PER_RUN``. A run right after a product-code label (ISBN, SKU, model, order, ...) is
   skipped, unless it starts with ``+``. A number written as bare digits ("2345678901") is an
-  id (stock photos, catalogues), unless a phone word or sign comes right before it ("call",
-  "tel:", "phone number:", a telephone emoji). An extension (``ext. 12``, ``x12`` written on) is not part of the span; vanity numbers (``1-800-FLOWERS``)
+  id (stock photos, catalogues), unless a phone word or sign comes in the 32 characters
+  before it ("call me at", "tel:", "phone number:", "my number is", a telephone emoji). An extension (``ext. 12``, ``x12`` written on) is not part of the span; vanity numbers (``1-800-FLOWERS``)
   are not found. Digits in a URL's host and path (file names, ids) are not phones; in its
   query they may be.
 - ``card``: 14-19 digits, contiguous or in groups as cards are printed (4-4-4-4 and an optional
@@ -181,10 +181,13 @@ _CARD_CODE_LABEL = re.compile(rf"(?i)\b(?:{_CODE_WORDS}){_LABEL_END}")
 # letter right after a number otherwise refuses it.
 _EXTENSION = re.compile(r"(?i)(?:x|ext\.?|extn\.?)\s?\d{1,6}(?!\w)")
 # Words and signs that make bare digits after them a phone number.
+# Words and signs in the few words before bare digits that make them a phone number ("call me
+# at 4155550132", "my number is ...", "tel:"); "photo", "text" or "ring size" do not.
 _PHONE_CUE = re.compile(
-    r"(?i)(?:\b(?:call|tel|telephone|phone|ph|mobile|mob|cell|fax|whatsapp|sms|text|contact|hotline|dial|ring"
-    r"|telefon|téléphone|tél|teléfono|móvil|handy)|[\u260e\u2706\U0001f4de\U0001f4f1])\W{0,3}(?:no\.?|nr\.?|number)?\W{0,3}$"
+    r"(?i)(?:\b(?:call|tel|telephone|phone|ph|mobile|mob|cell|fax|whatsapp|sms|contact|reach|hotline|dial"
+    r"|telefon|téléphone|tél|teléfono|móvil|handy)\b|\bmy\s+(?:number|no)\b|[\u260e\u2706\U0001f4de\U0001f4f1])"
 )
+_CUE_BEFORE = 32  # characters before bare digits searched for a cue
 _INTERNATIONAL_MIN_DIGITS = 6  # the shortest "+CC NSN" of any region (Austria, Germany, Iran)
 _CALLS_PER_RUN = 6  # phonenumbers calls on one run of digits and punctuation, its retries included
 
@@ -232,7 +235,8 @@ def _phones(text: str, region: str, state: _Budget, phone_field: bool = False) -
 def _bare_id(text: str, span: Span) -> bool:
     """A number written as bare digits ("Stock Photo - 2345678901", "ID: 2345678901"): an id,
     unless a phone word or sign comes right before it ("call 4155550132", "tel:4155550132")."""
-    return text[span.start : span.end].isdigit() and not _PHONE_CUE.search(text, max(0, span.start - 24), span.start)
+    before = max(0, span.start - _CUE_BEFORE)
+    return text[span.start : span.end].isdigit() and not _PHONE_CUE.search(text, before, span.start)
 
 
 def _needed_digits(text: str, start: int, national_min: int) -> int:
