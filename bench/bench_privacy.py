@@ -426,7 +426,7 @@ def tagged(rng: np.random.Generator, fmt: str) -> bytes:
 def unstripped():
     """images.py as before this change: bytes kept as fetched with their metadata."""
     real = images.metadata
-    images.metadata = types.SimpleNamespace(strip_metadata=lambda d, f, k=(): d, metadata_kinds=lambda d, f: ())
+    images.metadata = types.SimpleNamespace(strip_metadata=lambda d, f, *keep: d, metadata_kinds=lambda d, f: ())
     try:
         yield
     finally:
