@@ -96,6 +96,7 @@ FOUND = [
     ("call +1 415 555 0132x12", "phone", 5, 20),
     ("mail o'brien@example.com", "email", 5, 24),
     ("mail zelda\uff20example.com", "email", 5, 22),  # a full-width at sign
+    ("file jane.doe@example.com.jpg", "email", 5, 25),  # an address as a file's name
     ("ivan@example.xn--p1ai", "email", 0, 21),
     ("IP:2001:4860:4860::8888", "ip", 3, 23),
     ("from 2001:4860:4860::8888: ok", "ip", 5, 25),

@@ -251,6 +251,10 @@ def test_fine_tuning_turns_are_checked_one_by_one():
     refused = private_turns(conv, TextPrivacy(mode="reject"))
     assert refused.reason == "personal_data" and refused.detail.startswith("turn 1: ")
     assert private_turns(conv, TextPrivacy(mode="off")) is conv
+    # a record refused for its roles quotes the role, its personal data masked
+    odd = {"conversations": [{"from": "jane.doe@example.com", "value": "hi"}, {"from": "gpt", "value": "yes"}]}
+    bad = check_conversation(odd, ConversationRules())
+    assert bad.reason == "conversation_roles" and bad.detail == "turn 0 is '<EMAIL>', expected human"
 
 
 def test_a_turn_the_scanner_cannot_finish_is_refused_under_redact():
@@ -522,6 +526,34 @@ def test_numbers_in_the_json_are_read_as_their_digits_and_a_refusal_records_its_
     _, rows, _ = validate(tmp_path / "reject", inputs, {"text": {"mode": "reject"}}, metas=numbers)
     assert (rows["n"]["reason"], rows["n"]["detail"]) == ("personal_data", "upstream.card_number: card 0-16")
     assert rows["n"]["personal_data"] == "card"
+
+
+def test_third_parties_text_in_provenance_fields_is_scanned_and_never_quoted(tmp_path):
+    """The license as the source wrote it (released as license_raw), an id, an origin or a
+    column that takes one of their names are third parties' text: checked like any field. Only
+    what shardsmith sets itself (key, source, row, url, caption, format, bytes, sha256) is not.
+    A license refused for what it says is quoted in the detail with its personal data masked."""
+    from tasks.formats.recipe_download import LicensePolicy
+    from tasks.formats.recipe_privacy import TextPrivacy
+    from tasks.policies.licenses import license_verdict
+    from tasks.policies.privacy import check_fields
+
+    meta = {"key": "k", "url": "https://ex.org/a.jpg", "origin": "contact jane.doe@example.com", "id": "jo@example.org"}
+    fields = check_fields(meta, TextPrivacy(mode="redact"))
+    assert fields.meta == {**meta, "origin": "contact <EMAIL>", "id": "<EMAIL>"}
+    assert {path for path, _ in fields.spans} == {"origin", "id"}
+    raw = "https://creativecommons.org/publicdomain/zero/1.0/?by=jane.doe@example.com"
+    inputs = {"lic": (distinct_image(21), "a kite")}
+    _, rows, written = validate(
+        tmp_path / "redact", inputs, {"text": {"mode": "redact"}}, metas={"lic": {"license": raw}}
+    )
+    released = json.loads(written["lic"]["json"])
+    assert released["license"] == "CC0-1.0" and "jane.doe" not in written["lic"]["json"].decode()
+    assert rows["lic"]["personal_data"] == "url_secret"
+    _, rows, _ = validate(tmp_path / "reject", inputs, {"text": {"mode": "reject"}}, metas={"lic": {"license": raw}})
+    assert rows["lic"]["reason"] == "personal_data" and "jane.doe" not in rows["lic"]["detail"]
+    refused = license_verdict("Photo by jane.doe@example.com", "s", LicensePolicy(allow=["CC0-1.0"]))
+    assert refused.detail == "unrecognised license: 'Photo by <EMAIL>'"
 
 
 def test_json_fields_refused_under_reject_kept_under_record_and_bounded(tmp_path):

@@ -111,7 +111,10 @@ def check_conversation(record: Any, rules: ConversationRules) -> Conversation:
     for j, role in enumerate(roles):
         want = HUMAN if j % 2 == 0 else GPT
         if role != want:
-            return _fail("conversation_roles", f"turn {j} is {turns[j][0]!r}, expected {want}", **base)
+            from tasks.policies.personal import masked
+
+            role_shown = masked(turns[j][0][:40] + ("..." if len(turns[j][0]) > 40 else ""))
+            return _fail("conversation_roles", f"turn {j} is {role_shown!r}, expected {want}", **base)
     if roles[-1] != GPT:
         return _fail("conversation_roles", "the last turn is not gpt", **base)
     ph = rules.placeholder

@@ -277,8 +277,11 @@ def _allowed(allow: tuple[str, ...]) -> frozenset[str]:
 
 
 def _shown(raw: str, limit: int = 80) -> str:
-    """The raw value for a detail message, cut so details stay short."""
-    return repr(raw if len(raw) <= limit else raw[:limit] + "...")
+    """The raw value for a detail message, cut so details stay short, its personal data masked
+    (a license field is third parties' text: "Photo by jane@example.org")."""
+    from tasks.policies.personal import masked
+
+    return repr(masked(raw if len(raw) <= limit else raw[:limit] + "..."))
 
 
 def license_verdict(raw: str | None, source: str, policy: LicensePolicy) -> Ruling[str]:

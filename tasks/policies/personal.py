@@ -154,6 +154,12 @@ def _emails(text: str) -> Iterator[Span]:
     for m in _EMAIL.finditer(text):
         if m.group(1).lower() not in _FILE_TLDS:
             yield Span("email", m.start(), m.end())
+            continue
+        # a file extension is not a TLD ("logo@2x.png"), but the address may end before it
+        # ("jane.doe@example.com.jpg", a file named after its owner)
+        shorter = _EMAIL.fullmatch(text, m.start(), m.start(1) - 1)
+        if shorter is not None and shorter.group(1).lower() not in _FILE_TLDS:
+            yield Span("email", m.start(), m.start(1) - 1)
 
 
 # -- phone ----------------------------------------------------------------------------------
@@ -713,6 +719,17 @@ def _resolve(found: list[Span]) -> list[Span]:
         starts.insert(i, span.start)
         kept.insert(i, span)
     return kept
+
+
+_MASK = TextPrivacy(mode="redact")
+
+
+def masked(text: str) -> str:
+    """``text`` with its personal data of every kind replaced by placeholders, whatever a
+    recipe's mode: for third parties' text quoted in a ledger's detail (an unrecognised license,
+    a record's role, a server's message), where the values are never written."""
+    found = find_personal(text, _MASK)
+    return redact(text, found) if found else text
 
 
 def redact(text: str, spans: Iterable[Span]) -> str:

@@ -30,25 +30,12 @@ from tasks.policies.personal import Span, describe, find_personal, redact
 PERSONAL_DATA = "personal_data"
 # What a sample's ``privacy`` ledger column lists, in this order: what was done to what is released.
 PRIVACY_DONE = ("blurred", "redacted", "metadata")
-# Fields of a sample's json that shardsmith writes (its provenance and facts), never scanned:
-# the caption is checked on its own, the URL and id are what the sample is known by.
-OWN_FIELDS = frozenset(
-    {
-        "key",
-        "source",
-        "row",
-        "url",
-        "caption",
-        "license",
-        "format",
-        "bytes",
-        "sha256",
-        "origin",
-        "id",
-        "side_file",
-        "json_unread",
-    }
-)
+# Fields of a sample's json whose values shardsmith sets itself, never scanned: the caption is
+# checked on its own, the URL is what the sample is known by (recheck and takedown match it).
+# Everything else is scanned, shardsmith's provenance included, since third parties name it:
+# ``origin`` (file names, tar keys, a column named so), ``id`` (an id column), ``license`` (as
+# the source wrote it: released as ``license_raw``), ``side_file``, ``json_unread``.
+OWN_FIELDS = frozenset({"key", "source", "row", "url", "caption", "format", "bytes", "sha256"})
 # Image metadata copied into a json (img2dataset's ``exif`` column, a tool's ``xmp``): removed
 # wherever it is, by its field's name (any case), as the image's own metadata is.
 METADATA_FIELDS = frozenset({"exif", "xmp", "iptc", "gps", "gpsinfo", "icc_profile"})

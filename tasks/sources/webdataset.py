@@ -13,6 +13,7 @@ from tasks.formats.ledger import read_parquet_file
 from tasks.formats.manifests.chunks import ChunkRef
 from tasks.formats.manifests.files import display, open_options
 from tasks.formats.recipe_download import DownloadConfig, SourceConfig
+from tasks.policies.personal import masked
 from tasks.sources.tarsamples import ShardFault, TarSample, iter_tar_samples, shown
 from tasks.stages.fetched import Fetched, judge
 
@@ -148,7 +149,7 @@ class ShardIngest:
                     self._side_row(i, r),
                     Fetched(
                         reason="upstream_failed",
-                        detail=self._upstream(i, r) + f": {shown(str(r.get('error_message')), 300)}",
+                        detail=self._upstream(i, r) + f": {shown(masked(str(r.get('error_message'))), 300)}",
                     ),
                 )
             elif fault is None:

@@ -27,6 +27,7 @@ from tasks.formats.tar_reader import ShardError
 from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
 from tasks.policies.licenses import license_verdict
+from tasks.policies.personal import masked
 from tasks.policies.privacy import FieldsOutcome, TextOutcome, check_fields, check_text, record_text
 from tasks.policies.ruling import Ruling
 from tasks.policies.sniff import EXTENSIONS, VIDEO_FORMATS
@@ -235,7 +236,7 @@ def _text_checks(
         first = licensed if not licensed.ok else captioned
         detail = first.detail
         if meta.get("json_unread") and first.reason in ("license_missing", "caption_missing"):
-            detail = f"{detail}; the sample's json member was not read: {meta['json_unread']}"
+            detail = f"{detail}; the sample's json member was not read: {masked(str(meta['json_unread']))}"
         return meta, licensed.value, TextOutcome(captioned.value), first.reason, detail
     private = check_text(captioned.value, cfg.privacy.text)
     if private.reason is not None:
