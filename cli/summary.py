@@ -136,6 +136,12 @@ def _details(phase: str, result: dict, root: str) -> list[str]:
             else ""
         )
         lines.append(f"{st['samples']} samples in {st['packs']} packs, cut-off {st['cutoff']} tokens{fill}")
+        p = getattr(summary, "privacy", None) or {}
+        if any(p.values()):
+            lines.append(
+                f"privacy: {p['with_personal_data']} records with personal data in their turns "
+                f"({p['redacted']} released redacted, {p['refused']} refused)"
+            )
     if phase == "reshard":
         lines.append(f"{summary.samples} samples in shards of {summary.samples_per_shard} (last holds {summary.tail})")
         upkeep = getattr(summary, "upkeep", None)

@@ -19,6 +19,7 @@ from tasks.finetune.outcome import (
     pack_ledger,
     packs_table,
     plan_with_rows,
+    turn_privacy,
 )
 from tasks.finetune.packs import PackShardResult, output_paths, write_pack_shard
 from tasks.finetune.samples import BuildResult, build_paths, build_samples, image_source_name
@@ -152,7 +153,9 @@ def finetune_flow(
         plan.stats["pad_to_longest_ratio"],
         plan.cutoff,
     )
-    summary = FinetuneSummary(recipe.dataset, ph.run.run, counts, plan.stats, outputs, round(seconds, 3))
+    summary = FinetuneSummary(
+        recipe.dataset, ph.run.run, counts, plan.stats, outputs, round(seconds, 3), turn_privacy(ledger)
+    )
     release: ReleaseResult
     release, run = release_finetune(recipe, storage, ingests, summary, ledger, report, ph.run)
     return {"finetune": summary, "release": release}, run

@@ -87,6 +87,7 @@ def test_personal_data_in_any_turn_is_recorded_and_redacted_in_the_release(relea
     planted = {f"txt-{i:04d}" for i in range(PERSONAL_FIRST, expected["records"]["text"], PERSONAL_EVERY)}
     assert {(rows[i]["personal_data"], rows[i]["privacy"]) for i in planted} == {("email", "redacted")}
     kept = [i for i in planted if rows[i]["status"] == "ok"]
+    assert packed["finetune"].privacy == {"with_personal_data": len(planted), "redacted": len(kept), "refused": 0}
     assert kept and all(rows[i]["detail"].startswith("redacted: turn 0: email") for i in kept)
     assert {r["personal_data"] for i, r in rows.items() if i not in planted and r["status"] == "ok"} == {""}
     texts = [s.members["json"].decode() for tar in sorted(base.glob("**/*.tar")) for s in _samples(tar)]
@@ -244,3 +245,24 @@ def test_curation_removes_the_planted_records_and_no_other(released):
             assert re.search(r"cosine 0\.9\d+ to chat-img-", got["detail"]), got
     curated = {"low_alignment", "semantic_duplicate_of"}
     assert [r["row"] for r in chat.values() if family(r["reason"] or "") in curated and r["row"] not in planted] == []
+
+
+def test_the_run_summary_says_what_the_turns_privacy_check_did():
+    from cli.summary import _details
+    from tasks.finetune.outcome import FinetuneSummary, turn_privacy
+    from tasks.formats.ledger import Counts
+
+    ledger = pa.table(
+        {
+            "status": ["ok", "ok", "rejected", "ok"],
+            "reason": [None, None, "personal_data", None],
+            "personal_data": ["email", "", "phone", None],
+            "privacy": ["redacted", None, None, None],
+        }
+    )
+    privacy = turn_privacy(ledger)
+    assert privacy == {"with_personal_data": 2, "redacted": 1, "refused": 1}
+    stats = {"samples": 3, "packs": 1, "cutoff": 100, "fill_ratio": None}
+    summary = FinetuneSummary("d", "r", Counts(4, 3, 1, 0, {"personal_data": 1}, 0), stats, privacy=privacy)
+    lines = _details("finetune", {"finetune": summary}, "/store/d")
+    assert "privacy: 2 records with personal data in their turns (1 released redacted, 1 refused)" in lines

@@ -40,6 +40,20 @@ class FinetuneSummary:
     stats: dict[str, Any]
     outputs: list[PackShardResult] = field(default_factory=list)
     seconds: float = 0.0
+    privacy: dict[str, int] = field(default_factory=dict)  # turn_privacy of its ledger
+
+
+def turn_privacy(ledger: pa.Table) -> dict[str, int]:
+    """Records with personal data found in their turns, those released redacted, those refused
+    for it (the run summary's line); empty where the ledger has no privacy columns."""
+    if not {"personal_data", "privacy"} <= set(ledger.column_names):
+        return {}
+    rows = ledger.select(["status", "reason", "personal_data", "privacy"]).to_pylist()
+    return {
+        "with_personal_data": sum(1 for r in rows if r["personal_data"]),
+        "redacted": sum(1 for r in rows if r["status"] == "ok" and r["privacy"] == "redacted"),
+        "refused": sum(1 for r in rows if r["reason"] == "personal_data"),
+    }
 
 
 def plan_with_rows(
