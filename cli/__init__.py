@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 
 # Before Prefect is imported: no network here for analytics, and a cold ephemeral server can
 # take longer than Prefect's default to start on a small machine.
@@ -12,14 +11,11 @@ os.environ.setdefault("DO_NOT_TRACK", "1")  # Prefect's client-side telemetry, w
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
-# Control characters but tab and newline: an error can quote third parties' text (a manifest's
-# column names, a server's message), and an escape sequence there would drive the terminal.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
 def fail(message: str, code: int):
     """Say ``message`` in red on stderr (control characters shown as ``?``); returns the ``typer.Exit`` to raise with ``code``."""
     import typer
 
-    typer.secho(_CONTROL.sub("?", message), fg="red", err=True)
+    from tasks.audit.report_views import terminal_text  # an error can quote third parties' text
+
+    typer.secho(terminal_text(message), fg="red", err=True)
     return typer.Exit(code)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from functools import lru_cache
 from typing import Any
 
@@ -27,6 +26,7 @@ from tasks.audit.report_views import (
     samples_view,
     slug,
     status_bar,
+    terminal_text,
     verdict,
 )
 from tasks.audit.runrecord import RunView, row_text, run_json, summary_rows
@@ -38,8 +38,6 @@ from tasks.formats.storage import Storage
 REPORT_HTML = "report.html"
 RUN_JSON = "run.json"
 SAMPLES_PARQUET = "samples.parquet"
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 @lru_cache(maxsize=1)
@@ -179,7 +177,7 @@ def summary_text(run: RunView) -> str:
     if run.get("blocked"):
         lines += ["", f"BLOCKED: {run['blocked']}"]
     # Data goes to a terminal: no escape sequences from a hostile reason or caption.
-    return _CONTROL.sub("?", "\n".join(lines)) + "\n"
+    return terminal_text("\n".join(lines)) + "\n"
 
 
 def write_report(

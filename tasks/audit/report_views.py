@@ -41,6 +41,17 @@ _STATUS_COLOURS = {OK: "#1a7f37", REJECTED: "#bf8700", ERROR: "#cf222e"}
 # ----------------------------------------------------------------------------- reasons
 
 
+# Control characters but tab and newline: text bound for a terminal can quote third parties'
+# (a reason's detail, a caption, a manifest's column names), and an escape sequence there would
+# drive the terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_text(text: str) -> str:
+    """``text`` for a terminal: its control characters but tab and newline shown as ``?``."""
+    return _CONTROL.sub("?", text)
+
+
 def reason_group(reason: str) -> str:
     """The group a reason is counted under: ``duplicate_of:<key>`` -> ``duplicate_of``.
 
