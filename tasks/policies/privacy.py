@@ -10,11 +10,11 @@ text as cleaned, before redaction; values are never written anywhere.
 A sample's json carries third parties' text besides its caption: a manifest's extra columns, an
 ingested shard's own json (``upstream``) and side-file row (``upstream_row``), where a copy of
 the caption may sit unredacted. ``check_fields`` scans every string there under the same rules,
-numbers of six digits or more (as their digits; a field named as a phone makes bare digits a
-phone number), keys included (a map keyed by e-mail address: such a key is named ``<key>`` in paths, so no
-detail carries it), (``OWN_FIELDS``, which shardsmith writes itself, are left as they are), and
-removes copies of image metadata (``METADATA_FIELDS``: img2dataset's ``exif`` column, say)
-wherever they are.
+and numbers of six digits or more (as their digits; a field named as a phone makes bare digits a
+phone number), and keys (a map keyed by e-mail address: such a key is named ``<key>`` in paths,
+so no detail carries it); only ``OWN_FIELDS``, whose values shardsmith sets, are left as they
+are. It removes copies of image metadata (``METADATA_FIELDS``: img2dataset's ``exif`` column,
+say) wherever they are.
 """
 
 from __future__ import annotations
@@ -148,17 +148,23 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
         number = isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 100_000
         if not (number or (isinstance(value, str) and value)) or rules.mode == "off":
             return value
+        checked = scan(str(value), path, _phone_name(name))
+        return checked.text if checked is not None and checked.redacted else value
+
+    def scan(text: str, path: str, phone_field: bool = False) -> TextOutcome | None:
+        """``text`` (at ``path``) checked within the json's budget, its findings recorded; None
+        when the budget is spent (the scan is truncated) or it refuses the sample."""
         if state["texts"] >= MAX_FIELD_TEXTS:
             state["truncated"] = True
-            return value
+            return None
         state["texts"] += 1
-        checked = check_text(str(value), rules, path, phone_field=_phone_name(name))
+        checked = check_text(text, rules, path, phone_field=phone_field)
         if checked.reason is not None:
             refusal.append((path, checked))
-            return value
+            return None
         spans.extend((path, s) for s in checked.spans)
         state["redacted"] = state["redacted"] or checked.redacted
-        return checked.text if checked.redacted else value
+        return checked
 
     def released_key(key: Any, path: str) -> tuple[Any, str]:
         """A key as released and as paths name it. Keys are third parties' text too (a
@@ -167,19 +173,11 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
         sample under ``reject``. Only keys with a digit, ``@`` or a URL's start are scanned."""
         if not isinstance(key, str) or rules.mode == "off" or not _may_hold_personal(key):
             return key, str(key)
-        if state["texts"] >= MAX_FIELD_TEXTS:
-            state["truncated"] = True
-            return key, "<key>"
-        state["texts"] += 1
-        shown = f"{path}.<key>" if path else "<key>"
-        checked = check_text(key, rules, shown)
-        if checked.reason is not None:
-            refusal.append((shown, checked))
+        checked = scan(key, f"{path}.<key>" if path else "<key>")
+        if checked is None:
             return key, "<key>"
         if not checked.spans:
             return key, key
-        spans.extend((shown, s) for s in checked.spans)
-        state["redacted"] = state["redacted"] or checked.redacted
         return checked.text, redact(key, checked.spans)
 
     out = walk(meta, "", 0)
