@@ -51,8 +51,9 @@ What each kind matches:
   URL is the span; its end is the prose's (trailing punctuation, an unopened ``)`` or ``]``,
   Markdown's ``](``).
 
-Spaces that print as one (no-break, thin, ideographic) and full-width digits are read as their
-ASCII selves, a character for a character, so "4111\u00a01111 ..." is a card and offsets hold.
+Spaces that print as one (no-break, thin, ideographic), full-width digits, at signs and full
+stops are read as their ASCII selves, a character for a character, so "4111\u00a01111 ..." is
+a card and offsets hold.
 
 Overlaps: when two findings overlap, the longer span wins; at equal length the more specific
 kind wins, in the order url_secret, email, iban, card, phone, ip. So an IBAN is not also a phone
@@ -186,7 +187,6 @@ _CARD_CODE_LABEL = re.compile(rf"(?i)\b(?:{_CODE_WORDS}){_LABEL_END}")
 # An extension written onto the number ("0132x12", "0132ext12"): phonenumbers reads it, and a
 # letter right after a number otherwise refuses it.
 _EXTENSION = re.compile(r"(?i)(?:x|ext\.?|extn\.?)\s?\d{1,6}(?!\w)")
-# Words and signs that make bare digits after them a phone number.
 # Words and signs in the few words before bare digits that make them a phone number ("call me
 # at 4155550132", "my number is ...", "tel:"); "photo", "text" or "ring size" do not.
 _PHONE_CUE = re.compile(
@@ -240,7 +240,8 @@ def _phones(text: str, region: str, state: _Budget, phone_field: bool = False) -
 
 def _bare_id(text: str, span: Span) -> bool:
     """A number written as bare digits ("Stock Photo - 2345678901", "ID: 2345678901"): an id,
-    unless a phone word or sign comes right before it ("call 4155550132", "tel:4155550132")."""
+    unless a phone word or sign comes in the ``_CUE_BEFORE`` characters before it ("call me at
+    4155550132", "tel:4155550132")."""
     before = max(0, span.start - _CUE_BEFORE)
     return text[span.start : span.end].isdigit() and not _PHONE_CUE.search(text, before, span.start)
 
@@ -607,7 +608,7 @@ _DIGIT = re.compile(r"\d")
 # full-width digits, at signs and full stops are read as their ASCII selves, so cards, IBANs and phones written with
 # them are found; a character for a character, so offsets into the text hold.
 _PLAIN = str.maketrans(
-    {**dict.fromkeys("\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000", " ")}
+    dict.fromkeys("\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000", " ")
     | {chr(0xFF10 + i): str(i) for i in range(10)}
     | {"\uff20": "@", "\uff0e": "."}  # full-width at sign and full stop: "jo\uff20example.org"
 )
