@@ -103,6 +103,7 @@ FOUND = [
     ("card 4111\u00a01111\u00a01111\u00a01111", "card", 5, 24),
     ("+44\u202f20\u202f7946\u202f0958", "phone", 0, 16),
     ("Www.example.com/?token=abcd1234", "url_secret", 0, 31),
+    ("wWw.example.com/?token=abcd1234", "url_secret", 0, 31),  # www. in any case, as _URL matches it
     ("https://example.com/x?email=john%40example.com", "url_secret", 0, 46),
     ("https://e.com/?pw=hunter2xx", "url_secret", 0, 27),
     # URLs with secrets

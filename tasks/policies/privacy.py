@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.formats.recipe_privacy import TextPrivacy
-from tasks.policies.personal import Span, describe, find_personal, redact
+from tasks.policies.personal import Span, describe, find_personal, may_hold_url, redact
 
 PERSONAL_DATA = "personal_data"
 # What a sample's ``privacy`` ledger column lists, in this order: what was done to what is released.
@@ -206,7 +206,7 @@ def _phone_name(name: str) -> bool:
 
 def _may_hold_personal(text: str) -> bool:
     """Whether any kind could be found in ``text``: each needs a digit, an ``@`` or a URL."""
-    return "@" in text or any(ch.isdigit() for ch in text) or "://" in text or "www." in text.lower()
+    return "@" in text or any(ch.isdigit() for ch in text) or may_hold_url(text)
 
 
 def span_facts(spans: tuple[Span, ...], field: str | None = None) -> list[dict[str, Any]]:
