@@ -101,6 +101,7 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
         from flows.download import PhaseFailed
         from flows.pretraining import run_phases
         from flows.runtime import NoGPU
+        from tasks.finetune.records import RecordsError
         from tasks.formats.locks import LockHeld, LockLost
         from tasks.models.placement import ModelError
 
@@ -123,7 +124,7 @@ def run_recipe(recipe_path: Path, phases: list[str], overrides: dict[str, Any], 
                 return cli_run()
             except RecipeError as err:
                 raise fail(f"{recipe_path}: {err}", 2) from None
-            except (ManifestError, PhaseFailed, NoGPU, GateFailed, LockHeld, LockLost, ModelError) as err:
+            except (ManifestError, RecordsError, PhaseFailed, NoGPU, GateFailed, LockHeld, LockLost, ModelError) as err:
                 raise fail(f"{type(err).__name__}: {err}", 1) from None
 
 

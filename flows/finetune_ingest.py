@@ -51,17 +51,28 @@ def ingest_flow(recipe: Recipe) -> list[IngestResult]:
         plan_records_task.with_options(**retries).submit(storage, recipe.dataset, s, recipe.finetune, opts)
         for s in recipe.sources
     ]
-    joins: list[Any] = []
+    reading: list[IngestResult | tuple[IngestPlan, list[Any]]] = []
     for future in plans:
         plan = future.result()
         if plan.done is not None:
-            joins.append(plan.done)
+            reading.append(plan.done)
             continue
         parts = [
             ingest_range_task.with_options(**retries).submit(storage, plan, r, recipe.finetune, opts)
             for r in plan.ranges
         ]
-        joins.append(join_records_task.with_options(**retries).submit(storage, plan, parts))
+        reading.append((plan, parts))
+    joins: list[Any] = []
+    for item in reading:
+        if isinstance(item, IngestResult):
+            joins.append(item)
+            continue
+        plan, parts = item
+        # Each range's result first: a file that cannot be read raises its own error (a
+        # RecordsError naming the file) here, where a join fed failed ranges would only say
+        # that it never ran (Prefect's UnfinishedRun).
+        done = [part.result() for part in parts]
+        joins.append(join_records_task.with_options(**retries).submit(storage, plan, done))
     return [j if isinstance(j, IngestResult) else j.result() for j in joins]
 
 

@@ -266,3 +266,26 @@ def test_the_run_summary_says_what_the_turns_privacy_check_did():
     summary = FinetuneSummary("d", "r", Counts(4, 3, 1, 0, {"personal_data": 1}, 0), stats, privacy=privacy)
     lines = _details("finetune", {"finetune": summary}, "/store/d")
     assert "privacy: 2 records with personal data in their turns (1 released redacted, 1 refused)" in lines
+
+
+def test_a_records_file_that_is_not_an_array_fails_the_run_naming_the_file(tmp_path, prefect_harness, dask_address):
+    # The range task's own error, not Prefect's "Run is in PENDING state" for the join it fed
+    from flows.finetuning import finetuning_flow
+    from tasks.finetune.records import RecordsError
+
+    records = tmp_path / "chat.json"
+    records.write_text('{"data": [{"id": "a", "conversations": []}]}')
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        json.dumps(
+            {
+                "dataset": "notarray",
+                "kind": "finetuning",
+                "storage": str(tmp_path / "store"),
+                "sources": [{"name": "chat", "manifest": str(records)}],
+                "finetune": {"padding": {"cutoff": "fixed", "max_tokens": 2048}},
+            }
+        )
+    )
+    with pytest.raises(RecordsError, match=re.escape(f"{records}: the file starts with '{{', expected a JSON array")):
+        finetuning_flow(recipe_path=str(recipe), cluster=dask_address)

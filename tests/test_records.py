@@ -89,6 +89,31 @@ def test_unparsable_rows_name_the_byte_offset_and_the_error():
     ]
 
 
+@pytest.mark.parametrize("name", ["a.jsonl", "a.json"])
+def test_a_lone_surrogate_escape_is_one_unparsable_row_and_a_pair_is_text(name):
+    # json reads "\\ud83d" alone into a string no UTF-8 writer takes: refused as it is read, not
+    # when its shard is written (where it took the file's task, and the run, down)
+    records = [
+        b'{"id": "a", "v": "broken \\ud83d emoji"}',
+        b'{"id": "b", "v": "paired \\ud83d\\ude00"}',
+        b'{"id": "c", "v": {"deep": ["\\uDFFF"]}}',
+        b'{"id": "d", "v": "plain"}',
+    ]
+    data = b"\n".join(records) if name.endswith(".jsonl") else b"[" + b",\n".join(records) + b"]"
+    for block in (3, 1 << 20):
+        rows = list(iter_records(io.BytesIO(data), name, 1024, block=block))
+        assert [r.reason for r in rows] == ["unparsable_row", None, "unparsable_row", None]
+        assert rows[0].detail.endswith("\\ud83d escaped without its pair: not Unicode text")
+        assert rows[2].detail.endswith("\\udfff escaped without its pair: not Unicode text")
+        assert rows[1].record["v"] == "paired \U0001f600"
+
+
+def test_a_byte_order_mark_before_the_first_line_is_not_part_of_it():
+    data = b'\xef\xbb\xbf{"a": 1}\n{"b": 2}\n'
+    assert [(row, rec, reason) for row, _, rec, reason in whole(data)] == [(0, {"a": 1}, None), (1, {"b": 2}, None)]
+    assert by_ranges(data, 5) == whole(data)
+
+
 def test_empty_files():
     assert whole(b"") == [] and by_ranges(b"", 4) == []
     assert whole(b"\n \n\r\n") == []

@@ -68,6 +68,22 @@ def _unparsable(row: int, offset: int, what: str) -> RawRecord:
     return RawRecord(row, None, "unparsable_row", f"byte {offset}: {what}"[:240], offset)
 
 
+# A JSON escape of a UTF-16 surrogate: json reads a lone one ("\\ud83d" without its pair) into a
+# string that no UTF-8 writer takes, so a record holding one is refused where it is read.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _parsed(row: int, offset: int, record: Any, source: str, begin: int = 0, end: int | None = None) -> RawRecord:
+    """``record`` (parsed from ``source[begin:end]``) as a row: ``unparsable_row`` when it holds a lone surrogate."""
+    if _SURROGATE_ESCAPE.search(source, begin, len(source) if end is None else end) is not None:
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as err:
+            lone = ord(err.object[err.start])
+            return _unparsable(row, offset, f"\\u{lone:04x} escaped without its pair: not Unicode text")
+    return RawRecord(row, record, offset=offset)
+
+
 # --- JSONL ------------------------------------------------------------------------------------
 
 
@@ -170,7 +186,8 @@ def jsonl_records(lines: Iterable[Line], first_row: int, cap: int) -> Iterator[R
             yield _unparsable(row, line.offset, f"line of {line.size} bytes over max_record_bytes {cap}")
         else:
             try:
-                yield RawRecord(row, json.loads(line.data.decode("utf-8")), offset=line.offset)
+                text = line.data.decode("utf-8-sig" if line.offset == 0 else "utf-8")  # a byte order mark first
+                yield _parsed(row, line.offset, json.loads(text), text)
             except UnicodeDecodeError as err:
                 yield _unparsable(row, line.offset, f"not UTF-8: {err.reason} at byte {err.start} of the line")
             except ValueError as err:
@@ -306,6 +323,7 @@ def json_array_records(blocks: Iterable[bytes], cap: int, name: str) -> Iterator
         if not first:
             yield _unparsable(row, start, "the file ends inside the array: no closing ']'")
             return
+        begin = w.pos
         try:
             record, end = _DECODER.raw_decode(w.text, w.pos)
             error = None if end < len(w.text) or w.eof else "longer than the window"
@@ -322,7 +340,7 @@ def json_array_records(blocks: Iterable[bytes], cap: int, name: str) -> Iterator
                 w.offset += quick + stop - end
                 w.pos = stop
                 yield (
-                    RawRecord(row, record, offset=start)
+                    _parsed(row, start, record, w.text, begin, end)
                     if quick <= cap
                     else _unparsable(row, start, f"record of {quick} bytes over max_record_bytes {cap}")
                 )
@@ -353,7 +371,7 @@ def json_array_records(blocks: Iterable[bytes], cap: int, name: str) -> Iterator
         if size > cap:
             yield _unparsable(row, start, f"record of {size} bytes over max_record_bytes {cap}")
         elif error is None:
-            yield RawRecord(row, record, offset=start)
+            yield _parsed(row, start, record, piece)
         elif size:
             yield _unparsable(row, start, error)
         else:
