@@ -73,6 +73,15 @@ def test_a_billion_declared_frames_are_refused_at_once(mp4):
     assert ruling.reason == "video_too_long" and "2,000,000,000 frames" in ruling.detail
 
 
+@pytest.mark.parametrize("container", ["mkv", "webm"])
+def test_frames_over_max_frames_are_counted_where_the_container_declares_none(container):
+    codec = "libvpx-vp9" if container == "webm" else "libx264"
+    data = make_video(seconds=3.0, fps=40, container=container, codec=codec)  # 120 frames, no count in the header
+    assert probe(data, LIMITS).value.frames == 120
+    ruling = probe(data, VideoLimits(max_frames=100))
+    assert (ruling.reason, ruling.detail) == ("video_too_long", "over 100 frames present (limit 100)")
+
+
 def test_duration_limits(mp4):
     assert probe(mp4, VideoLimits(max_duration_s=1.5)).reason == "video_too_long"
     assert probe(mp4, VideoLimits(min_duration_s=3)).reason == "video_too_short"

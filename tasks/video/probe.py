@@ -128,6 +128,11 @@ def _check(box, container: str, limits: VideoLimits) -> Ruling[VideoInfo]:
             present += 1
             if first is None:
                 first = packet
+            if present > limits.max_frames:  # a container that declares no count (Matroska, WebM), or too few
+                return Ruling(
+                    reason="video_too_long",
+                    detail=f"over {limits.max_frames:,} frames present (limit {limits.max_frames:,})",
+                )
     if declared and present < declared:
         return Ruling(reason="video_truncated", detail=f"{present} of {declared} declared frames present")
     frames = declared or present
