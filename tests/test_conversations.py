@@ -68,6 +68,26 @@ def test_each_failure_has_its_reason(record, reason):
     assert status_of(c.reason) == "rejected"
 
 
+def test_a_null_image_beside_an_images_list_reads_the_list():
+    rec = {**conv(("human", "<image><image> Which is older?"), ("gpt", "The first.")), "image": None}
+    c = check_conversation({**rec, "images": ["a.jpg", "b.jpg"]}, RULES)
+    assert c.ok and c.images == ["a.jpg", "b.jpg"]
+
+
+@pytest.mark.parametrize("text", ["What does the <img> tag do?", "close it with </img>", "<tile_3> is a tag"])
+def test_a_tag_the_tiler_writes_is_refused_in_any_turn(text):
+    from tasks.finetune.tiling import all_tags
+    from tasks.formats.recipe_finetune import TilingConfig
+
+    reserved = tuple(all_tags(TilingConfig()))
+    for turns in ((("human", text), ("gpt", "b")), (("human", "a"), ("gpt", text))):
+        c = check_conversation(conv(*turns), RULES, reserved)
+        assert c.reason == "conversation_reserved_tag" and status_of(c.reason) == "rejected"
+        assert c.detail.startswith(f"turn {1 if turns[1][1] == text else 0} holds '<")
+    assert check_conversation(conv(("human", text), ("gpt", "b")), RULES).ok  # the tags are the caller's to name
+    assert check_conversation(conv(("human", "an <image tag> in prose"), ("gpt", "b")), RULES, reserved).ok
+
+
 def test_jsonl_rows_blank_lines_and_bad_lines():
     data = b"\n".join(
         [

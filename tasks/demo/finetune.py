@@ -34,6 +34,16 @@ _FACTS = (
 # Deliberately bad records (after every 10th good one), and the reason each must get.
 BAD = (
     (
+        {
+            "id": "bad-tag",  # the tiler's <img> as text: it would read as an image's start
+            "conversations": [
+                {"from": "human", "value": "What does the <img> tag do in HTML?"},
+                {"from": "gpt", "value": "It embeds an image in the page."},
+            ],
+        },
+        "conversation_reserved_tag",
+    ),
+    (
         {"id": "bad-roles", "conversations": [{"from": "gpt", "value": "Hi"}, {"from": "human", "value": "Hello"}]},
         "conversation_roles",
     ),

@@ -69,7 +69,9 @@ def _fail(reason: str, detail: str, **kw: Any) -> Conversation:
 
 def image_refs(record: dict[str, Any]) -> list[str] | None:
     """The record's images as a list (``image`` or ``images``: a string or a list); None if malformed."""
-    value = record.get("image", record.get("images"))
+    value = record.get("image")
+    if value is None:  # absent, or null beside an "images" list
+        value = record.get("images")
     if value is None:
         return []
     if isinstance(value, str):
@@ -79,8 +81,9 @@ def image_refs(record: dict[str, Any]) -> list[str] | None:
     return None
 
 
-def check_conversation(record: Any, rules: ConversationRules) -> Conversation:
-    """Schema, roles (human first, alternating, gpt last), no empty turns, placeholders = images, bounds."""
+def check_conversation(record: Any, rules: ConversationRules, reserved: tuple[str, ...] = ()) -> Conversation:
+    """Schema, roles (human first, alternating, gpt last), no empty turns, no ``reserved`` tag (the
+    tiler's: ``tiling.all_tags``) in a turn's text, placeholders = images, bounds."""
     if not isinstance(record, dict):
         return _fail("conversation_schema", f"record is {type(record).__name__}, not an object")
     rid = record.get("id")
@@ -121,6 +124,9 @@ def check_conversation(record: Any, rules: ConversationRules) -> Conversation:
     for j, (_, text) in enumerate(turns):
         if not text.replace(ph, "").strip():
             return _fail("conversation_empty_turn", f"turn {j} is empty", **base)
+        tag = next((t for t in reserved if t in text), None)
+        if tag is not None:  # "What does the <img> tag do?": released as written, it reads as an image's start
+            return _fail("conversation_reserved_tag", f"turn {j} holds {tag!r}, a tag of finetune.tiling", **base)
     turn_images = [text.count(ph) for _, text in turns]
     if sum(turn_images) != len(images):
         return _fail("placeholder_mismatch", f"{sum(turn_images)} {ph} placeholders for {len(images)} images", **base)

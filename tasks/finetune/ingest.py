@@ -27,6 +27,7 @@ from tasks.finetune.records import (
     splittable,
 )
 from tasks.finetune.samples import STAGE_VERSION
+from tasks.finetune.tiling import all_tags
 from tasks.formats.ledger import RECORD_SCHEMA, write_parquet
 from tasks.formats.names import digest_of
 from tasks.formats.reasons import status_of
@@ -156,7 +157,9 @@ def plan_ingest(
                 counts[k] = counts.get(k, 0) + 1
         for _ in blocks:  # JSON and gzip files: the hash only
             pass
-    digest = digest_of(sha.hexdigest(), rules.model_dump(mode="json"), source.rows_per_shard, STAGE_VERSION)
+    digest = digest_of(
+        sha.hexdigest(), rules.model_dump(mode="json"), all_tags(cfg.tiling), source.rows_per_shard, STAGE_VERSION
+    )
     base = f"{dataset}/finetune/records/{source.name}/{digest}"
     ranges = [RecordRange(0, 0, None, 0, None)]
     if split:
@@ -191,7 +194,7 @@ def ingest_range(
             raws = iter_records(fh, manifest, cap)
         else:
             raws = jsonl_records(range_lines(fh, part.start, part.end, cap), part.first_row, cap)
-        result = _write_range(storage, plan, part, raws, rules)
+        result = _write_range(storage, plan, part, raws, rules, tuple(all_tags(cfg.tiling)))
     if part.records is not None and result.rows != part.records:
         raise RecordsError(
             f"{manifest}: bytes {part.start}..{part.end} hold {result.rows} records, the plan counted {part.records}: the file changed while it was read"
@@ -201,7 +204,12 @@ def ingest_range(
 
 
 def _write_range(
-    storage: Storage, plan: IngestPlan, part: RecordRange, raws: Iterable[RawRecord], rules: ConversationRules
+    storage: Storage,
+    plan: IngestPlan,
+    part: RecordRange,
+    raws: Iterable[RawRecord],
+    rules: ConversationRules,
+    reserved: tuple[str, ...],
 ) -> RangeResult:
     source = plan.source
     root = rules.image_root or (posixpath.dirname(source.manifest) if "/" in source.manifest else ".")
@@ -230,7 +238,7 @@ def _write_range(
                 "detail": raw.detail,
             }
             if raw.reason is None:
-                conv = private_turns(check_conversation(raw.record, rules), rules.privacy)
+                conv = private_turns(check_conversation(raw.record, rules, reserved), rules.privacy)
                 out.update(
                     reason=conv.reason,
                     detail=conv.detail,

@@ -210,6 +210,11 @@ REASONS: dict[str, tuple[str, str]] = {
         "roles are not human/gpt alternating, starting with human and ending with gpt, or more than finetune.conversation.max_turns turns",
     ),
     "conversation_empty_turn": (REJECTED, "a turn has no text besides image placeholders"),
+    "conversation_reserved_tag": (
+        REJECTED,
+        "a turn's text holds a tag the tiler writes around an image (finetune.tiling: <img>, </img>, <tile_1>...):"
+        " it would read as an image's tags",
+    ),
     "placeholder_mismatch": (REJECTED, "the number of image placeholders differs from the number of images"),
     "conversation_too_long": (REJECTED, "more than finetune.conversation.max_chars characters over all turns"),
     "too_many_images": (REJECTED, "more images than finetune.conversation.max_images"),
