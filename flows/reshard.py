@@ -202,12 +202,13 @@ def _upkeep(
 
     A list that cannot be read or holds a bad line stops the phase here, naming the list and
     the line: a bad entry must never match nothing in silence."""
-    from tasks.formats.recheck_store import read_all
+    from tasks.formats.recheck_store import read_current
     from tasks.formats.takedown import read_lists
 
     recipe, storage = ph.recipe, ph.storage
     lists = read_lists(recipe.takedown, recipe.storage_options)
-    recheck = read_all(storage, recipe.dataset, [s.name for s in recipe.sources])
+    # What rechecks saw of the rows the current download chunks hold, not of chunks the manifest has since moved away from
+    recheck = read_current(storage, recipe.dataset, list(download.ledgers) if download is not None else [])
     if not lists and not recheck.num_rows:
         return None
     facts = validation or (kept if isinstance(kept, ValidateSummary) else None)

@@ -56,10 +56,11 @@ def cli(*args: str, api_url: str, now: str) -> subprocess.CompletedProcess:
 
 
 def states(store: Path) -> dict[str, dict]:
-    from tasks.formats.recheck_store import read_all
+    from tasks.formats.recheck_store import read_current
     from tasks.formats.storage import Storage
 
-    return {r["key"]: r for r in read_all(Storage(str(store)), "rc", ["web"]).to_pylist()}
+    ledgers = [f"rc/download/web/{p.name}" for p in (store / "rc" / "download" / "web").glob("*.ledger.parquet")]
+    return {r["key"]: r for r in read_current(Storage(str(store)), "rc", ledgers).to_pylist()}
 
 
 @pytest.fixture(scope="module")
@@ -384,3 +385,47 @@ def test_a_file_url_is_hashed_from_the_file(tmp_path):
     assert (same.outcome, same.detail) == ("unchanged", "the released bytes")
     other, _ = _check(f"file://{tmp_path}/x.bin", b"released bytez", config={"root": str(tmp_path)})
     assert other.outcome == "content_changed"
+
+
+def test_only_the_current_chunks_rechecks_count_and_a_key_keeps_its_latest_check(tmp_path):
+    """A chunk the manifest moved away from (a row inserted above it, a caption edited) is
+    fetched again under another name: what was seen of the old one follows neither its row
+    numbers to other URLs nor its keys to the bytes fetched since."""
+    import pyarrow as pa
+
+    from tasks.formats.recheck_store import RECHECK_SCHEMA, read_current, write_version
+    from tasks.formats.storage import Storage
+
+    storage = Storage(str(tmp_path))
+
+    def state(*rows):
+        fields = ("key", "row", "url", "checked_at", "outcome")
+        return pa.Table.from_pylist([dict(zip(fields, r), source="web") for r in rows], schema=RECHECK_SCHEMA)
+
+    night2, night3 = datetime(2026, 12, 3, tzinfo=UTC), datetime(2026, 12, 4, tzinfo=UTC)
+    # The old chunk saw row 3 (p3) opt out; the manifest then moved p3 to row 4, p2 to row 3.
+    write_version(
+        storage, "rc", "web", "000000-old", 1, state(("web-000000003", 3, "http://h/p3", night2, "opted_out"))
+    )
+    # The current chunk's version holds a key twice (a store written before the rule): the latest wins.
+    write_version(
+        storage,
+        "rc",
+        "web",
+        "000000-new",
+        2,
+        state(
+            ("web-000000004", 4, "http://h/p3", night2, "unchanged"),
+            ("web-000000004", 4, "http://h/p3", night3, "opted_out"),
+        ),
+    )
+    write_version(
+        storage, "rc", "web", "000000-new", 1, state(("web-000000001", 1, "http://h/p0", night2, "link_dead"))
+    )
+    current = ["rc/download/web/000000-new.ledger.parquet", "rc/download/web/000004-x.r001-0123abcd.ledger.parquet"]
+    got = read_current(storage, "rc", current).to_pylist()
+    assert [(r["key"], r["outcome"], r["checked_at"]) for r in got] == [("web-000000004", "opted_out", night3)]
+    assert read_current(storage, "rc", []).num_rows == 0
+    assert read_current(storage, "rc", ["rc/download/web/000000-old.ledger.parquet"]).column("key").to_pylist() == [
+        "web-000000003"
+    ]

@@ -197,14 +197,17 @@ def test_recheck_outcomes_drop_or_flag_as_the_recipe_says(shards):
 
 
 def test_the_state_a_recheck_store_keeps_is_what_applies(shards):
-    from tasks.formats.recheck_store import read_all
+    from tasks.formats.recheck_store import read_current
 
     storage, tars, ledgers, downloads = shards
     chunk = chunk_stem(downloads[0])
     write_version(storage, DATASET, "s", chunk, 1, recheck_rows([(1, "opted_out", "robots.txt: Disallow: /p/")]))
     write_version(storage, DATASET, "s", chunk, 2, recheck_rows([(2, "opted_out", "X-Robots-Tag: noimageai")]))
-    done = apply_upkeep(storage, DATASET, tars, ledgers, recheck=read_all(storage, DATASET, ["s"]))
+    done = apply_upkeep(storage, DATASET, tars, ledgers, recheck=read_current(storage, DATASET, downloads))
     assert done.removed.column("row").to_pylist() == [2]  # the latest version is all there is
+    # A chunk the download no longer holds (its manifest rows changed) keeps its checks to itself
+    gone = apply_upkeep(storage, DATASET, tars, ledgers, recheck=read_current(storage, DATASET, downloads[1:]))
+    assert gone.removed.num_rows == 0
 
 
 def test_a_video_goes_whole_with_every_clip(tmp_path):

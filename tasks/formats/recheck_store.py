@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.formats.ledger import read_parquet, write_parquet
 from tasks.formats.names import split_version
@@ -73,11 +75,31 @@ def write_version(storage: Storage, dataset: str, source: str, chunk: str, gen: 
     return path
 
 
-def read_all(storage: Storage, dataset: str, sources: list[str]) -> pa.Table:
-    """Every rechecked row's latest state over the sources (empty table where none was rechecked)."""
+def read_current(storage: Storage, dataset: str, ledgers: list[str]) -> pa.Table:
+    """The latest recheck state of each row of the download chunks these ``ledgers`` are the
+    current versions of (``{dataset}/download/{source}/{name}``); an empty table where none
+    was rechecked.
+
+    Only those chunks': a chunk is named by its manifest rows, so once the manifest changes
+    under it (a row inserted above, a caption edited) its rows are fetched again as another
+    chunk, and what was seen of the old one (an opt-out, a changed file) must not follow its row
+    numbers to other URLs or to the bytes fetched since. A key in several versions read (a store
+    written before this rule) keeps its latest check."""
+    wanted: dict[str, set[str]] = {}
+    for rel in ledgers:
+        wanted.setdefault(rel.split("/")[-2], set()).add(chunk_stem(rel))
     parts = [
         read_state(storage, path)
-        for source in sources
-        for _, path in sorted(latest_versions(storage, dataset, source).values())
+        for source, chunks in sorted(wanted.items())
+        for chunk, (_, path) in sorted(latest_versions(storage, dataset, source).items())
+        if chunk in chunks
     ]
-    return pa.concat_tables(parts) if parts else RECHECK_SCHEMA.empty_table()
+    if not parts:
+        return RECHECK_SCHEMA.empty_table()
+    table = pa.concat_tables(parts)
+    order = pc.sort_indices(table, [("key", "ascending"), ("checked_at", "descending")])
+    table = table.take(order)
+    keys = table.column("key").to_numpy(zero_copy_only=False)
+    first = np.ones(len(keys), bool)
+    first[1:] = keys[1:] != keys[:-1]
+    return table.filter(pa.array(first))

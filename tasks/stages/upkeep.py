@@ -512,7 +512,7 @@ def apply_upkeep(
     are what the reshard carries. ``facts``: the validation ledgers, whose rows hold the URL,
     digests and perceptual hash (default: ``ledgers``, when they are the validation ledgers);
     ``downloads``: the download ledgers (the sha256 of the bytes as fetched). ``recheck``: every
-    rechecked row's latest state (``tasks.formats.recheck_store.read_all``); ``actions``: what
+    rechecked row's latest state (``tasks.formats.recheck_store.read_current``); ``actions``: what
     the recipe does with each outcome.
 
     An ok row a list matches becomes ``rejected``/``taken_down``; one whose recheck outcome the
