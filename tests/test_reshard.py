@@ -812,3 +812,16 @@ print(table.num_rows, table.column_names, "pyarrow.dataset" in sys.modules, "pan
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     rows = read_ledger(storage, inputs[0].ledger).num_rows
     assert out.stdout.split() == [str(rows), "['key',", "'status']", "False", "False"]
+
+
+def test_a_reshard_with_no_sample_left_fails_on_that_alone():
+    # Every row taken down or rejected: the gate says no sample is left, and its other checks
+    # judge an empty table as numbers (GE compared '' with 0.0 and raised, which the run printed)
+    import pyarrow as pa
+
+    from tasks.audit.gates import reshard_gate
+
+    gate = reshard_gate(pa.table({}), 10, 0)
+    failed = [(o.name, o.observed) for o in gate.outcomes if not o.success]
+    assert failed == [("at least one shard (a sample left to release)", 0)]
+    assert gate.statistics == {"shards": 0, "samples": 0, "expected_samples": 0}

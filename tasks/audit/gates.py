@@ -209,7 +209,13 @@ SHARD_COLUMNS = ["shard", "samples", "readable", "complete", "checksum_ok", "is_
 def _reshard_checks(samples_per_shard: int, expected_samples: int, shards: int) -> list[Check]:
     n = samples_per_shard
     return [
-        Check("at least one shard", ">= 1 shard", "ExpectTableRowCountToBeBetween", {"min_value": 1}, check_count),
+        Check(
+            "at least one shard (a sample left to release)",
+            ">= 1 shard",
+            "ExpectTableRowCountToBeBetween",
+            {"min_value": 1},
+            check_count,
+        ),
         Check(
             "shard names unique", "no duplicates", "ExpectColumnValuesToBeUnique", {"column": "shard"}, share_unexpected
         ),

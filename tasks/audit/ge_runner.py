@@ -160,7 +160,16 @@ def run_suites(
     return outcomes, validations
 
 
-_NUMERIC = {"width": pa.int64(), "height": pa.int64(), "aspect": pa.float64(), "row": pa.int64()}
+# The types of the columns an empty table (no schema) is given, so that a sum or a range over
+# none of them is a number, not a string (GE compared '' with 0.0 and raised)
+_NUMERIC = {
+    "width": pa.int64(),
+    "height": pa.int64(),
+    "aspect": pa.float64(),
+    "row": pa.int64(),
+    "samples": pa.int64(),
+    **dict.fromkeys(("readable", "complete", "checksum_ok", "is_last"), pa.bool_()),
+}
 
 
 def to_frame(table: pa.Table, columns: list[str], what: str) -> Any:
