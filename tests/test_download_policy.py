@@ -289,3 +289,31 @@ def test_robots_is_fetched_once_per_origin(image_dir):
 
         assert {r.reason for r in asyncio.run(go())} == {None}
         assert site.hits["/robots.txt"] == 1
+
+
+def test_site_files_sent_gzipped_are_read_and_nothing_is_asked_compressed(image_dir):
+    # A server that compresses text by its type (nginx's gzip_types) sends robots.txt and
+    # tdmrep.json gzipped: their opt-outs hold (they were read as binary and ignored)
+    tdm = '[{"location": "/img/*", "tdm-reservation": 1}]'
+    with ImageWeb(image_dir, robots_txt="User-agent: *\nDisallow: /img/b\n", tdmrep_json=tdm) as site:
+        site.gzip_site_files = True
+        got = fetch(f"{site.base_url}/img/b.png", cfg(respect_robots_txt=True, respect_tdmrep=False))
+        assert got.reason == "robots_disallowed"
+        got = fetch(f"{site.base_url}/img/a.jpg", cfg(respect_robots_txt=False, respect_tdmrep=True))
+        assert got.reason == "opted_out" and "reserves TDM rights" in got.detail
+        assert site.site_file_encodings == ["identity", "identity"]
+        assert site.hits["/img/b.png"] == 0  # robots.txt is read before the image is asked for
+
+
+def test_a_site_file_inflates_only_to_its_cap():
+    import gzip
+    import zlib
+
+    from tasks.stages.fetch import _inflated
+
+    bomb = gzip.compress(b"Disallow: /\n" * 100_000)  # 1.2 MB from a few KB
+    assert _inflated(bomb, 1000, False) == ((b"Disallow: /\n" * 100)[:1001], True)
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    deflated = raw.compress(b"User-agent: *\n") + raw.flush()
+    assert _inflated(deflated, 1000, False) == (b"User-agent: *\n", False)
+    assert _inflated(b"not compressed", 1000, False) == (b"not compressed", False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import os
 import random
 import sys
@@ -125,6 +126,10 @@ class ImageWeb(TrackedServer):
         self.tdmrep_json = tdmrep_json
         self.img_headers: dict[str, str] = dict(img_headers or {})
         self.tdm_policy = tdm_policy
+        # robots.txt and tdmrep.json sent gzip-compressed whatever the client asked for (a server
+        # compressing text by its type, as nginx's gzip_types does); each one's Accept-Encoding is kept
+        self.gzip_site_files = False
+        self.site_file_encodings: list[str | None] = []
         self.not_modified: collections.Counter[str] = collections.Counter()
         self.cache_bytes = cache_bytes
         self._files = FileCache(self.root, cache_bytes)
@@ -398,7 +403,14 @@ class ImageWeb(TrackedServer):
             raise web.HTTPNotFound(text="no robots.txt\n")
         if isinstance(self.robots_txt, int):
             return web.Response(status=self.robots_txt, text=f"status {self.robots_txt}\n")
-        return web.Response(text=self.robots_txt, content_type="text/plain")
+        return self._site_file(request, self.robots_txt.encode(), "text/plain")
+
+    def _site_file(self, request: web.Request, body: bytes, content_type: str) -> web.Response:
+        self.site_file_encodings.append(request.headers.get("Accept-Encoding"))
+        if not self.gzip_site_files:
+            return web.Response(body=body, content_type=content_type)
+        gz = gzip.compress(body)
+        return web.Response(body=gz, content_type=content_type, headers={"Content-Encoding": "gzip"})
 
     async def _tdmrep(self, request: web.Request) -> web.StreamResponse:
         body = self.tdmrep_json
@@ -406,7 +418,7 @@ class ImageWeb(TrackedServer):
             raise web.HTTPNotFound(text="no tdmrep.json\n")
         if isinstance(body, int):
             return web.Response(status=body, text=f"status {body}\n")
-        return web.Response(body=body.encode() if isinstance(body, str) else body, content_type="application/json")
+        return self._site_file(request, body.encode() if isinstance(body, str) else body, "application/json")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ import asyncio
 import email.utils
 import re
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -96,7 +97,9 @@ class Fetcher:
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
-            headers={"User-Agent": self.cfg.user_agent, "Accept": "image/*,*/*;q=0.5"},
+            # identity: bodies are hashed and capped as sent (auto_decompress is off), so none is
+            # asked for compressed (aiohttp's default asks for gzip and deflate)
+            headers={"User-Agent": self.cfg.user_agent, "Accept": "image/*,*/*;q=0.5", "Accept-Encoding": "identity"},
             timeout=self._timeout,
             auto_decompress=False,
             trust_env=False,  # no proxies and no .netrc credentials from the environment
@@ -376,7 +379,11 @@ class Fetcher:
                         body += chunk
                         if len(body) > cap:
                             break
-                    return _SiteFile(url, 200, _status_text(resp), bytes(body[: cap + 1]), len(body) > cap, None)
+                    data, over = bytes(body[: cap + 1]), len(body) > cap
+                    coding = resp.headers.get("Content-Encoding", "").strip().lower()
+                    if coding in ("gzip", "x-gzip", "deflate"):  # sent compressed though identity was asked for
+                        data, over = _inflated(data, cap, over)
+                    return _SiteFile(url, 200, _status_text(resp), data, over, None)
             return _SiteFile(url, None, "", b"", False, None)
 
     def _read_object(self, url: str, body: Body) -> Fetched:
@@ -399,6 +406,19 @@ class Fetcher:
             return Fetched(reason="read_error", attempts=1, detail=exception_detail(err))
         fetched.attempts = 1
         return fetched
+
+
+def _inflated(data: bytes, cap: int, over: bool) -> tuple[bytes, bool]:
+    """A gzip, zlib or raw deflate body inflated to at most ``cap`` bytes and one (a bomb stops
+    there; ``over`` when there was more); the body as it came where it is none of these."""
+    for wbits in (32 + zlib.MAX_WBITS, -zlib.MAX_WBITS):  # gzip or zlib by their header; raw deflate
+        inflate = zlib.decompressobj(wbits)
+        try:
+            out = inflate.decompress(data, cap + 1)
+        except zlib.error:
+            continue
+        return out, over or len(out) > cap or bool(inflate.unconsumed_tail)
+    return data, over
 
 
 @dataclass(frozen=True)
