@@ -271,24 +271,39 @@ def test_overlong_jsonl_line_is_skipped_without_holding_it(tmp_path):
     )
 
 
-def test_unclosed_csv_quote_costs_one_capped_row_not_the_file(tmp_path, monkeypatch):
+def test_a_quoted_field_over_the_cap_is_one_row_to_its_closing_quote(tmp_path, monkeypatch):
+    # Read in pieces, never held; the lines after the cap are the same field, not rows of their
+    # own (each was one, and the closing quote's line opened a quote that ate the next good row)
     monkeypatch.setattr(manifests.careful, "MAX_ROW_BYTES", 64)
     text = (
         "url,caption\n"  # 1
-        'http://a/1.jpg,"unclosed\n'  # 2: the quote swallows lines until the row cap
-        + "x" * 30
-        + "\n"  # 3
-        + "y" * 30
-        + "\n"  # 4: over 64 bytes here; the record ends
-        + "z" * 30
-        + "\n"  # 5: read fresh: one field, not two
-        + "http://a/2.jpg,fine\n"  # 6
+        "http://a/0.jpg,first\n"  # 2
+        'http://a/1.jpg,"a long caption\n'  # 3: over 64 bytes by line 5
+        + ("x" * 30 + "\n") * 6  # 4-9
+        + '""quoted"" and done",more\n'  # 10: "" is a quote inside; the next one closes it
+        + "http://a/2.jpg,fine\n"  # 11
+        + 'http://a/3.jpg,"'
+        + "y" * 100
+        + '"\n'  # 12: one line over the cap, its quotes closed
+        + "http://a/4.jpg,fine too\n"  # 13
     )
     rows = read_all(source(write(tmp_path / "q.csv", text.encode())))
+    assert [(r["row"], r["line"], r["url"], r["reason"], r["detail"]) for r in rows] == [
+        (0, 2, "http://a/0.jpg", None, None),
+        (1, 3, None, "unparsable_row", "lines 3-10: longer than 64 bytes"),
+        (2, 11, "http://a/2.jpg", None, None),
+        (3, 12, None, "unparsable_row", "line 12: longer than 64 bytes"),
+        (4, 13, "http://a/4.jpg", None, None),
+    ]
+
+
+def test_an_unclosed_csv_quote_is_one_row_to_the_end_of_the_file(tmp_path, monkeypatch):
+    # As CSV reads it: the lines after an unclosed quote are that field's, and the row says so
+    monkeypatch.setattr(manifests.careful, "MAX_ROW_BYTES", 64)
+    text = 'url,caption\nhttp://a/1.jpg,"unclosed\n' + ("x" * 30 + "\n") * 3 + "http://a/2.jpg,inside\n"
+    rows = read_all(source(write(tmp_path / "q.csv", text.encode())))
     assert [(r["row"], r["line"], r["reason"], r["detail"]) for r in rows] == [
-        (0, 2, "unparsable_row", "line 2: longer than 64 bytes"),
-        (1, 5, "unparsable_row", "line 5: 1 fields, header has 2"),
-        (2, 6, None, None),
+        (0, 2, "unparsable_row", "lines 2-6: longer than 64 bytes; the quote opened there never closes"),
     ]
 
 

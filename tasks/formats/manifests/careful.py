@@ -86,7 +86,10 @@ class Lines:
     """Physical lines of a text manifest, decoded one at a time; an iterator for csv.reader.
 
     A line or record over MAX_ROW_BYTES raises TooLong after its line is skipped in pieces;
-    csv.reader resets its state on the next call, so reading goes on after it.
+    csv.reader resets its state on the next call, so reading goes on after it. With ``quote``
+    set (csv), a record cut inside a quoted field is skipped to its end first: to the newline
+    where the quotes counted from the field's opening one are even (``""`` is a quote inside
+    one), so the rest of a long quoted caption is not read as rows of its own.
     """
 
     def __init__(self, source: ByteSource, where: str):
@@ -99,6 +102,9 @@ class Lines:
         self._stop = 0
         self.count = 0  # physical lines read so far
         self.record_bytes = 0  # bytes of the record being read; the caller resets it per record
+        self.record_lines = 0  # physical lines of the record being read
+        self.quote: bytes | None = None  # csv's quote character: a record may span lines inside quotes
+        self.unclosed = False  # the last record skipped ran to the end of the file inside quotes
 
     def __iter__(self) -> Lines:
         return self
@@ -106,6 +112,7 @@ class Lines:
     def start_record(self) -> int:
         """Begin a record: its byte count starts again; returns its first line's number (1-based)."""
         self.record_bytes = 0
+        self.record_lines = 0
         return self.count + 1
 
     def preload(self, block: bytes, starts: Any, ends: Any, first: int, stop: int) -> None:
@@ -119,26 +126,40 @@ class Lines:
     def drop_preloaded(self) -> None:
         self._block = None
 
-    def __next__(self) -> str:
-        cap = MAX_ROW_BYTES
+    def _raw(self, limit: int) -> bytes:
+        """The next physical line, or its first ``limit`` bytes (b"" at the end)."""
         if self._block is not None and self._cursor < self._stop:
             raw = self._block[self._starts[self._cursor] : self._ends[self._cursor]]
             self._cursor += 1
-        else:
-            self._block = None
-            raw = self._source.readline(cap + 1)
-            if not raw:
-                raise StopIteration
+            return raw
+        self._block = None
+        return self._source.readline(limit)
+
+    def _odd(self, data: bytes) -> bool:
+        return self.quote is not None and data.count(self.quote) % 2 == 1
+
+    def __next__(self) -> str:
+        cap = MAX_ROW_BYTES
+        raw = self._raw(cap + 1)
+        if not raw:
+            raise StopIteration
         self.count += 1
         self.record_bytes += len(raw)
+        self.record_lines += 1
+        # csv asks for a record's next line only inside a quoted field
+        quoted = self.record_lines > 1 and self.quote is not None
         if len(raw) > cap:
             ended = raw.endswith(b"\n")
+            quoted ^= self._odd(raw)
             del raw
             while not ended:  # small pieces: skipping must not hold what we refused to hold
                 piece = self._source.readline(_SKIP_BYTES)
                 ended = not piece or piece.endswith(b"\n")
+                quoted ^= self._odd(piece)
+            self._skip_quoted(quoted)
             raise TooLong
         if self.record_bytes > cap:
+            self._skip_quoted(quoted ^ self._odd(raw))
             raise TooLong
         try:
             text = raw.decode("utf-8")
@@ -148,9 +169,27 @@ class Lines:
             text = text[1:]  # a byte order mark, as spreadsheets write
         return text
 
+    def _skip_quoted(self, quoted: bool) -> None:
+        """Skip, in pieces, to the end of a record cut inside a quoted field (``quoted``): the
+        first newline outside quotes, or the end of the file."""
+        self.unclosed = quoted
+        if not quoted:
+            return
+        while piece := self._raw(_SKIP_BYTES):
+            quoted ^= self._odd(piece)
+            if piece.endswith(b"\n"):
+                self.count += 1
+                if not quoted:
+                    self.unclosed = False
+                    return
 
-def too_long(line: int) -> str:
-    return f"line {line}: longer than {MAX_ROW_BYTES} bytes"
+
+def too_long(line: int, end: int | None = None, unclosed: bool = False) -> str:
+    """The detail of a row over the cap that starts at ``line`` (and ends at ``end``)."""
+    if end is None or end <= line:
+        return f"line {line}: longer than {MAX_ROW_BYTES} bytes"
+    rest = "; the quote opened there never closes" if unclosed else ""
+    return f"lines {line}-{end}: longer than {MAX_ROW_BYTES} bytes{rest}"
 
 
 # -- csv / tsv --------------------------------------------------------------------------------
@@ -179,6 +218,7 @@ class CsvRows:
             self.reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
         else:
             self.reader = csv.reader(lines)
+            lines.quote = b'"'
         self.header: list[str] = []
         self.index: dict[str, int] = {}
         self.extra_names: list[str] = []
@@ -218,7 +258,7 @@ class CsvRows:
         except StopIteration:
             return None
         except TooLong:
-            return (start, too_long(start))
+            return (start, too_long(start, self.lines.count, self.lines.unclosed))
         except csv.Error as err:
             return (start, f"line {start}: {err}")
         if _blank(fields):
