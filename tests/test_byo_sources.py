@@ -439,3 +439,14 @@ def test_a_recipe_mixes_url_manifests_and_ingested_sources(tmp_path):
         ("wds", 0, False, 1),
         ("urls", 1, True, 1),
     ]
+
+
+@pytest.mark.parametrize("name", ["b.jpg", "README", "dir/fifo1"])
+def test_a_refused_member_of_another_key_keeps_the_sample_before_it(name):
+    # A name without an extension is a key of its own (as the reader keys it): the sample in
+    # progress is complete, not dropped
+    link = tarfile.TarInfo(name)
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    items = _verdicts(tar_bytes([*sample("a", "a cat"), link, *sample("c", "a dog")]))
+    assert [(getattr(i, "key", None), i.reason) for i in items] == [("a", None), (None, "tar_symlink")]
+    assert "in progress dropped" not in items[1].detail

@@ -188,7 +188,8 @@ def iter_tar_samples(
             # (members of a key are consecutive); otherwise more of it may lie past the fault.
             dropped = ""
             if current is not None:
-                named = split_key(err.member) if err.member is not None else None
+                # a name without an extension is a key of its own, as below
+                named = (split_key(err.member) or (err.member, "")) if err.member is not None else None
                 if named is not None and named[0] != current.key:
                     yield finish(current)
                     ordinal += 1
