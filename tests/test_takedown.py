@@ -51,6 +51,7 @@ SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
         (SHA, "sha256", SHA),
         ("phash:0xC3A5F00F0FF0A5C3", "phash", "c3a5f00f0ff0a5c3"),
         ("c3a5f00f0ff0a5c3", "phash", "c3a5f00f0ff0a5c3"),
+        ("0xC3A5F00F0FF0A5C3", "phash", "c3a5f00f0ff0a5c3"),  # as Python prints one: not a key
         ("PHASH:c3a5f00f0ff0a5c3", "phash", "c3a5f00f0ff0a5c3"),
     ],
 )
@@ -179,6 +180,10 @@ def test_add_appends_with_the_date_who_and_why_and_checks_every_entry_first(tmp_
     assert loaded.entries[-1].note == "added 2026-12-06T02:00:00Z by bob: t9"
     with pytest.raises(TakedownError, match="say who asks"):
         add(path, [SHA], "", "t9")
+    # A time given with its offset is written in UTC
+    monkeypatch.setenv("SHARDSMITH_NOW", "2026-12-07T01:30:00+01:00")
+    (late,) = add(path, ["d.example"], "cy", "t10")
+    assert late.note == "added 2026-12-07T00:30:00Z by cy: t10"
 
 
 def test_add_never_appends_to_a_list_no_run_could_read(tmp_path):

@@ -36,11 +36,13 @@ REFUSED = [
     "fd00:ec2::254",
     "::ffff:127.0.0.1",
     "::ffff:10.1.2.3",
+    "::127.0.0.1",  # IPv4-compatible
+    "::a9fe:a9fe",
     "2002:7f00:1::1",
     "64:ff9b::a9fe:a9fe",
     "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo wrapping 127.0.0.1 (obfuscated)
 ]
-ALLOWED = ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
+ALLOWED = ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8", "::8.8.8.8"]
 
 
 @pytest.mark.parametrize("address", REFUSED)

@@ -19,4 +19,4 @@ def now() -> datetime:
         when = datetime.fromisoformat(fixed.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(f"{NOW_ENV}={fixed!r} is not an ISO 8601 time (2026-12-05T02:00:00Z)") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    return when.astimezone(UTC) if when.tzinfo is not None else when.replace(tzinfo=UTC)

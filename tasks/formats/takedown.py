@@ -147,7 +147,7 @@ def parse_entry(text: str) -> tuple[str, str]:
     """(kind, normalised value) of one entry as written; ValueError says why it is none.
 
     ``kind:value`` names its kind; a bare value is recognised: ``http(s)://`` a URL, 64 hex
-    digits a sha256, 16 a perceptual hash, a dotted host name a domain, anything else a sample
+    digits a sha256, 16 (or ``0x`` and 16) a perceptual hash, a dotted host name a domain, anything else a sample
     key (sample keys have no dots: write ``key:`` before one that does, ``domain:`` before a
     host without a dot such as ``localhost``).
     """
@@ -169,6 +169,8 @@ def parse_entry(text: str) -> tuple[str, str]:
         return "sha256", text.lower()
     if _HEX16.match(text):
         return "phash", text.lower()
+    if text[:2].lower() == "0x" and _HEX16.match(text[2:]):  # a perceptual hash as Python prints one
+        return "phash", _explicit("phash", text)
     if "/" in text:
         raise ValueError(f"{text!r} looks like a URL without its scheme; write http://... or https://...")
     if "." in text:

@@ -18,6 +18,7 @@ from tasks.policies.ruling import Ruling
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_COMPATIBLE = ipaddress.ip_network("::/96")  # IPv4-compatible (deprecated, RFC 4291): ::127.0.0.1
 
 
 class BlockedAddress(OSError):
@@ -29,7 +30,7 @@ class InvalidHost(OSError):
 
 
 def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address stands for (mapped, 6to4, Teredo, NAT64), if any."""
+    """The IPv4 address an IPv6 address stands for (mapped, compatible, 6to4, Teredo, NAT64), if any."""
     if isinstance(ip, ipaddress.IPv4Address):
         return None
     if ip.ipv4_mapped is not None:
@@ -38,7 +39,7 @@ def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
         return ip.sixtofour
     if ip.teredo is not None:
         return ip.teredo[1]
-    if ip in _NAT64:
+    if ip in _NAT64 or (ip in _COMPATIBLE and int(ip) > 1):  # :: and ::1 are themselves
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return None
 
@@ -52,7 +53,7 @@ class AddressPolicy:
 
     Only globally routable addresses pass by default: loopback, private, link-local (and so
     cloud metadata at 169.254.169.254), CGNAT, multicast, reserved and unspecified addresses
-    are refused, also when wrapped in IPv6 (``::ffff:127.0.0.1``, 6to4, Teredo, NAT64).
+    are refused, also when wrapped in IPv6 (``::ffff:127.0.0.1``, ``::127.0.0.1``, 6to4, Teredo, NAT64).
     """
 
     def __init__(self, allow_private_networks: bool = False, allowed_networks: tuple[str, ...] = ()):
