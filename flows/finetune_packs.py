@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+
 import pyarrow as pa
 from prefect import task
 
@@ -22,8 +24,8 @@ from tasks.finetune.outcome import (
     turn_privacy,
 )
 from tasks.finetune.packs import PackShardResult, output_paths, write_pack_shard
-from tasks.finetune.samples import BuildResult, build_paths, build_samples, image_source_name
-from tasks.formats.ledger import Counts
+from tasks.finetune.samples import BuildResult, build_paths, build_samples, duplicated, image_source_name
+from tasks.formats.ledger import Counts, read_parquet
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
 from tasks.stages.release import ReleaseResult, verify_shard
@@ -58,20 +60,44 @@ def verify_task(storage: Storage, tar: str, sha256: str) -> dict:
     return verify_shard(storage, tar, sha256, ("json",))
 
 
+def _duplicates(storage: Storage, image_ledgers: list[list[str]]) -> dict[str, dict[int, int]]:
+    """Per image source, the row of each image validation refused as a duplicate -> the row of
+    the image it duplicates (key and reason of the validation ledgers: a few bytes a row)."""
+    out: dict[str, dict[int, int]] = {}
+    for rel in (rel for phase in image_ledgers for rel in phase if rel.split("/")[-3] == "validate"):
+        table = read_parquet(storage, rel, ["key", "reason"])
+        for key, reason in zip(table.column("key").to_pylist(), table.column("reason").to_pylist()):
+            original = duplicated(reason or "")
+            if original is not None:
+                src = rel.split("/")[-2]
+                out.setdefault(src, {})[int(key.rsplit("-", 1)[1])] = int(original.rsplit("-", 1)[1])
+    return out
+
+
 def _build_samples(ph: Phase, ingests: list[IngestResult], image_ledgers: list[list[str]]) -> list[BuildResult]:
     """One sample-building task per records chunk, with the image ledgers (``image_ledgers``: the
-    download phase's, then validation's, then curation's) that hold its rows."""
+    download phase's, then validation's, then curation's) that hold its rows, and those that
+    hold the originals of its images that are exact duplicates (``samples.shared``): a change
+    to them builds the chunk again."""
     recipe = ph.recipe
     rps = {s.name: s.rows_per_shard for s in recipe.sources}
+    duplicates = _duplicates(ph.storage, image_ledgers)
     futures = {}
     for ing in ingests:
         src = image_source_name(ing.source)
+        dups = duplicates.get(src, {})
+        dup_rows = sorted(dups)
         for index, (chunk, (first, end)) in enumerate(zip(ing.chunks, ing.chunk_image_rows)):
-            ledgers = [
-                rel
-                for phase_ledgers in image_ledgers
-                for rel in chunk_ledgers(phase_ledgers, src, first, end, rps[ing.source])
-            ]
+            inside = dup_rows[bisect.bisect_left(dup_rows, first) : bisect.bisect_left(dup_rows, end)]
+            away = sorted({dups[d] for d in inside if not first <= dups[d] < end})
+            ledgers = []
+            for phase_ledgers in image_ledgers:  # each phase's after the one before: later phases win
+                mine = chunk_ledgers(phase_ledgers, src, first, end, rps[ing.source])
+                for row in away:
+                    mine += [
+                        r for r in chunk_ledgers(phase_ledgers, src, row, row + 1, rps[ing.source]) if r not in mine
+                    ]
+                ledgers += mine
             tar_rel, table_rel = build_paths(recipe.dataset, ing.source, index, chunk, recipe.finetune, ledgers)
             args = (ph.storage, ing.source, index, chunk, first, ledgers, recipe.finetune, tar_rel, table_rel)
             futures[ph.submit(build_task, *args)] = tar_rel

@@ -289,3 +289,93 @@ def test_a_records_file_that_is_not_an_array_fails_the_run_naming_the_file(tmp_p
     )
     with pytest.raises(RecordsError, match=re.escape(f"{records}: the file starts with '{{', expected a JSON array")):
         finetuning_flow(recipe_path=str(recipe), cluster=dask_address)
+
+
+def test_records_that_show_the_same_picture_share_it_and_a_near_copy_is_refused(
+    tmp_path, prefect_harness, dask_address
+):
+    """LLaVA's conversations reuse COCO's images: validation keeps one copy of a picture and
+    refuses the others as exact duplicates, and every record that shows it is released with
+    that copy, across chunks, and also when the record that brought it first was refused. A
+    near copy (other pixels) is a duplicate sample: refused."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from flows.finetuning import finetuning_flow
+
+    rng = np.random.default_rng(3)
+    (tmp_path / "images").mkdir()
+    noise = (rng.random((120, 160, 3)) * 255).astype("uint8")
+    for name, pixels in {
+        "a": noise,
+        "b": (rng.random((120, 160, 3)) * 255).astype("uint8"),
+        "c": (rng.random((120, 160, 3)) * 255).astype("uint8"),
+        "a-near": np.clip(noise.astype(int) + 3, 0, 255).astype("uint8"),
+        "tiny": (rng.random((20, 30, 3)) * 255).astype("uint8"),
+    }.items():
+        Image.fromarray(pixels).save(tmp_path / "images" / f"{name}.png")
+
+    def rec(rid: str, *names: str) -> str:
+        turns = [
+            {"from": "human", "value": "<image>" * len(names) + f"\nQuestion {rid}?"},
+            {"from": "gpt", "value": f"Answer {rid}."},
+        ]
+        return json.dumps({"id": rid, "image": [f"images/{n}.png" for n in names], "conversations": turns})
+
+    records = [
+        rec("first", "a"),
+        rec("two", "b", "tiny"),
+        rec("filler", "c"),
+        rec("again", "a"),
+        rec("both", "b", "a"),
+        rec("near", "a-near"),
+    ]
+    (tmp_path / "chat.jsonl").write_text("\n".join(records) + "\n")
+    recipe = {
+        "dataset": "shared",
+        "kind": "finetuning",
+        "storage": str(tmp_path / "store"),
+        "sources": [{"name": "chat", "manifest": str(tmp_path / "chat.jsonl"), "rows_per_shard": 2}],
+        "download": {"network": {"file_root": str(tmp_path)}},
+        "validate": {
+            "license": {"allow": ["CC0-1.0"], "review": {"reviewed_by": "tests", "reviewed_on": "2026-12-01"}}
+        },
+        "finetune": {
+            "conversation": {"image_root": str(tmp_path), "license": "CC0-1.0"},
+            "padding": {"cutoff": "fixed", "max_tokens": 4096},
+            "packing": {"packed": False},
+        },
+        "gates": {
+            "download": {"min_success_rate": 0.0},
+            "validate": {"max_reject_rate": 1.0},
+            "finetune": {"max_reject_rate": 1.0, "min_fill_ratio": 0.0},
+        },
+    }
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
+    done = finetuning_flow(recipe_path=str(tmp_path / "recipe.yaml"), cluster=dask_address)
+    base = tmp_path / "store" / "shared" / "releases" / done["release"].version
+    ledger = {r["id"]: r for r in pq.read_table(base / "ledger.parquet").to_pylist()}
+    fates = {rid: (r["status"], r["reason"]) for rid, r in ledger.items()}
+    assert fates == {
+        "first": ("ok", None),
+        "two": ("rejected", "image_rejected"),  # its tiny image; its first image is kept for the others
+        "filler": ("ok", None),
+        "again": ("ok", None),
+        "both": ("ok", None),
+        "near": ("rejected", "image_rejected"),
+    }
+    assert "duplicate_of:" in ledger["near"]["detail"] and "image_too_small" in ledger["two"]["detail"]
+    pixels = {}
+    for tar in sorted(base.glob("**/*.tar")):
+        for sample in _samples(tar):
+            meta = json.loads(sample.members["json"])
+            pixels[meta["id"]] = [
+                np.asarray(Image.open(io.BytesIO(sample.members[m["member"]])).convert("RGB")) for m in meta["images"]
+            ]
+    assert set(pixels) == {"first", "filler", "again", "both"}
+    assert np.array_equal(pixels["again"][0], pixels["first"][0]) and np.array_equal(
+        pixels["both"][1], pixels["first"][0]
+    )
+    assert pixels["first"][0].shape == noise.shape  # released as validation wrote it

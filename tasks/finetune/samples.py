@@ -22,7 +22,7 @@ from tasks.finetune.tiling import (
     tile_members,
 )
 from tasks.finetune.tokens import TokenCounter, load_counter
-from tasks.formats.ledger import SAMPLE_SCHEMA, read_parquet
+from tasks.formats.ledger import SAMPLE_SCHEMA, read_ledger_with, read_parquet
 from tasks.formats.names import digest_of
 from tasks.formats.reasons import OK, is_curation_reason, status_of
 from tasks.formats.recipe_finetune import FinetuneConfig, TilingConfig, TokensConfig
@@ -65,16 +65,43 @@ def build_paths(
     return stem + ".tar", stem + ".parquet"
 
 
+DUPLICATE = "duplicate_of:"  # validation's reason for an image another one duplicates
+
+
 def _image_fates(storage: Storage, ledgers: list[str], keys: set[str]) -> dict[str, dict[str, Any]]:
     """Final fate of each image key: the validate ledger's row where there is one, else the download's."""
     fates: dict[str, dict[str, Any]] = {}
     cols = ["key", "status", "reason", "detail", "shard", "members"]
     for rel in ledgers:  # download ledgers first, then validate ones overwrite them
-        t = read_parquet(storage, rel, cols)
+        t = read_ledger_with(storage, rel, cols, ["pixel_sha256"])
         t = t.filter(pc.is_in(t.column("key"), value_set=pa.array(sorted(keys), pa.string())))
         for r in t.to_pylist():
             fates[r["key"]] = r
     return fates
+
+
+def duplicated(key: str) -> str | None:
+    """The image a ``duplicate_of:<key>`` reason names, else None."""
+    return key[len(DUPLICATE) :] if key.startswith(DUPLICATE) else None
+
+
+def shared(fate: dict[str, Any] | None, fates: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """An image's fate, or, for an exact duplicate (the same pixels) of a kept image, that
+    image's: records that show the same picture share its one validated copy (LLaVA's
+    conversations reuse COCO's images; validation keeps the first and refuses the others as
+    ``duplicate_of``). A near duplicate, or one of an image refused since, keeps its own fate."""
+    original = duplicated((fate or {}).get("reason") or "")
+    if fate is None or original is None:
+        return fate
+    kept = fates.get(original)
+    if (
+        kept is not None
+        and kept["status"] == OK
+        and kept["pixel_sha256"]
+        and kept["pixel_sha256"] == fate["pixel_sha256"]
+    ):
+        return kept
+    return fate
 
 
 def build_samples(
@@ -102,6 +129,9 @@ def build_samples(
             rec["image_rows"] = [first_image + r for r in rec["image_rows"] or []]
         want = {image_key(source, r) for rec in chunk_records for r in (rec["image_rows"] or [])}
         fates.update(_image_fates(storage, image_ledgers, want) if want else {})
+        # the originals of exact duplicates: in these ledgers too (the flow adds theirs)
+        originals = {o for f in fates.values() if (o := duplicated(f["reason"] or "")) is not None} - fates.keys()
+        fates.update(_image_fates(storage, image_ledgers, originals) if originals else {})
         return chunk_records
 
     def decide(rec: dict[str, Any]) -> Verdict:
@@ -141,7 +171,7 @@ def _build_one(
     image_meta = []
     for n, r in enumerate(rec["image_rows"] or []):
         ikey = image_key(rec["source"], r)
-        fate = fates.get(ikey)
+        fate = shared(fates.get(ikey), fates)
         if fate is None or fate["status"] != OK:
             reason = "image_failed" if fate is None else fate["reason"]
             row["reason"] = "image_failed" if fate is None or status_of(reason) == "error" else "image_rejected"
