@@ -161,10 +161,11 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
     samples = report_samples(storage, ledger, cands, {s.name for s in recipe.sources if s.media == "video"})
     accepted = ledger.filter(pa.compute.equal(ledger.column("status"), "ok")) if ledger is not None else None
     reviewed = review_problem(cfg.license) is None
+    shared = recipe.kind == "finetuning"  # records share a picture validation refuses as a duplicate
     gate, links = ph.judge(
-        [r.ledger for r in results], (recipe.gates.validate_, cfg.license.allow, cfg.image, reviewed),
+        [r.ledger for r in results], (recipe.gates.validate_, cfg.license.allow, cfg.image, reviewed, shared),
         lambda: validate_gate(
-            ledger if ledger is not None else pa.table({}), gate_samples(accepted), recipe.gates.validate_, list(cfg.license.allow), cfg.image, reviewed
+            ledger if ledger is not None else pa.table({}), gate_samples(accepted), recipe.gates.validate_, list(cfg.license.allow), cfg.image, reviewed, shared
         ),
     )  # fmt: skip
     fresh = sum(r.counts.ok for r in results if not r.skipped) + sum(c.counts.ok for c in cands if not c.skipped)

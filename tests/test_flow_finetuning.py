@@ -349,7 +349,9 @@ def test_records_that_show_the_same_picture_share_it_and_a_near_copy_is_refused(
         },
         "gates": {
             "download": {"min_success_rate": 0.0},
-            "validate": {"max_reject_rate": 1.0},
+            # 5 of the 8 image rows are refused, 4 of them as duplicates: shared, they are not
+            # refusals, and 1 of 4 is under the gate's 0.3
+            "validate": {"max_reject_rate": 0.3},
             "finetune": {"max_reject_rate": 1.0, "min_fill_ratio": 0.0},
         },
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.audit.gate_checks import (
     Check,
@@ -158,6 +159,7 @@ def validate_gate(
     license_allow: list[str] | tuple[str, ...],
     image: ImageRules,
     review_present: bool,
+    shared_duplicates: bool = False,
 ) -> GateResult:
     """Gate the validation phase on its ledger and on one row per accepted sample.
 
@@ -166,9 +168,14 @@ def validate_gate(
     ledger row; no nulls in key, license, width, height, pixel_sha256; every license in
     ``license_allow``; width and height >= the minimum side; aspect <= the maximum; keys and
     pixel hashes unique. Beside the GE suites: the recipe's license review, when
-    ``cfg.require_license_review``.
+    ``cfg.require_license_review``. ``shared_duplicates`` (fine-tuning's images): a
+    ``duplicate_of`` row is a picture records share (``tasks.finetune.samples.shared``), not a
+    refusal, so it is left out of the ledger's checks; the fine-tuning gate judges the records.
     """
     gx = import_gx()
+    if shared_duplicates and "reason" in ledger.column_names:
+        dup = pc.starts_with(pc.fill_null(ledger.column("reason"), ""), "duplicate_of:")
+        ledger = ledger.filter(pc.invert(dup))
     ledger_frame = to_frame(ledger, ["key", "status"], "validate ledger")
     if "reason" in ledger.column_names:  # for the statistics only
         ledger_frame["reason"] = reason_families(ledger.column("reason").to_pandas())
