@@ -180,7 +180,9 @@ def released_rows(storage: Storage, recipe: Any, ledgers: list[str], version: st
         # A video's clips share its row: one check per row.
         released = samples.group_by(["source", "row"]).aggregate([])
         rows = rows.join(released, keys=["source", "row"], join_type="inner")
-    state = recheck_store.read_current(storage, recipe.dataset, [rel for rel in ledgers if rel.split("/")[-2] in sources])
+    state = recheck_store.read_current(
+        storage, recipe.dataset, [rel for rel in ledgers if rel.split("/")[-2] in sources]
+    )
     columns = ["key", "checked_at", "outcome", "misses", "etag", "last_modified", "detail", "sha256"]
     state = state.select(columns).rename_columns(["key", *(f"st_{c}" for c in columns[1:])])
     rows = rows.join(state, keys="key", join_type="left outer")
