@@ -200,3 +200,63 @@ def test_clips_and_keyframes_come_out_as_a_player_shows_a_rotated_video(matrix, 
     keyframe = Image.open(io.BytesIO(out.jpg)).convert("RGB")
     assert keyframe.size == tuple(round(80 * s / max(SIZE)) for s in shown)
     assert _corner(np.asarray(keyframe)) == corner
+
+
+def _timed(pts: list[int], rate: int, container: str = "matroska") -> bytes:
+    """A video whose frames carry these timestamps (1 / ``rate`` s units): a stream that starts
+    late, or a variable frame rate (phones)."""
+    import fractions
+    import os
+    import tempfile
+
+    handle, path = tempfile.mkstemp(suffix=".mkv")
+    os.close(handle)
+    try:
+        with av.open(path, "w", format=container) as box:
+            stream = box.add_stream("libx264", rate=rate)
+            stream.width, stream.height, stream.pix_fmt = SIZE[0], SIZE[1], "yuv420p"
+            stream.codec_context.time_base = stream.time_base = fractions.Fraction(1, rate)
+            stream.options = {"preset": "ultrafast", "bf": "0"}
+            for n, p in enumerate(pts):
+                frame = av.VideoFrame.from_ndarray(scene("a", n, SIZE), format="rgb24")
+                frame.pts, frame.time_base = p, fractions.Fraction(1, rate)
+                for packet in stream.encode(frame):
+                    box.mux(packet)
+            for packet in stream.encode():
+                box.mux(packet)
+        with open(path, "rb") as fh:
+            return fh.read()
+    finally:
+        os.unlink(path)
+
+
+def _seconds(mp4: bytes) -> tuple[int, float]:
+    """An mp4's frames, and where its last one ends (its time and one frame at the stream's rate)."""
+    with av.open(io.BytesIO(mp4)) as box:
+        rate = float(box.streams.video[0].average_rate)
+        frames = list(box.decode(video=0))
+    return len(frames), round(float(frames[-1].time) + 1 / rate, 3)
+
+
+def test_a_stream_that_starts_late_is_timed_from_its_first_frame():
+    data = _timed([100 + n for n in range(30)], 10)  # 3 s whose first frame says 10 s
+    info = probe(data, VideoLimits()).value
+    assert info.duration_s == 3.0  # Matroska's duration ends at the last timestamp: 13 s less its start
+    sig = signals(data, info)
+    assert sig.times[0] == 0.0 and sig.times[-1] == pytest.approx(2.9)
+    spans = [(0.0, 1.5), (1.5, 3.0)]  # seconds from the video's start, as a caption span says
+    clips = cut(sig, info, ClipConfig(split="captions", max_s=2.0, min_s=0.5), spans)
+    assert [(c.start_s, c.end_s) for c in clips] == [(0.0, 1.5), (1.5, 3.0)]
+
+
+def test_a_variable_frame_rate_clip_lasts_as_long_as_its_span():
+    # 1 s at 30 fps, then 4 frames half a second apart: the clip's frames keep their times
+    data = _timed([n for n in range(30)] + [30 + 15 * k for k in range(1, 5)], 30)
+    info = probe(data, VideoLimits()).value
+    sig = signals(data, info)
+    clips = cut(sig, info, ClipConfig(split="fixed", max_s=4.0, min_s=1.0))
+    assert len(clips) == 1 and clips[0].start_s == 0.0
+    files = render(data, info, clips, ClipConfig(fps=10))
+    frames, seconds = _seconds(files[0][0])
+    # 3 s of frames at 10 fps (the gaps show the frame before), not the 34 frames run together
+    assert frames == 31 and seconds == pytest.approx(3.1, abs=0.01)

@@ -73,6 +73,8 @@ def signals(data: Payload, info: VideoInfo) -> Signals:
             small = scaler.reformat(frame, width=SMALL[0], height=SMALL[1], format="gray").to_ndarray()
             frames.append(small[:, : SMALL[0]])
             times.append(float(frame.time) if frame.time is not None else len(times) / (info.fps or 1.0))
+    if times and times[0] != 0.0:  # a stream whose timestamps start later (or earlier): seconds from its first frame
+        times = [t - times[0] for t in times]
     small = np.stack(frames) if frames else np.zeros((0, SMALL[1], SMALL[0]), np.uint8)
     diffs = np.zeros(len(frames), np.float32)
     if len(frames) > 1:
@@ -271,9 +273,17 @@ class _ClipWriter:
         self.stream.width, self.stream.height, self.stream.pix_fmt = self.w, self.h, "yuv420p"
         self.stream.options = options
         self.written = 0
+        self.start: float | None = None  # the clip's first frame's time, as the stream gives it
+        self.last: Any = None  # the picture written last
 
-    def add(self, i: int, frame) -> None:
-        t = (i - self.clip.first) / self.source_fps
+    def add(self, i: int, frame, when: float | None) -> None:
+        """Frame ``i`` of the video, shown at ``when`` s (its time as decoded: read before any
+        writer numbers the frame, which writers of overlapping clips share)."""
+        if when is None:
+            t = (i - self.clip.first) / self.source_fps
+        else:  # the frame's own time: a variable frame rate's frames are not evenly spaced
+            self.start = when if self.start is None else self.start
+            t = when - self.start
         if t * self.rate + 1e-6 < self.written:  # a lower output rate drops frames evenly
             return
         if self.turned:  # scaled as stored, then turned as a player shows it
@@ -283,6 +293,13 @@ class _ClipWriter:
             picture = self.to_yuv.reformat(upright, format="yuv420p")
         else:
             picture = self.scaler.reformat(frame, width=self.w, height=self.h, format="yuv420p")
+        # a gap before this frame (a variable frame rate): the picture before it shows until its time
+        while self.last is not None and self.written + 1 <= t * self.rate + 1e-6:
+            self._write(self.last)
+        self._write(picture)
+        self.last = picture
+
+    def _write(self, picture: Any) -> None:
         picture.pts, picture.time_base = self.written, self.tick  # numbered at the output rate
         self.written += 1
         for packet in self.stream.encode(picture):
@@ -365,9 +382,10 @@ def render(
                     k += 1
                 if not active and k == len(todo):
                     break
+                when = None if frame.time is None else float(frame.time)
                 for clip, writer in active.values():
                     if writer is not None:
-                        writer.add(i, frame)
+                        writer.add(i, frame, when)
                     if i == (clip.first + clip.end) // 2:
                         out = io.BytesIO()
                         still(frame).save(out, "JPEG", quality=85)

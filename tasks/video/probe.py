@@ -157,8 +157,8 @@ def _duration(box, video) -> float:
     """The video stream's declared duration in seconds, else the container's; 0 when none."""
     if video.duration is not None and video.time_base is not None:
         return float(video.duration * video.time_base)
-    if box.duration is not None:
-        return box.duration / 1_000_000  # AV_TIME_BASE
+    if box.duration is not None:  # AV_TIME_BASE; Matroska's ends at the last timestamp, so less where they start
+        return max(box.duration - max(box.start_time or 0, 0), 0) / 1_000_000
     return 0.0
 
 
