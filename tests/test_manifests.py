@@ -720,3 +720,12 @@ def test_any_bytes_give_rows_or_a_manifest_error(data, name, per):
     assert all(r["reason"] is None or r["reason"] in REASONS for r in rows)
     lines = [r["line"] for r in rows]
     assert lines == sorted(set(lines)) and all(line >= 1 for line in lines)
+
+
+def test_a_csv_whose_lines_end_in_cr_alone_fails_saying_so(tmp_path):
+    # Classic Mac OS line ends: the whole file is one line to a reader of LF, and the header
+    # holds a CR; the file fails with what to do, naming the file and the line
+    path = write(tmp_path / "mac.csv", b"url,caption\rhttp://a/1.jpg,a cat\rhttp://a/2.jpg,a dog\r")
+    message = fatal(source(path))
+    assert "mac.csv" in message and "cannot parse the header row" in message
+    assert "lines may end in CR alone (classic Mac OS): convert them to LF or CRLF" in message

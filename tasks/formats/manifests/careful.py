@@ -240,7 +240,10 @@ class CsvRows:
             except TooLong:
                 raise ManifestError(self.where, f"header row longer than {MAX_ROW_BYTES} bytes", line) from None
             except csv.Error as err:
-                raise ManifestError(self.where, f"cannot parse the header row: {err}", line) from None
+                hint = ""
+                if "new-line character" in str(err):  # the header's line holds a CR the csv module will not take
+                    hint = "; its lines may end in CR alone (classic Mac OS): convert them to LF or CRLF"
+                raise ManifestError(self.where, f"cannot parse the header row: {err}{hint}", line) from None
             if not _blank(fields):
                 break
         self.header = [f.strip() for f in fields]
