@@ -8,6 +8,7 @@ import tarfile
 from functools import partial
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from byo_fixtures import JPEG, good_samples, hostile_shards, images_parquet, img2dataset_shard, sample, tar_bytes
@@ -450,3 +451,29 @@ def test_a_refused_member_of_another_key_keeps_the_sample_before_it(name):
     items = _verdicts(tar_bytes([*sample("a", "a cat"), link, *sample("c", "a dog")]))
     assert [(getattr(i, "key", None), i.reason) for i in items] == [("a", None), (None, "tar_symlink")]
     assert "in progress dropped" not in items[1].detail
+
+
+def test_a_key_listed_twice_in_the_side_file_is_one_sample_and_a_duplicate_row(tmp_path):
+    # The tar's sample goes to the key's first listing; the second says so, not that the
+    # sample is missing from a tar that has it
+    folder = tmp_path / "i2d"
+    folder.mkdir()
+    rows = [{"url": f"https://example.org/{i}.jpg", "caption": f"c{i}", "license": "CC0-1.0"} for i in range(3)]
+    img2dataset_shard(folder, 0, rows)
+    side = pq.read_table(folder / "00000.parquet").to_pylist()
+    pq.write_table(
+        pa.Table.from_pylist([*side, {**side[1], "url": "https://example.org/again.jpg"}]), folder / "00000.parquet"
+    )
+    plan, results, _ = ingest(SourceConfig(name="laion", manifest=str(folder), kind="webdataset"), tmp_path / "out")
+    _, ledger = results["00000.tar"]
+    base = plan.chunks[0].first_row
+    got = [(r["row"] - base, r["status"], r["reason"], r["url"]) for r in ledger]
+    assert got == [
+        (0, "ok", None, "https://example.org/0.jpg"),
+        (1, "ok", None, "https://example.org/1.jpg"),
+        (2, "ok", None, "https://example.org/2.jpg"),
+        (3, "rejected", "duplicate_key", "https://example.org/again.jpg"),
+    ]
+    detail = ledger[3]["detail"]
+    assert detail.startswith("img2dataset status success (00000.parquet:4): key '000000001' is listed again")
+    assert detail.endswith("i2d/00000.tar's sample of it is row 2's")

@@ -142,7 +142,7 @@ REASONS: dict[str, tuple[str, str]] = {
     # ingested shards and datasets (tasks/sources/)
     "duplicate_key": (
         REJECTED,
-        "a key seen earlier in the same ingested shard (again after other keys, the same member twice, or a folder key equal to another once rekeyed flat); the first is kept",
+        "a key seen earlier in the same ingested shard (again after other keys, the same member twice, or a folder key equal to another once rekeyed flat), or listed again in its img2dataset side file; the first is kept",
     ),
     "unsafe_key": (
         REJECTED,

@@ -152,6 +152,13 @@ class ShardIngest:
                         detail=self._upstream(i, r) + f": {shown(masked(str(r.get('error_message'))), 300)}",
                     ),
                 )
+            elif listed.get(str(r.get("key"))) != i:  # the key listed again: its sample went to the first listing
+                first = listed[str(r.get("key"))]
+                detail = (
+                    f"{self._upstream(i, r)}: key '{shown(str(r.get('key')))}' is listed again in the side file;"
+                    f" {self.shard}'s sample of it is row {first + 1}'s"
+                )
+                yield self._out(self._side_row(i, r), Fetched(reason="duplicate_key", detail=detail))
             elif fault is None:
                 detail = f"{self._upstream(i, r)}, but {self.shard} has no sample '{shown(str(r.get('key')))}'"
                 yield self._out(self._side_row(i, r), Fetched(reason="sample_missing", detail=detail))
