@@ -68,6 +68,11 @@ def test_each_failure_has_its_reason(record, reason):
     assert status_of(c.reason) == "rejected"
 
 
+@pytest.mark.parametrize(("rid", "shown"), [(12, "12"), (["a", "b"], '["a", "b"]'), ({"k": "é"}, '{"k": "é"}')])
+def test_an_id_that_is_not_a_string_is_kept_as_json_writes_it(rid, shown):
+    assert check_conversation({**GOOD, "id": rid}, RULES).id == shown
+
+
 def test_a_null_image_beside_an_images_list_reads_the_list():
     rec = {**conv(("human", "<image><image> Which is older?"), ("gpt", "The first.")), "image": None}
     c = check_conversation({**rec, "images": ["a.jpg", "b.jpg"]}, RULES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,7 +88,8 @@ def check_conversation(record: Any, rules: ConversationRules, reserved: tuple[st
     if not isinstance(record, dict):
         return _fail("conversation_schema", f"record is {type(record).__name__}, not an object")
     rid = record.get("id")
-    rid = None if rid is None else str(rid)
+    # as written: a number's digits, anything else but a string its JSON (not Python's repr)
+    rid = None if rid is None else rid if isinstance(rid, str) else json.dumps(rid, ensure_ascii=False)
     images = image_refs(record)
     if images is None:
         return _fail("conversation_schema", "image must be a non-empty string or a list of them", id=rid)
