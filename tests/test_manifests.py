@@ -297,6 +297,52 @@ def test_a_quoted_field_over_the_cap_is_one_row_to_its_closing_quote(tmp_path, m
     ]
 
 
+def test_a_quote_inside_an_unquoted_field_of_a_long_line_is_text(tmp_path, monkeypatch):
+    # As the csv module reads it: only a field's first character opens quotes, so a stray quote
+    # in a long caption neither makes the lines after it part of the row nor ends one early
+    monkeypatch.setattr(manifests.careful, "MAX_ROW_BYTES", 64)
+    text = (
+        "url,caption\n"
+        'http://a/1.jpg,he said "hi' + "y" * 80 + "\n"  # 2: over the cap, one stray quote
+        "http://a/2.jpg,fine\n"  # 3
+        'http://a/3.jpg,"quoted, with ""quotes"" and a comma' + "z" * 40 + '",x\n'  # 4: closed on its line
+        "http://a/4.jpg,fine too\n"  # 5
+    )
+    rows = read_all(source(write(tmp_path / "q.csv", text.encode())))
+    assert [(r["line"], r["url"], r["detail"]) for r in rows] == [
+        (2, None, "line 2: longer than 64 bytes"),
+        (3, "http://a/2.jpg", None),
+        (4, None, "line 4: longer than 64 bytes"),
+        (5, "http://a/4.jpg", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "quoted"),
+    [
+        (b'a,"b\n', True),
+        (b'a,b"c\n', False),
+        (b'"a""b\n', True),
+        (b'"a"",b\n', True),
+        (b'"a"b,"c\n', True),
+        (b'"a"b"c\n', False),
+        (b'a,,"\n', True),
+        (b'"x\ny",z\n', True),
+    ],
+)
+def test_csv_state_reads_quotes_as_the_csv_module_does(data, quoted):
+    import csv
+    import io
+
+    from tasks.formats.manifests.careful import _QUOTED, _START, csv_state
+
+    # the csv module's own verdict: does the first record run past the data's first newline?
+    first = data.split(b"\n")[0] + b"\n"
+    runs_on = next(csv.reader(io.StringIO((first + b"END\n").decode())))[-1].endswith("END\n")
+    assert runs_on == quoted
+    assert (csv_state(_START, first) == _QUOTED) == quoted
+
+
 def test_an_unclosed_csv_quote_is_one_row_to_the_end_of_the_file(tmp_path, monkeypatch):
     # As CSV reads it: the lines after an unclosed quote are that field's, and the row says so
     monkeypatch.setattr(manifests.careful, "MAX_ROW_BYTES", 64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -86,10 +87,10 @@ class Lines:
     """Physical lines of a text manifest, decoded one at a time; an iterator for csv.reader.
 
     A line or record over MAX_ROW_BYTES raises TooLong after its line is skipped in pieces;
-    csv.reader resets its state on the next call, so reading goes on after it. With ``quote``
-    set (csv), a record cut inside a quoted field is skipped to its end first: to the newline
-    where the quotes counted from the field's opening one are even (``""`` is a quote inside
-    one), so the rest of a long quoted caption is not read as rows of its own.
+    csv.reader resets its state on the next call, so reading goes on after it. With
+    ``quoting`` (csv), a record cut inside a quoted field is skipped to its end first, its
+    quotes read as the csv module reads them (``csv_state``), so the rest of a long quoted
+    caption is not read as rows of its own.
     """
 
     def __init__(self, source: ByteSource, where: str):
@@ -103,7 +104,7 @@ class Lines:
         self.count = 0  # physical lines read so far
         self.record_bytes = 0  # bytes of the record being read; the caller resets it per record
         self.record_lines = 0  # physical lines of the record being read
-        self.quote: bytes | None = None  # csv's quote character: a record may span lines inside quotes
+        self.quoting = False  # csv: a record may span lines inside quotes
         self.unclosed = False  # the last record skipped ran to the end of the file inside quotes
 
     def __iter__(self) -> Lines:
@@ -135,9 +136,6 @@ class Lines:
         self._block = None
         return self._source.readline(limit)
 
-    def _odd(self, data: bytes) -> bool:
-        return self.quote is not None and data.count(self.quote) % 2 == 1
-
     def __next__(self) -> str:
         cap = MAX_ROW_BYTES
         raw = self._raw(cap + 1)
@@ -147,19 +145,19 @@ class Lines:
         self.record_bytes += len(raw)
         self.record_lines += 1
         # csv asks for a record's next line only inside a quoted field
-        quoted = self.record_lines > 1 and self.quote is not None
+        state = _QUOTED if self.record_lines > 1 else _START
         if len(raw) > cap:
             ended = raw.endswith(b"\n")
-            quoted ^= self._odd(raw)
+            state = csv_state(state, raw) if self.quoting else _START
             del raw
             while not ended:  # small pieces: skipping must not hold what we refused to hold
                 piece = self._source.readline(_SKIP_BYTES)
                 ended = not piece or piece.endswith(b"\n")
-                quoted ^= self._odd(piece)
-            self._skip_quoted(quoted)
+                state = csv_state(state, piece) if self.quoting else _START
+            self._skip_quoted(state == _QUOTED)
             raise TooLong
         if self.record_bytes > cap:
-            self._skip_quoted(quoted ^ self._odd(raw))
+            self._skip_quoted(self.quoting and csv_state(state, raw) == _QUOTED)
             raise TooLong
         try:
             text = raw.decode("utf-8")
@@ -175,13 +173,40 @@ class Lines:
         self.unclosed = quoted
         if not quoted:
             return
+        state = _QUOTED
         while piece := self._raw(_SKIP_BYTES):
-            quoted ^= self._odd(piece)
+            state = csv_state(state, piece)
             if piece.endswith(b"\n"):
                 self.count += 1
-                if not quoted:
+                if state != _QUOTED:
                     self.unclosed = False
                     return
+
+
+# csv's states over a record being skipped, as the csv module reads it (its default dialect,
+# strict off): a quote opens a quoted field only at the field's start, "" is a quote inside one,
+# and text after a closing quote or a quote inside an unquoted field is plain text.
+_START, _PLAIN, _QUOTED, _CLOSED = range(4)
+_CSV_MARKS = re.compile(rb'[,"\n]')
+
+
+def csv_state(state: int, data: bytes) -> int:
+    """The state after ``data``: a newline outside quotes ends the record (``_START``)."""
+    last = 0
+    for m in _CSV_MARKS.finditer(data):
+        at = m.start()
+        if at > last and state in (_START, _CLOSED):  # text first: the field is plain from here
+            state = _PLAIN
+        if state == _QUOTED:
+            state = _CLOSED if data[at] == 0x22 else _QUOTED
+        elif data[at] == 0x22:
+            state = _QUOTED if state in (_START, _CLOSED) else _PLAIN
+        else:  # a comma or a newline outside quotes
+            state = _START
+        last = at + 1
+    if len(data) > last and state in (_START, _CLOSED):
+        state = _PLAIN
+    return state
 
 
 def too_long(line: int, end: int | None = None, unclosed: bool = False) -> str:
@@ -218,7 +243,7 @@ class CsvRows:
             self.reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
         else:
             self.reader = csv.reader(lines)
-            lines.quote = b'"'
+            lines.quoting = True
         self.header: list[str] = []
         self.index: dict[str, int] = {}
         self.extra_names: list[str] = []
