@@ -16,7 +16,6 @@ from tasks.audit.runrecord import RunRecord
 from tasks.finetune.ingest import IngestResult
 from tasks.finetune.outcome import (
     FinetuneSummary,
-    chunk_ledgers,
     final_tables,
     pack_ledger,
     packs_table,
@@ -60,44 +59,51 @@ def verify_task(storage: Storage, tar: str, sha256: str) -> dict:
     return verify_shard(storage, tar, sha256, ("json",))
 
 
-def _duplicates(storage: Storage, image_ledgers: list[list[str]]) -> dict[str, dict[int, int]]:
-    """Per image source, the row of each image validation refused as a duplicate -> the row of
-    the image it duplicates (key and reason of the validation ledgers: a few bytes a row)."""
-    out: dict[str, dict[int, int]] = {}
+def _duplicates(storage: Storage, image_ledgers: list[list[str]]) -> dict[str, dict[int, tuple[str, int]]]:
+    """Per image source, the row of each image validation refused as a duplicate -> the image
+    source and row of the one it duplicates, which may be another source's (dedup spans the
+    dataset): from the key and reason of the validation ledgers, a few bytes a row."""
+    out: dict[str, dict[int, tuple[str, int]]] = {}
     for rel in (rel for phase in image_ledgers for rel in phase if rel.split("/")[-3] == "validate"):
         table = read_parquet(storage, rel, ["key", "reason"])
         for key, reason in zip(table.column("key").to_pylist(), table.column("reason").to_pylist()):
             original = duplicated(reason or "")
             if original is not None:
-                src = rel.split("/")[-2]
-                out.setdefault(src, {})[int(key.rsplit("-", 1)[1])] = int(original.rsplit("-", 1)[1])
+                source, row = original.rsplit("-", 1)
+                out.setdefault(rel.split("/")[-2], {})[int(key.rsplit("-", 1)[1])] = (source, int(row))
+    return out
+
+
+def _by_shard(ledgers: list[str]) -> dict[tuple[str, int], list[str]]:
+    """A phase's ledgers (``{dataset}/{phase}/{source}/{index:06d}-...``) by (source, shard index), in order."""
+    out: dict[tuple[str, int], list[str]] = {}
+    for rel in ledgers:
+        parts = rel.split("/")
+        out.setdefault((parts[-2], int(parts[-1].split("-", 1)[0])), []).append(rel)
     return out
 
 
 def _build_samples(ph: Phase, ingests: list[IngestResult], image_ledgers: list[list[str]]) -> list[BuildResult]:
     """One sample-building task per records chunk, with the image ledgers (``image_ledgers``: the
     download phase's, then validation's, then curation's) that hold its rows, and those that
-    hold the originals of its images that are exact duplicates (``samples.shared``): a change
-    to them builds the chunk again."""
+    hold the originals of its images that are exact duplicates (``samples.shared``; another
+    source's too): a change to them builds the chunk again."""
     recipe = ph.recipe
-    rps = {s.name: s.rows_per_shard for s in recipe.sources}
+    rps = {image_source_name(s.name): s.rows_per_shard for s in recipe.sources}
     duplicates = _duplicates(ph.storage, image_ledgers)
+    phases = [_by_shard(phase) for phase in image_ledgers]
     futures = {}
     for ing in ingests:
         src = image_source_name(ing.source)
         dups = duplicates.get(src, {})
         dup_rows = sorted(dups)
         for index, (chunk, (first, end)) in enumerate(zip(ing.chunks, ing.chunk_image_rows)):
+            shards = [(src, i) for i in range(first // rps[src], (end - 1) // rps[src] + 1)] if end > first else []
             inside = dup_rows[bisect.bisect_left(dup_rows, first) : bisect.bisect_left(dup_rows, end)]
-            away = sorted({dups[d] for d in inside if not first <= dups[d] < end})
-            ledgers = []
-            for phase_ledgers in image_ledgers:  # each phase's after the one before: later phases win
-                mine = chunk_ledgers(phase_ledgers, src, first, end, rps[ing.source])
-                for row in away:
-                    mine += [
-                        r for r in chunk_ledgers(phase_ledgers, src, row, row + 1, rps[ing.source]) if r not in mine
-                    ]
-                ledgers += mine
+            away = {(o, row // rps[o]) for o, row in (dups[d] for d in inside) if o != src or not first <= row < end}
+            shards += sorted(away - set(shards))
+            # each phase's after the one before: later phases win
+            ledgers = [rel for phase in phases for shard in shards for rel in phase.get(shard, [])]
             tar_rel, table_rel = build_paths(recipe.dataset, ing.source, index, chunk, recipe.finetune, ledgers)
             args = (ph.storage, ing.source, index, chunk, first, ledgers, recipe.finetune, tar_rel, table_rel)
             futures[ph.submit(build_task, *args)] = tar_rel

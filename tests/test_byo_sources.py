@@ -476,4 +476,4 @@ def test_a_key_listed_twice_in_the_side_file_is_one_sample_and_a_duplicate_row(t
     ]
     detail = ledger[3]["detail"]
     assert detail.startswith("img2dataset status success (00000.parquet:4): key '000000001' is listed again")
-    assert detail.endswith("i2d/00000.tar's sample of it is row 2's")
+    assert "its first listing, row 2, is the one " in detail and detail.endswith("i2d/00000.tar's sample goes with")

@@ -73,6 +73,19 @@ def test_an_id_that_is_not_a_string_is_kept_as_json_writes_it(rid, shown):
     assert check_conversation({**GOOD, "id": rid}, RULES).id == shown
 
 
+def test_the_reserved_tags_are_never_empty_nor_the_placeholder():
+    from tasks.finetune.ingest import reserved_tags
+    from tasks.formats.recipe_finetune import FinetuneConfig
+
+    plain = reserved_tags(FinetuneConfig())
+    assert plain[:2] == ("<img>", "</img>") and "<tile_1>" in plain and "<image>" not in plain
+    bare = FinetuneConfig(tiling={"image_start": "", "image_end": ""})
+    assert "" not in reserved_tags(bare)
+    assert check_conversation(GOOD, RULES, reserved_tags(bare)).ok  # an empty tag is in every text
+    same = FinetuneConfig(conversation={"placeholder": "<img>"})
+    assert "<img>" not in reserved_tags(same)
+
+
 def test_a_null_image_beside_an_images_list_reads_the_list():
     rec = {**conv(("human", "<image><image> Which is older?"), ("gpt", "The first.")), "image": None}
     c = check_conversation({**rec, "images": ["a.jpg", "b.jpg"]}, RULES)

@@ -317,3 +317,6 @@ def test_a_site_file_inflates_only_to_its_cap():
     deflated = raw.compress(b"User-agent: *\n") + raw.flush()
     assert _inflated(deflated, 1000, False) == (b"User-agent: *\n", False)
     assert _inflated(b"not compressed", 1000, False) == (b"not compressed", False)
+    # plain text labelled compressed: raw deflate "reads" some of it, but no stream ends there
+    for plain in (b"Sitemap: x", b"c", b"User-agent: *\nDisallow: /\n"):
+        assert _inflated(plain, 1000, False) == (plain, False)

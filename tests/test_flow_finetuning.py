@@ -333,11 +333,15 @@ def test_records_that_show_the_same_picture_share_it_and_a_near_copy_is_refused(
         rec("near", "a-near"),
     ]
     (tmp_path / "chat.jsonl").write_text("\n".join(records) + "\n")
+    (tmp_path / "more.jsonl").write_text(rec("elsewhere", "a") + "\n")  # another source: dedup spans the dataset
     recipe = {
         "dataset": "shared",
         "kind": "finetuning",
         "storage": str(tmp_path / "store"),
-        "sources": [{"name": "chat", "manifest": str(tmp_path / "chat.jsonl"), "rows_per_shard": 2}],
+        "sources": [
+            {"name": "chat", "manifest": str(tmp_path / "chat.jsonl"), "rows_per_shard": 2},
+            {"name": "more", "manifest": str(tmp_path / "more.jsonl"), "rows_per_shard": 2},
+        ],
         "download": {"network": {"file_root": str(tmp_path)}},
         "validate": {
             "license": {"allow": ["CC0-1.0"], "review": {"reviewed_by": "tests", "reviewed_on": "2026-12-01"}}
@@ -349,7 +353,7 @@ def test_records_that_show_the_same_picture_share_it_and_a_near_copy_is_refused(
         },
         "gates": {
             "download": {"min_success_rate": 0.0},
-            # 5 of the 8 image rows are refused, 4 of them as duplicates: shared, they are not
+            # 6 of the 9 image rows are refused, 5 of them as duplicates: shared, they are not
             # refusals, and 1 of 4 is under the gate's 0.3
             "validate": {"max_reject_rate": 0.3},
             "finetune": {"max_reject_rate": 1.0, "min_fill_ratio": 0.0},
@@ -367,6 +371,7 @@ def test_records_that_show_the_same_picture_share_it_and_a_near_copy_is_refused(
         "again": ("ok", None),
         "both": ("ok", None),
         "near": ("rejected", "image_rejected"),
+        "elsewhere": ("ok", None),
     }
     assert "duplicate_of:" in ledger["near"]["detail"] and "image_too_small" in ledger["two"]["detail"]
     pixels = {}
@@ -376,8 +381,7 @@ def test_records_that_show_the_same_picture_share_it_and_a_near_copy_is_refused(
             pixels[meta["id"]] = [
                 np.asarray(Image.open(io.BytesIO(sample.members[m["member"]])).convert("RGB")) for m in meta["images"]
             ]
-    assert set(pixels) == {"first", "filler", "again", "both"}
-    assert np.array_equal(pixels["again"][0], pixels["first"][0]) and np.array_equal(
-        pixels["both"][1], pixels["first"][0]
-    )
+    assert set(pixels) == {"first", "filler", "again", "both", "elsewhere"}
+    for rid, n in (("again", 0), ("both", 1), ("elsewhere", 0)):
+        assert np.array_equal(pixels[rid][n], pixels["first"][0]), rid
     assert pixels["first"][0].shape == noise.shape  # released as validation wrote it

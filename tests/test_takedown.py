@@ -52,6 +52,8 @@ SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
         ("phash:0xC3A5F00F0FF0A5C3", "phash", "c3a5f00f0ff0a5c3"),
         ("c3a5f00f0ff0a5c3", "phash", "c3a5f00f0ff0a5c3"),
         ("0xC3A5F00F0FF0A5C3", "phash", "c3a5f00f0ff0a5c3"),  # as Python prints one: not a key
+        ("0x123456789abcdef", "phash", "0123456789abcdef"),  # hex() drops leading zeros
+        ("phash:0x1f", "phash", "000000000000001f"),
         ("PHASH:c3a5f00f0ff0a5c3", "phash", "c3a5f00f0ff0a5c3"),
     ],
 )

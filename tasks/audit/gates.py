@@ -169,8 +169,9 @@ def validate_gate(
     ``license_allow``; width and height >= the minimum side; aspect <= the maximum; keys and
     pixel hashes unique. Beside the GE suites: the recipe's license review, when
     ``cfg.require_license_review``. ``shared_duplicates`` (fine-tuning's images): a
-    ``duplicate_of`` row is a picture records share (``tasks.finetune.samples.shared``), not a
-    refusal, so it is left out of the ledger's checks; the fine-tuning gate judges the records.
+    ``duplicate_of`` row is judged with the records that show it, so it is left out of the
+    ledger's checks: an exact duplicate is a picture they share (``tasks.finetune.samples.shared``),
+    a near one refuses its record, which the fine-tuning gate counts.
     """
     gx = import_gx()
     if shared_duplicates and "reason" in ledger.column_names:

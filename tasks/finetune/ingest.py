@@ -126,6 +126,12 @@ def _open(source: SourceConfig, options: dict[str, Any]) -> IO[bytes]:
     return fsspec.open(source.manifest, "rb", **kwargs).open()
 
 
+def reserved_tags(cfg: FinetuneConfig) -> tuple[str, ...]:
+    """The tiler's tags a turn may not hold (``conversation_reserved_tag``): none empty, and
+    never the image placeholder itself."""
+    return tuple(t for t in dict.fromkeys(all_tags(cfg.tiling)) if t and t != cfg.conversation.placeholder)
+
+
 def plan_ingest(
     storage: Storage, dataset: str, source: SourceConfig, cfg: FinetuneConfig, options: dict[str, Any]
 ) -> IngestPlan:
@@ -158,7 +164,7 @@ def plan_ingest(
         for _ in blocks:  # JSON and gzip files: the hash only
             pass
     digest = digest_of(
-        sha.hexdigest(), rules.model_dump(mode="json"), all_tags(cfg.tiling), source.rows_per_shard, STAGE_VERSION
+        sha.hexdigest(), rules.model_dump(mode="json"), reserved_tags(cfg), source.rows_per_shard, STAGE_VERSION
     )
     base = f"{dataset}/finetune/records/{source.name}/{digest}"
     ranges = [RecordRange(0, 0, None, 0, None)]
@@ -194,7 +200,7 @@ def ingest_range(
             raws = iter_records(fh, manifest, cap)
         else:
             raws = jsonl_records(range_lines(fh, part.start, part.end, cap), part.first_row, cap)
-        result = _write_range(storage, plan, part, raws, rules, tuple(all_tags(cfg.tiling)))
+        result = _write_range(storage, plan, part, raws, rules, reserved_tags(cfg))
     if part.records is not None and result.rows != part.records:
         raise RecordsError(
             f"{manifest}: bytes {part.start}..{part.end} hold {result.rows} records, the plan counted {part.records}: the file changed while it was read"

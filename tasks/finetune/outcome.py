@@ -90,19 +90,6 @@ def shard_names(outputs: list[PackShardResult]) -> dict[str, str]:
     return dict(zip([o.tar for o in ordered], release_shard_names([o.sha256 for o in ordered])))
 
 
-def chunk_ledgers(ledgers: list[str], source: str, first: int, end: int, rows_per_shard: int) -> list[str]:
-    """The image-phase ledgers (``{dataset}/{phase}/{source}/{index:06d}-{hash}...``) that hold rows first..end."""
-    if end <= first:
-        return []
-    wanted = set(range(first // rows_per_shard, (end - 1) // rows_per_shard + 1))
-    out = []
-    for rel in ledgers:
-        parts = rel.split("/")
-        if parts[-2] == source and int(parts[-1].split("-", 1)[0]) in wanted:
-            out.append(rel)
-    return out
-
-
 def final_tables(rows: pa.Table, plan: PackPlan, outputs: list[PackShardResult]) -> tuple[pa.Table, pa.Table, pa.Table]:
     """(ledger: every record's fate; samples: one row per accepted sample, for the gate; report rows)."""
     verdict = {v["key"]: v for v in plan.verdicts.to_pylist()}

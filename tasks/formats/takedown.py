@@ -30,6 +30,7 @@ _HTTP = re.compile(r"^https?://", re.IGNORECASE)
 _PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_-]*):(.*)$", re.DOTALL)
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 _HEX16 = re.compile(r"^[0-9a-fA-F]{16}$")
+_HEX_SHORT = re.compile(r"^[0-9a-fA-F]{1,16}$")
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
 _SPACE = re.compile(r"\s")
 
@@ -137,10 +138,11 @@ def _explicit(kind: str, value: str) -> str:
             raise ValueError(f"{value!r} is not a sha256 digest (64 hex digits)")
         return value.lower()
     # phash
-    bare = value[2:] if value[:2].lower() == "0x" else value
-    if not _HEX16.match(bare):
+    if value[:2].lower() == "0x" and _HEX_SHORT.match(value[2:]):  # as hex() prints it: leading zeros dropped
+        return value[2:].lower().rjust(16, "0")
+    if not _HEX16.match(value):
         raise ValueError(f"{value!r} is not a 64-bit perceptual hash (16 hex digits)")
-    return bare.lower()
+    return value.lower()
 
 
 def parse_entry(text: str) -> tuple[str, str]:
@@ -169,7 +171,7 @@ def parse_entry(text: str) -> tuple[str, str]:
         return "sha256", text.lower()
     if _HEX16.match(text):
         return "phash", text.lower()
-    if text[:2].lower() == "0x" and _HEX16.match(text[2:]):  # a perceptual hash as Python prints one
+    if text[:2].lower() == "0x" and _HEX_SHORT.match(text[2:]):  # a perceptual hash as Python prints one
         return "phash", _explicit("phash", text)
     if "/" in text:
         raise ValueError(f"{text!r} looks like a URL without its scheme; write http://... or https://...")

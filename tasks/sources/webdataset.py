@@ -156,7 +156,7 @@ class ShardIngest:
                 first = listed[str(r.get("key"))]
                 detail = (
                     f"{self._upstream(i, r)}: key '{shown(str(r.get('key')))}' is listed again in the side file;"
-                    f" {self.shard}'s sample of it is row {first + 1}'s"
+                    f" its first listing, row {first + 1}, is the one {self.shard}'s sample goes with"
                 )
                 yield self._out(self._side_row(i, r), Fetched(reason="duplicate_key", detail=detail))
             elif fault is None:

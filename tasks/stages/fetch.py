@@ -417,7 +417,10 @@ def _inflated(data: bytes, cap: int, over: bool) -> tuple[bytes, bool]:
             out = inflate.decompress(data, cap + 1)
         except zlib.error:
             continue
-        return out, over or len(out) > cap or bool(inflate.unconsumed_tail)
+        more = len(out) > cap or bool(inflate.unconsumed_tail)
+        if not (inflate.eof or over or more):  # a whole body that is no complete stream: not compressed
+            continue
+        return out, over or more
     return data, over
 
 

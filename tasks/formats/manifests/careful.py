@@ -173,14 +173,18 @@ class Lines:
         self.unclosed = quoted
         if not quoted:
             return
-        state = _QUOTED
+        state, partial = _QUOTED, False
         while piece := self._raw(_SKIP_BYTES):
             state = csv_state(state, piece)
-            if piece.endswith(b"\n"):
+            partial = not piece.endswith(b"\n")
+            if not partial:
                 self.count += 1
                 if state != _QUOTED:
                     self.unclosed = False
                     return
+        if partial:  # the file's last line, without a newline
+            self.count += 1
+            self.unclosed = state == _QUOTED
 
 
 # csv's states over a record being skipped, as the csv module reads it (its default dialect,
@@ -191,21 +195,27 @@ _CSV_MARKS = re.compile(rb'[,"\n]')
 
 
 def csv_state(state: int, data: bytes) -> int:
-    """The state after ``data``: a newline outside quotes ends the record (``_START``)."""
-    last = 0
-    for m in _CSV_MARKS.finditer(data):
-        at = m.start()
-        if at > last and state in (_START, _CLOSED):  # text first: the field is plain from here
-            state = _PLAIN
+    """The state after ``data``: a newline outside quotes ends the record (``_START``). Inside
+    quotes only the next quote is looked for (a search in C, whatever the field holds)."""
+    pos, n = 0, len(data)
+    while pos < n:
         if state == _QUOTED:
-            state = _CLOSED if data[at] == 0x22 else _QUOTED
-        elif data[at] == 0x22:
+            at = data.find(b'"', pos)
+            if at < 0:
+                return _QUOTED
+            state, pos = _CLOSED, at + 1
+            continue
+        m = _CSV_MARKS.search(data, pos)
+        at = n if m is None else m.start()
+        if at > pos and state in (_START, _CLOSED):  # text first: the field is plain from here
+            state = _PLAIN
+        if m is None:
+            break
+        if data[at] == 0x22:
             state = _QUOTED if state in (_START, _CLOSED) else _PLAIN
         else:  # a comma or a newline outside quotes
             state = _START
-        last = at + 1
-    if len(data) > last and state in (_START, _CLOSED):
-        state = _PLAIN
+        pos = at + 1
     return state
 
 
