@@ -345,7 +345,7 @@ def test_csv_state_reads_quotes_as_the_csv_module_does(data, quoted):
 
 def test_a_long_quoted_record_that_closes_on_the_files_last_line_names_it(tmp_path, monkeypatch):
     monkeypatch.setattr(manifests.careful, "MAX_ROW_BYTES", 64)
-    text = "url,caption\n" 'http://a/1.jpg,"' + "y" * 70 + '\nmore\nend"'  # no newline at the end
+    text = 'url,caption\nhttp://a/1.jpg,"' + "y" * 70 + '\nmore\nend"'  # no newline at the end
     rows = read_all(source(write(tmp_path / "q.csv", text.encode())))
     assert [(r["line"], r["detail"]) for r in rows] == [(2, "lines 2-4: longer than 64 bytes")]
 
