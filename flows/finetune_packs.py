@@ -23,8 +23,9 @@ from tasks.finetune.outcome import (
     turn_privacy,
 )
 from tasks.finetune.packs import PackShardResult, output_paths, write_pack_shard
-from tasks.finetune.samples import BuildResult, build_paths, build_samples, duplicated, image_source_name
+from tasks.finetune.samples import BuildResult, build_paths, build_samples, image_source_name
 from tasks.formats.ledger import Counts, read_parquet
+from tasks.formats.reasons import original_of
 from tasks.formats.recipe import Recipe
 from tasks.formats.storage import Storage
 from tasks.stages.release import ReleaseResult, verify_shard
@@ -67,7 +68,7 @@ def _duplicates(storage: Storage, image_ledgers: list[list[str]]) -> dict[str, d
     for rel in (rel for phase in image_ledgers for rel in phase if rel.split("/")[-3] == "validate"):
         table = read_parquet(storage, rel, ["key", "reason"])
         for key, reason in zip(table.column("key").to_pylist(), table.column("reason").to_pylist()):
-            original = duplicated(reason or "")
+            original = original_of(reason)
             if original is not None:
                 source, row = original.rsplit("-", 1)
                 out.setdefault(rel.split("/")[-2], {})[int(key.rsplit("-", 1)[1])] = (source, int(row))

@@ -19,7 +19,7 @@ from tasks.audit.gate_checks import (
 )
 from tasks.audit.gate_results import LICENSE_REVIEW, ExpectationOutcome, GateResult, fmt_number
 from tasks.audit.ge_runner import expectation_stats, import_gx, ledger_stats, reason_families, run_suites, to_frame
-from tasks.formats.reasons import OK
+from tasks.formats.reasons import DUPLICATE_OF, OK
 from tasks.formats.recipe_download import ImageRules
 from tasks.formats.recipe_outputs import DownloadGate, PrecacheGate, ValidateGate
 
@@ -175,7 +175,7 @@ def validate_gate(
     """
     gx = import_gx()
     if shared_duplicates and "reason" in ledger.column_names:
-        dup = pc.starts_with(pc.fill_null(ledger.column("reason"), ""), "duplicate_of:")
+        dup = pc.starts_with(pc.fill_null(ledger.column("reason"), ""), DUPLICATE_OF)
         ledger = ledger.filter(pc.invert(dup))
     ledger_frame = to_frame(ledger, ["key", "status"], "validate ledger")
     if "reason" in ledger.column_names:  # for the statistics only

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.formats.ledger import COLUMNS, VIDEO_FACTS, read_ledgers
-from tasks.formats.reasons import OK
+from tasks.formats.reasons import OK, original_of
 from tasks.formats.storage import Storage
 
 # Strips of keyframes: at most STRIP_VIDEOS videos, STRIP_CLIPS clips each, STRIP_SIDE px long side.
@@ -84,7 +84,7 @@ def _strip_ranks(samples: pa.Table, thumbs: dict[str, bytes]) -> dict[str, int]:
 
 
 def _duplicate(reason: str | None) -> bool:
-    return reason is not None and reason.startswith("duplicate_of:")
+    return original_of(reason) is not None
 
 
 def _strip_picks(samples: pa.Table, ranks: dict[str, int]) -> set[str]:

@@ -24,7 +24,7 @@ from tasks.finetune.tiling import (
 from tasks.finetune.tokens import TokenCounter, load_counter
 from tasks.formats.ledger import SAMPLE_SCHEMA, read_ledger_with, read_parquet
 from tasks.formats.names import digest_of
-from tasks.formats.reasons import OK, is_curation_reason, status_of
+from tasks.formats.reasons import OK, is_curation_reason, original_of, status_of
 from tasks.formats.recipe_finetune import FinetuneConfig, TilingConfig, TokensConfig
 from tasks.formats.storage import Storage
 from tasks.stages.runner import ShardResult, Verdict, run_shard
@@ -65,24 +65,21 @@ def build_paths(
     return stem + ".tar", stem + ".parquet"
 
 
-DUPLICATE = "duplicate_of:"  # validation's reason for an image another one duplicates
-
-
-def _image_fates(storage: Storage, ledgers: list[str], keys: set[str]) -> dict[str, dict[str, Any]]:
-    """Final fate of each image key: the validate ledger's row where there is one, else the download's."""
+def _image_fates(tables: list[pa.Table], keys: set[str]) -> dict[str, dict[str, Any]]:
+    """Final fate of each image key in ``tables`` (the image ledgers, ``_fate_tables``, in
+    phase order): the validate ledger's row where there is one, else the download's."""
     fates: dict[str, dict[str, Any]] = {}
-    cols = ["key", "status", "reason", "detail", "shard", "members"]
-    for rel in ledgers:  # download ledgers first, then validate ones overwrite them
-        t = read_ledger_with(storage, rel, cols, ["pixel_sha256"])
+    for t in tables:  # download ledgers first, then validate ones overwrite them
         t = t.filter(pc.is_in(t.column("key"), value_set=pa.array(sorted(keys), pa.string())))
         for r in t.to_pylist():
             fates[r["key"]] = r
     return fates
 
 
-def duplicated(key: str) -> str | None:
-    """The image a ``duplicate_of:<key>`` reason names, else None."""
-    return key[len(DUPLICATE) :] if key.startswith(DUPLICATE) else None
+def _fate_tables(storage: Storage, ledgers: list[str]) -> list[pa.Table]:
+    """The columns of each image ledger a fate needs, read once for every key looked up in them."""
+    cols = ["key", "status", "reason", "detail", "shard", "members"]
+    return [read_ledger_with(storage, rel, cols, ["pixel_sha256"]) for rel in ledgers]
 
 
 def shared(fate: dict[str, Any] | None, fates: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -90,7 +87,7 @@ def shared(fate: dict[str, Any] | None, fates: dict[str, dict[str, Any]]) -> dic
     image's: records that show the same picture share its one validated copy (LLaVA's
     conversations reuse COCO's images; validation keeps the first and refuses the others as
     ``duplicate_of``). A near duplicate, or one of an image refused since, keeps its own fate."""
-    original = duplicated((fate or {}).get("reason") or "")
+    original = original_of((fate or {}).get("reason"))
     if fate is None or original is None:
         return fate
     kept = fates.get(original)
@@ -128,10 +125,12 @@ def build_samples(
         for rec in chunk_records:
             rec["image_rows"] = [first_image + r for r in rec["image_rows"] or []]
         want = {image_key(source, r) for rec in chunk_records for r in (rec["image_rows"] or [])}
-        fates.update(_image_fates(storage, image_ledgers, want) if want else {})
-        # the originals of exact duplicates: in these ledgers too (the flow adds theirs)
-        originals = {o for f in fates.values() if (o := duplicated(f["reason"] or "")) is not None} - fates.keys()
-        fates.update(_image_fates(storage, image_ledgers, originals) if originals else {})
+        if want:
+            tables = _fate_tables(storage, image_ledgers)
+            fates.update(_image_fates(tables, want))
+            # the originals of exact duplicates: in these ledgers too (the flow adds theirs)
+            originals = {o for f in fates.values() if (o := original_of(f["reason"])) is not None} - fates.keys()
+            fates.update(_image_fates(tables, originals) if originals else {})
         return chunk_records
 
     def decide(rec: dict[str, Any]) -> Verdict:

@@ -310,6 +310,19 @@ def is_curation_reason(reason: str | None) -> bool:
     return reason is not None and family(reason).rstrip(":") in CURATION_REASONS
 
 
+DUPLICATE_OF = "duplicate_of:"  # an exact or near duplicate's reason, the kept sample's key after it
+
+
+def duplicate_of(original: str) -> str:
+    """The reason of a duplicate of ``original`` (a sample key, or a clip's index within its video)."""
+    return DUPLICATE_OF + original
+
+
+def original_of(reason: str | None) -> str | None:
+    """The kept sample a ``duplicate_of:<key>`` reason names; None for any other reason."""
+    return reason[len(DUPLICATE_OF) :] if reason is not None and reason.startswith(DUPLICATE_OF) else None
+
+
 def family(reason: str) -> str:
     """The stable part of a reason, for grouping: ``duplicate_of:photos-000000012`` -> ``duplicate_of``."""
     for prefix in FAMILIES:

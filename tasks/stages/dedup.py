@@ -9,7 +9,7 @@ import pyarrow as pa
 from tasks.formats.ledger import read_ledger, read_parquet
 from tasks.formats.manifests import chunk_name
 from tasks.formats.names import digest_of
-from tasks.formats.reasons import OK, status_of
+from tasks.formats.reasons import OK, duplicate_of, status_of
 from tasks.formats.recipe_download import DedupConfig
 from tasks.formats.storage import Storage
 from tasks.stages.runner import ShardResult, Verdict, run_shard
@@ -135,7 +135,7 @@ def _kept(row: dict[str, Any], src: Any, dups: dict[str, str]) -> Verdict:
         return Verdict(row)
     original = dups.get(row["key"])
     if original is not None:
-        reason = f"duplicate_of:{original}"
+        reason = duplicate_of(original)
         row.update(
             status=status_of(reason),
             reason=reason,

@@ -165,10 +165,9 @@ def released_rows(storage: Storage, recipe: Any, ledgers: list[str], version: st
     empty = _released_schema().empty_table()
     if not sources:
         return empty
+    fetched = [rel for rel in ledgers if rel.split("/")[-2] in sources]  # {dataset}/download/{source}/{name}
     parts = []
-    for rel in ledgers:
-        if rel.split("/")[-2] not in sources:  # {dataset}/download/{source}/{name}
-            continue
+    for rel in fetched:
         t = read_ledger_with(storage, rel, _LEDGER_COLUMNS, _FETCH_FACTS)
         t = t.filter(pc.equal(t.column("status"), "ok")).drop_columns(["status"])
         parts.append(t.append_column("chunk", pa.array([recheck_store.chunk_stem(rel)] * t.num_rows, pa.string())))
@@ -180,9 +179,7 @@ def released_rows(storage: Storage, recipe: Any, ledgers: list[str], version: st
         # A video's clips share its row: one check per row.
         released = samples.group_by(["source", "row"]).aggregate([])
         rows = rows.join(released, keys=["source", "row"], join_type="inner")
-    state = recheck_store.read_current(
-        storage, recipe.dataset, [rel for rel in ledgers if rel.split("/")[-2] in sources]
-    )
+    state = recheck_store.read_current(storage, recipe.dataset, fetched)
     columns = ["key", "checked_at", "outcome", "misses", "etag", "last_modified", "detail", "sha256"]
     state = state.select(columns).rename_columns(["key", *(f"st_{c}" for c in columns[1:])])
     rows = rows.join(state, keys="key", join_type="left outer")

@@ -7,7 +7,6 @@ import json
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -27,6 +26,7 @@ from tasks.formats.tar_reader import ShardError
 from tasks.policies.captions import caption_verdict
 from tasks.policies.images import process_image
 from tasks.policies.licenses import license_verdict
+from tasks.policies.metadata import Screen
 from tasks.policies.personal import masked
 from tasks.policies.privacy import FieldsOutcome, TextOutcome, check_fields, check_text, record_text
 from tasks.policies.ruling import Ruling
@@ -221,13 +221,14 @@ def _is_video(name: str) -> bool:
 
 
 def _text_checks(
-    members: dict[str, Payload], down: dict[str, Any], cfg: ValidateConfig
+    members: dict[str, Payload], down: dict[str, Any], cfg: ValidateConfig, written: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], str | None, TextOutcome, str | None, str | None]:
     """The sample's json, normalised license, the caption's privacy outcome (its cleaned and
     checked text), and the first refusal (reason, detail): the license is judged first, its
     refusal is the row's whatever the caption; then the caption's rules, then its personal data,
-    then the json's other fields' (``check_fields``: the json returned is as it left it)."""
-    meta = json.loads(members.get("json", b"{}"))
+    then the json's other fields' (``check_fields``: the json returned is as it left it).
+    ``written``: the json member already parsed (``check_fields`` leaves it as it is)."""
+    meta = written if written is not None else json.loads(members.get("json", b"{}"))
     licensed = license_verdict(meta.get("license"), down["source"], cfg.license)
     captioned = caption_verdict(
         meta.get("caption", members.get("txt", b"").decode("utf-8", "replace") or None), cfg.caption
@@ -268,7 +269,8 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     """A video's clips as samples (tasks/video/samples.py), or its one refused row; a few
     refused clips per reason leave their keyframe as the report's thumbnail."""
     cfg = judge.cfg
-    meta, spdx, text, reason, detail = _text_checks(members, down, cfg)
+    written = json.loads(members.get("json", b"{}"))  # the time spans are read from it as written
+    meta, spdx, text, reason, detail = _text_checks(members, down, cfg, written)
     caption = text.text
     # A video's rows carry its facts (nulls until probed), so a video source's ledger has them
     # even where every video was refused before its probe (tasks.formats.ledger.widened).
@@ -292,7 +294,7 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
         max_aspect=cfg.image.max_aspect_ratio,
         look=partial(clip_faces, judge.look) if judge.look is not None else None,
         look_frames=cfg.privacy.faces.clip_frames,
-        spans_from=json.loads(members.get("json", b"{}")),  # the spans as written, not as the json's check left them
+        spans_from=written,  # the spans as written, not as the json's check left them
     ):
         # Counted per reason without its payload (duplicate_of:<clip key>).
         if keyframe is not None and r["reason"] is not None and judge.took_thumbnail(r["reason"].split(":", 1)[0]):
@@ -301,7 +303,7 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     return verdicts
 
 
-def _exif_screen(cfg: ValidateConfig, found: list[tuple[str, TextOutcome]]) -> Callable[[str, str], str | None] | None:
+def _exif_screen(cfg: ValidateConfig, found: list[tuple[str, TextOutcome]]) -> Screen | None:
     """What the EXIF fields a recipe keeps (``privacy.metadata.keep``) go through: the text
     rules, as the caption's. A field is written redacted under ``redact``, as it is under
     ``record``; under ``reject`` the sample is refused (``found`` holds each check)."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.formats.reasons import duplicate_of
 from tasks.formats.recipe_video import ClipConfig
 from tasks.formats.spooled import Payload, media_source
 from tasks.video.probe import CONTAINERS, VideoInfo
@@ -212,7 +213,7 @@ def _judge(sig: Signals, cfg: ClipConfig, index: int, first: int, end: int, scen
         )
         if near is not None:
             bits = _distance(near[0], hashes)
-            reason = f"duplicate_of:{near[1]}"
+            reason = duplicate_of(str(near[1]))
             detail = f"frame hashes differ in at most {bits} of 256 bits, levels by {near[2]:.3f}"
         else:
             seen.append((hashes, frames, index))

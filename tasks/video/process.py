@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tasks.formats.reasons import status_of
+from tasks.formats.reasons import duplicate_of, original_of, status_of
 from tasks.formats.spooled import Payload
 from tasks.video.clips import Clip, ClipConfig, clip_size, cut, display_size, no_clips_detail, render, signals
 from tasks.video.probe import VideoInfo, VideoLimits, probe
@@ -111,8 +111,9 @@ def _video_row(
 
 def _clip(key: str, clip: Clip, files: tuple[bytes | None, bytes] | None, stills: Any = ()) -> ClipOut:
     reason = clip.reason
-    if reason and reason.startswith("duplicate_of:"):
-        reason = f"duplicate_of:{clip_key(key, int(reason.split(':', 1)[1]))}"
+    index = original_of(reason)  # another clip of this video: by its index
+    if index is not None:
+        reason = duplicate_of(clip_key(key, int(index)))
     row = {
         "key": clip_key(key, clip.index),
         "video": key,
