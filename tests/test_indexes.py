@@ -33,13 +33,32 @@ COUNTS = (4, 7, 1)
 EXTS = ["jpg", "txt", "json"]
 
 
-def _jpeg(i: int) -> bytes:
+def _jpeg(i: int, fmt: str = "JPEG") -> bytes:
     from PIL import Image
 
     img = Image.new("RGB", (16 + i, 8 + (i % 5)), ((37 * i) % 256, 90, 200))
     buf = io.BytesIO()
-    img.save(buf, format="JPEG", quality=90)
+    img.save(buf, format=fmt, **({"quality": 90} if fmt != "PNG" else {}))
     return buf.getvalue()
+
+
+def _formats_shard(path: Path, exts: list[str]) -> ShardIndexInput:
+    """One sample per extension, its image in that format (a release of png or webp images, or
+    of several: ``skip_reencode`` keeps each source's format)."""
+    with open(path, "wb") as fh:
+        writer = ShardWriter(fh)
+        for i, ext in enumerate(exts):
+            fmt = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}[ext]
+            writer.write_sample(f"fmt-{i:06d}", {ext: _jpeg(i, fmt), "txt": f"a {ext} picture".encode()})
+        writer.close()
+    return ShardIndexInput(name=path.name, size=path.stat().st_size, samples=writer.records)
+
+
+def test_energon_image_field_names_the_formats_released(tmp_path):
+    for exts, field in ((["png", "png"], "png"), (["webp", "jpg", "png"], "jpg,png,webp"), (["jpg"], "jpg")):
+        shard = _formats_shard(tmp_path / "shard-000000.tar", exts)
+        dataset = yaml.safe_load(energon_indexes([shard])[".nv-meta/dataset.yaml"])
+        assert dataset["field_map"] == {"image": field, "caption": "txt"}
 
 
 def _caption(shard: int, i: int) -> bytes:
@@ -360,7 +379,7 @@ def test_bad_records_raise(release):
 
 _READERS_SCRIPT = r"""
 import contextlib, json, os, sys
-release, reference, cache, reference_default, chat = sys.argv[1:6]
+release, reference, cache, reference_default, chat, formats = sys.argv[1:7]
 out = {}
 with contextlib.redirect_stdout(sys.stderr):
     try:
@@ -384,6 +403,8 @@ with contextlib.redirect_stdout(sys.stderr):
     out["energon"] = [
         [b.__key__[0], b.__class__.__name__, b.caption[0], list(b.image[0].shape)] for b in get_loader(ds)
     ]
+    ds = get_val_dataset(formats, split_part="train", worker_config=worker_config, batch_size=1)
+    out["formats"] = [[b.__key__[0], b.caption[0], list(b.image[0].shape)] for b in get_loader(ds)]
     command.main(
         [reference, "--non-interactive", "--no-progress", "--num-workers", "1",
          "--split-parts", r"train:shard-00000[01]\.tar", "--split-parts", "val:shard-000002",
@@ -428,6 +449,11 @@ def readers(release, tmp_path_factory):
         folder.mkdir()
         for shard in release["shards"]:
             shutil.copyfile(release["root"] / shard.name, folder / shard.name)
+    formats = work / "formats"
+    formats.mkdir()
+    shard = _formats_shard(formats / "shard-000000.tar", ["png", "webp", "jpg"])
+    for rel, data in all_indexes([shard]).items():
+        Storage(str(formats)).write_bytes(rel, data)
     chat_url, chat_records = finetuning_release(str(work / "store"), [3, 2])
     chat = Path(chat_url) / "releases" / "v0001"
     script = work / "readers.py"
@@ -441,6 +467,7 @@ def readers(release, tmp_path_factory):
             str(work / "wids-cache"),
             str(reference_default),
             str(chat),
+            str(formats),
         ],
         work,
     )
@@ -459,6 +486,14 @@ def test_energon_reads_the_release(release, readers):
     assert {row[1] for row in got} == {"CaptioningSample"}
     assert [row[2].encode("utf-8") for row in got] == [caption for _, caption in expected]
     assert all(len(row[3]) == 3 and row[3][0] == 3 for row in got)  # decoded CHW tensors
+
+
+def test_energon_reads_png_webp_and_mixed_releases(readers):
+    """A release of png or webp images (``output_format``), or of several, reads as
+    CaptioningSample: the image field names every format its samples have."""
+    got = readers["formats"]
+    assert [row[:2] for row in got] == [["fmt-000000", "a png picture"], ["fmt-000001", "a webp picture"], ["fmt-000002", "a jpg picture"]]
+    assert [row[2] for row in got] == [[3, 8, 16], [3, 9, 17], [3, 10, 18]]
 
 
 def test_energon_prepare_writes_the_same_bytes(release, readers):

@@ -39,6 +39,10 @@ ENERGON_DEFAULT_PARTS = ("train", "val", "test")
 # shards whose members are key.jpg and key.txt.
 DEFAULT_SAMPLE_TYPE = "CaptioningSample"
 DEFAULT_FIELD_MAP: Mapping[str, str] = {"image": "jpg", "caption": "txt"}
+# Image members a release may hold (``validate.image.output_format``; ``skip_reencode`` keeps a
+# source's own format): CaptioningSample's default ``image`` field names those its samples have,
+# as energon's alternatives ("png", "jpg,png": the first a sample has is read).
+IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 # For video clips (key.mp4, key.jpg its keyframe, key.txt) CaptioningSample would read the
 # keyframe. Energon 7.4.1 has one sample type with a video field, VidQASample (video: the
 # SampleDecoder's `av_decode` result, an AVDecoder by default; context: str; answers and
@@ -119,7 +123,7 @@ def _split_parts(names: list[str], split_parts: Mapping[str, str | Sequence[str]
     return result
 
 
-def _dataset_yaml(sample_type: str, field_map: Mapping[str, str] | None) -> dict:
+def _dataset_yaml(sample_type: str, field_map: Mapping[str, str] | None, images: Sequence[str] = ("jpg",)) -> dict:
     if not isinstance(sample_type, str) or not _SAMPLE_TYPE_RE.fullmatch(sample_type):
         raise ValueError(f"sample_type {sample_type!r} is not a class name")
     if sample_type == ENERGON_CRUDE_TYPE:
@@ -127,7 +131,8 @@ def _dataset_yaml(sample_type: str, field_map: Mapping[str, str] | None) -> dict
             raise ValueError("CrudeWebdataset takes no field_map: a Cooker in the TaskEncoder reads samples")
         return {"__module__": ENERGON_MODULE, "__class__": ENERGON_CRUDE_TYPE}
     if field_map is None:
-        defaults = {DEFAULT_SAMPLE_TYPE: DEFAULT_FIELD_MAP, DEFAULT_VIDEO_SAMPLE_TYPE: DEFAULT_VIDEO_FIELD_MAP}
+        image_map = {**DEFAULT_FIELD_MAP, "image": ",".join(images or ("jpg",))}
+        defaults = {DEFAULT_SAMPLE_TYPE: image_map, DEFAULT_VIDEO_SAMPLE_TYPE: DEFAULT_VIDEO_FIELD_MAP}
         if sample_type not in defaults:
             raise ValueError(f"sample type {sample_type!r} needs a field_map (defaults fit {', '.join(defaults)})")
         field_map = defaults[sample_type]
@@ -157,6 +162,13 @@ def _check_field_map(shards: Sequence[ShardIndexInput], dataset: dict) -> None:
                     )
 
 
+def _image_members(shards: Sequence[ShardIndexInput]) -> list[str]:
+    """The image extensions the samples have, in ``IMAGE_MEMBERS``' order (a video clip's
+    keyframe is its ``jpg``)."""
+    seen = {m.name[len(sample.key) + 1 :] for shard in shards for sample in shard.samples for m in sample.members}
+    return [ext for ext in IMAGE_MEMBERS if ext in seen]
+
+
 def _all_clips(shards: Sequence[ShardIndexInput]) -> bool:
     """Every sample has a video member (``key.mp4``): a release of video clips."""
     samples = [sample for shard in shards for sample in shard.samples]
@@ -177,7 +189,7 @@ def energon_meta(
     clips = _all_clips(shards)
     if sample_type is None:
         sample_type = DEFAULT_VIDEO_SAMPLE_TYPE if clips else DEFAULT_SAMPLE_TYPE
-    dataset = _dataset_yaml(sample_type, field_map)
+    dataset = _dataset_yaml(sample_type, field_map, _image_members(shards))
     crude = "field_map" not in dataset
     crude_config = None
     if crude:
