@@ -331,6 +331,44 @@ def test_faces_recorded_or_refused(tmp_path):
     assert "max_faces 1" in rows["two"]["detail"]
 
 
+def _faces_in_thumbnails(tmp_path, rows: dict[str, dict]) -> dict[str, int]:
+    """Faces the detector finds in each thumbnail the run kept for the report (enlarged 4x)."""
+    import pyarrow.parquet as pq
+
+    from tasks.formats.recipe_privacy import FacePrivacy
+    from tasks.models.faces import FaceDetector
+
+    detector = FaceDetector(FacePrivacy(mode="record"))
+    (path,) = (tmp_path / "out").rglob("*.thumbs.parquet")
+    found = {}
+    names = {r["key"]: name for name, r in rows.items()}
+    for row in pq.read_table(path).to_pylist():
+        with Image.open(io.BytesIO(row["thumbnail"])) as img:
+            big = img.convert("RGB").resize((img.width * 4, img.height * 4), Image.Resampling.BICUBIC)
+        found[names[row["key"]]] = detector.detect(big)[1]
+    return found
+
+
+@pytest.mark.parametrize("mode", ["blur", "reject"])
+def test_thumbnails_of_samples_refused_before_their_face_check_show_no_face(tmp_path, mode):
+    """The report shows a few refused samples; where faces are blurred or refused, a sample
+    refused for its license or by a header rule (its aspect ratio) is shown blurred too."""
+    wide = Image.new("RGB", (960, 320), (200, 180, 160))
+    with Image.open(io.BytesIO(face_jpeg(3, 1))) as img:
+        wide.paste(img, (320, 0))
+    buf = io.BytesIO()
+    wide.save(buf, "JPEG", quality=90)
+    inputs = {"licensed": (face_jpeg(1, 1), "a portrait"), "wide": (buf.getvalue(), "a wide portrait")}
+    metas = {"licensed": {"license": "all rights reserved"}}
+    image = {"max_aspect_ratio": 2.0}
+    _, rows, _ = validate(tmp_path / mode, inputs, {"faces": {"mode": mode}}, image, metas=metas)
+    assert rows["wide"]["reason"] == "aspect_ratio" and rows["licensed"]["status"] == "rejected"
+    assert _faces_in_thumbnails(tmp_path / mode, rows) == {"licensed": 0, "wide": 0}
+    # Under record, faces are released as found, and so are the thumbnails (the check finds them).
+    _, rows, _ = validate(tmp_path / "record", inputs, {"faces": {"mode": "record"}}, image, metas=metas)
+    assert _faces_in_thumbnails(tmp_path / "record", rows) == {"licensed": 1, "wide": 1}
+
+
 def test_hostile_pixels_metadata_and_captions_each_end_as_one_row(tmp_path):
     """10,000 tiny faces, an EXIF segment far larger than its image, captions made to slow the
     scanner: each is judged, bounded, to exactly one row through the real reader and validation."""
@@ -439,6 +477,24 @@ def test_a_video_clip_is_looked_at_for_faces_in_three_of_its_frames(tmp_path, mo
         if mode == "blur":
             assert all("not blurred" in r["detail"] for r in faces + early)
         assert set(metas) == {"plain"}  # the refused clips are not written; the plain video's are
+
+
+@pytest.mark.parametrize("mode", ["blur", "record"])
+def test_a_clip_refused_before_its_face_check_shows_its_keyframe_blurred(tmp_path, mode):
+    """A still clip of a face is refused as static before it is looked at; its keyframe, the
+    report's thumbnail, goes through the face check where faces are blurred or refused."""
+    import numpy as np
+    from video_fixtures import make_video
+
+    frame = np.asarray(Image.open(io.BytesIO(face_jpeg(0, 1))).convert("RGB").resize((256, 256)))
+    still = make_video(seconds=2, fps=10, size=(256, 256), draw=lambda i, t: frame)
+    inputs = {"still": (still, "a portrait", "mp4")}
+    ledger, _, _ = validate(tmp_path, inputs, {"faces": {"mode": mode}, "text": {"mode": "off"}})
+    rows = {r["key"]: r for r in ledger.to_pylist()}
+    assert {r["reason"] for r in rows.values()} == {"clip_static"}
+    named = {key: "still" for key in rows}
+    found = _faces_in_thumbnails(tmp_path, {name: {"key": key} for key, name in named.items()})
+    assert found == {"still": 0 if mode == "blur" else 1}
 
 
 def test_more_frames_of_a_clip_are_looked_at_where_the_recipe_asks(tmp_path):

@@ -339,7 +339,9 @@ def _decide(
     # The draft (or WebP scale) request is in the file's stored orientation. It does not depend
     # on ``thumbnail``, so neither does the pixel key: a thumbnail beside the output is made
     # from the decoded pixels, and is smaller than THUMBNAIL_SIDE when they are.
-    want = pixels.thumb_dims(width, height) if verdict is not None else target
+    # A thumbnail that goes through ``look`` (faces blurred) is decoded at the released size, where
+    # faces are looked for.
+    want = pixels.thumb_dims(width, height) if verdict is not None and look is None else target
     try:
         stored, box, late = src.load(want)
         orientation = late if orientation is None else orientation
@@ -358,7 +360,9 @@ def _decide(
         box = box_after(box, stored_rgb.size, orientation)
     common = {"orig_width": ow, "orig_height": oh, "src_format": fmt}
     if verdict is not None:
-        return ImageOutcome(*verdict, thumbnail=pixels.thumbnail(rgb), **common)
+        seen = look(rgb) if look is not None else None  # the faces a thumbnail must not show
+        shown = seen.image if seen is not None and seen.image is not None else rgb
+        return ImageOutcome(*verdict, thumbnail=pixels.thumbnail(shown), **common)
 
     unchanged = stored_rgb is stored and method is None  # RGB as decoded, not rotated
     pixel_key = pixels.pixel_sha256(rgb, (ow, oh), src.pixels if unchanged else None)

@@ -65,6 +65,29 @@ def face_look(cfg: PrivacyConfig) -> FaceLook | None:
     return None if cfg.faces.mode == "off" else FaceLook(cfg.faces)
 
 
+def hides_faces(look: FaceLook | None) -> FaceLook | None:
+    """``look`` where it hides faces (``blur``, ``reject``): what a thumbnail of a sample refused
+    before its face check goes through, so that the report shows no face the release would not."""
+    return look if look is not None and look.rules.mode in ("blur", "reject") else None
+
+
+def shown_blurred(look: FaceLook | None, jpeg: bytes) -> bytes:
+    """A report thumbnail (JPEG bytes) with the faces ``look`` finds blurred, where it hides faces."""
+    look = hides_faces(look)
+    if look is None:
+        return jpeg
+    from tasks.models.faces import blur_faces
+
+    with Image.open(io.BytesIO(jpeg)) as img:
+        rgb = img.convert("RGB")
+    faces, _ = look.detector.detect(rgb)
+    if not faces:
+        return jpeg
+    out = io.BytesIO()
+    blur_faces(rgb, faces).save(out, "JPEG", quality=85)
+    return out.getvalue()
+
+
 def clip_faces(
     look: FaceLook,
     row: dict[str, Any],

@@ -32,7 +32,7 @@ from tasks.policies.privacy import FieldsOutcome, TextOutcome, check_fields, che
 from tasks.policies.ruling import Ruling
 from tasks.policies.sniff import EXTENSIONS, VIDEO_FORMATS
 from tasks.stages.dedup import DEDUP_COLUMNS, duplicates_by_table, final_paths, finalize_shard, find_duplicates
-from tasks.stages.privacy import clip_faces, face_look
+from tasks.stages.privacy import FACE_PRESENT, clip_faces, face_look, hides_faces, shown_blurred
 from tasks.stages.runner import DECIDE_FAILED, ShardResult, Verdict, failure_detail, run_shard
 
 # Dedup lives in tasks/stages/dedup.py; named here too, where the flows and tests import it.
@@ -298,7 +298,10 @@ def _judge_video(key: str, members: dict[str, Payload], down: dict[str, Any], ju
     ):
         # Counted per reason without its payload (duplicate_of:<clip key>).
         if keyframe is not None and r["reason"] is not None and judge.took_thumbnail(r["reason"].split(":", 1)[0]):
-            judge.keep_thumbnail(r["key"], keyframe)
+            # a clip refused for its faces shows them blurred already; others are looked at now
+            judge.keep_thumbnail(
+                r["key"], keyframe if r["reason"] == FACE_PRESENT else shown_blurred(judge.look, keyframe)
+            )
         verdicts.append(Verdict(r, m))
     return verdicts
 
@@ -347,13 +350,14 @@ def _judge(
     if image_ext is not None and (reason is None or want_thumb):
         # Thumbnails only for the few rejected samples the report shows; an image the rules
         # reject is decoded once more for its thumbnail (rare, and capped per reason).
-        # A sample refused before its image is not looked at for faces (only thumbnailed).
+        # A sample refused before its image is looked at for faces only where its thumbnail
+        # must not show them (faces blur or reject: hides_faces).
         kept_text: list[tuple[str, TextOutcome]] = []  # the kept EXIF fields' text, as checked
         screen = _exif_screen(cfg, kept_text) if reason is None else None
         image = partial(
             process_image, members[image_ext], cfg.image, keep_exif=cfg.privacy.metadata.keep, exif_screen=screen
         )
-        look = judge.look if reason is None else None
+        look = judge.look if reason is None else hides_faces(judge.look)
         outcome = image(thumbnail=want_thumb, look=look)
         if kept_text and text.fields is not None:  # recorded with the json's fields, as "exif:Artist"
             found = tuple((where, s) for where, got in kept_text for s in got.spans)
@@ -366,7 +370,7 @@ def _judge(
             reason, detail = outcome.reason, outcome.detail
             want_thumb = judge.want_thumbnail(reason)
             if want_thumb:
-                outcome = image(thumbnail=True, look=look)
+                outcome = image(thumbnail=True, look=hides_faces(look))
         elif reason is None:
             detail = outcome.detail  # a note on an accepted image (its size), if any
     row = _base_row(key, down, spdx, text, reason, detail)
