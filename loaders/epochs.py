@@ -64,10 +64,11 @@ def plan_epoch(
     if per_slot == 0:
         raise ValueError(f"{total} samples cannot give each of {n_slots} rank x worker slots at least one")
     order = _shard_order(len(counts), seed, epoch, shuffle)
-    # The sequence as (shard, start, stop) pieces; "pad" appends it again for the wrap.
+    # The sequence as (shard, start, stop) pieces; "pad" appends it again as often as the wrap
+    # needs (more than once where there are more slots than samples).
     pieces = [(i, 0, counts[i]) for i in order if counts[i]]
     if even == "pad":
-        pieces = pieces * 2
+        pieces = pieces * -(-(n_slots * per_slot) // total)
     slots = []
     piece, pos = 0, 0  # pos: next unread sample within pieces[piece]
     for _ in range(n_slots):

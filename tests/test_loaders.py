@@ -139,6 +139,22 @@ def test_pad_mode_reads_every_sample_and_repeats_only_the_remainder(release):
     assert len(seen) - len(set(seen)) == 6 * per_slot - TOTAL
 
 
+@pytest.mark.parametrize(("counts", "world_size", "workers"), [([1], 2, 2), ([4, 2], 13, 1), ([3, 0, 2], 4, 3)])
+def test_pad_mode_fills_more_slots_than_samples(counts, world_size, workers):
+    """``even="pad"`` wraps the epoch's samples as often as the slots need: a release of one
+    sample still gives every rank x worker slot one; each sample is read as evenly as can be."""
+    from loaders.epochs import plan_epoch
+
+    plan = plan_epoch(counts, world_size=world_size, num_workers=workers, even="pad")
+    read = [(shard, i) for slot in plan.slots for shard, start, stop in slot for i in range(start, stop)]
+    assert [sum(stop - start for _, start, stop in slot) for slot in plan.slots] == [plan.per_slot] * (
+        world_size * workers
+    )
+    times = [read.count((shard, i)) for shard, n in enumerate(counts) for i in range(n)]
+    assert len(read) == sum(times) and max(times) - min(times) <= 1
+    assert plan.repeated == len(read) - sum(counts) and plan.dropped == 0
+
+
 def test_shuffle_is_seeded_and_changes_with_the_epoch(release):
     from loaders.dataset import ReleaseDataset
 
