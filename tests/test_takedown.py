@@ -126,12 +126,19 @@ def test_urls_and_hosts_normalise_alike_in_python_and_in_arrow():
         "no scheme at all",
         "s3://Bucket/Key",
         "http:///no-host",
+        "http://Bücher.example/a.jpg",
+        "http://xn--bcher-kva.example/b.jpg",
+        "http://bücher。example/c.jpg",
     ]
     arrow = normalise_urls(pa.array(urls)).to_pylist()
     assert arrow == [normalise_url(u) for u in urls]
     assert arrow[0] == "http://user:pw@www.example.com:8080/Path/A.JPG?Q=1#F"
     assert url_hosts(pa.array(urls)).to_pylist() == [url_host(u) for u in urls]
-    assert [url_host(u) for u in urls] == ["www.example.com", "example.com", "[2001:db8::1]", None, "bucket", None]
+    idn = "xn--bcher-kva.example"  # an international host as its domain entry is written
+    assert [url_host(u) for u in urls] == [
+        *("www.example.com", "example.com", "[2001:db8::1]", None, "bucket", None),
+        *(idn, idn, idn),
+    ]
 
 
 # --------------------------------------------------------------------------- reading and adding
@@ -390,3 +397,17 @@ def test_a_run_over_a_bad_list_stops_before_it_starts_naming_the_line(tmp_path, 
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"{tmp_path / 'legal.txt'}:2: '123' is not a sha256 digest" in out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "store" / "d" / "download").exists()
+
+
+def test_a_domain_entry_covers_its_host_however_a_url_spells_it():
+    """``bücher.example`` is one host whether a URL writes it in Unicode, in any case, with an
+    ideographic full stop or as its IDNA ASCII; its subdomains too."""
+    legal = loaded("legal", ["domain:bücher.example"])
+    urls = [
+        "http://bücher.example/a.jpg",
+        "http://xn--bcher-kva.example/b.jpg",
+        "http://img.BÜCHER.example/c.jpg",
+        "http://bücher。example/d.jpg",
+        "http://bucher.example/e.jpg",
+    ]
+    assert Matcher([legal]).match_hosts(pa.array(urls)).tolist() == [0, 0, 0, 0, -1]

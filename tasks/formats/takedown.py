@@ -89,10 +89,23 @@ def normalise_url(url: str) -> str:
 
 
 def url_host(url: str) -> str | None:
-    """The host of ``url`` in lower case without a trailing dot, or None when it names none."""
+    """The host of ``url`` in lower case without a trailing dot, an international one as IDNA
+    ASCII (as domain entries are: ``bücher.example`` is ``xn--bcher-kva.example``), or None
+    when it names none."""
     m = _URL_HOST.match(url)
-    host = m.group(1).lower().rstrip(".") if m else ""
+    host = ascii_host(m.group(1).lower().rstrip(".")) if m else ""
     return host or None
+
+
+def ascii_host(host: str) -> str:
+    """``host`` (lower case) as IDNA ASCII where it is an international name; as it is where it
+    is ASCII already or not a valid name (it then matches no domain entry, which are valid)."""
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii").rstrip(".")
+    except UnicodeError:
+        return host
 
 
 def normalise_domain(text: str) -> str:

@@ -16,7 +16,7 @@ from tasks.formats.ledger import read_ledger_with, read_parquet, write_parquet
 from tasks.formats.reasons import OK, RECHECK_REASONS, REJECTED
 from tasks.formats.recipe_upkeep import RecheckActions
 from tasks.formats.storage import Storage
-from tasks.formats.takedown import URL_HOST, URL_PARTS, LoadedList
+from tasks.formats.takedown import URL_HOST, URL_PARTS, LoadedList, ascii_host
 
 TAKEN_DOWN = "taken_down"
 # Rows upkeep rejected (one per input ledger row: each clip of a video) and rows a recheck
@@ -188,9 +188,15 @@ def normalise_urls(urls: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArr
 
 
 def url_hosts(urls: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """Each URL's host in lower case without a trailing dot (``tasks.formats.takedown.url_host``)."""
+    """Each URL's host in lower case without a trailing dot, an international one as IDNA ASCII
+    (``tasks.formats.takedown.url_host``)."""
     host = pc.utf8_rtrim(pc.utf8_lower(pc.struct_field(pc.extract_regex(urls, URL_HOST), "host")), characters=".")
-    return pc.if_else(pc.equal(host, ""), pa.scalar(None, pa.string()), host)
+    host = pc.if_else(pc.equal(host, ""), pa.scalar(None, pa.string()), host)
+    if pc.all(pc.string_is_ascii(host)).as_py() is False:  # rare: each distinct host converted once
+        encoded = pc.dictionary_encode(host.combine_chunks() if isinstance(host, pa.ChunkedArray) else host)
+        names = pa.array([ascii_host(h) for h in encoded.dictionary.to_pylist()], pa.string())
+        host = pc.take(names, encoded.indices)
+    return host
 
 
 def _take_min(best: np.ndarray, ids: np.ndarray) -> np.ndarray:
