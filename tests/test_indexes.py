@@ -49,16 +49,25 @@ def _formats_shard(path: Path, exts: list[str]) -> ShardIndexInput:
         writer = ShardWriter(fh)
         for i, ext in enumerate(exts):
             fmt = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}[ext]
-            writer.write_sample(f"fmt-{i:06d}", {ext: _jpeg(i, fmt), "txt": f"a {ext} picture".encode()})
+            caption = f"a {ext} picture" if ext != "jpg" or len(exts) == 1 else ""
+            members = {ext: _jpeg(i, fmt), "json": json.dumps({"caption": caption}).encode()}
+            if caption:  # an empty caption (validate.caption.required: false) has no txt member
+                members["txt"] = caption.encode()
+            writer.write_sample(f"fmt-{i:06d}", members)
         writer.close()
     return ShardIndexInput(name=path.name, size=path.stat().st_size, samples=writer.records)
 
 
 def test_energon_image_field_names_the_formats_released(tmp_path):
-    for exts, field in ((["png", "png"], "png"), (["webp", "jpg", "png"], "jpg,png,webp"), (["jpg"], "jpg")):
+    cases = (
+        (["png", "png"], "png", "txt"),
+        (["webp", "jpg", "png"], "jpg,png,webp", "txt,json[caption]"),  # the jpg's caption is empty
+        (["jpg"], "jpg", "txt"),
+    )
+    for exts, images, captions in cases:
         shard = _formats_shard(tmp_path / "shard-000000.tar", exts)
         dataset = yaml.safe_load(energon_indexes([shard])[".nv-meta/dataset.yaml"])
-        assert dataset["field_map"] == {"image": field, "caption": "txt"}
+        assert dataset["field_map"] == {"image": images, "caption": captions}
 
 
 def _caption(shard: int, i: int) -> bytes:
@@ -490,9 +499,14 @@ def test_energon_reads_the_release(release, readers):
 
 def test_energon_reads_png_webp_and_mixed_releases(readers):
     """A release of png or webp images (``output_format``), or of several, reads as
-    CaptioningSample: the image field names every format its samples have."""
+    CaptioningSample: the image field names every format its samples have; an empty caption
+    (no txt member) is read from the json."""
     got = readers["formats"]
-    assert [row[:2] for row in got] == [["fmt-000000", "a png picture"], ["fmt-000001", "a webp picture"], ["fmt-000002", "a jpg picture"]]
+    assert [row[:2] for row in got] == [
+        ["fmt-000000", "a png picture"],
+        ["fmt-000001", "a webp picture"],
+        ["fmt-000002", ""],
+    ]
     assert [row[2] for row in got] == [[3, 8, 16], [3, 9, 17], [3, 10, 18]]
 
 

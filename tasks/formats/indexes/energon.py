@@ -123,7 +123,9 @@ def _split_parts(names: list[str], split_parts: Mapping[str, str | Sequence[str]
     return result
 
 
-def _dataset_yaml(sample_type: str, field_map: Mapping[str, str] | None, images: Sequence[str] = ("jpg",)) -> dict:
+def _dataset_yaml(
+    sample_type: str, field_map: Mapping[str, str] | None, images: Sequence[str] = ("jpg",), captions: str = "txt"
+) -> dict:
     if not isinstance(sample_type, str) or not _SAMPLE_TYPE_RE.fullmatch(sample_type):
         raise ValueError(f"sample_type {sample_type!r} is not a class name")
     if sample_type == ENERGON_CRUDE_TYPE:
@@ -131,7 +133,7 @@ def _dataset_yaml(sample_type: str, field_map: Mapping[str, str] | None, images:
             raise ValueError("CrudeWebdataset takes no field_map: a Cooker in the TaskEncoder reads samples")
         return {"__module__": ENERGON_MODULE, "__class__": ENERGON_CRUDE_TYPE}
     if field_map is None:
-        image_map = {**DEFAULT_FIELD_MAP, "image": ",".join(images or ("jpg",))}
+        image_map = {"image": ",".join(images or ("jpg",)), "caption": captions}
         defaults = {DEFAULT_SAMPLE_TYPE: image_map, DEFAULT_VIDEO_SAMPLE_TYPE: DEFAULT_VIDEO_FIELD_MAP}
         if sample_type not in defaults:
             raise ValueError(f"sample type {sample_type!r} needs a field_map (defaults fit {', '.join(defaults)})")
@@ -169,6 +171,16 @@ def _image_members(shards: Sequence[ShardIndexInput]) -> list[str]:
     return [ext for ext in IMAGE_MEMBERS if ext in seen]
 
 
+def _captions(shards: Sequence[ShardIndexInput]) -> str:
+    """CaptioningSample's ``caption`` field: the ``txt`` member, or where a sample has none (a
+    recipe with ``validate.caption.required: false`` releases an empty caption without one) the
+    json's ``caption`` after it, as energon's alternatives read them."""
+    every = all(
+        any(m.name == f"{sample.key}.txt" for m in sample.members) for shard in shards for sample in shard.samples
+    )
+    return DEFAULT_FIELD_MAP["caption"] if every else f"{DEFAULT_FIELD_MAP['caption']},json[caption]"
+
+
 def _all_clips(shards: Sequence[ShardIndexInput]) -> bool:
     """Every sample has a video member (``key.mp4``): a release of video clips."""
     samples = [sample for shard in shards for sample in shard.samples]
@@ -189,7 +201,7 @@ def energon_meta(
     clips = _all_clips(shards)
     if sample_type is None:
         sample_type = DEFAULT_VIDEO_SAMPLE_TYPE if clips else DEFAULT_SAMPLE_TYPE
-    dataset = _dataset_yaml(sample_type, field_map, _image_members(shards))
+    dataset = _dataset_yaml(sample_type, field_map, _image_members(shards), _captions(shards))
     crude = "field_map" not in dataset
     crude_config = None
     if crude:
