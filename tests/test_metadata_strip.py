@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import zlib
 
 import imagecodecs
@@ -559,3 +560,216 @@ def test_keep_reads_only_the_named_entries_of_a_hostile_exif() -> None:
     assert kept is not None and len(kept) < 10_000
     with Image.open(io.BytesIO(kept)) as img:
         assert dict(img.getexif()) == {0x8298: COPYRIGHT}
+
+
+# --- bytes beside what decoders read ----------------------------------------------------------
+
+
+def jpeg_before(data: bytes, marker: bytes, segment: bytes) -> bytes:
+    """``data`` with ``segment`` put in before the first ``marker`` (FF xx)."""
+    at = data.index(marker)
+    return data[:at] + segment + data[at:]
+
+
+def test_dnl_keeps_only_its_line_count() -> None:
+    # A DNL after the scan of its own size (a line count) is kept; a longer one, or a second, is data.
+    data = save(photo(15), "jpeg")
+    lines = jpeg_segment(0xDC, (64).to_bytes(2, "big"))
+    planted = jpeg_before(data, b"\xff\xd9", lines + jpeg_segment(0xDC, b"\x00\x40" + TEXT_MARK) + lines)
+    stripped = strip_metadata(planted, "jpeg")
+    assert stripped is not None and TEXT_MARK not in stripped
+    assert stripped == jpeg_before(data, b"\xff\xd9", lines)
+    assert_same_pixels(planted, stripped, "jpeg")
+    assert metadata_kinds(planted, "jpeg") == ("other",)
+    assert metadata_kinds(stripped, "jpeg") == ()
+
+
+def test_parameterless_markers_between_segments_are_removed() -> None:
+    # RSTn between header segments: skipped by libjpeg and Pillow, each one 3 bits of data.
+    data = save(photo(15), "jpeg")
+    planted = jpeg_before(data, b"\xff\xdb", b"\xff\xd0\xff\xd3\xff\xd7")
+    stripped = strip_metadata(planted, "jpeg")
+    assert stripped == data
+    assert_same_pixels(planted, stripped, "jpeg")
+    assert metadata_kinds(planted, "jpeg") == ("other",)
+
+
+def adobe(body: bytes) -> bytes:
+    return jpeg_segment(0xEE, b"Adobe" + body)
+
+
+def test_adobe_keeps_only_the_segment_decoders_read() -> None:
+    # libjpeg takes the transform of the last Adobe segment before the scan. Planted before the
+    # file's own (CMYK, transform 0): segments with transform 2 (YCCK), whose pixels differ,
+    # and a short one; after the scan, one more. Each carries 6 bytes of a message.
+    data = save(photo(5).convert("CMYK"), "jpeg")
+    own = data.index(b"\xff\xee")
+    assert data[own : own + 16] == adobe(b"\x00\x64" + b"\x00" * 5)
+    message = TEXT_MARK + b"-" + COMMENT_MARK + b"!"
+    pieces = [message[i : i + 6] for i in range(0, len(message), 6)]
+    before = b"".join(adobe(piece + b"\x02") for piece in pieces[:-2]) + adobe(pieces[-2][:2])
+    planted = jpeg_before(data[:own] + before + data[own:], b"\xff\xd9", adobe(pieces[-1] + b"\x00"))
+    assert pillow_pixels(planted)[1].tobytes() == pillow_pixels(data)[1].tobytes()
+    stripped = strip_metadata(planted, "jpeg")
+    assert stripped == data  # the file's own segment, in its place
+    for piece in pieces:
+        assert piece not in stripped
+    assert_same_pixels(planted, stripped, "jpeg")
+    assert metadata_kinds(planted, "jpeg") == ("other",)
+
+
+def test_adobe_bytes_decoders_skip_are_rewritten() -> None:
+    # The version and flags (6 bytes) are read by no decoder's pixels; a transform other than
+    # 0 is YCCK for 4 components whatever its value. Both are written as libjpeg writes them.
+    data = save(photo(5).convert("CMYK"), "jpeg")
+    own = data.index(b"\xff\xee")
+    planted = data[:own] + adobe(TEXT_MARK[:6] + b"\x07") + data[own + 16 :]
+    stripped = strip_metadata(planted, "jpeg")
+    assert stripped is not None and TEXT_MARK[:6] not in stripped
+    assert stripped[own : own + 16] == adobe(b"\x00\x64" + b"\x00" * 4 + b"\x02")
+    assert_same_pixels(planted, stripped, "jpeg")
+    assert strip_metadata(stripped, "jpeg") is stripped
+
+
+def png_chunk_replaced(data: bytes, tag: bytes, chunk: bytes) -> bytes:
+    at = data.index(tag) - 4
+    return data[:at] + chunk + data[at + 12 + int.from_bytes(data[at : at + 4], "big") :]
+
+
+@pytest.mark.parametrize("mode", ["L", "LA", "RGB", "RGBA"])
+def test_png_palette_and_transparency_decoders_skip_are_removed(mode: str) -> None:
+    # A palette in a grey or truecolour file, transparency beside an alpha channel: read by no
+    # decoder's pixels, any bytes.
+    img = photo(16, mode="RGBA").convert(mode) if mode.endswith("A") else photo(16).convert(mode)
+    data = save(img, "png")
+    planted = png_before_idat(data, png_chunk(b"PLTE", TEXT_MARK[:15]))
+    if mode.endswith("A"):
+        planted = png_before_idat(planted, png_chunk(b"tRNS", COMMENT_MARK))
+    stripped = strip_metadata(planted, "png")
+    assert stripped == data
+    assert_same_pixels(planted, stripped, "png")
+    assert metadata_kinds(planted, "png") == ("other",)
+
+
+def test_png_palette_and_transparency_read_two_ways_give_none() -> None:
+    grey, rgb = save(photo(17).convert("L"), "png"), save(photo(17), "png")
+    palette = save(photo(10).convert("P", palette=Image.Palette.ADAPTIVE, colors=16), "png", transparency=3)
+    plte_at = palette.index(b"PLTE") - 4
+    entries = int.from_bytes(palette[plte_at : plte_at + 4], "big") // 3
+    two = save(photo(10).convert("P", palette=Image.Palette.ADAPTIVE, colors=2), "png", bits=1)
+    assert two[24:26] == b"\x01\x03"  # 1-bit palette: libpng reads 2 entries of a longer PLTE
+    two = png_chunk_replaced(two, b"PLTE", png_chunk(b"PLTE", bytes(range(12))))
+    cases = {
+        "grey tRNS not 2 bytes": png_before_idat(grey, png_chunk(b"tRNS", b"\x00\x10" + TEXT_MARK)),
+        "rgb tRNS not 6 bytes": png_before_idat(rgb, png_chunk(b"tRNS", b"\x00" * 6 + TEXT_MARK)),
+        "two tRNS": png_before_idat(rgb, png_chunk(b"tRNS", b"\x00" * 6) * 2),
+        "tRNS after the pixels": png_chunk_replaced(rgb, b"IEND", png_chunk(b"tRNS", b"\x00" * 6) + rgb[-12:]),
+        "tRNS longer than the palette": png_chunk_replaced(
+            palette, b"tRNS", png_chunk(b"tRNS", b"\xff" * (entries + 1))
+        ),
+        "tRNS longer than the entries libpng reads": png_before_idat(two, png_chunk(b"tRNS", b"\x00\x80\xff")),
+        "tRNS before the palette": palette[:plte_at] + png_chunk(b"tRNS", b"\x00") + palette[plte_at:],
+        "PLTE of part entries": png_chunk_replaced(palette, b"PLTE", png_chunk(b"PLTE", bytes(3 * entries + 1))),
+        "PLTE of 257 entries": png_chunk_replaced(palette, b"PLTE", png_chunk(b"PLTE", bytes(3 * 257))),
+        "two PLTE": palette[:plte_at]
+        + palette[plte_at : palette.index(b"tRNS") - 4] * 2
+        + palette[palette.index(b"tRNS") - 4 :],
+        "IHDR of 14 bytes": palette[:8] + png_chunk(b"IHDR", palette[16:29] + b"S") + palette[33:],
+    }
+    for name, data in cases.items():
+        assert strip_metadata(data, "png") is None, name
+    for data in (png_before_idat(grey, png_chunk(b"tRNS", b"\x00\x10")), palette, two):
+        assert strip_metadata(data, "png") is data
+
+
+def test_webp_alpha_the_header_does_not_announce_gives_none() -> None:
+    # VP8X without the alpha flag, then ALPH and VP8: Pillow decodes RGBA, libwebp RGB.
+    simple = save(photo(18), "webp", quality=80)
+    canvas = (96 - 1).to_bytes(3, "little") + (64 - 1).to_bytes(3, "little")
+    body = riff_chunk(b"VP8X", b"\x00" * 4 + canvas) + riff_chunk(b"ALPH", b"\x00" + TEXT_MARK) + simple[12:]
+    data = b"RIFF" + (4 + len(body)).to_bytes(4, "little") + b"WEBP" + body
+    assert pillow_pixels(data)[0] == "RGBA" and codec_pixels(data, "webp").shape[-1] == 3
+    assert strip_metadata(data, "webp") is None
+    flagged = data[:20] + b"\x10" + data[21:]
+    assert strip_metadata(flagged, "webp") is flagged
+
+
+def test_webp_vp8x_is_released_as_ten_bytes() -> None:
+    # Bytes no decoder reads in VP8X: its reserved bits and bytes, and anything past 10 bytes.
+    clean = vp8x_webp(photo(19))
+    flags, canvas = clean[20], clean[24:30]
+    assert clean[16:20] == (10).to_bytes(4, "little") and clean[21:24] == b"\x00\x00\x00"
+
+    def with_vp8x(body: bytes) -> bytes:
+        return with_riff_chunk(b"RIFF\x04\x00\x00\x00WEBP", riff_chunk(b"VP8X", body) + clean[30:])
+
+    expected = strip_metadata(clean, "webp")  # the XMP chunk and its flag removed
+    assert expected is not None and expected[12:30] == b"VP8X\x0a\x00\x00\x00\x00\x00\x00\x00" + canvas
+    cases = {
+        "reserved bytes": with_vp8x(bytes([flags]) + TEXT_MARK[:3] + canvas),
+        "longer chunk": with_vp8x(bytes([flags, 0, 0, 0]) + canvas + TEXT_MARK),
+        "reserved bits": with_vp8x(bytes([flags | 0xC1, 0, 0, 0]) + canvas),
+    }
+    for name, data in cases.items():
+        stripped = strip_metadata(data, "webp")
+        assert stripped == expected, name
+        assert TEXT_MARK[:3] not in stripped, name
+        assert metadata_kinds(data, "webp") == ("xmp", "other"), name
+    assert_same_pixels(cases["reserved bytes"], expected, "webp")  # the others no decoder here opens
+
+
+def tiff_with(entries: list[tuple[int, int, int, bytes]]) -> bytes:
+    """A TIFF block whose IFD0 holds ``entries`` (tag, type, count, value bytes), as a writer may store them."""
+    at = 8 + 2 + 12 * len(entries) + 4
+    head, values = [b"II*\x00\x08\x00\x00\x00" + len(entries).to_bytes(2, "little")], b""
+    for tag, kind, count, value in entries:
+        entry = tag.to_bytes(2, "little") + kind.to_bytes(2, "little") + count.to_bytes(4, "little")
+        if len(value) <= 4:
+            head.append(entry + value.ljust(4, b"\x00"))
+        else:
+            head.append(entry + (at + len(values)).to_bytes(4, "little"))
+            values += value + b"\x00" * (len(value) & 1)
+    return b"".join(head) + b"\x00" * 4 + values
+
+
+def redact_emails(name: str, text: str) -> str | None:
+    """A screen as privacy.text's ``redact`` is, for e-mail addresses; refuses a field holding "REFUSE"."""
+    return None if "REFUSE" in text else re.sub(r"[\w.+-]+@[\w-]+\.[\w.]+", "<EMAIL>", text)
+
+
+@pytest.mark.filterwarnings("ignore:.*:UserWarning:PIL")  # Pillow's notes on oddly typed fields
+def test_keep_screens_text_stored_as_bytes() -> None:
+    # Text fields stored as BYTE (1) or UNDEFINED (7) reach Pillow as bytes; their text is
+    # screened as ASCII text is. Fields of another type (numbers, several values) are not kept.
+    address = "Jo Bloggs jo.bloggs@example.org"
+    fields = [
+        (0x013B, 7, address.encode()),  # Artist, UNDEFINED
+        (0x8298, 1, address.encode() + b"\x00"),  # Copyright, BYTE
+        (0x010E, 7, address.encode("utf-16-le")),  # ImageDescription, UTF-16 as UNDEFINED
+        (0x010F, 7, b"PhoneMaker"),  # Make, nothing to redact: kept as it was
+        (0x0110, 1, b"REFUSE " + ARTIST_MARK),  # Model, refused by the screen
+        (0x0131, 5, bytes(range(8))),  # Software as a RATIONAL
+        (0x4746, 3, (TEXT_MARK * 2)[:16]),  # Rating as 8 SHORTs
+    ]
+    tiff = tiff_with([(tag, kind, len(value) // {5: 8, 3: 2}.get(kind, 1), value) for tag, kind, value in fields])
+    names = ("Artist", "Copyright", "ImageDescription", "Make", "Model", "Software", "Rating")
+    data = save(photo(21), "jpeg", exif=b"Exif\x00\x00" + tiff)
+    kept = strip_metadata(data, "jpeg", keep=names, screen=redact_emails)
+    assert kept is not None
+    assert_same_pixels(data, kept, "jpeg")
+    with Image.open(io.BytesIO(data)) as img:
+        reencoded = save(photo(21), "jpeg", exif=exif_kept(img.getexif(), names, redact_emails))
+    for out in (kept, reencoded):
+        with Image.open(io.BytesIO(out)) as img:
+            assert dict(img.getexif()) == {
+                0x013B: "Jo Bloggs <EMAIL>",
+                0x8298: "Jo Bloggs <EMAIL>",
+                0x010E: "Jo Bloggs <EMAIL>",
+                0x010F: "PhoneMaker",
+            }
+        for mark in (b"jo.bloggs", "jo.bloggs".encode("utf-16-le"), ARTIST_MARK, TEXT_MARK[:4]):
+            assert mark not in out, mark
+    assert metadata_kinds(kept, "jpeg") == ("exif",)
+    # Without a screen (privacy.text off) the text is kept as written, but never a mistyped field.
+    with Image.open(io.BytesIO(strip_metadata(data, "jpeg", keep=names) or b"")) as img:
+        assert set(img.getexif()) == {0x013B, 0x8298, 0x010E, 0x010F, 0x0110}

@@ -5,21 +5,38 @@ Decisions (tests/test_metadata_strip.py pins each one):
 - What is removed. JPEG: COM and every APPn segment (APP1 EXIF, XMP and extended XMP; APP2
   ICC, MPF and FlashPix; APP13 Photoshop/IPTC; APP0 JFXX thumbnails; APP3-APP12, APP15) but
   the two that decoding reads (below), wherever they are (between progressive scans too),
-  and everything after EOI (appended payloads, the further images of an MPO). PNG: every ancillary chunk but ``tRNS`` (tEXt, zTXt, iTXt, eXIf, tIME,
-  iCCP, unknown and private chunks) and everything after IEND. WebP: EXIF, XMP, ICCP and
-  unknown chunks, their VP8X flags cleared, the RIFF size fixed, everything after the RIFF
-  payload dropped; a simple (VP8 / VP8L) file keeps only its bitstream chunk. Segments no
-  decoder reads, which can only carry data: JPEG markers other than SOFn, DHT, DAC, DQT, DRI,
-  SOS and (after a scan) DNL; a WebP ALPH, VP8 or VP8L chunk after the bitstream (``other``).
-  Not inspected: bytes inside the compressed data itself (after a JPEG scan's last code,
-  padding inside a VP8 chunk), which only a re-encode removes.
+  and everything after EOI (appended payloads, the further images of an MPO). PNG: every
+  ancillary chunk but a ``tRNS`` the colour type reads (tEXt, zTXt, iTXt, eXIf, tIME, iCCP,
+  unknown and private chunks) and everything after IEND. WebP: EXIF, XMP, ICCP and unknown
+  chunks, their VP8X flags cleared, the RIFF size fixed, everything after the RIFF payload
+  dropped; a simple (VP8 / VP8L) file keeps only its bitstream chunk. Segments no decoded
+  pixel depends on, which can only carry data (``other``): JPEG markers other than SOFn, DHT, DAC, DQT,
+  DRI, SOS and one DNL of its own size (4) after a scan; parameterless markers (RSTn, TEM)
+  between segments; every APP14 Adobe segment but the one kept; a PNG PLTE but in a palette
+  file (a suggested palette in colour types 2 and 6, none allowed in 0 and 4); a tRNS beside
+  an alpha channel (colour types 4 and 6); a WebP ALPH, VP8 or VP8L chunk after the
+  bitstream; VP8X's reserved bits and bytes and anything past its 10 bytes.
 - What is kept, because decoded pixels depend on it: JPEG's APP0 JFIF (libjpeg takes a
-  3-component file with it as YCbCr; its thumbnail is cut, the density kept) and APP14
-  Adobe (its transform flag says YCbCr/YCCK or RGB/CMYK; cut to the 12 bytes libjpeg and
-  Pillow read); PNG's IHDR, PLTE, tRNS, IDAT and IEND; WebP's VP8X (flags rewritten), ALPH,
-  VP8, VP8L, ANIM and ANMF. Segments are copied byte for byte, so the pixels are the same
-  bits with Pillow, libjpeg, libpng and libwebp (tasks.policies.decoders), and so is the
-  pixel hash.
+  3-component file with it as YCbCr; its thumbnail is cut, the density kept) and one APP14
+  Adobe, the last before the first scan (libjpeg reads each one's transform until then, the
+  last one winning), written as libjpeg writes it: version 100, no flags, and the transform
+  as libjpeg takes it (0: RGB or CMYK; another value: YCbCr or YCCK, written 1 or 2); PNG's
+  IHDR, IDAT, IEND and, in a palette file, PLTE; tRNS where the colour type reads it (0, 2
+  and 3); WebP's VP8X (rewritten: the flags decoders read, zero reserved bytes, the canvas
+  size), ALPH, VP8, VP8L, ANIM and ANMF. Pixel data is copied byte for byte, so the pixels
+  are the same bits with Pillow, libjpeg, libpng and libwebp (tasks.policies.decoders), and
+  so is the pixel hash.
+- What decoders read two ways gives None (the caller re-encodes): a PNG tRNS not of its
+  colour type's size (2 bytes for grey, 6 for RGB; Pillow reads its first bytes, libpng
+  ignores it), longer than the palette libpng reads (its entries up to the bit depth's), a
+  second one, one before PLTE or after the first IDAT; a palette of part entries or over 256,
+  or a second one; an IHDR not of 13 bytes; a WebP ALPH chunk in a VP8X file whose alpha flag
+  is clear (Pillow decodes it, libwebp does not).
+- Not removed, because finding it would mean decoding: bytes inside the compressed data
+  itself (after a JPEG scan's last code, padding inside a VP8 chunk, after a PNG's zlib
+  stream), and table contents no pixel uses: a DQT or DHT table no component or scan uses,
+  Huffman codes a scan never emits, quantiser values of coefficients that are all zero, PNG
+  palette entries no pixel uses. Each can carry data; only a re-encode removes it.
 - ICC (JPEG APP2, PNG iCCP, WebP ICCP) is removed: samples are taken as sRGB (no decoder
   here applies a profile) and the re-encode path (tasks.policies.pixels.encode) writes none,
   so both paths release the same thing; a profile also carries device and author text.
@@ -38,7 +55,11 @@ Decisions (tests/test_metadata_strip.py pins each one):
   pointers, tags embedding other metadata (XMP, IPTC, ICC) and serial numbers are never
   kept (:func:`check_keep` says why for each); fields that would take the EXIF over one
   JPEG segment (64 KiB) are left out. Only the named IFD0 entries are handed to Pillow's
-  EXIF parser, however many entries the input's IFD0 claims.
+  EXIF parser, however many entries the input's IFD0 claims. A field is kept only as its tag
+  holds it: text for a text tag (str, or bytes where it was stored as BYTE or UNDEFINED), one
+  number for a numeric one; never several numbers, which can spell anything. Its text goes
+  through the caller's screen (privacy.text): bytes decoded as UTF-8 (XP* fields as UTF-16),
+  NULs removed; a field the screen changes is written as the screened text.
 - Hostile bytes: one pass over segment headers (JPEG's entropy-coded data is searched for
   the next marker by a compiled pattern, in C), never a read past the data, at most
   :data:`MAX_SEGMENTS` segments; a length past the end, a truncated header, an unknown
@@ -55,9 +76,10 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from numbers import Number
 from typing import Any, Literal
 
-from PIL import ExifTags, Image
+from PIL import ExifTags, Image, TiffTags
 
 from tasks.formats.recipe_privacy import KEEPABLE, check_keep
 from tasks.policies.decoders import DECODE_ERRORS, MAX_SEGMENTS, webp_info
@@ -78,7 +100,7 @@ for _tag, _name in ExifTags.TAGS.items():
 
 _MAX_EXIF = 65533  # a JPEG APP1 payload, "Exif\0\0" included
 _EXIF_PREFIX = b"Exif\x00\x00"
-_EXIF_ERRORS = (*DECODE_ERRORS, TypeError, ArithmeticError)
+_EXIF_ERRORS = (*DECODE_ERRORS, TypeError, AttributeError, ArithmeticError)
 _GPS_POINTER = 0x8825
 _TIFF_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4}  # bytes per value
 _XMP_GPS = (b"exif:GPS", b"GPSLatitude", b"GPSLongitude")
@@ -88,15 +110,19 @@ _XMP_GPS_SCAN = 256 * 1024  # how far into an XMP packet GPS fields are looked f
 # marker that is not byte stuffing (FF 00) or a restart (FF D0-D7).
 _JPEG_MARKER = re.compile(rb"\xff+([^\xff])")
 _JPEG_NEXT = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
-_SOI, _EOI, _SOS, _TEM, _COM = 0xD8, 0xD9, 0xDA, 0x01, 0xFE
+_SOI, _EOI, _SOS, _DNL, _TEM, _COM = 0xD8, 0xD9, 0xDA, 0xDC, 0x01, 0xFE
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # not DHT, JPG, DAC
 _APP0, _APP1, _APP2, _APP13, _APP14, _APP15 = 0xE0, 0xE1, 0xE2, 0xED, 0xEE, 0xEF
 _JFIF_LEN = 14  # "JFIF\0", version, units, densities, thumbnail size: what libjpeg reads
 _ADOBE_LEN = 12  # "Adobe", version, flags0, flags1, transform: what libjpeg and Pillow read
+_ADOBE_HEAD = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00"  # all but the transform, as libjpeg writes it
 _XMP_IDS = (b"http://ns.adobe.com/xap/1.0/\x00", b"http://ns.adobe.com/xmp/extension/\x00")
 
 # PNG.
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_KEEP = {b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"}
+_PNG_KEEP = {b"IHDR", b"IDAT", b"IEND"}  # and PLTE and tRNS where the colour type reads them
+_PNG_COLOURS = {b"\x00", b"\x02", b"\x03", b"\x04", b"\x06"}  # grey, RGB, palette, grey + alpha, RGBA
+_PNG_TRNS = {0: 2, 2: 6, 3: 0}  # colour type -> tRNS length (0: one byte per palette entry at most)
 _PNG_APNG = {b"acTL", b"fcTL", b"fdAT"}
 _PNG_HINTS = {b"gAMA", b"cHRM", b"sRGB", b"cICP", b"mDCv", b"cLLi", b"sBIT", b"pHYs", b"bKGD", b"hIST", b"sPLT"}
 _PNG_TEXT = {b"tEXt", b"zTXt", b"iTXt"}
@@ -112,8 +138,9 @@ _PNG_TEXT_KINDS = {
     b"Comment": "comment",
 }
 
-# WebP (VP8X flag bits, as libwebp's mux_types.h).
-_WEBP_ICC, _WEBP_ALPHA, _WEBP_EXIF, _WEBP_XMP = 0x20, 0x10, 0x08, 0x04
+# WebP (VP8X flag bits, as libwebp's mux_types.h; the others are reserved).
+_WEBP_ICC, _WEBP_ALPHA, _WEBP_EXIF, _WEBP_XMP, _WEBP_ANIMATION = 0x20, 0x10, 0x08, 0x04, 0x02
+_WEBP_RESERVED = 0xFF & ~(_WEBP_ICC | _WEBP_ALPHA | _WEBP_EXIF | _WEBP_XMP | _WEBP_ANIMATION)
 _WEBP_KEEP = {b"ALPH", b"VP8 ", b"VP8L", b"ANIM", b"ANMF"}
 _WEBP_IMAGE = {b"VP8 ", b"VP8L", b"ANMF"}
 # A still image's alpha and bitstream: one of each, the alpha first. Another after the bitstream
@@ -271,7 +298,10 @@ def _scan_jpeg(data: bytes) -> _Scan:
         return scan.fail()
     scan.keep(0, 2)
     scan.mark()
-    pos, scanned, jfif = 2, False, False
+    pos, scanned, jfif, dnl = 2, False, False, False
+    components = 0  # the frame's (SOFn)
+    # The Adobe segment decoders read: where it goes in parts, where it is, its transform.
+    adobe: tuple[int, int, int] | None = None
     for _ in range(MAX_SEGMENTS):
         found = _JPEG_MARKER.match(data, pos)
         if found is None:
@@ -285,8 +315,8 @@ def _scan_jpeg(data: bytes) -> _Scan:
             if start + 2 < size:
                 scan.kinds.add("trailing")
             return scan
-        if marker == _TEM or 0xD0 <= marker <= 0xD7:
-            scan.keep(start, start + 2)
+        if marker == _TEM or 0xD0 <= marker <= 0xD7:  # parameterless, between segments: skipped, data
+            scan.kinds.add("other")
             pos = start + 2
             continue
         # SOI again, reserved markers (FF 02-BF) and JPGn (FF F0-FD): libjpeg refuses them.
@@ -310,18 +340,35 @@ def _scan_jpeg(data: bytes) -> _Scan:
                 if first:
                     scan.mark()  # kept EXIF follows the JFIF segment
             elif marker == _APP14 and payload[:5] == b"Adobe":
-                if length <= 2 + _ADOBE_LEN:
-                    scan.keep(start, end)
-                else:
-                    scan.parts.append(b"\xff\xee\x00\x0e" + payload[:_ADOBE_LEN])
+                # libjpeg reads the transform of each Adobe segment of 12 bytes or more until the
+                # first scan, the last one winning: that one is kept (put in at the first scan).
+                if adobe is not None or scanned or len(payload) < _ADOBE_LEN:
+                    scan.kinds.add("other")
+                if not scanned and len(payload) >= _ADOBE_LEN:
+                    adobe = (len(scan.parts), start, payload[_ADOBE_LEN - 1])
             else:
                 _jpeg_kind(scan, marker, payload)
             pos = end
             continue
         pos = end
-        if not _jpeg_structure(marker, scanned):  # a segment no decoder reads (DNL before a scan): data
+        if marker == _DNL:
+            # No decoder here reads a DNL (libjpeg skips it); one of its own size (the line count)
+            # after a scan is kept, any other (before the frame, longer, a second) is data.
+            if not scanned or dnl or length != 4:
+                scan.kinds.add("other")
+                continue
+            dnl = True
+        elif not _jpeg_structure(marker):  # a segment no decoder reads: data
             scan.kinds.add("other")
             continue
+        if marker in _SOF and length >= 8:
+            components = data[start + 9]
+        if marker == _SOS and adobe is not None:
+            at, where, transform = adobe
+            scan.parts.insert(at, _adobe_part(data, where, transform, components))
+            if at < scan.insert_at:
+                scan.insert_at += 1
+            adobe = None
         scan.keep(start, end)
         if marker == _SOS:
             following = _JPEG_NEXT.search(data, end)
@@ -333,10 +380,21 @@ def _scan_jpeg(data: bytes) -> _Scan:
     return scan.fail()
 
 
-def _jpeg_structure(marker: int, scanned: bool) -> bool:
-    """A segment a decoder reads: SOFn, DHT and DAC (FF C0-CF but JPG, FF C8), DQT, DRI, SOS,
-    and DNL after a scan has begun."""
-    return (0xC0 <= marker <= 0xCF and marker != 0xC8) or marker in (0xDA, 0xDB, 0xDD) or (marker == 0xDC and scanned)
+def _jpeg_structure(marker: int) -> bool:
+    """A segment a decoder reads: SOFn, DHT and DAC (FF C0-CF but JPG, FF C8), DQT, DRI and SOS."""
+    return (0xC0 <= marker <= 0xCF and marker != 0xC8) or marker in (0xDA, 0xDB, 0xDD)
+
+
+def _adobe_part(data: bytes, start: int, transform: int, components: int) -> Part:
+    """The Adobe segment at ``start`` as libjpeg writes it: version 100, no flags, the transform
+    as libjpeg takes it (0: RGB or CMYK; another: YCbCr for 3 components, YCCK for 4), the
+    input's range where it is that already. libjpeg reads only the transform (Pillow the version
+    too, into ``info``, not the pixels), so the other bytes, and other transform values, would
+    be data."""
+    if transform:
+        transform = 2 if components == 4 else 1
+    segment = _ADOBE_HEAD + bytes([transform])
+    return (start, start + len(segment)) if data[start : start + len(segment)] == segment else segment
 
 
 def _jpeg_kind(scan: _Scan, marker: int, payload: bytes) -> None:
@@ -367,7 +425,11 @@ def _scan_png(data: bytes) -> _Scan:
     if data[:8] != _PNG_SIGNATURE:
         return scan.fail()
     scan.keep(0, 8)
-    pos, idat = 8, False
+    if data[8:16] != b"\x00\x00\x00\x0dIHDR" or data[25:26] not in _PNG_COLOURS:
+        return scan.fail()  # no IHDR of its size, or no colour type decoders know
+    colour, depth = data[25], data[24]
+    pos, idat, trns = 8, False, False
+    palette: int | None = None  # the palette entries libpng reads (colour type 3)
     for _ in range(MAX_SEGMENTS):
         if pos + 12 > size:
             return scan.fail()
@@ -384,9 +446,29 @@ def _scan_png(data: bytes) -> _Scan:
                 scan.kinds.add("trailing")
             return scan
         if tag == b"IDAT" and not idat:
+            if colour == 3 and palette is None:
+                return scan.fail()
             idat = True
             scan.mark()  # kept EXIF goes before the first IDAT, where Pillow reads it at open
-        if tag in _PNG_KEEP:
+        if tag == b"PLTE" and colour == 3:
+            # The palette: one, before the pixels, whole entries, at most 256 (libpng refuses others).
+            if palette is not None or idat or trns or length == 0 or length % 3 or length > 768:
+                return scan.fail()
+            palette = min(length // 3, 1 << depth)  # libpng drops entries past the bit depth's
+            scan.keep(pos, end)
+        elif tag == b"tRNS" and colour in _PNG_TRNS:
+            # Read differently where it is not as the colour type says (Pillow reads its first
+            # bytes, libpng ignores it): left to the re-encode.
+            want = _PNG_TRNS[colour]
+            if trns or idat or (length != want if want else not 0 < length <= (palette or 0)):
+                return scan.fail()
+            trns = True
+            scan.keep(pos, end)
+        elif tag in (b"PLTE", b"tRNS"):
+            # A suggested palette (colour types 2 and 6) or none allowed (0 and 4), transparency
+            # beside an alpha channel: no decoder's pixels read them, so they can only carry data.
+            scan.kinds.add("other")
+        elif tag in _PNG_KEEP:
             scan.keep(pos, end)
         elif tag[0] < 0x61 or tag in _PNG_APNG:  # an unknown critical chunk, or animation
             return scan.fail()
@@ -442,10 +524,19 @@ def _scan_webp(data: bytes) -> _Scan:
         if pos == 12 and tag == b"VP8X":
             if length < 10:
                 return scan.fail()
-            scan.flags = data[20] & ~(_WEBP_ICC | _WEBP_EXIF | _WEBP_XMP)
-            scan.parts.append(data[20:21] if scan.flags == data[20] else bytes([scan.flags]))
-            scan.keep(21, end)  # the rest of VP8X: reserved bits and the canvas
+            # Released as 10 bytes: the flags decoders read, three zero bytes, the canvas size.
+            scan.flags = data[20] & (_WEBP_ALPHA | _WEBP_ANIMATION)
+            if data[20] & _WEBP_RESERVED or data[21:24] != b"\x00\x00\x00" or length > 10:
+                scan.kinds.add("other")  # reserved bits and bytes, or more: read by no decoder
+            scan.parts.append(bytes([scan.flags]))  # the flags (with the chunk header: _webp_assemble)
+            if data[21:24] == b"\x00\x00\x00":
+                scan.keep(21, 30)
+            else:
+                scan.parts.append(b"\x00\x00\x00")
+                scan.keep(24, 30)
         elif pos == 12 or (not simple and tag in _WEBP_KEEP and not (image and tag in _WEBP_STILL)):
+            if tag == b"ALPH" and not data[20] & _WEBP_ALPHA:
+                return scan.fail()  # alpha the header does not announce: Pillow reads it, libwebp not
             scan.keep(pos, end)
             image = image or tag in _WEBP_IMAGE
             if pos == 12 and tag == b"VP8L" and length >= 5:
@@ -468,9 +559,8 @@ def _webp_assemble(data: bytes, scan: _Scan, exif: bytes | None) -> bytes | None
     if scan.flags is not None:
         # parts[0] is the VP8X flags byte; the chunk header is written again below.
         flags = scan.flags | (_WEBP_EXIF if exif is not None else 0)
-        vp8x_length = int.from_bytes(data[16:20], "little")
-        parts[0] = b"VP8X" + vp8x_length.to_bytes(4, "little") + bytes([flags])
-        if exif is None and flags == data[20] and _unchanged([(0, 21), *scan.parts[1:]], len(data)):
+        parts[0] = b"VP8X" + (10).to_bytes(4, "little") + bytes([flags])
+        if exif is None and data[12:21] == parts[0] and _unchanged([(0, 21), *scan.parts[1:]], len(data)):
             return data
     elif exif is not None:
         info = webp_info(data)
@@ -500,15 +590,38 @@ Screen = Callable[[str, str], str | None]
 
 
 def _screened(value: Any, name: str, screen: Screen | None) -> Any:
-    """A kept value after ``screen``: ASCII text as it is, Windows' XP* fields as UTF-16."""
+    """A kept value after ``screen``: ASCII text as it is, Windows' XP* fields as UTF-16, other
+    bytes (a text field stored as BYTE or UNDEFINED) as UTF-8.
+
+    Bytes come back as they were when ``screen`` changes nothing, else as the screened text; the
+    text screened has its NULs removed (UTF-16 text stored as bytes is read as it shows).
+    """
     if screen is None:
         return value
     if isinstance(value, str):
-        return screen(name, value)
+        return _screened_text(value, value, name, screen)
     if isinstance(value, bytes) and name.startswith("XP"):
         text = screen(name, value.decode("utf-16-le", "replace").rstrip("\x00"))
         return None if text is None else text.encode("utf-16-le") + b"\x00\x00"
+    if isinstance(value, bytes):
+        return _screened_text(value, value.decode("utf-8", "replace"), name, screen)
     return value
+
+
+def _screened_text(value: Any, text: str, name: str, screen: Screen) -> Any:
+    shown = text.replace("\x00", "")
+    got = screen(name, shown)
+    return None if got is None else value if got == shown else got
+
+
+def _typed(tag: int, value: Any) -> bool:
+    """Whether ``value`` is what ``tag`` holds: text (str, or the bytes of a BYTE or UNDEFINED
+    field) for a text tag, one number for a numeric one. Several numbers where one is meant can
+    spell anything, and Pillow cannot write a number into a text tag."""
+    kind = TiffTags.lookup(tag).type
+    text = isinstance(value, (str, bytes))
+    number = isinstance(value, Number)
+    return text if kind == TiffTags.ASCII else number if kind is not None else text or number
 
 
 def _build_exif(get: Callable[[int], Any], tags: tuple[int, ...], screen: Screen | None = None) -> bytes | None:
@@ -520,7 +633,7 @@ def _build_exif(get: Callable[[int], Any], tags: tuple[int, ...], screen: Screen
             value = get(tag)
         except _EXIF_ERRORS:
             continue
-        if value is None or isinstance(value, dict):
+        if value is None or not _typed(tag, value):
             continue
         value = _screened(value, ExifTags.TAGS.get(tag, str(tag)), screen)
         if value is None:
