@@ -421,3 +421,30 @@ execution: {{cluster: local, workers: 1}}
     assert [ledger3[i]["reason"] for i in range(4)] == ["taken_down"] * 4
     assert set(pq.read_table(v3 / "samples.parquet").column("row").to_pylist()) == {5, 6, 7}
     assert release_files(v1) == frozen
+
+
+def test_a_key_entry_is_pinned_to_its_sample_and_follows_it_when_rows_move(tmp_path):
+    """Keys are positions in a manifest: the first run that applies a key entry pins it to the
+    sample's URL and digests, so after a row above it is removed (every key below moves up by
+    one) the entry still removes that sample, and not the one its key now names."""
+    storage = Storage(str(tmp_path / "store"))
+    legal = listed("legal", "key:s-000000002")
+
+    def run(rows: list[LedgerRow], name: str) -> dict[str, str]:
+        """The rows removed: key -> detail."""
+        ledger = write(storage, f"{DATASET}/validate/s/{name}.ledger.parquet", rows)
+        done = apply_upkeep(storage, DATASET, [ledger.replace(".ledger.parquet", ".tar")], [ledger], lists=[legal])
+        return {r["key"]: r["detail"] for r in done.removed.to_pylist()} if done.removed is not None else {}
+
+    assert list(run([row(i) for i in range(5)], "000000-a")) == ["s-000000002"]
+    # the manifest loses its row 1: rows 2-4 are now rows 1-3, their keys with them
+    moved = [row(0)] + [
+        row(i - 1, url=url(i), sha256=sha(i, "stored"), pixel_sha256=sha(i, "pixels")) for i in (2, 3, 4)
+    ]
+    removed = run(moved, "000000-b")
+    # the sample that was row 2, by its URL and digests, named after the entry
+    assert removed == {"s-000000001": "list legal: entry key:s-000000002"}
+    (pins,) = [pq.read_table(tmp_path / "store" / DATASET / "upkeep" / "pins" / "000000.parquet").to_pylist()]
+    assert [(p["list"], p["entry"], p["url"], p["sha256"]) for p in pins] == [
+        ("legal", "key:s-000000002", url(2), sha(2, "stored"))
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,11 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.formats import clock
 from tasks.formats.ledger import read_ledger_with, read_parquet, write_parquet
 from tasks.formats.reasons import OK, RECHECK_REASONS, REJECTED
 from tasks.formats.recipe_upkeep import RecheckActions
 from tasks.formats.storage import Storage
-from tasks.formats.takedown import URL_HOST, URL_PARTS, LoadedList, ascii_host
+from tasks.formats.takedown import URL_HOST, URL_PARTS, LoadedList, ascii_host, normalise_url
 
 TAKEN_DOWN = "taken_down"
 # Rows upkeep rejected (one per input ledger row: each clip of a video) and rows a recheck
@@ -41,6 +43,22 @@ FLAGGED_SCHEMA = pa.schema(
         ("detail", pa.string()),
     ]
 )
+# A key entry's sample as the first run that applied the entry found it: keys are positions in a
+# manifest (``{source}-{row:09d}``), so a row removed above it would hand the key to the next
+# sample. Once pinned, the entry matches that sample's URL and digests, not its key. Kept in
+# immutable versions ``{dataset}/upkeep/pins/{gen:06d}.parquet``, each holding every pin.
+PINS_SCHEMA = pa.schema(
+    [
+        ("list", pa.string()),
+        ("entry", pa.string()),
+        ("url", pa.string()),
+        ("sha256", pa.string()),
+        ("pixel_sha256", pa.string()),
+        ("pinned_at", pa.string()),
+    ]
+)
+_PIN_VERSION = re.compile(r"^(\d{6})\.parquet$")
+Pins = dict[tuple[str, str], dict[str, str | None]]  # (list, entry text) -> url, sha256, pixel_sha256
 # Candidate (row, entry) pairs one step of the perceptual-hash search holds at most: bounds its
 # memory (16 bytes a pair) whatever the lists and the hashes hold.
 MAX_PAIRS = 1 << 22
@@ -275,20 +293,33 @@ class Matcher:
     says: ``list NAME: entry KIND:VALUE``.
     """
 
-    def __init__(self, lists: Sequence[LoadedList]):
+    def __init__(self, lists: Sequence[LoadedList], pins: Pins | None = None):
         self.details: list[str] = []
         by_kind: dict[str, dict[str, int]] = {k: {} for k in ("url", "domain", "key", "sha256")}
         hashes: list[tuple[list[int], list[int], int]] = []
+        pins = pins or {}
+        # key entries not pinned yet: entry id -> (list, entry text); what they match is pinned
+        self.unpinned: dict[int, tuple[str, str]] = {}
+        self.new_pins: Pins = {}
         for loaded in lists:
             mine: tuple[list[int], list[int], int] = ([], [], loaded.phash_distance)
             for entry in loaded.entries:
                 eid = len(self.details)
                 self.details.append(f"list {loaded.name}: entry {entry.text}")
+                pin = pins.get((loaded.name, entry.text)) if entry.kind == "key" else None
                 if entry.kind == "phash":
                     mine[0].append(int(entry.value, 16))
                     mine[1].append(eid)
+                elif pin is not None:  # the sample the key named when the entry was first applied
+                    if pin["url"]:
+                        by_kind["url"].setdefault(normalise_url(pin["url"]), eid)
+                    for digest in (pin["sha256"], pin["pixel_sha256"]):
+                        if digest:
+                            by_kind["sha256"].setdefault(digest, eid)
                 else:
                     by_kind[entry.kind].setdefault(entry.value, eid)
+                    if entry.kind == "key":
+                        self.unpinned[eid] = (loaded.name, entry.text)
             if mine[0]:
                 hashes.append(mine)
         self.urls = _ValueSet(by_kind["url"])
@@ -342,6 +373,17 @@ class Matcher:
                     best = _take_min(best, ids)
         return best
 
+    def pin(self, table: pa.Table, ids: np.ndarray) -> None:
+        """Pin the key entries not pinned yet that ``ids`` (``match_facts`` of ``table``, a
+        validation ledger's ok rows) matched to the facts of the first row each matched."""
+        if not self.unpinned:
+            return
+        for i in np.flatnonzero(np.isin(ids, list(self.unpinned))):
+            eid = int(ids[i])
+            name = self.unpinned.pop(eid, None)
+            if name is not None:
+                self.new_pins[name] = {c: table.column(c)[int(i)].as_py() for c in ("url", "sha256", "pixel_sha256")}
+
     def match_download(self, table: pa.Table) -> np.ndarray:
         """Entry ids of a download ledger's rows: their key, and the sha256 of the bytes as fetched."""
         best = self.keys.match(table.column("key"))
@@ -376,6 +418,7 @@ def takedown_hits(
     for ledger in facts:
         table = _ok(read_ledger_with(storage, ledger, _KEPT_COLUMNS, _FACT_COLUMNS))
         ids = matcher.match_facts(table)
+        matcher.pin(table, ids)
         found = ids >= 0
         rows += table.num_rows
         if found.any():
@@ -529,13 +572,17 @@ def apply_upkeep(
     """
     started = time.perf_counter()
     tars, ledgers = list(tars), list(ledgers)
-    matcher = Matcher(lists)
+    keys = any(entry.kind == "key" for loaded in lists for entry in loaded.entries)
+    pins, gen = read_pins(storage, dataset) if keys else ({}, -1)
+    matcher = Matcher(lists, pins)
     fates = RecheckFates.of(recheck, actions or RecheckActions())
     result = UpkeepResult(tars=tars, ledgers=list(ledgers))
     if matcher.empty and fates.empty:
         result.seconds = time.perf_counter() - started
         return result
     hits, _ = takedown_hits(storage, matcher, ledgers if facts is None else facts, downloads)
+    if matcher.new_pins:
+        write_pins(storage, dataset, {**pins, **matcher.new_pins}, gen + 1)
     details = pa.array(matcher.details, pa.string())
     removed: list[pa.Table] = []
     flagged: list[pa.Table] = []
@@ -573,3 +620,43 @@ def apply_upkeep(
         result.digest = digest.hexdigest()
     result.seconds = time.perf_counter() - started
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Key entries pinned to their sample
+# ---------------------------------------------------------------------------------------------
+
+
+def pins_dir(dataset: str) -> str:
+    return f"{dataset}/upkeep/pins"
+
+
+def read_pins(storage: Storage, dataset: str) -> tuple[Pins, int]:
+    """Every key entry's pin, from the latest version, and that version's number (-1: none)."""
+    gens = [int(m[1]) for name in storage.listdir(pins_dir(dataset)) if (m := _PIN_VERSION.match(name))]
+    if not gens:
+        return {}, -1
+    gen = max(gens)
+    table = read_parquet(storage, f"{pins_dir(dataset)}/{gen:06d}.parquet")
+    pins: Pins = {
+        (r["list"], r["entry"]): {c: r[c] for c in ("url", "sha256", "pixel_sha256", "pinned_at")}
+        for r in table.to_pylist()
+    }
+    return pins, gen
+
+
+def write_pins(storage: Storage, dataset: str, pins: Pins, gen: int) -> str:
+    """Version ``gen`` of the pins (every one of them); returns its path."""
+    now = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    rows = [
+        {
+            "list": name,
+            "entry": entry,
+            **{c: facts.get(c) for c in ("url", "sha256", "pixel_sha256")},
+            "pinned_at": facts.get("pinned_at") or now,
+        }
+        for (name, entry), facts in sorted(pins.items())
+    ]
+    path = f"{pins_dir(dataset)}/{gen:06d}.parquet"
+    write_parquet(storage, path, pa.Table.from_pylist(rows, PINS_SCHEMA))
+    return path
