@@ -176,7 +176,7 @@ def reshard_flow(
         shards=len(outputs),
         skipped=all_skipped(outputs),
     )
-    ph.close(gate)
+    ph.close(gate, _shown(storage, recipe, run, removed))
     timings["report"] = time.perf_counter() - mark
     summary.seconds = round(ph.seconds, 3)
     ph.logger.info(
@@ -243,6 +243,22 @@ def _census(ph: Phase, tars: list[str], ledgers: list[str], required: tuple[str,
     censuses = [c for part in ph.gather(futures, 0.0, 10.0, "census") for c in part]
     order = {t: i for i, t in enumerate(tars)}
     return sorted(censuses, key=lambda c: order[c.shard.tar])
+
+
+def _shown(storage: Storage, recipe: Recipe, run: RunRecord, removed: list[pa.Table]) -> pa.Table | None:
+    """The run's report samples without pictures of what upkeep removed (a taken-down sample's
+    thumbnail must not ship in the release's report); None: the table as the validation phase
+    wrote it."""
+    if not removed:
+        return None
+    from flows.audit import report_dir
+    from tasks.audit.report import SAMPLES_PARQUET, read_samples
+    from tasks.audit.validate_samples import without_pictures
+
+    samples = read_samples(storage, f"{report_dir(recipe, run.run)}/{SAMPLES_PARQUET}")
+    if samples is None or "key" not in samples.column_names:
+        return None
+    return without_pictures(samples, pa.concat_arrays([t.column("key").combine_chunks() for t in removed]))
 
 
 def _phase_ledger(outputs: list[OutputResult], incomplete: list[pa.Table]) -> pa.Table:

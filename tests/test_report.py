@@ -679,3 +679,22 @@ def test_privacy_section_counts_outcomes_and_shows_blurred_samples():
     assert [f["data-key"] for f in page.find("figure", data_privacy="blurred")] == ["b"]  # capped at 1
     # Without the privacy columns (a run before them), no section.
     assert not Page(render_html(make_run(), table.select(cols[:3]))).find("section", id="privacy")
+
+
+def test_the_report_shows_no_picture_of_what_upkeep_removed():
+    """A sample taken down (or opted out) before the reshard keeps its row in the validation
+    figures but loses its thumbnail and keyframe: the release ships the report."""
+    from tasks.audit.validate_samples import without_pictures
+
+    samples = pa.table(
+        {
+            "key": ["a", "b", "c"],
+            "status": ["ok", "ok", "rejected"],
+            "thumbnail": [b"A", b"B", b"C"],
+            "keyframe": [b"a", None, b"c"],
+        }
+    )
+    shown = without_pictures(samples, pa.array(["b", "c", "zz"]))
+    assert shown.column("key").to_pylist() == ["a", "b", "c"] and shown.schema == samples.schema
+    assert shown.column("thumbnail").to_pylist() == [b"A", None, None]
+    assert shown.column("keyframe").to_pylist() == [b"a", None, None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.audit.video_views import KEYFRAME, STRIP, strip_keyframes, with_video_columns
 from tasks.formats.ledger import PRIVACY_FACTS, committed, read_ledgers
@@ -70,3 +71,15 @@ def report_samples(
     candidates = [c.table for c in cands if not video_sources or c.source in video_sources]
     frames = strip_keyframes(storage, ledger, candidates, shown, thumbs)
     return base.append_column(KEYFRAME, pa.array([frames.get(k) for k in keys], pa.binary()))
+
+
+def without_pictures(samples: pa.Table, keys: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """``samples`` with no thumbnail or keyframe for ``keys``: what the takedown lists and the
+    rechecks removed before the reshard is not shown in the report the release ships."""
+    hidden = pc.is_in(samples.column("key"), value_set=pa.array(keys.to_pylist(), pa.string()))
+    for name in ("thumbnail", KEYFRAME):
+        if name in samples.column_names:
+            at = samples.column_names.index(name)
+            column = pc.if_else(hidden, pa.scalar(None, samples.schema.field(name).type), samples.column(name))
+            samples = samples.set_column(at, name, column)
+    return samples
