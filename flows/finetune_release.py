@@ -34,7 +34,7 @@ def release_finetune(
     shards = [{"name": n, "sha256": o.sha256, "bytes": o.bytes, "samples": o.samples} for n, o in zip(names, outputs)]
     n_samples = records_in(outputs)
     fp = fingerprint(shards, recipe.recipe_hash())
-    head, run, same = unchanged(storage, recipe, run, fp, n_samples, len(shards), report)
+    head, run, same = unchanged(storage, recipe, run, fp, n_samples, len(shards), report, rows=ledger.num_rows)
     if same is not None:
         return same, run
     # Packs hold the ok records; the fine-tuning gate checked each is in exactly one pack.

@@ -138,11 +138,22 @@ def unchanged(
     samples: int,
     shards: int,
     report: pa.Table | None = None,
+    rows: int | None = None,
 ) -> tuple[str | None, RunRecord, ReleaseResult | None]:
     """(the latest release, the run record, and a result when that release has this very
-    content ``fp``: then the run records it and publishes its report, and nothing new is released)."""
+    content ``fp`` and its ledger as many rows as the run has input ``rows``: then the run records
+    it and publishes its report, and nothing new is released). New input rows that all failed
+    (or failed rows gone from the manifest) change no shard, but the release ledger must have
+    one row per input row: they make a new release."""
     head = latest(storage, recipe.dataset)
-    if head is None or read_index(storage, recipe.dataset, head).get("fingerprint") != fp:
+    if head is None:
+        return head, run, None
+    index = read_index(storage, recipe.dataset, head)
+    if index.get("fingerprint") != fp:
+        return head, run, None
+    held = (index.get("ledger") or {}).get("rows")
+    if rows is not None and held is not None and held != rows:
+        get_run_logger().info("release: %s has these shards but %s ledger rows for %s input rows", head, held, rows)
         return head, run, None
     damaged = release_problems(storage, recipe.dataset, head)
     if damaged:
@@ -271,7 +282,7 @@ def release_flow(
     # Rows a recheck flagged but the recipe keeps change no shard: a new release records them.
     applied = f":upkeep:{upkeep.digest}" if upkeep is not None and upkeep.digest else ""
     fp = fingerprint(shards + latent_shards, recipe.recipe_hash() + applied)
-    head, run, same = unchanged(storage, recipe, run, fp, reshard.samples, len(shards))
+    head, run, same = unchanged(storage, recipe, run, fp, reshard.samples, len(shards), rows=download.counts.rows)
     if same is not None:
         return same, run
 

@@ -448,3 +448,41 @@ def test_a_key_entry_is_pinned_to_its_sample_and_follows_it_when_rows_move(tmp_p
     assert [(p["list"], p["entry"], p["url"], p["sha256"]) for p in pins] == [
         ("legal", "key:s-000000002", url(2), sha(2, "stored"))
     ]
+
+
+@pytest.mark.slow
+def test_new_rows_that_all_fail_make_a_release_whose_ledger_has_them(tmp_path, photo_web, prefect_api_url):
+    """Rows added to the manifest that all fail change no shard, but the release ledger has one
+    row per input row: the run releases again (the same shards, the longer ledger); a run with
+    nothing new after it releases nothing."""
+    root, web = photo_web
+    base = f"http://127.0.0.1:{web.port}/img"
+    manifest = tmp_path / "m.csv"
+    rows = "url,caption,license\n" + "".join(f"{base}/p{i}.jpg,photo number {i},CC0-1.0\n" for i in range(3))
+    manifest.write_text(rows)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"""dataset: grow
+storage: {tmp_path / "store"}
+sources: [{{name: s, manifest: {manifest}}}]
+download:
+  network: {{allowed_networks: ["127.0.0.1/32"], any_port: true}}
+validate:
+  license: {{review: {{reviewed_by: tests, reviewed_on: 2026-12-01}}}}
+  image: {{min_side: 8}}
+execution: {{cluster: local, workers: 1}}
+"""
+    )
+    releases = tmp_path / "store" / "grow" / "releases"
+    assert run("run", str(recipe), api_url=prefect_api_url).returncode == 0
+    manifest.write_text(rows + f"{base}/missing.jpg,a photo gone,CC0-1.0\nnot a url,a typo,CC0-1.0\n")
+    second = run("run", str(recipe), api_url=prefect_api_url)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (releases / "LATEST").read_text().strip() == "v0002"
+    v1, v2 = (json.loads((releases / v / "index.json").read_text()) for v in ("v0001", "v0002"))
+    assert [s["sha256"] for s in v2["shards"]] == [s["sha256"] for s in v1["shards"]]
+    assert (v1["ledger"]["rows"], v2["ledger"]["rows"], v2["ledger"]["ok"]) == (3, 5, 3)
+    ledger = pq.read_table(releases / "v0002" / "ledger.parquet").to_pylist()
+    assert len(ledger) == 5 and sorted(r["row"] for r in ledger if r["status"] != "ok") == [3, 4]
+    third = run("run", str(recipe), api_url=prefect_api_url)
+    assert third.returncode == 0 and (releases / "LATEST").read_text().strip() == "v0002"
