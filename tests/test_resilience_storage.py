@@ -435,3 +435,22 @@ def test_an_index_commit_never_overwrites_and_a_repeat_of_the_same_bytes_is_not_
     if storage.is_local:
         # Nothing left beside it: the temp file the link was made from is gone.
         assert storage.listdir("ds/releases/v0001") == ["index.json"]
+
+
+def test_object_store_listings_are_never_served_stale(s3_bucket):
+    """Workers in other processes write ledgers while the flow reads: a listing or an open in
+    the flow's process must see them, never a listing cached before they were written (s3fs
+    caches listings by default, and an open then fails as if the object were missing)."""
+    import s3fs
+
+    bucket, options = s3_bucket
+    storage = Storage(f"s3://{bucket}/store", options)
+    storage.write_bytes("ds/download/000000-a.ledger.parquet", b"first")
+    assert storage.listdir("ds/download") == ["000000-a.ledger.parquet"]
+    worker = s3fs.S3FileSystem(**options, skip_instance_cache=True)  # another process's client
+    worker.pipe(f"{bucket}/store/ds/download/000001-b.ledger.parquet", b"second")
+    assert storage.listdir("ds/download") == ["000000-a.ledger.parquet", "000001-b.ledger.parquet"]
+    assert storage.exists("ds/download/000001-b.ledger.parquet")
+    assert storage.read_bytes("ds/download/000001-b.ledger.parquet") == b"second"
+    with storage.open("ds/download/000001-b.ledger.parquet") as fh:
+        assert fh.read() == b"second"

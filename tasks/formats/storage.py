@@ -21,6 +21,16 @@ from tasks.formats.faults import FaultyFile, faults_for, inject
 # umask of 077 on a shared machine would otherwise make every release private to its builder.
 DEFAULT_FILE_MODE = 0o644
 FILE_MODE_OPTION = "file_mode"
+# What an object store gets unless storage_options say otherwise. Listings are never cached:
+# workers in other processes write ledgers while the flow reads them, and a listing s3fs cached
+# before them makes them read as missing. A store that stops answering fails in bounded time
+# (botocore's defaults wait a minute per read, then retry up to four times over, silently).
+REMOTE_DEFAULTS: dict[str, Any] = {"use_listings_cache": False}
+S3_CONFIG_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 10,
+    "read_timeout": 60,
+    "retries": {"max_attempts": 4, "mode": "standard"},
+}
 
 
 def file_modes(value: Any) -> tuple[int, int]:
@@ -128,6 +138,10 @@ class Storage:
     def fs(self) -> fsspec.AbstractFileSystem:
         if self._fs is None:
             fs_options = {k: v for k, v in self.options.items() if k != FILE_MODE_OPTION}
+            if not self.is_local:
+                fs_options = {**REMOTE_DEFAULTS, **fs_options}
+            if self.root.startswith(("s3://", "s3a://")):
+                fs_options["config_kwargs"] = {**S3_CONFIG_DEFAULTS, **(fs_options.get("config_kwargs") or {})}
             self._fs, self._base = url_to_fs(self.root, **fs_options)
         return self._fs
 
