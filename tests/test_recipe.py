@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from tasks.formats.recipe import load_recipe
+from tasks.formats.recipe import load_recipe, parse_recipe
 from tasks.formats.recipe_base import RecipeError
 
 GOOD = """
@@ -117,3 +117,55 @@ def test_recipe_hash_leaves_out_where_and_how_it_runs(tmp_path):
         write(tmp_path, GOOD), {"storage": "s3://b/p", "execution.workers": 7, "execution.cluster": "tcp://h:8786"}
     )
     assert a.recipe_hash() == moved.recipe_hash()
+
+
+def test_credentials_in_storage_options_never_reach_prefects_records(prefect_harness):
+    """The phase flows take the recipe as a parameter, and Prefect records every flow run's
+    parameters (its UI and API show them): the storage credentials are masked there, while the
+    flow itself gets them whole."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.context import get_run_context
+
+    from tasks.formats.recipe import MASKED
+
+    options = {
+        "key": "AKIAEXAMPLEKEY",
+        "secret": "verySecretValue42",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "aws_session_token": "tok-123"},
+    }
+    recipe = parse_recipe(
+        {
+            "dataset": "d",
+            "storage": "s3://b/p",
+            "storage_options": options,
+            "sources": [{"name": "s", "manifest": "m.csv"}],
+        }
+    )
+
+    @flow(validate_parameters=False)
+    def phase(recipe):
+        return str(get_run_context().flow_run.id), recipe.storage_options
+
+    run_id, seen = phase(recipe)
+    assert seen == options  # the flow works with the real credentials
+
+    async def recorded():
+        async with get_client() as client:
+            return (await client.read_flow_run(run_id)).parameters
+
+    import asyncio
+
+    stored = asyncio.run(recorded())["recipe"]["storage_options"]
+    assert stored == {
+        "key": MASKED,
+        "secret": MASKED,
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "aws_session_token": MASKED},
+    }
+    assert (
+        "verySecretValue42" not in str(stored)
+        and recipe.recipe_hash()
+        == parse_recipe(
+            {"dataset": "d", "storage": "s3://b/p", "sources": [{"name": "s", "manifest": "m.csv"}]}
+        ).recipe_hash()
+    )

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from tasks.formats.names import digest_of
 from tasks.formats.recipe_base import NAME_PATTERN, Frozen, RecipeError
@@ -53,6 +53,21 @@ class ExecutionConfig(Frozen):
     threads_per_worker: int = Field(default=1, ge=1, le=64)
     task_retries: int = Field(default=2, ge=0, le=10)
     task_retry_delay_s: float = Field(default=2.0, ge=0, le=600)
+
+
+# Option names that hold credentials (s3fs's key/secret/token, botocore's aws_* and any
+# password, token or private key, at any depth): their values are masked in JSON dumps.
+_CREDENTIAL = re.compile(r"(?i)secret|token|passw|credential|private|^key$|access_key|session")
+MASKED = "***"
+
+
+def masked_options(options: Any) -> Any:
+    """``options`` with the value of every credential-named key replaced by ``MASKED``."""
+    if isinstance(options, dict):
+        return {k: MASKED if _CREDENTIAL.search(str(k)) and v else masked_options(v) for k, v in options.items()}
+    if isinstance(options, (list, tuple)):
+        return [masked_options(v) for v in options]
+    return options
 
 
 class Recipe(Frozen):
@@ -98,6 +113,13 @@ class Recipe(Frozen):
 
         file_modes(v.get(FILE_MODE_OPTION))  # raises ValueError naming the setting
         return v
+
+    @field_serializer("storage_options", when_used="json")
+    def _hide_credentials(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Credentials never leave the process as JSON: Prefect records every flow's parameters
+        (the phase flows take the recipe), and its UI and API show them. The recipe itself, in
+        memory and pickled to Dask workers, keeps them."""
+        return masked_options(options)
 
     @model_validator(mode="after")
     def _privacy_to_validation(self) -> Recipe:
