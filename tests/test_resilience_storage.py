@@ -151,11 +151,21 @@ class CuttingProxy:
     def close(self) -> None:
         self._sock.close()
 
+    def sever(self) -> None:
+        """The store gone: no new connection (a listening socket closed under a blocked accept
+        keeps accepting: it is shut down first), and the open ones (a client's pool) cut."""
+        self._shut(self._sock, *self._open)
+        self.close()
+
+    _open: list[socket.socket]
+
     def _accept(self) -> None:
+        self._open = []
         with contextlib.suppress(OSError):
             while True:
                 client, _ = self._sock.accept()
                 upstream = socket.create_connection(("127.0.0.1", self.port))
+                self._open += [client, upstream]
                 threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
                 threading.Thread(target=self._down, args=(upstream, client), daemon=True).start()
 
@@ -454,3 +464,23 @@ def test_object_store_listings_are_never_served_stale(s3_bucket):
     assert storage.read_bytes("ds/download/000001-b.ledger.parquet") == b"second"
     with storage.open("ds/download/000001-b.ledger.parquet") as fh:
         assert fh.read() == b"second"
+
+
+def test_a_lock_that_cannot_be_released_never_hides_the_error_the_run_stops_on(s3_direct):
+    """A run that stops because its store stopped answering reports that, not the failure to
+    delete its lock on the same store afterwards (the next run breaks a lock left so)."""
+    bucket, options, through_proxy = s3_direct
+    fast = {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 2}}
+    proxy, cut_options = through_proxy(cuts=0, **fast)
+    storage = Storage(f"s3://{bucket}/root", cut_options)
+    with pytest.raises(RuntimeError, match="the store stopped answering"):
+        with RunLock(storage, "ds", "run-1", LockConfig(heartbeat_s=60)):
+            proxy.sever()
+            raise RuntimeError("the store stopped answering")
+    assert Storage(f"s3://{bucket}/root", options).exists("ds/run.lock")  # left for the next run to break
+    # Leaving without an error, a release that fails still raises: nothing else would say so.
+    proxy, cut_options = through_proxy(cuts=0, **fast)
+    lock = RunLock(Storage(f"s3://{bucket}/other", cut_options), "ds", "run-2", LockConfig(heartbeat_s=60))
+    with pytest.raises(Exception, match="(?i)connect"):
+        with lock:
+            proxy.sever()

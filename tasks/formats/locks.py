@@ -353,8 +353,17 @@ class RunLock:
     def __enter__(self) -> RunLock:
         return self.acquire()
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.release()
+            return
+        # Leaving on an error (a store that stopped answering, say): the error is what the run
+        # reports. A lock that cannot be deleted now is broken by the next run (its holder's
+        # pid, or its missed heartbeats), so its own failure is logged, never raised over it.
+        try:
+            self.release()
+        except Exception as err:  # noqa: BLE001 - the error in flight wins
+            log.warning("could not release the lock %s (%s): the next run breaks it", self.storage.url(self.rel), err)
 
 
 def release_held(timeout_s: float = 5.0) -> None:
