@@ -357,7 +357,8 @@ def _judge(
         image = partial(
             process_image, members[image_ext], cfg.image, keep_exif=cfg.privacy.metadata.keep, exif_screen=screen
         )
-        look = judge.look if reason is None else hides_faces(judge.look)
+        checked = reason is None  # its faces are looked for as released (else for a thumbnail only)
+        look = judge.look if checked else hides_faces(judge.look)
         outcome = image(thumbnail=want_thumb, look=look)
         if kept_text and text.fields is not None:  # recorded with the json's fields, as "exif:Artist"
             found = tuple((where, s) for where, got in kept_text for s in got.spans)
@@ -383,7 +384,7 @@ def _judge(
             width=outcome.width,
             height=outcome.height,
         )
-        if outcome.facts is not None:
+        if outcome.facts is not None and checked:  # a thumbnail's look is not the sample's check
             row["faces"] = outcome.facts.get("faces_found", 0)
         if reason is not None and want_thumb and outcome.thumbnail and judge.took_thumbnail(reason):
             thumbnail = outcome.thumbnail
