@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 
 import pytest
 
@@ -145,3 +146,90 @@ def test_resolve_image(tmp_path):
 def test_render_turns_replaces_placeholders_in_order():
     turns = [("human", "<image> and <image>?"), ("gpt", "Both."), ("human", "<image>"), ("gpt", "ok")]
     assert render_turns(turns, ["A", "B", "C"], "<image>") == ["A and B?", "Both.", "C", "ok"]
+
+
+@pytest.mark.parametrize(
+    "blank",
+    ["\u200b\u200b", "\u2060\ufeff", " \u00ad\n", "\u202e\u202c", "\u2066 \u2069", "\u200b<image>\u200b"],
+)
+def test_a_turn_with_nothing_visible_is_empty(blank):
+    """Zero-width spaces, word joiners, BOMs, soft hyphens and bidi controls show nothing: a turn
+    of only them (and placeholders) is as empty as a blank one, in either role; the characters
+    are the ones captions drop (tasks/policies/captions.py)."""
+    image = ["a.jpg"] if "<image>" in blank else None
+    for turns, at in (((("human", blank), ("gpt", "b")), 0), ((("human", "a"), ("gpt", blank)), 1)):
+        c = check_conversation(conv(*turns, image=image if at == 0 else None), RULES)
+        assert (c.reason, c.detail) == ("conversation_empty_turn", f"turn {at} is empty")
+    # beside a visible character they are text; ZWJ and ZWNJ are spelling, not blanks
+    assert check_conversation(conv(("human", "\u200bhi\u200b"), ("gpt", "ok")), RULES).ok
+    assert check_conversation(conv(("human", "\U0001f468\u200d\U0001f469"), ("gpt", "a family")), RULES).ok
+
+
+TILE_TAG_ERRORS = [
+    ("<tile_{j}>", "finetune.tiling.tile_tag: Value error, may hold only the field {i}, not {j}"),
+    ("<tile_{i>", "finetune.tiling.tile_tag: Value error, not a format string with the field {i}"),
+    ("<tile_{}>", "finetune.tiling.tile_tag: Value error, may hold only the field {i}, not {}"),
+    ("<tile_{i.real}>", "finetune.tiling.tile_tag: Value error, may hold only the field {i}, not {i.real}"),
+    ("<tile_{i:s}>", "finetune.tiling.tile_tag: Value error, does not format with i=1"),
+    ("<t>", "finetune.tiling.tile_tag: Value error, must hold the field {i}"),
+    ("<tile_{{i}}>", "finetune.tiling.tile_tag: Value error, must hold the field {i}"),
+    ("<img>", "finetune.tiling.tile_tag: Value error, must hold the field {i}"),
+]
+
+
+@pytest.mark.parametrize(("tag", "error"), TILE_TAG_ERRORS)
+def test_a_tile_tag_that_does_not_format_with_i_alone_is_refused_naming_the_key(tag, error):
+    from tasks.formats.recipe import parse_recipe
+    from tasks.formats.recipe_base import RecipeError
+
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(_FT_RECIPE, "r.yaml", {"finetune.tiling.tile_tag": tag})
+    assert str(err.value).startswith(f"r.yaml: {error}") and "Traceback" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (
+            {"finetune.tiling.image_start": "<t1>", "finetune.tiling.tile_tag": "<t{i}>"},
+            "tile_tag '<t{i}>' gives '<t1>'",
+        ),
+        ({"finetune.tiling.thumbnail_tag": "<tile_6>"}, "tile_tag '<tile_{i}>' gives '<tile_6>' for tile 6"),
+        ({"finetune.tiling.image_end": "<img>"}, "image_end '<img>' is also image_start"),
+        ({"finetune.tiling.thumbnail_tag": "</img>"}, "thumbnail_tag '</img>' is also image_end"),
+    ],
+)
+def test_every_tag_of_the_tiler_must_differ_from_the_others(overrides, error):
+    from tasks.formats.recipe import parse_recipe
+    from tasks.formats.recipe_base import RecipeError
+
+    with pytest.raises(RecipeError, match="^r.yaml: finetune.tiling: Value error, " + re.escape(error)):
+        parse_recipe(_FT_RECIPE, "r.yaml", overrides)
+
+
+def test_tile_tags_that_format_with_i_and_differ_are_accepted():
+    from tasks.finetune.tiling import all_tags
+    from tasks.formats.recipe import parse_recipe
+
+    for overrides in (
+        {},
+        {"finetune.tiling.tile_tag": "<t{i:02d}>"},
+        {"finetune.tiling.tile_tag": "{{<{i}>}}"},
+        {"finetune.tiling.thumbnail_tag": "<tile_7>"},  # past max_tiles: no tile has it
+        {"finetune.tiling.image_start": "", "finetune.tiling.image_end": ""},  # no delimiters
+    ):
+        tiling = parse_recipe(_FT_RECIPE, "r.yaml", overrides).finetune.tiling
+        tags = [t for t in all_tags(tiling) if t]
+        assert len(tags) == len(set(tags)), overrides
+    assert (
+        all_tags(parse_recipe(_FT_RECIPE, "r.yaml", {"finetune.tiling.tile_tag": "{{<{i}>}}"}).finetune.tiling)[2]
+        == "{<1>}"
+    )
+
+
+_FT_RECIPE = {
+    "dataset": "d",
+    "kind": "finetuning",
+    "storage": "/tmp/never-written",
+    "sources": [{"name": "chat", "manifest": "/tmp/never-read.jsonl"}],
+}

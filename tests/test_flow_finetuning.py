@@ -385,3 +385,107 @@ def test_records_that_show_the_same_picture_share_it_and_a_near_copy_is_refused(
     for rid, n in (("again", 0), ("both", 1), ("elsewhere", 0)):
         assert np.array_equal(pixels[rid][n], pixels["first"][0]), rid
     assert pixels["first"][0].shape == noise.shape  # released as validation wrote it
+
+
+def test_a_curated_run_shares_a_kept_picture_and_holds_the_text_only_share(tmp_path, prefect_harness, dask_address):
+    """With curation on, its ledger decides which images are kept while validation's pixel hash
+    still ties an exact duplicate to the copy kept: both records that show the picture are
+    released. The text-only share holds on what is released, after the pack caps dropped an
+    image record; a turn of zero-width characters is empty."""
+    import numpy as np
+    from PIL import Image
+
+    from flows.finetuning import finetuning_flow
+    from tasks.demo.models import make_all
+
+    clip = make_all(tmp_path / "models", ("clip",))["clip"]
+    (tmp_path / "images").mkdir()
+    rng = np.random.default_rng(5)
+    for name in "abc":
+        Image.fromarray((rng.random((200, 300, 3)) * 255).astype("uint8")).save(tmp_path / "images" / f"{name}.jpg")
+
+    def rec(rid: str, *names: str, question: str = "Describe.") -> dict:
+        turns = [
+            {"from": "human", "value": "<image>" * len(names) + question},
+            {"from": "gpt", "value": f"A noisy picture, {rid}."},
+        ]
+        return {"id": rid, "image": [f"images/{n}.jpg" for n in names], "license": "CC0-1.0", "conversations": turns}
+
+    records = [rec("r0", "a"), rec("r1", "a"), rec("big", "b", "c")]  # big: over packing.max_images
+    records += [rec(f"t{i}", question=f"Question {i}?") for i in range(4)]
+    records.append(rec("zw", question="\u200b\u200b"))
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    recipe = {
+        "dataset": "curated-shared",
+        "kind": "finetuning",
+        "storage": str(tmp_path / "store"),
+        "sources": [{"name": "chat", "manifest": str(tmp_path / "chat.jsonl")}],
+        "download": {"network": {"file_root": str(tmp_path)}},
+        "validate": {
+            "license": {"allow": ["CC0-1.0"], "review": {"reviewed_by": "tests", "reviewed_on": "2026-12-01"}}
+        },
+        "curate": {"model": str(clip), "decode": "cpu", "alignment": {"min": -1.0}},
+        "finetune": {
+            "conversation": {"image_root": str(tmp_path)},
+            "padding": {"cutoff": "fixed", "max_tokens": 4096},
+            "packing": {"max_images": 1},
+            "text_only_ratio": 0.5,
+        },
+        "gates": {
+            "download": {"min_success_rate": 0.0},
+            "validate": {"max_reject_rate": 0.9},
+            "finetune": {"max_reject_rate": 0.9, "min_fill_ratio": 0.0},
+        },
+    }
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
+    done = finetuning_flow(recipe_path=str(tmp_path / "recipe.yaml"), cluster=dask_address)
+    base = tmp_path / "store" / "curated-shared" / "releases" / done["release"].version
+    fates = {r["id"]: (r["status"], r["reason"]) for r in pq.read_table(base / "ledger.parquet").to_pylist()}
+    assert fates["r0"] == fates["r1"] == ("ok", None), fates
+    assert fates["big"] == ("rejected", "too_many_images") and fates["zw"] == ("rejected", "conversation_empty_turn")
+    text = [rid for rid in ("t0", "t1", "t2", "t3") if fates[rid] == ("ok", None)]
+    released = [rid for rid, f in fates.items() if f[0] == "ok"]
+    # 2 image records released: 2 text-only ones at 0.5, not the 3 the 3 accepted would allow
+    assert len(text) == 2 and len(released) == 4, fates
+    assert (
+        sorted(f for rid, f in fates.items() if rid.startswith("t") and rid not in text)
+        == [("rejected", "text_only_over_ratio")] * 2
+    )
+
+
+def test_an_exact_duplicate_of_a_copy_curation_removed_says_so():
+    """The fates of an image are its last phase's row, with the pixel hash validation wrote (a
+    curation ledger has none): a duplicate of a kept copy shares it; a record whose image is a
+    duplicate of a copy curation removed is refused, and its detail names the copy and why."""
+    from tasks.finetune.samples import _build_one, _image_fates, shared
+    from tasks.formats.recipe_finetune import FinetuneConfig
+
+    def ledger(*rows: tuple) -> pa.Table:  # as _fate_tables reads an image ledger
+        names = ["key", "status", "reason", "detail", "shard", "pixel_sha256"]
+        schema = pa.schema([pa.field(n, pa.string()) for n in names] + [pa.field("members", pa.null())])
+        return pa.Table.from_pylist([dict(zip(names, r)) for r in rows], schema=schema)
+
+    k = [f"chat-img-{i:09d}" for i in range(4)]
+    validate = ledger(
+        (k[0], "ok", None, None, "v.tar", "p"),
+        (k[1], "rejected", f"duplicate_of:{k[0]}", None, None, "p"),
+        (k[2], "ok", None, None, "v.tar", "q"),
+        (k[3], "rejected", f"duplicate_of:{k[2]}", None, None, "q"),
+    )
+    curate = ledger(  # the images validation kept, without their pixel hash
+        (k[0], "ok", None, None, "c.tar", None),
+        (k[2], "rejected", "low_alignment", "alignment 0.1000 < 0.4", None, None),
+    )
+    fates = _image_fates([validate, curate], set(k))
+    assert fates[k[0]]["shard"] == "c.tar" and fates[k[0]]["pixel_sha256"] == "p"
+    assert shared(fates[k[1]], fates) is fates[k[0]]  # kept by curation: shared
+    gone = shared(fates[k[3]], fates)
+    assert gone["reason"] == f"duplicate_of:{k[2]}" and gone["status"] == "rejected"
+    row: dict = {}
+    rec = {"key": "chat-000000003", "source": "chat", "image_rows": [3]}
+    assert _build_one(None, rec, fates, FinetuneConfig(), None, {}, row) is None
+    assert row == {
+        "reason": "image_rejected",
+        "detail": f"image 0 ({k[3]}): duplicate_of:{k[2]} "
+        f"(the same pixels as {k[2]}, which was not kept: low_alignment (alignment 0.1000 < 0.4))",
+    }

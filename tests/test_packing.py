@@ -114,3 +114,79 @@ def test_baselines_and_cu_seqlens():
     assert pad_to_longest_ratio([10, 10, 10, 10], 2) == 1.0
     assert pad_to_longest_ratio([10, 30, 10], 2) == pytest.approx(50 / 70)
     assert fixed_drop_ratio([256, 512, 1024, 128], 512) == (pytest.approx((256 + 512 + 128) / (3 * 512)), 0.25)
+
+
+def _plan_rows(image_records: list[tuple[str, int, int]], text_only: int) -> list:
+    """Accepted sample rows as the plan reads them: (key, tokens, images) per image record, then
+    ``text_only`` text-only records of 10 tokens."""
+    import pyarrow as pa
+
+    from tasks.finetune.packs import PLAN_COLUMNS
+    from tasks.formats.ledger import SAMPLE_SCHEMA
+
+    def row(key: str, tokens: int, images: int) -> dict:
+        return {
+            "key": key,
+            "source": "chat",
+            "row": 0,
+            "status": "ok",
+            "reason": None,
+            "detail": None,
+            "shard": "s.tar",
+            "offset": 0,
+            "length": 1,
+            "text_only": images == 0,
+            "images": images,
+            "tiles": images,
+            "tokens_total": tokens,
+            "turn_tokens": [tokens],
+            "turn_images": [images],
+            "turn_tiles": [images],
+        }
+
+    rows = [row(k, t, n) for k, t, n in image_records] + [row(f"txt-{i}", 10, 0) for i in range(text_only)]
+    schema = pa.schema([SAMPLE_SCHEMA.field(c) for c in PLAN_COLUMNS])
+    return [pa.Table.from_pylist(rows, schema=schema)]
+
+
+@pytest.mark.parametrize(
+    ("padding", "packing", "dropped"),
+    [
+        # two records over the pack's image cap
+        (PaddingConfig(cutoff="fixed", max_tokens=500), PackingConfig(budget=1000, max_images=2), "too_many_images"),
+        # two records over a fixed cut-off that no exchange fits
+        (PaddingConfig(cutoff="fixed", max_tokens=100, policy="drop"), PackingConfig(budget=1000), "sample_too_long"),
+    ],
+)
+def test_the_text_only_share_holds_on_what_is_released(padding, packing, dropped):
+    """The text-only allowance is counted on the image records released, not on those accepted
+    before the cut-off and the pack caps dropped some: 0.3 of what is released, at most."""
+    from collections import Counter
+
+    from tasks.finetune.packs import plan_packs
+    from tasks.formats.recipe_finetune import FinetuneConfig
+
+    images = [(f"img-{i}", 50, 1) for i in range(12)] + [("big-0", 400, 3), ("big-1", 400, 3)]
+    cfg = FinetuneConfig(padding=padding, packing=packing, text_only_ratio=0.3)
+    plan = plan_packs(_plan_rows(images, text_only=10), cfg, per_shard=4, seed=None)
+    verdicts = plan.verdicts.to_pylist()
+    ok = [v["key"] for v in verdicts if v["status"] == "ok"]
+    text = [k for k in ok if k.startswith("txt-")]
+    reasons = Counter(v["reason"] for v in verdicts if v["reason"])
+    assert reasons[dropped] == 2 and len(ok) - len(text) == 12
+    assert len(text) == 5 and len(text) / len(ok) <= 0.3  # 0.3 / 0.7 x 12 = 5.14: 5 text-only records
+    assert reasons["text_only_over_ratio"] == 5
+    assert plan.stats["samples"] == len(ok) == sum(len(p) for o in plan.outputs for p in o.packs)
+    # the records kept are chosen by a hash of the key: the same on every run
+    again = plan_packs(_plan_rows(images, text_only=10), cfg, per_shard=4, seed=None)
+    assert again.verdicts.to_pylist() == verdicts
+
+
+def test_without_a_text_only_ratio_every_text_only_record_stays():
+    from tasks.finetune.packs import plan_packs
+    from tasks.formats.recipe_finetune import FinetuneConfig
+
+    cfg = FinetuneConfig(packing=PackingConfig(budget=1000, max_images=2))
+    plan = plan_packs(_plan_rows([("img-0", 50, 1), ("big", 50, 3)], text_only=4), cfg, per_shard=4, seed=None)
+    fates = {v["key"]: v["reason"] for v in plan.verdicts.to_pylist()}
+    assert fates == {"img-0": None, "big": "too_many_images", **{f"txt-{i}": None for i in range(4)}}

@@ -11,6 +11,7 @@ from urllib.parse import quote, urlsplit
 
 from tasks.formats.recipe_finetune import ConversationRules
 from tasks.formats.recipe_privacy import TextPrivacy
+from tasks.policies.captions import INVISIBLE
 
 HUMAN, GPT = "human", "gpt"
 # Other spellings seen in public LLaVA-style sets, mapped to the two roles.
@@ -83,8 +84,9 @@ def image_refs(record: dict[str, Any]) -> list[str] | None:
 
 
 def check_conversation(record: Any, rules: ConversationRules, reserved: tuple[str, ...] = ()) -> Conversation:
-    """Schema, roles (human first, alternating, gpt last), no empty turns, no ``reserved`` tag (the
-    tiler's: ``tiling.all_tags``) in a turn's text, placeholders = images, bounds."""
+    """Schema, roles (human first, alternating, gpt last), no empty turns (nothing visible but
+    placeholders), no ``reserved`` tag (the tiler's: ``tiling.all_tags``) in a turn's text,
+    placeholders = images, bounds."""
     if not isinstance(record, dict):
         return _fail("conversation_schema", f"record is {type(record).__name__}, not an object")
     rid = record.get("id")
@@ -124,7 +126,9 @@ def check_conversation(record: Any, rules: ConversationRules, reserved: tuple[st
         return _fail("conversation_roles", "the last turn is not gpt", **base)
     ph = rules.placeholder
     for j, (_, text) in enumerate(turns):
-        if not text.replace(ph, "").strip():
+        # nothing visible: only whitespace and the invisible format characters captions drop
+        # (zero-width space, word joiner, BOM, bidi controls: tasks/policies/captions.py)
+        if not INVISIBLE.sub("", text.replace(ph, "")).strip():
             return _fail("conversation_empty_turn", f"turn {j} is empty", **base)
         tag = next((t for t in reserved if t in text), None)
         if tag is not None:  # "What does the <img> tag do?": released as written, it reads as an image's start

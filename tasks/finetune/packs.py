@@ -90,7 +90,13 @@ def _keep_text_only(keys: list[str], n_with_images: int, ratio: float | None) ->
 
 
 def plan_packs(tables: list[pa.Table], cfg: FinetuneConfig, per_shard: int, seed: int | None) -> PackPlan:
-    """Text-only mix, the padding cut-off (drop or truncate), then packing into output shards."""
+    """Text-only mix, the padding cut-off (drop or truncate), then packing into output shards.
+
+    The text-only share holds on what is released: the mix is chosen once before the cut-off
+    (which is taken over it), and again after the cut-off and the pack caps have dropped
+    samples, over the image records left; text-only records beyond it are rejected as
+    ``text_only_over_ratio``, the same ones (by a hash of the key) both times.
+    """
     table = (
         pa.concat_tables([t.select(PLAN_COLUMNS) for t in tables])
         if tables
@@ -98,18 +104,18 @@ def plan_packs(tables: list[pa.Table], cfg: FinetuneConfig, per_shard: int, seed
     )
     rows = table.to_pylist()
     ok = [r for r in rows if r["status"] == OK]
-    keep_text = _keep_text_only(
-        [r["key"] for r in ok if r["text_only"]], sum(not r["text_only"] for r in ok), cfg.text_only_ratio
-    )
+    ratio = cfg.text_only_ratio
+    over_ratio = {"reason": "text_only_over_ratio", "detail": f"text_only_ratio {ratio}"}
+    keep_text = _keep_text_only([r["key"] for r in ok if r["text_only"]], sum(not r["text_only"] for r in ok), ratio)
     pk = cfg.packing
     verdict: dict[str, dict[str, Any]] = {}
     for r in ok:
         if r["text_only"] and r["key"] not in keep_text:
-            verdict[r["key"]] = {"reason": "text_only_over_ratio", "detail": f"text_only_ratio {cfg.text_only_ratio}"}
+            verdict[r["key"]] = over_ratio
     mixed = [r for r in ok if r["key"] not in verdict]
     cutoff = padding_cutoff([r["tokens_total"] for r in mixed], cfg.padding, pk.budget if pk.packed else None)
     refs: list[SampleRef] = []
-    truncated = 0
+    text_only: set[str] = set()
     for r in mixed:
         ref = SampleRef(r["key"], r["shard"], r["offset"], r["length"], r["tokens_total"], r["images"], r["tiles"])
         if r["tokens_total"] > cutoff:
@@ -124,14 +130,21 @@ def plan_packs(tables: list[pa.Table], cfg: FinetuneConfig, per_shard: int, seed
             ref.tokens = sum(r["turn_tokens"][:kept])
             ref.images = sum(r["turn_images"][:kept])
             ref.tiles = sum(r["turn_tiles"][:kept])
-            truncated += 1
         if pk.packed and (ref.images > pk.max_images or (pk.max_tiles is not None and ref.tiles > pk.max_tiles)):
             verdict[r["key"]] = {
                 "reason": "too_many_images",
                 "detail": f"{ref.images} images / {ref.tiles} tiles over the pack caps",
             }
             continue
+        if r["text_only"]:
+            text_only.add(r["key"])
         refs.append(ref)
+    # the share on what is released: image records the cut-off or the caps dropped leave less room
+    keep_text = _keep_text_only(sorted(text_only), len(refs) - len(text_only), ratio)
+    for key in text_only - keep_text:
+        verdict[key] = over_ratio
+    refs = [ref for ref in refs if ref.key not in verdict]
+    truncated = sum(ref.turns is not None for ref in refs)
     if pk.packed:
         groups = pack([s.tokens for s in refs], [s.images for s in refs], [s.tiles for s in refs], pk)
     else:

@@ -29,7 +29,7 @@ from tasks.formats.recipe_finetune import FinetuneConfig, TilingConfig, TokensCo
 from tasks.formats.storage import Storage
 from tasks.stages.runner import ShardResult, Verdict, run_shard
 
-STAGE_VERSION = 4  # bump when ingest or sample building changes, so outputs get new names
+STAGE_VERSION = 5  # bump when ingest or sample building changes, so outputs get new names
 
 
 def image_source_name(source: str) -> str:
@@ -67,11 +67,16 @@ def build_paths(
 
 def _image_fates(tables: list[pa.Table], keys: set[str]) -> dict[str, dict[str, Any]]:
     """Final fate of each image key in ``tables`` (the image ledgers, ``_fate_tables``, in
-    phase order): the validate ledger's row where there is one, else the download's."""
+    phase order): the last phase's row (curation's, else validation's, else the download's)
+    decides status, reason and where the bytes are; the facts it lacks (``pixel_sha256``: a
+    curation ledger has no such column) stay those of the phase before."""
     fates: dict[str, dict[str, Any]] = {}
-    for t in tables:  # download ledgers first, then validate ones overwrite them
+    for t in tables:  # download ledgers first, then validate ones, then curate ones overwrite them
         t = t.filter(pc.is_in(t.column("key"), value_set=pa.array(sorted(keys), pa.string())))
         for r in t.to_pylist():
+            before = fates.get(r["key"])
+            if before is not None and r["pixel_sha256"] is None:
+                r["pixel_sha256"] = before["pixel_sha256"]
             fates[r["key"]] = r
     return fates
 
@@ -86,19 +91,18 @@ def shared(fate: dict[str, Any] | None, fates: dict[str, dict[str, Any]]) -> dic
     """An image's fate, or, for an exact duplicate (the same pixels) of a kept image, that
     image's: records that show the same picture share its one validated copy (LLaVA's
     conversations reuse COCO's images; validation keeps the first and refuses the others as
-    ``duplicate_of``). A near duplicate, or one of an image refused since, keeps its own fate."""
+    ``duplicate_of``). A near duplicate keeps its own fate; so does an exact one of an image
+    refused since (by curation), with that refusal in its detail."""
     original = original_of((fate or {}).get("reason"))
     if fate is None or original is None:
         return fate
     kept = fates.get(original)
-    if (
-        kept is not None
-        and kept["status"] == OK
-        and kept["pixel_sha256"]
-        and kept["pixel_sha256"] == fate["pixel_sha256"]
-    ):
+    if kept is None or not kept["pixel_sha256"] or kept["pixel_sha256"] != fate["pixel_sha256"]:
+        return fate
+    if kept["status"] == OK:
         return kept
-    return fate
+    why = kept["reason"] + (f" ({kept['detail']})" if kept.get("detail") else "")
+    return dict(fate, detail=f"the same pixels as {original}, which was not kept: {why}")
 
 
 def build_samples(

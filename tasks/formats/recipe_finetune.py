@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import string
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.formats.recipe_base import Frozen
 from tasks.formats.recipe_privacy import TextPrivacy
@@ -48,9 +49,12 @@ class TilingConfig(Frozen):
         min_tiles, max_tiles: bounds on rows x cols of the grid (1 and 6 in NVLM).
         thumbnail: add a global thumbnail (one more tile) when the grid has more than one tile.
         tokens_per_tile: image tokens each tile (and the thumbnail) costs (256 in NVLM).
-        tile_tag: tag before tile ``i`` (1-based), formatted with ``i``.
+        tile_tag: tag before tile ``i`` (1-based), formatted with ``i``: it must hold the field
+            ``{i}`` (a format spec such as ``{i:02d}`` is allowed) and no other, and none of its
+            tags may equal another tag below.
         thumbnail_tag: tag before the thumbnail.
         image_start, image_end: delimiters around one image's tags.
+            The tags that are set (not empty) must all differ.
         store: ``grid`` stores the image and its grid (the loader cuts tiles); ``tiles`` also
             stores every tile and the thumbnail as JPEGs.
         quality: JPEG quality of stored tiles.
@@ -70,10 +74,50 @@ class TilingConfig(Frozen):
     quality: int = Field(default=90, ge=1, le=100)
     max_pixels: int = Field(default=50_000_000, ge=1)
 
+    @field_validator("tile_tag")
+    @classmethod
+    def _tile_tag_format(cls, value: str) -> str:
+        try:
+            fields = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+        except ValueError as err:  # "<tile_{i>": an unbalanced brace
+            raise ValueError(f"not a format string with the field {{i}}: {err}") from None
+        other = sorted({name for name in fields if name != "i"})
+        if other:
+            shown = ", ".join("{" + name + "}" for name in other)
+            raise ValueError(f"may hold only the field {{i}}, not {shown} (braces that are text are written {{{{ }}}})")
+        if "i" not in fields:
+            raise ValueError("must hold the field {i} (the tile's number): without it every tile has the same tag")
+        try:
+            value.format(i=1)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+            raise ValueError(f"does not format with i=1: {type(err).__name__}: {err}") from None
+        return value
+
     @model_validator(mode="after")
     def _bounds(self) -> TilingConfig:
         if self.min_tiles > self.max_tiles:
             raise ValueError("min_tiles must not exceed max_tiles")
+        # every tag a sample can hold (tiling.all_tags), the empty ones aside, told apart by the
+        # counts of the release and the tokenizer: each must differ from the others
+        seen: dict[str, str] = {}
+        named = [
+            ("image_start", self.image_start),
+            ("image_end", self.image_end),
+            ("thumbnail_tag", self.thumbnail_tag),
+        ]
+        for name, tag in named:
+            if tag and tag in seen:
+                raise ValueError(f"{name} {tag!r} is also {seen[tag]}: every tag must differ")
+            if tag:
+                seen[tag] = name
+        for i in range(1, self.max_tiles + 1):
+            tag = self.tile_tag.format(i=i)
+            if tag in seen:
+                raise ValueError(
+                    f"tile_tag {self.tile_tag!r} gives {tag!r} for tile {i}, which is also {seen[tag]}: "
+                    "every tag must differ"
+                )
+            seen[tag] = f"the tile_tag of tile {i}"
         return self
 
 

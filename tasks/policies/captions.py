@@ -38,7 +38,7 @@ _CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
 # Invisible format characters with no meaning in a caption: soft hyphen, zero-width space,
 # word joiner, BOM, bidi embeddings, overrides and isolates. ZWJ and ZWNJ stay: Indic and
 # Persian spelling and emoji sequences need them.
-_INVISIBLE = re.compile(r"[\u00ad\u200b\u2060\ufeff\u202a-\u202e\u2066-\u2069]")
+INVISIBLE = re.compile(r"[\u00ad\u200b\u2060\ufeff\u202a-\u202e\u2066-\u2069]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 # UTF-8 read as Latin-1 or cp1252: a lead byte C2-C5 ("Â", "Ã", "Ä", "Å") then a continuation
@@ -108,7 +108,7 @@ def _scrub(raw: object) -> tuple[str | None, int, int]:
         text = _SCRIPT.sub(" ", text)
         text = _TAG.sub(lambda m: "" if m.group(1).lower() in _INLINE_TAGS else " ", text)
     text, removed = _CONTROLS.subn("", text)
-    text = _INVISIBLE.sub("", text)
+    text = INVISIBLE.sub("", text)
     text = unicodedata.normalize("NFC", text)
     junk = removed
     if not text.isascii():
