@@ -782,3 +782,15 @@ def test_a_csv_whose_lines_end_in_cr_alone_fails_saying_so(tmp_path):
     message = fatal(source(path))
     assert "mac.csv" in message and "cannot parse the header row" in message
     assert "lines may end in CR alone (classic Mac OS): convert them to LF or CRLF" in message
+
+
+def test_a_source_is_named_without_secrets_and_an_object_key_whole():
+    """Messages and ``origin`` name a source: a web URL without its query and credentials (a
+    presigned URL's signature), an object store's key whole, ``?`` and ``#`` included (two
+    keys must not read as one)."""
+    from tasks.formats.manifests.files import display
+
+    assert display("https://u:p@h.example/m.csv?X-Amz-Signature=abc#f") == "https://h.example/m.csv"
+    assert display("s3://src/wds/q?x=1.tar") == "s3://src/wds/q?x=1.tar"
+    assert display("s3://src/wds/hash#frag.tar") == "s3://src/wds/hash#frag.tar"
+    assert display("/data/m?.csv") == "/data/m?.csv"

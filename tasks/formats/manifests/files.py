@@ -86,12 +86,16 @@ class ManifestFile:
 
 
 def display(manifest: str) -> str:
-    """A manifest for messages: no query string or credentials (presigned URLs carry secrets)."""
+    """A manifest for messages: no query string or credentials (presigned URLs carry secrets).
+    Only a web URL has a query: in an object store's (``s3://bucket/a?b#c.tar``) ``?`` and
+    ``#`` are the key's own characters, kept, or two keys would read as one."""
     if "://" not in manifest:
         return manifest
     try:
         parts = urlsplit(manifest)
         netloc = parts.netloc.rpartition("@")[2]
+        if parts.scheme.lower() not in ("http", "https"):
+            return f"{parts.scheme}://{netloc}{manifest.split('://', 1)[1][len(parts.netloc) :]}"
         return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
     except ValueError:
         return manifest.split("?", 1)[0]
