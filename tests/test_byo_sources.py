@@ -477,3 +477,30 @@ def test_a_key_listed_twice_in_the_side_file_is_one_sample_and_a_duplicate_row(t
     detail = ledger[3]["detail"]
     assert detail.startswith("img2dataset status success (00000.parquet:4): key '000000001' is listed again")
     assert "its first listing, row 2, is the one " in detail and detail.endswith("i2d/00000.tar's sample goes with")
+
+
+def test_a_parquet_file_rewritten_shorter_after_planning_ends_every_planned_row(tmp_path):
+    """A file that changed between the plan and the read (rewritten with fewer rows) still gives
+    every planned row one ledger row: those it no longer has are ``source_changed``, naming it."""
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    images_parquet(folder / "part.parquet", 6, struct=False)
+    source = SourceConfig(name="pq", manifest=str(folder), kind="parquet_images", rows_per_shard=4)
+    storage = Storage(str(tmp_path / "out"))
+    plan = plan_ingest(source)
+    assert [c.rows for c in plan.chunks] == [4, 2]
+    images_parquet(folder / "part.parquet", 3, struct=False)  # rewritten between the plan and the read
+    rows = []
+    for ref in plan.chunks:
+        tar, ledger = shard_paths("ds", ref, "cfg")
+        download_shard(ref, storage, DownloadConfig(), tar, ledger, None, partial(ingest_rows, source))
+        rows += read_ledger(storage, ledger).to_pylist()
+    assert sorted(r["row"] for r in rows) == [r for c in plan.chunks for r in range(c.first_row, c.first_row + c.rows)]
+    fates = [(r["status"], r["reason"]) for r in sorted(rows, key=lambda r: r["row"])]
+    assert fates == [("ok", None)] * 3 + [("error", "source_changed")] * 3
+    changed = [r for r in rows if r["reason"] == "source_changed"]
+    assert [r["detail"].rsplit("/", 1)[1] for r in changed] == [
+        "part.parquet ends before its row 4: it changed after the run planned 4 rows",
+        "part.parquet ends before its row 5: it changed after the run planned 6 rows",
+        "part.parquet ends before its row 6: it changed after the run planned 6 rows",
+    ]

@@ -156,6 +156,10 @@ REASONS: dict[str, tuple[str, str]] = {
         ERROR,
         "the tool that wrote an ingested shard recorded a failure for the row (img2dataset: failed_to_download, failed_to_resize); its status and message in the detail",
     ),
+    "source_changed": (
+        ERROR,
+        "a file of the source (an ingested parquet) holds fewer rows than when the run planned it: it changed meanwhile; the next run plans it again",
+    ),
     "sample_missing": (
         ERROR,
         "the side file of an ingested shard (img2dataset's parquet) lists the sample as written, but the shard has no sample of that key",

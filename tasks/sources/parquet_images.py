@@ -103,7 +103,9 @@ class ParquetIngest:
     def __iter__(self) -> Iterator[tuple[Row, Fetched]]:
         s = self.source
         base = self.ref.first_row - self._start()
+        read = self._start()
         for index, record in self._records():
+            read = index + 1
             data, path, reason, detail = image_bytes(record.get(s.image_column), s.image_column)
             caption, bad_caption = _value(record, s.caption_column)
             license, bad_license = _value(record, s.license_column)
@@ -140,6 +142,20 @@ class ParquetIngest:
                 )
             else:
                 yield row, judge(Fetched(data=data), self.cfg.allowed_formats)
+        # A file rewritten shorter since the run planned it: a row each for the rows it no longer has.
+        end = self._start() + self.ref.rows
+        for index in range(read, end):
+            detail = f"{self.file} ends before its row {index + 1}: it changed after the run planned {end} rows"
+            row = {
+                "row": base + index,
+                "url": None,
+                "caption": None,
+                "license": None,
+                "origin": f"{self.file}:{index + 1}",
+            }
+            row["extra"] = json.dumps({"origin": {"file": self.file, "row": index}})
+            self.rows.append(row)
+            yield row, Fetched(reason="source_changed", detail=detail)
 
     def _start(self) -> int:
         """The chunk's first row within its file (the low bits of a row id; see tasks.formats.manifests.chunks)."""
