@@ -21,6 +21,7 @@ from tasks.policies.personal import (
     describe,
     find_personal,
     is_card_number,
+    may_hold_url,
     redact,
 )
 
@@ -497,3 +498,195 @@ def test_redaction_leaves_nothing_of_a_kind_it_found(text, region):
     found = find_personal(text, rules)
     kinds = {s.kind for s in found}
     assert [s for s in find_personal(redact(text, found), rules) if s.kind in kinds] == []
+
+
+# -- what is read through: other digit scripts, dash-likes, dot-likes, invisible characters --
+
+# The zero of each script's digits: Arabic-Indic, Extended Arabic-Indic, Devanagari, Bengali,
+# Thai, full-width, mathematical bold and monospace.
+DIGIT_ZEROS = [0x0660, 0x06F0, 0x0966, 0x09E6, 0x0E50, 0xFF10, 0x1D7CE, 0x1D7F6]
+
+
+def in_script(text: str, zero: int) -> str:
+    return "".join(chr(zero + int(ch)) if ch in string.digits else ch for ch in text)
+
+
+@pytest.mark.parametrize("zero", DIGIT_ZEROS, ids=hex)
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        ("4111 1111 1111 1111", "card"),
+        ("4111111111111111", "card"),
+        ("+44 20 7946 0958", "phone"),
+        ("GB82 WEST 1234 5698 7654 32", "iban"),
+        ("8.8.8.8", "ip"),
+        ("https://example.com/?token=abc123xyz", "url_secret"),
+    ],
+)
+def test_values_in_any_digit_script_are_found_and_redacted(zero, value, kind):
+    disguised = in_script(value, zero)
+    text = f"pay {disguised} now"
+    assert find_personal(text, ALL) == (Span(kind, 4, 4 + len(disguised)),)
+    redacted = redact(text, find_personal(text, ALL))
+    assert redacted == f"pay {PLACEHOLDERS[kind]} now"
+    assert not any(ch.isdecimal() for ch in redacted)
+
+
+DASH_LIKES = ["\u2010", "\u2011", "\u2012", "\u2013", "\u2014", "\u2212", "\ufe63", "\uff0d"]
+
+
+def test_a_lone_surrogate_beside_a_folded_value_is_kept():
+    text = "\ud800 card 4111\u20131111\u20131111\u20131111\u200b \udfff"
+    found = find_personal(text, ALL)
+    assert found == (Span("card", 7, 26),)
+    assert redact(text, found) == "\ud800 card <CARD>\u200b \udfff"
+
+
+@pytest.mark.parametrize("dash", DASH_LIKES, ids=lambda d: f"U+{ord(d):04X}")
+def test_dash_like_separators_in_a_number_are_read_as_dashes(dash):
+    card = f"4111{dash}1111{dash}1111{dash}1111"
+    amex = f"3782{dash}822463{dash}10005"
+    phone = f"(650) 253{dash}0000"
+    text = f"card {card}, amex {amex}, call {phone}"
+    assert spans_of(text) == [("card", card), ("card", amex), ("phone", phone)]
+    redacted = redact(text, find_personal(text, ALL))
+    assert redacted == "card <CARD>, amex <CARD>, call <PHONE>"
+    assert "1111" not in redacted and "0000" not in redacted
+
+
+@pytest.mark.parametrize("dash", DASH_LIKES, ids=lambda d: f"U+{ord(d):04X}")
+def test_a_dash_outside_a_number_stays_prose(dash):
+    # read as "-" it would make the card part of a longer code ("card-4111...", "...1111-great")
+    assert spans_of(f"card{dash}4111 1111 1111 1111") == [("card", "4111 1111 1111 1111")]
+    assert spans_of(f"4111111111111111{dash}great") == [("card", "4111111111111111")]
+    assert find_personal(f"seasons 2019{dash}2020 2020{dash}2021", ALL) == ()
+
+
+INVISIBLES = ["\u200b", "\u200c", "\u200d", "\u2060", "\u00ad", "\ufeff", "\u200e", "\u200f", "\u202a", "\u2066"]
+# Each value with a slot, "|", where an invisible character goes.
+HIDDEN = [
+    ("jane.doe|@example.com", "email"),
+    ("jane|.doe@example.com", "email"),
+    ("jane.doe@exa|mple.com", "email"),
+    ("4111|1111|1111|1111", "card"),
+    ("4111 1111 |1111 1111", "card"),
+    ("+44|20|7946|0958", "phone"),
+    ("+44 20 7946| 0958", "phone"),
+    ("GB82|WEST|1234|5698|7654|32", "iban"),
+    ("GB82 WEST 12|34 5698 7654 32", "iban"),
+    ("8.8|.8.8", "ip"),
+    ("https://us|er:pw@example.com/x", "url_secret"),
+    ("https://example.com/?to|ken=abcd", "url_secret"),
+]
+
+
+@pytest.mark.parametrize("invisible", INVISIBLES, ids=lambda c: f"U+{ord(c):04X}")
+@pytest.mark.parametrize(("value", "kind"), HIDDEN)
+def test_invisible_characters_inside_a_value_do_not_hide_it(invisible, value, kind):
+    hidden = value.replace("|", invisible)
+    text = f"from {hidden} today"
+    found = find_personal(text, ALL)
+    # the span is in the text's own offsets and covers the invisible characters inside the value
+    assert found == (Span(kind, 5, 5 + len(hidden)),)
+    redacted = redact(text, found)
+    assert redacted == f"from {PLACEHOLDERS[kind]} today"
+    assert invisible not in redacted
+
+
+def test_invisible_characters_around_a_value_stay_outside_its_span():
+    text = "\u200bjane.doe\u200c@example.com\u200b and\u2060 4111\u200b1111\u200b1111\u200b1111\u2060."
+    assert spans_of(text) == [
+        ("email", "jane.doe\u200c@example.com"),
+        ("card", "4111\u200b1111\u200b1111\u200b1111"),
+    ]
+    assert redact(text, find_personal(text, ALL)) == "\u200b<EMAIL>\u200b and\u2060 <CARD>\u2060."
+
+
+def test_invisible_characters_between_a_word_and_a_value_still_part_them():
+    # read without them, "card\u200b4111..." would be one code "card4111..."; it is read as it is too
+    assert spans_of("card\u200b4111 1111 1111 1111") == [("card", "4111 1111 1111 1111")]
+    assert spans_of("x\u200d4111111111111111\u200dy") == [("card", "4111111111111111")]
+    assert spans_of("id\u200b4111111111111111") == [("card", "4111111111111111")]
+
+
+DOTS = ["\u3002", "\uff61", "\uff0e"]
+
+
+@pytest.mark.parametrize("dot", DOTS, ids=lambda d: f"U+{ord(d):04X}")
+def test_ideographic_and_halfwidth_full_stops_are_dots(dot):
+    email = f"jane.doe@mail{dot}example{dot}co{dot}uk"
+    url = f"www{dot}example{dot}com/?token=abcd1234"
+    ip = f"8{dot}8{dot}8{dot}8"
+    text = f"mail {email} or see {url} from {ip}"
+    assert spans_of(text) == [("email", email), ("url_secret", url), ("ip", ip)]
+    redacted = redact(text, find_personal(text, ALL))
+    assert redacted == "mail <EMAIL> or see <URL> from <IP>"
+    assert "jane" not in redacted and "example" not in redacted
+
+
+def test_may_hold_url_reads_the_text_as_find_personal_does():
+    assert may_hold_url("www\u3002example\u3002com/?token=abcd")
+    assert may_hold_url("ww\u200bw.example.com/?token=abcd")
+    assert may_hold_url("https\uff1a\uff0f\uff0fexample.com")
+    assert not may_hold_url("w\u3002w\u3002w example")
+
+
+DISGUISES = {
+    "digits": lambda text, draw: in_script(text, draw(st.sampled_from(DIGIT_ZEROS))),
+    "dashes": lambda text, draw: "".join(
+        draw(st.sampled_from(DASH_LIKES)) if ch == "-" and text[i - 1].isdigit() and text[i + 1].isdigit() else ch
+        for i, ch in enumerate(text)
+    ),
+    "dots": lambda text, draw: text.replace(".", draw(st.sampled_from(DOTS))) if "@" in text else text,
+    "invisibles": lambda text, draw: "".join(
+        ch + (draw(st.sampled_from(INVISIBLES)) if i < len(text) - 1 and draw(st.booleans()) else "")
+        for i, ch in enumerate(text)
+    ),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(PLANTS), st.lists(st.sampled_from(list(DISGUISES)), unique=True), st.data())
+def test_a_disguised_value_is_found_whole_and_redacted(plant, disguises, data):
+    disguised = plant
+    for name in disguises:
+        disguised = DISGUISES[name](disguised, data.draw)
+    text = f"see {disguised} ok"
+    (kind,) = {s.kind for s in find_personal(plant, ALL)}
+    found = find_personal(text, ALL)
+    assert found == (Span(kind, 4, 4 + len(disguised)),)
+    assert redact(text, found) == f"see {PLACEHOLDERS[kind]} ok"
+
+
+UNICODE_HOSTILE = {
+    "zero-width spaces": "\u200b" * MIB,
+    "digits and zero-width spaces": "1\u200b" * (MIB // 2),
+    "groups of four and en dashes": "4111\u2013" * (MIB // 5),
+    "at signs and zero-width spaces": "a\u200b@" * (MIB // 3),
+}
+
+
+@pytest.mark.parametrize("name", list(UNICODE_HOSTILE))
+def test_hostile_unicode_input_completes_with_a_bounded_result(name):
+    text = UNICODE_HOSTILE[name]
+    tracemalloc.start()
+    try:
+        found = find_personal(text, ALL)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found == () or found.truncated
+    assert len(found) <= MAX_SPANS
+    # the folded copies of the text, a few times its size at most
+    assert peak < 16 * MIB
+
+
+def test_a_json_key_with_a_full_width_at_sign_is_scanned():
+    """A map keyed by address is scanned where the key has an ``@`` in any of the forms the
+    scanner reads as one (full-width ``＠``, small ``﹫``), though it has no digit or URL."""
+    from tasks.formats.recipe_privacy import TextPrivacy
+    from tasks.policies.privacy import check_fields
+
+    for at in ("@", "\uff20", "\ufe6b"):
+        out = check_fields({"contacts": {f"jane.doe{at}example.com": "friend"}}, TextPrivacy(mode="redact"))
+        assert list(out.meta["contacts"]) == ["<EMAIL>"], at

@@ -6,7 +6,8 @@ What each kind matches:
   most 64 characters a dotted part) and a domain of up to 16 dotted labels ending in a
   letters-only TLD of 2-63 characters or a punycode one (``xn--p1ai``). ``user@localhost``
   (no dot), ``@handle`` (no local part) and retina file names such as ``logo@2x.png`` (a TLD that
-  is an image or media file extension) are not addresses. ASCII only.
+  is an image or media file extension) are not addresses. ASCII letters only (full-width ones
+  are read as ASCII).
 - ``phone``: runs of digits and phone punctuation with enough digits for the region, handed to
   ``phonenumbers.PhoneNumberMatcher`` at ``Leniency.STRICT_GROUPING``: the number must be valid
   for its region *and* grouped as that region writes it, so "1 2 3 4 5 6 7 8 9 10" is not a
@@ -51,9 +52,20 @@ What each kind matches:
   URL is the span; its end is the prose's (trailing punctuation, an unopened ``)`` or ``]``,
   Markdown's ``](``).
 
-Spaces that print as one (no-break, thin, ideographic), full-width digits, at signs and full
-stops are read as their ASCII selves, a character for a character, so "4111\u00a01111 ..." is
-a card and offsets hold.
+What is read through, for every kind (``_fold``): spaces that print as one (no-break, thin,
+figure, ideographic), every Unicode decimal digit (Arabic-Indic, Devanagari, full-width,
+mathematical bold, ...; ``str.isdecimal``), full-width ASCII letters and signs, the small at
+sign and the full stops used as dots (ideographic ``\u3002``, halfwidth ``\uff61``, full-width,
+small, one dot leader) are read as their ASCII selves, a character for a character, so
+"4111\u00a01111 ...", "\u0664\u0661\u0661\u0661 ..." and "jane@example\u3002com" are found
+and offsets hold. A dash-like character between two digits (en and em dash, minus, hyphen,
+non-breaking hyphen, figure dash, full-width and small hyphen-minus) is read as ``-``
+("4111\u20131111 ..."); elsewhere it stays prose ("card\u20144111 ..."). Invisible format
+characters (Unicode category Cf: zero-width space, non-joiner and joiner, word joiner, soft
+hyphen, BOM, bidi marks) do not split a value: a text holding them is read as it is and once
+more without them ("jane\u200b.doe@example.com"), and a span found that way is given in the
+text's own offsets and covers the invisible characters inside the value, so ``redact`` removes
+them with it.
 
 Overlaps: when two findings overlap, the longer span wins; at equal length the more specific
 kind wins, in the order url_secret, email, iban, card, phone, ip. So an IBAN is not also a phone
@@ -72,6 +84,7 @@ import bisect
 import ipaddress
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -464,8 +477,9 @@ _URL_CUE = re.compile(r"://|(?i:www\.)")  # what every match of _URL holds: a sc
 
 
 def may_hold_url(text: str) -> bool:
-    """Whether ``_URL`` can match in ``text`` (one linear search, no copy of the text)."""
-    return _URL_CUE.search(text) is not None
+    """Whether ``_URL`` can match in ``text`` as ``find_personal`` reads it (one linear search; of
+    a non-ASCII text, its folded copy without invisible characters: "www\u3002", "ww\u200bw.")."""
+    return _URL_CUE.search(text if text.isascii() else _fold(text, _READ)) is not None
 
 
 _STRONG_NAMES = frozenset(
@@ -612,14 +626,110 @@ class _Budget:
 _DIGIT = re.compile(r"\d")
 
 
-# Spaces that print as a space (no-break, thin, figure, ideographic: "4111\u00a01111 ..."),
-# full-width digits, at signs and full stops are read as their ASCII selves, so cards, IBANs and phones written with
-# them are found; a character for a character, so offsets into the text hold.
-_PLAIN = str.maketrans(
-    dict.fromkeys("\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000", " ")
-    | {chr(0xFF10 + i): str(i) for i in range(10)}
-    | {"\uff20": "@", "\uff0e": "."}  # full-width at sign and full stop: "jo\uff20example.org"
+# Text is scanned in a folded form, ASCII where a character has an ASCII reading, a character for
+# a character so offsets hold: spaces that print as a space (no-break, thin, figure, ideographic:
+# "4111\u00a01111 ..."), every Unicode decimal digit (Arabic-Indic, Devanagari, full-width,
+# mathematical bold, ...), full-width ASCII (letters, "\uff20" and the other signs), the small at
+# sign, and the full stops used as dots ("\u3002", "\uff61", "\ufe52", "\u2024"); and a dash-like
+# character (en and em dash, minus, the hyphens, full-width and small hyphen-minus) between two
+# digits is a "-" ("4111\u20131111 ..."; elsewhere it is prose: "a card\u20144111 ...").
+# Invisible format characters (category Cf: zero-width space and joiners, word joiner, soft
+# hyphen, BOM, bidi marks) stay in that form, where they part words as before; a text holding
+# them is read a second time without them, so they do not split a value
+# ("jane\u200b.doe@example.com"), and what that reading finds is mapped back to the text as given
+# (``_Unfold``): its spans cover the invisible characters inside a value.
+_DASHES = "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\ufe58\ufe63\uff0d"
+# The dash is found by its character class (a fast scan), then its digits are checked.
+_DASH_IN_NUMBER = re.compile(f"[{_DASHES}](?<=[0-9].)(?=[0-9])")
+_FOLD_CACHE = 1 << 15  # most characters whose reading a ``_FoldTable`` keeps (a hostile text may hold every one)
+
+
+class _FoldTable(dict[int, "int | None"]):
+    """``str.translate``'s table for the folded form: the readings set below, and any other
+    character's found when first met (``__missing__``): a decimal digit's ASCII digit, an
+    invisible character noted in ``_INVISIBLE`` and kept, or dropped when ``drop``, else the
+    character itself."""
+
+    def __init__(self, readings: dict[int, int], drop: bool) -> None:
+        super().__init__(readings)
+        self.drop = drop
+
+    def __missing__(self, code: int) -> int | None:
+        ch = chr(code)
+        value: int | None = code
+        if ch.isdecimal():
+            value = 0x30 + unicodedata.decimal(ch)
+        elif unicodedata.category(ch) == "Cf":
+            _INVISIBLE.add(ch)
+            value = None if self.drop else code
+        if len(self) < _FOLD_CACHE:
+            self[code] = value
+        return value
+
+
+_INVISIBLE: set[str] = set()  # the invisible characters (category Cf) met so far
+_READINGS: dict[int, int] = (
+    {i: i for i in range(128)}
+    | dict.fromkeys(
+        map(ord, "\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"), 0x20
+    )
+    | {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F) if code != 0xFF0D}  # full-width ASCII
+    | {0xFE6B: ord("@"), 0x3002: ord("."), 0xFF61: ord("."), 0xFE52: ord("."), 0x2024: ord(".")}
 )
+_FOLD = _FoldTable(_READINGS, drop=False)  # a character for a character
+_READ = _FoldTable(_READINGS, drop=True)  # the same, without the invisible characters
+_invisible_runs: tuple[int, re.Pattern[str]] = (0, re.compile("(?!)"))
+
+
+def _fold(text: str, table: _FoldTable = _FOLD) -> str:
+    """A non-ASCII ``text`` translated by ``table``, each dash between two digits a "-"."""
+    folded = text.translate(table)
+    if folded.isascii():
+        return folded
+    buf = None  # the folded text in UTF-32 when a dash is to change: one copy, not a piece a dash
+    for m in _DASH_IN_NUMBER.finditer(folded):
+        if buf is None:
+            buf = bytearray(folded.encode("utf-32-le", "surrogatepass"))
+        buf[4 * m.start() : 4 * m.start() + 4] = b"-\0\0\0"
+    return folded if buf is None else buf.decode("utf-32-le", "surrogatepass")
+
+
+def _invisible() -> re.Pattern[str]:
+    """A run of the invisible characters met so far."""
+    global _invisible_runs
+    if _invisible_runs[0] != len(_INVISIBLE):  # grows to the ~160 characters of category Cf at most
+        chars = "".join(re.escape(ch) for ch in sorted(_INVISIBLE))
+        _invisible_runs = (len(_INVISIBLE), re.compile(f"[{chars}]+"))
+    return _invisible_runs[1]
+
+
+class _Unfold:
+    """Offsets into a text read without its invisible characters, as offsets into the text: asked
+    in increasing order, a start counts the invisible characters before it, an end those inside
+    the span too (not those after it)."""
+
+    __slots__ = ("runs", "run", "shift")
+
+    def __init__(self, text: str) -> None:
+        self.runs = _invisible().finditer(text)
+        self.run = next(self.runs, None)
+        self.shift = 0  # invisible characters before the offset last asked
+
+    def _skip(self, offset: int, before_end: bool) -> int:
+        run = self.run
+        while run is not None and (
+            run.start() - self.shift < offset or (not before_end and run.start() - self.shift == offset)
+        ):
+            self.shift += run.end() - run.start()
+            run = next(self.runs, None)
+        self.run = run
+        return offset + self.shift
+
+    def start(self, offset: int) -> int:
+        return self._skip(offset, before_end=False)
+
+    def end(self, offset: int) -> int:
+        return self._skip(offset, before_end=True)
 
 
 def _finders(text: str, rules: TextPrivacy) -> Iterator[tuple[str, _Budget]]:
@@ -633,7 +743,7 @@ def _finders(text: str, rules: TextPrivacy) -> Iterator[tuple[str, _Budget]]:
             yield kind, _Budget(len(text))
         elif kind == "ip" and ((has_digit and "." in text) or ":" in text):
             yield kind, _Budget(len(text))
-        elif kind == "url_secret" and may_hold_url(text):
+        elif kind == "url_secret" and _URL_CUE.search(text) is not None:
             yield kind, _Budget(len(text))
 
 
@@ -668,7 +778,29 @@ def find_personal(text: str, rules: TextPrivacy, phone_field: bool = False) -> F
     """
     if rules.mode == "off" or not text:
         return _NOTHING
-    text = text if text.isascii() else text.translate(_PLAIN)  # one character for one: offsets hold
+    folded = text if text.isascii() else _fold(text)
+    spans, limit = _scan(folded, rules, phone_field)
+    truncated = limit < len(text)
+    if not text.isascii() and _INVISIBLE and _invisible().search(folded):
+        read = _fold(text, _READ)  # read again without the invisible characters
+        more, read_limit = _scan(read, rules, phone_field)
+        back = _Unfold(text)
+        more = [Span(s.kind, back.start(s.start), back.end(s.end)) for s in more]
+        if read_limit < len(read):
+            limit, truncated = min(limit, back.end(read_limit)), True
+        spans = _resolve(spans + more) if more else spans
+        if truncated:
+            spans = [s for s in spans if s.end <= limit]
+    if not spans:
+        return Findings((), truncated=True) if truncated else _NOTHING
+    if len(spans) > MAX_SPANS:
+        spans, truncated = spans[:MAX_SPANS], True
+    return Findings(spans, truncated)
+
+
+def _scan(text: str, rules: TextPrivacy, phone_field: bool) -> tuple[list[Span], int]:
+    """The spans found in ``text`` (sorted, disjoint) and where a bound stopped the scan (its
+    length when none did); spans end there at the latest."""
     found: list[Span] = []
     limit = len(text)
     for kind, budget in _finders(text, rules):
@@ -681,22 +813,17 @@ def find_personal(text: str, rules: TextPrivacy, phone_field: bool = False) -> F
                 break
         limit = min(limit, budget.limit)
     if not found:
-        return _NOTHING if limit == len(text) else Findings((), truncated=True)
+        return found, limit
     if limit < len(text):
         found = [s for s in found if s.end <= limit]
-    found = _outside_url_paths(text, found)
-    spans = _resolve(found)
-    truncated = limit < len(text)
-    if len(spans) > MAX_SPANS:
-        spans, truncated = spans[:MAX_SPANS], True
-    return Findings(spans, truncated)
+    return _resolve(_outside_url_paths(text, found)), limit
 
 
 def _outside_url_paths(text: str, found: list[Span]) -> list[Span]:
     """``found`` less the phone numbers inside a URL's host and path: the digit runs there are
     file names and ids ("/photos/2345678901.jpg"), and paths are not inspected (a query's
     values are: ``?phone=...``)."""
-    if not any(s.kind == "phone" for s in found) or not may_hold_url(text):
+    if not any(s.kind == "phone" for s in found) or _URL_CUE.search(text) is None:
         return found
     starts, ends = [], []  # of each URL's host and path, in order, disjoint
     for m in _URL.finditer(text):

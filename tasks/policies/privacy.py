@@ -204,9 +204,12 @@ def _phone_name(name: str) -> bool:
     return any(word in _PHONE_NAMES for word in words)
 
 
+_ATS = ("@", "\uff20", "\ufe6b")  # the at sign, and its full-width and small forms the scanner reads as one
+
+
 def _may_hold_personal(text: str) -> bool:
     """Whether any kind could be found in ``text``: each needs a digit, an ``@`` or a URL."""
-    return "@" in text or any(ch.isdigit() for ch in text) or may_hold_url(text)
+    return any(at in text for at in _ATS) or any(ch.isdigit() for ch in text) or may_hold_url(text)
 
 
 def span_facts(spans: tuple[Span, ...], field: str | None = None) -> list[dict[str, Any]]:
