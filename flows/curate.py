@@ -60,12 +60,13 @@ class CurateSummary:
 @task(name="curate-digests")
 def digests_task(cfg: CurateConfig) -> tuple[str, str, list[Any]]:
     """The dual encoder's digest, the dtype it computes in, and the heads' digests (on a worker:
-    where the models are and run)."""
+    where the models are and run). A model folder that cannot load (an unreadable config,
+    truncated weights, no tokenizer) stops the phase here, in one line, before any shard."""
     from tasks.curate.embed import curate_placement
-    from tasks.models.dual_encoder import need_model_dir
+    from tasks.models.dual_encoder import check_model
     from tasks.models.placement import folder_digest
 
-    need_model_dir(cfg.model)
+    check_model(cfg.model, cfg.tokenizer)
     return folder_digest(cfg.model, cfg.tokenizer), curate_placement(cfg)[1], heads_key(cfg)
 
 
@@ -86,11 +87,15 @@ def decide_task(
     cfg: CurateConfig,
     shards: list[ShardInput],
     dedup: list[str],
+    source_order: dict[str, int],
 ) -> tuple[list[Cut], list[ShardDecision]]:
-    """The cuts and every shard's fates; ``dedup``: semantic dedup's decision files."""
+    """The cuts and every shard's fates; ``dedup``: semantic dedup's decision files (over every
+    row), decided again among the samples the filters keep where a filter removes a group's
+    first sample (``decide``); ``source_order``: the recipe's order of sources."""
     from tasks.curate.semdedup import read_duplicates
 
-    return decide(storage, dataset, cfg, shards, read_duplicates(storage, dedup))
+    dups = read_duplicates(storage, dedup)
+    return decide(storage, dataset, cfg, shards, dups, dedup=dedup, source_order=source_order)
 
 
 @task(name="curate-views")
@@ -178,7 +183,8 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
     dedup, dedup_done = run_semdedup(ph, cfg, shards, f"{model}-{dtype}")
     timings["semdedup"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
-    applied, decisions = decide_task.submit(storage, recipe.dataset, cfg, shards, dedup).result()
+    order = {s.name: i for i, s in enumerate(recipe.sources)}  # as run_semdedup orders them
+    applied, decisions = decide_task.submit(storage, recipe.dataset, cfg, shards, dedup, order).result()
     timings["decide"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
 

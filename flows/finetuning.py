@@ -15,7 +15,7 @@ from flows.finetune_ingest import image_recipe, ingest_flow
 from flows.finetune_packs import finetune_flow
 from flows.params import cluster_or_env, explicit_overrides
 from flows.phase import run_phase
-from flows.preflight import gpu_problem
+from flows.preflight import gpu_problem, model_problem
 from flows.runtime import dask_cluster
 from flows.session import Session, cleanup_on_stop
 from flows.validate import validate_flow
@@ -36,7 +36,7 @@ def run_finetuning(recipe: Recipe, session: Session | None = None) -> dict:
     problems = policy_problems(recipe.validate_.license)
     if problems:
         raise RecipeError("\n".join(f"validate.license: {p}" for p in problems))
-    problem = gpu_problem(recipe, [])
+    problem = gpu_problem(recipe, []) or model_problem(recipe, [])
     if problem:
         raise RecipeError(problem)
     record = new_run(recipe, run_name())

@@ -164,7 +164,25 @@ def phases_problem(recipe: Recipe, phases: Sequence[str]) -> str | None:
             "download.keep_raw is false: the download phase alone would keep only its ledgers, no "
             "samples; run --phase validate or a later phase (or set download.keep_raw: true)"
         )
-    return gpu_problem(recipe, phases)
+    return gpu_problem(recipe, phases) or model_problem(recipe, phases)
+
+
+def model_problem(recipe: Recipe, phases: Sequence[str]) -> str | None:
+    """Why curation's dual encoder cannot load (an unreadable config, missing or truncated
+    weights, no tokenizer files), or None: found before any download. Only where the cluster's
+    workers run on this machine (local, cuda): an existing cluster's workers may see other
+    folders (the curation phase checks there again, before any shard)."""
+    upto = _upto(phases) if recipe.kind == "pretraining" else ["validate", "curate"]
+    if "curate" not in upto or not recipe.curate.enabled or recipe.execution.cluster not in ("local", "cuda"):
+        return None
+    from tasks.models.dual_encoder import check_model
+    from tasks.models.placement import CurateError
+
+    try:
+        check_model(recipe.curate.model, recipe.curate.tokenizer, load_tokenizer=False)
+    except CurateError as err:
+        return str(err)
+    return None
 
 
 def gpu_settings(recipe: Recipe, phases: Sequence[str]) -> list[str]:

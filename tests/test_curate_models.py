@@ -143,6 +143,120 @@ def test_a_missing_or_unknown_model_says_what_to_do(tmp_path):
         DualEncoder(str(tmp_path / "vae"))
 
 
+TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def test_a_model_folder_without_a_tokenizer_is_refused_not_loaded_empty(tmp_path):
+    """transformers 5 builds a tokenizer of two special tokens from a CLIP config alone (every
+    word one id): each loader refuses the folder in one line instead, and finds a tokenizer/
+    subfolder."""
+    import shutil
+
+    from tasks.finetune.tokens import TokenizerError, load_counter
+    from tasks.formats.recipe_finetune import TokensConfig
+    from tasks.formats.recipe_outputs import PrecacheConfig
+    from tasks.models.dual_encoder import DualEncoder, check_model
+    from tasks.models.frozen import Encoders
+    from tasks.models.placement import CurateError, PrecacheError
+
+    model = make_clip(tmp_path / "clip")
+    bare = tmp_path / "notok"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model / name, bare / name)
+    with pytest.raises(CurateError, match=f"curate.model {bare}: no tokenizer there") as err:
+        DualEncoder(str(bare))
+    assert "\n" not in str(err.value)
+    for load in (True, False):  # False: a preflight's check, the files looked for
+        with pytest.raises(CurateError, match="no tokenizer there"):
+            check_model(str(bare), load_tokenizer=load)
+    with pytest.raises(CurateError, match=f"curate.tokenizer {bare}: no tokenizer there"):
+        DualEncoder(str(model), tokenizer=str(bare))
+    with pytest.raises(TokenizerError, match=f"finetune.tokens.tokenizer {bare}: no tokenizer there"):
+        load_counter(TokensConfig(tokenizer=str(bare)))
+    with pytest.raises(PrecacheError, match=f"precache.text.model {bare}: no tokenizer there"):
+        Encoders(PrecacheConfig(text={"model": str(bare), "max_length": 16}), "cpu")
+    # Tokenizer files that load as nothing but special tokens are refused too.
+    hollow = tmp_path / "hollow"
+    from transformers import CLIPTokenizer
+
+    (hollow).mkdir()
+    (hollow / "vocab.json").write_text(json.dumps({"<|startoftext|>": 0, "<|endoftext|>": 1}))
+    (hollow / "merges.txt").write_text("#version: 0.2\n")
+    assert len(CLIPTokenizer(str(hollow / "vocab.json"), str(hollow / "merges.txt"))) <= 3
+    shutil.copy(model / "config.json", hollow / "config.json")
+    with pytest.raises(CurateError, match="no vocabulary besides its"):
+        DualEncoder(str(model), tokenizer=str(hollow))
+    # A tokenizer in the folder's tokenizer/ subfolder is found.
+    (bare / "tokenizer").mkdir()
+    for name in TOKENIZER_NAMES:
+        shutil.copy(model / name, bare / "tokenizer" / name)
+    check_model(str(bare))
+    enc = DualEncoder(str(bare))
+    assert len(enc.tokenizer) == len(DualEncoder(str(model)).tokenizer) > 10
+    assert load_counter(TokensConfig(tokenizer=str(bare))).count("a red circle") == 3
+
+
+@pytest.mark.parametrize("damage", ["bad_config", "truncated_weights", "empty_folder", "no_weights", "bad_index"])
+def test_a_corrupt_model_folder_is_one_line_naming_the_folder_and_what_failed(tmp_path, damage):
+    import shutil
+
+    from tasks.models.dual_encoder import DualEncoder, check_model
+    from tasks.models.placement import CurateError
+
+    model = make_clip(tmp_path / "clip")
+    broken = tmp_path / damage
+    shutil.copytree(model, broken)
+    weights = broken / "model.safetensors"
+    if damage == "bad_config":
+        (broken / "config.json").write_text("{not json")
+        want = "config.json: not readable JSON"
+    elif damage == "truncated_weights":
+        for size in (3000, weights.stat().st_size - 100):  # in the header, in the tensors
+            weights.write_bytes((model / "model.safetensors").read_bytes()[:size])
+            with pytest.raises(
+                CurateError, match=f"curate.model {broken}: weight file model.safetensors does not read"
+            ):
+                check_model(str(broken))
+        want = "does not load|does not read"
+    elif damage == "empty_folder":
+        for f in broken.iterdir():
+            f.unlink()
+        want = "no config.json there"
+    elif damage == "no_weights":
+        weights.unlink()
+        want = "no weights there"
+    else:
+        weights.rename(broken / "model-00001-of-00002.safetensors")
+        index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+        (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+        want = "weight file model-00002-of-00002.safetensors is missing"
+    for load in (True, False):
+        with pytest.raises(CurateError, match=f"curate.model {broken}: .*({want})") as err:
+            check_model(str(broken), load_tokenizer=load)
+        assert "\n" not in str(err.value)
+    with pytest.raises(CurateError, match=f"curate.model {broken}: ") as err:
+        DualEncoder(str(broken))
+    assert "\n" not in str(err.value) and len(str(err.value)) < 700
+    check_model(str(model))  # the whole folder passes
+    check_model(str(model), load_tokenizer=False)
+
+
+def test_the_curation_phase_checks_its_model_before_any_shard(tmp_path):
+    """The phase's first task (the model's digest, on a worker) stops a folder that cannot load,
+    before any shard is embedded (where N failed shards would each print the error)."""
+    from flows.curate import digests_task
+    from tasks.formats.recipe_curate import CurateConfig
+    from tasks.models.placement import CurateError
+
+    model = make_clip(tmp_path / "clip")
+    weights = model / "model.safetensors"
+    assert digests_task.fn(CurateConfig(model=str(model)))[0]
+    weights.write_bytes(weights.read_bytes()[:3000])
+    with pytest.raises(CurateError, match=f"curate.model {model}: weight file model.safetensors does not read"):
+        digests_task.fn(CurateConfig(model=str(model)))
+
+
 def test_folder_digest_follows_content_not_place(tmp_path):
     import shutil
 
@@ -223,3 +337,29 @@ def test_checkpoints_made_by_open_clip_give_open_clips_outputs(name):
     np.testing.assert_allclose(image, np.array(expected["image"]), atol=1e-5)
     np.testing.assert_allclose(text, np.array(expected["text"]), atol=1e-5)
     assert pre.size == 32 and pre.center_crop
+
+
+def test_a_broken_curation_model_stops_the_run_before_any_download(tmp_path):
+    """The run's preflight checks the dual encoder's folder (config, weights, tokenizer files)
+    on the machine that runs it, so a broken one costs no download; None where it is sound or
+    curation is off."""
+    from flows.preflight import phases_problem
+    from tasks.formats.recipe import parse_recipe
+
+    (tmp_path / "empty").mkdir()
+
+    def recipe(model: str | None):
+        curate = {"model": model} if model else {}
+        return parse_recipe(
+            {
+                "dataset": "d",
+                "storage": str(tmp_path / "s"),
+                "sources": [{"name": "s", "manifest": "m.csv"}],
+                "curate": curate,
+            }
+        )
+
+    problem = phases_problem(recipe(str(tmp_path / "empty")), ["release"])
+    assert problem is not None and str(tmp_path / "empty") in problem and "config.json" in problem
+    assert phases_problem(recipe(None), ["release"]) is None
+    assert phases_problem(recipe(str(tmp_path / "empty")), ["download"]) is None  # curation not run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tasks.curate import semdedup as sd
@@ -150,3 +151,79 @@ def test_semantic_dedup_on_s3(s3_bucket):
     f = _side(storage, "e/x.parquet", "x", list(range(21)), np.concatenate([base, _near(base[4], 0.99, rng)[None]]))
     decisions, _ = sd.semantic_duplicates(storage, "sd", [f], 0.95, {"x": 0}, clusters=2)
     assert {k: v[0] for k, v in _dups(storage, decisions).items()} == {"x-000000020": "x-000000004"}
+
+
+def _scores(storage: Storage, path: str, source: str, rows: list[int], alignment: list[float]) -> str:
+    table = pa.table(
+        {
+            "key": [f"{source}-{r:09d}" for r in rows],
+            "source": [source] * len(rows),
+            "row": pa.array(rows, pa.int64()),
+            "error": pa.nulls(len(rows), pa.string()),
+            "alignment": pa.array(alignment, pa.float32()),
+        }
+    )
+    write_parquet(storage, path, table)
+    return path
+
+
+@pytest.mark.parametrize("clusters", [1, 3])
+def test_duplicates_are_decided_among_the_samples_the_filters_keep(tmp_path, monkeypatch, clusters):
+    """A group whose first sample a filter removes is led by its earliest surviving sample: its
+    later copies are duplicates of that one, never of the removed one (the whole group gone)."""
+    from tasks.curate.decide import ShardInput, decide
+    from tasks.formats.recipe_curate import CurateConfig, ScoreRule, SemDedupRule
+
+    rng = np.random.default_rng(3)
+    storage = Storage(str(tmp_path))
+    base = _unit(rng.normal(size=(30, DIM)))
+    # Row 3 (removed by the filter) leads copies 30, 31 and 32; row 7 (kept) leads copy 33.
+    copies = np.stack([_near(base[3], c, rng) for c in (0.995, 0.99, 0.985)] + [_near(base[7], 0.98, rng)])
+    rows = list(range(34))
+    vectors = np.concatenate([base, copies])
+    half = 17
+    files = [
+        _side(storage, "e/0.parquet", "s", rows[:half], vectors[:half]),
+        _side(storage, "e/1.parquet", "s", rows[half:], vectors[half:]),
+    ]
+    alignment = [0.5] * 34
+    alignment[3] = 0.1  # below min: removed as low_alignment
+    alignment[31] = 0.15  # a copy the filter removes too
+    scores = [
+        _scores(storage, "sc/0.parquet", "s", rows[:half], alignment[:half]),
+        _scores(storage, "sc/1.parquet", "s", rows[half:], alignment[half:]),
+    ]
+    shards = [ShardInput(f"t{i}.tar", f"l{i}.parquet", "s", i, files[i], scores[i], "run") for i in range(2)]
+    decisions, _ = sd.semantic_duplicates(storage, "sd", files, 0.95, {"s": 0}, clusters=clusters)
+    every_row = _dups(storage, decisions)
+    assert {k: d for k, (d, _) in every_row.items()} == {
+        "s-000000030": "s-000000003",
+        "s-000000031": "s-000000003",
+        "s-000000032": "s-000000003",
+        "s-000000033": "s-000000007",
+    }
+    cfg = CurateConfig(model="m", alignment=ScoreRule(min=0.2), semdedup=SemDedupRule(threshold=0.95))
+    _, fates = decide(storage, "ds", cfg, shards, every_row, dedup=decisions, source_order={"s": 0})
+    got = {
+        r["key"]: (r["reason"], r["duplicate_of"]) for d in fates for r in pq.read_table(tmp_path / d.fates).to_pylist()
+    }
+    assert got["s-000000003"] == ("low_alignment", None)
+    assert got["s-000000031"][0] == "low_alignment"  # a filter's reason comes first
+    assert got["s-000000030"] == (None, None)  # the earliest survivor of the group is kept
+    assert got["s-000000032"] == ("semantic_duplicate_of:s-000000030", "s-000000030")
+    assert got["s-000000033"] == ("semantic_duplicate_of:s-000000007", "s-000000007")
+    kept = {k for k, (reason, _) in got.items() if reason is None}
+    assert kept == {f"s-{r:09d}" for r in rows} - {"s-000000003", "s-000000031", "s-000000032", "s-000000033"}
+    # The stored decisions (over every row) are not touched: a new threshold reuses them.
+    assert _dups(storage, decisions) == every_row
+    again, done = sd.semantic_duplicates(storage, "sd", files, 0.95, {"s": 0}, clusters=clusters)
+    assert again == decisions and done["compared"] == 0 and done["assigned"] == 0
+    # Without a removed leader the decisions stand as they are, and nothing is compared again.
+    calls: list[object] = []
+    real = sd._survivors_bucket
+    monkeypatch.setattr(sd, "_survivors_bucket", lambda *a: calls.append(a) or real(*a))
+    keep_all = CurateConfig(model="m", alignment=ScoreRule(min=0.0), semdedup=SemDedupRule(threshold=0.95))
+    _, fates = decide(storage, "ds", keep_all, shards, every_row, dedup=decisions, source_order={"s": 0})
+    assert calls == []
+    got = {r["key"]: r["duplicate_of"] for d in fates for r in pq.read_table(tmp_path / d.fates).to_pylist()}
+    assert {k: v for k, v in got.items() if v} == {k: d for k, (d, _) in every_row.items()}

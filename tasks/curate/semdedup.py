@@ -18,6 +18,11 @@ their fate (what was kept stays kept); rows of new side shards are assigned to t
 centroids and compared with the kept rows of their cluster and with each other, never old with
 old. A full run over the same files gives the same decisions whenever no new row comes before an
 old one in the recipe's order (new shards of appended manifest rows come after).
+
+These decisions are over every row and do not depend on the filters. The filters come first:
+``among_survivors`` (called by ``decide``) decides again, from the stored parts, the clusters
+where a sample the filters remove kept others, so a group is led by its earliest sample the
+filters keep.
 """
 
 from __future__ import annotations
@@ -346,6 +351,92 @@ def read_duplicates(storage: Storage, decisions: list[str]) -> dict[str, tuple[s
         ):
             out[k] = (d, s)
     return out
+
+
+def among_survivors(
+    storage: Storage,
+    decisions: list[str],
+    files: list[str],
+    duplicates: dict[str, tuple[str, float]],
+    fallen: set[str],
+    removed: Callable[[pa.Table], np.ndarray],
+    threshold: float,
+    source_order: dict[str, int],
+    map_fn: Mapper = plain_map,
+) -> dict[str, tuple[str, float]]:
+    """``duplicates`` (key -> (kept key, cosine), found over every row by ``semantic_duplicates``)
+    decided again among the samples the filters keep: a group is led by its earliest *kept*
+    sample, never by one a filter removed.
+
+    ``fallen``: the kept samples of those decisions that a filter removes; ``removed(rows)``: of a
+    table with ``source`` and ``row`` columns, which rows a filter removes. Only the clusters
+    where a fallen sample kept others are compared again (every other cluster's decisions are
+    what the comparison over its survivors gives: no removed sample led anyone there), from the
+    stored parts: nothing is embedded or assigned again, and ``decisions`` stay as stored (they
+    do not depend on the filters, so a new filter threshold reuses them). A removed sample keeps
+    what the comparison over every row said of it (its ``duplicate_of``, shown beside its filter's
+    reason). ``map_fn`` maps over the buckets of those clusters."""
+    if not fallen or not decisions:
+        return duplicates
+    root = decisions[0].rsplit("/decisions/", 1)[0]
+    space = stored_space(storage, root)
+    if space is None:
+        raise FileNotFoundError(f"semantic dedup {root}: no centroids stored beside its decisions")
+    wanted = pa.array(sorted(fallen), pa.string())
+    clusters: set[int] = set()
+    for path in decisions:
+        t = read_parquet(storage, path, ["duplicate_of", "cluster"])
+        hit = pc.is_in(t.column("duplicate_of"), value_set=wanted)
+        clusters.update(t.filter(hit).column("cluster").to_pylist())
+    by_bucket: dict[int, list[int]] = {}
+    for c in sorted(clusters):
+        by_bucket.setdefault(c % space.buckets, []).append(c)
+    out = dict(duplicates)
+    args = [(storage, space, files, b, cs, removed, threshold, source_order) for b, cs in sorted(by_bucket.items())]
+    for survivors, found in map_fn(_survivors_bucket, args):
+        for key in survivors:
+            out.pop(key, None)
+        out.update(found)
+    return out
+
+
+def _survivors_bucket(
+    storage: Storage,
+    space: Space,
+    files: list[str],
+    bucket: int,
+    clusters: list[int],
+    removed: Callable[[pa.Table], np.ndarray],
+    threshold: float,
+    source_order: dict[str, int],
+) -> tuple[list[str], dict[str, tuple[str, float]]]:
+    """The surviving rows of ``clusters`` (of one bucket) and their duplicates among themselves:
+    ``_greedy`` over them in the recipe's order, as ``dedup_bucket`` compares."""
+    wanted = pa.array(clusters, pa.int32())
+    tables = []
+    for f in files:
+        t = read_parquet(storage, space.parts(f)[bucket])
+        t = t.filter(pc.is_in(t.column("cluster"), value_set=wanted))
+        if t.num_rows:
+            t = t.filter(pa.array(~removed(t)))
+        if t.num_rows:
+            tables.append(t)
+    if not tables:
+        return [], {}
+    rows = pa.concat_tables(tables)
+    keys = rows.column("key").to_pylist()
+    labels = rows.column("cluster").to_numpy()
+    col = rows.column("image").combine_chunks()
+    x = col.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(col), col.type.list_size)
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    order = _order(rows, source_order)
+    found: dict[str, tuple[str, float]] = {}
+    for cluster in clusters:
+        idx = order[labels[order] == cluster]
+        by, sim = _greedy(x[idx], threshold)
+        for j in np.flatnonzero(by >= 0).tolist():
+            found[keys[idx[j]]] = (keys[idx[by[j]]], float(sim[j]))
+    return keys, found
 
 
 def semantic_duplicates(

@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from tasks.models.openclip import OPEN_CLIP_CONFIG, load_open_clip
+from tasks.finetune.tokens import local_tokenizer, need_tokenizer_folder, one_line
+from tasks.models.openclip import OPEN_CLIP_CONFIG, WEIGHT_FILES, load_open_clip
 from tasks.models.placement import CurateError, length_order, need_dir, quiet_transformers, running
 from tasks.models.placement import frozen as frozen_model
 from tasks.models.preprocess import Preprocess, read_json, transformers_preprocess
@@ -20,6 +23,83 @@ TRANSFORMERS_MODELS = {"clip": "CLIPModel", "siglip": "SiglipModel"}
 
 def need_model_dir(path: str | None, what: str = "curate.model") -> Path:
     return need_dir(path, what, CurateError)
+
+
+# A transformers folder's weights: one file, or an index naming its shards.
+TRANSFORMERS_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def check_model(path: str | None, tokenizer: str | None = None, load_tokenizer: bool = True) -> None:
+    """Fail (CurateError, one line naming the folder and what is wrong) when the dual encoder at
+    ``path`` cannot load, without loading its weights: its config must read and name a dual
+    encoder shardsmith loads, its weight files must be whole (safetensors headers cover their
+    files, torch zips end in their directory), and its tokenizer must load with a vocabulary.
+    What the curation phase checks before it embeds anything, and what a preflight can run
+    (``load_tokenizer=False``: the tokenizer's files are looked for, not loaded, and
+    transformers is not imported)."""
+    root = need_model_dir(path)
+    if (root / OPEN_CLIP_CONFIG).exists():
+        try:
+            meta = read_json(root / OPEN_CLIP_CONFIG)
+        except CurateError as err:
+            raise CurateError(f"curate.model {root}: {one_line(err)}") from None
+        if not isinstance(meta.get("model_cfg"), dict):
+            raise CurateError(f"curate.model {root}: {OPEN_CLIP_CONFIG} has no model_cfg")
+        names: tuple[str, ...] = WEIGHT_FILES
+    else:
+        _model_kind(root)
+        names = TRANSFORMERS_WEIGHTS
+    weights = [root / n for n in names if (root / n).is_file()]
+    if not weights:
+        raise CurateError(f"curate.model {root}: no weights there (none of {', '.join(names)})")
+    for f in _weight_files(weights[0]):
+        _check_weights(root, f)
+    tok_dir = tokenizer or str(root)
+    need_model_dir(tok_dir, "curate.tokenizer")
+    what = "curate.tokenizer" if tokenizer else "curate.model"
+    if load_tokenizer:
+        local_tokenizer(tok_dir, what, CurateError)
+    else:
+        need_tokenizer_folder(tok_dir, what, CurateError)
+
+
+def _weight_files(first: Path) -> list[Path]:
+    """The weight files ``first`` stands for: itself, or the shards its index names."""
+    if not first.name.endswith(".index.json"):
+        return [first]
+    try:
+        index = read_json(first)
+        shards = sorted(set(index["weight_map"].values()))
+    except (CurateError, KeyError, AttributeError, TypeError) as err:
+        raise CurateError(f"curate.model {first.parent}: {first.name} names no shards ({one_line(err)})") from None
+    return [first.parent / s for s in shards]
+
+
+def _check_weights(root: Path, f: Path) -> None:
+    """A weight file that is there and whole (its header, not its tensors, read)."""
+    if not f.is_file():
+        raise CurateError(f"curate.model {root}: weight file {f.name} is missing")
+    try:
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(f), "np"):
+                pass
+        elif zipfile.is_zipfile(f):
+            with zipfile.ZipFile(f) as z:
+                z.namelist()
+        elif f.stat().st_size == 0:
+            raise ValueError("empty file")
+    except Exception as err:  # noqa: BLE001 - a reader's failure, named in one line
+        raise CurateError(
+            f"curate.model {root}: weight file {f.name} does not read ({type(err).__name__}: {one_line(err)}); "
+            "is it truncated or corrupt?"
+        ) from None
 
 
 class DualEncoder:
@@ -44,7 +124,6 @@ class DualEncoder:
         device: str = "cpu",
         dtype: str = "fp32",
     ):
-        from transformers import AutoTokenizer
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # see placement.quiet_model_loading
@@ -53,19 +132,13 @@ class DualEncoder:
         self.dtype = dtype
         with quiet_transformers():
             if (root / OPEN_CLIP_CONFIG).exists():
-                self.model, self.preprocess = load_open_clip(root)
+                self.model, self.preprocess = _loading(root, lambda: load_open_clip(root))
                 self.kind = "open_clip"
             else:
                 self.model, self.preprocess, self.kind = _load_transformers(root)
         tok_dir = tokenizer or path
         need_model_dir(tok_dir, "curate.tokenizer")
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-        except (OSError, ValueError) as err:
-            raise CurateError(
-                f"curate.tokenizer {tok_dir}: no tokenizer there ({type(err).__name__}: {err}); put its files "
-                "(tokenizer.json, or vocab.json and merges.txt) beside the model or set curate.tokenizer"
-            ) from None
+        self.tokenizer = local_tokenizer(tok_dir, "curate.tokenizer" if tokenizer else "curate.model", CurateError)
         context = int(self.model.config.text_config.max_position_embeddings)
         self.max_length = min(max_length or context, context)
         frozen_model(self.model, device, dtype)
@@ -128,19 +201,49 @@ def _normalised(out: Any) -> np.ndarray:
     return a / np.maximum(norm, 1e-12)
 
 
+def _model_kind(root: Path) -> str:
+    """The ``model_type`` of a transformers folder's config.json, when it is a dual encoder shardsmith loads."""
+    try:
+        config = read_json(root / "config.json") if (root / "config.json").exists() else {}
+    except CurateError as err:
+        raise CurateError(
+            f"curate.model {root}: {one_line(err).replace(str(root / 'config.json'), 'config.json')}"
+        ) from None
+    kind = config.get("model_type")
+    if kind not in TRANSFORMERS_MODELS:
+        what = f"model_type {kind!r} is" if config else "no config.json there: it is"
+        raise CurateError(
+            f"curate.model {root}: {what} not a dual encoder shardsmith loads "
+            f"(transformers: {', '.join(sorted(TRANSFORMERS_MODELS))}; or an open_clip checkpoint with {OPEN_CLIP_CONFIG})"
+        )
+    return str(kind)
+
+
 def _load_transformers(root: Path) -> tuple[Any, Preprocess, str]:
     import transformers
 
-    config = read_json(root / "config.json") if (root / "config.json").exists() else {}
-    kind = config.get("model_type")
-    if kind not in TRANSFORMERS_MODELS:
-        raise CurateError(
-            f"curate.model {root}: model_type {kind!r} is not a dual encoder shardsmith loads "
-            f"(transformers: {', '.join(sorted(TRANSFORMERS_MODELS))}; or an open_clip checkpoint with {OPEN_CLIP_CONFIG})"
-        )
-    model = getattr(transformers, TRANSFORMERS_MODELS[kind]).from_pretrained(root, local_files_only=True)
+    kind = _model_kind(root)
+    model_class = getattr(transformers, TRANSFORMERS_MODELS[kind])
+    model = _loading(root, lambda: model_class.from_pretrained(root, local_files_only=True))
     size = int(model.config.vision_config.image_size)
-    return model, transformers_preprocess(root, size), kind
+    return model, _loading(root, lambda: transformers_preprocess(root, size)), kind
+
+
+T = TypeVar("T")
+
+
+def _loading(root: Path, load: Callable[[], T]) -> T:
+    """``load()``, its failure (unreadable or truncated weights, a config that does not fit them)
+    as one line of CurateError naming the folder and what failed."""
+    try:
+        return load()
+    except CurateError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any loader's failure, named in one line
+        raise CurateError(
+            f"curate.model {root}: the model does not load ({type(err).__name__}: {one_line(err)}); "
+            "check that its files are complete and unchanged (save_pretrained layout, or an open_clip checkpoint)"
+        ) from None
 
 
 _ENCODERS: dict[tuple, DualEncoder] = {}

@@ -107,11 +107,12 @@ class Encoders:
 
             self.video_vae = VideoVae(cfg, device, self.dtypes["clip_latents"])
         if cfg.text:
-            from transformers import AutoTokenizer
+            from tasks.finetune.tokens import local_tokenizer
 
             kind = _model_type(cfg.text.model, "precache.text.model")
             model_class = _text_model_class(kind, cfg.text.model)
-            self.tokenizer = AutoTokenizer.from_pretrained(cfg.text.tokenizer or cfg.text.model, local_files_only=True)
+            what = "precache.text.tokenizer" if cfg.text.tokenizer else "precache.text.model"
+            self.tokenizer = local_tokenizer(cfg.text.tokenizer or cfg.text.model, what, PrecacheError)
             self.text = model_class.from_pretrained(cfg.text.model, local_files_only=True)
             frozen(self.text, device, self.dtypes["text"])
             self.text_kind = kind
