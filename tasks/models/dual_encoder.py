@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tasks.finetune.tokens import local_tokenizer, need_tokenizer_folder, one_line
 from tasks.models.openclip import OPEN_CLIP_CONFIG, WEIGHT_FILES, load_open_clip
 from tasks.models.placement import CurateError, length_order, need_dir, quiet_transformers, running
 from tasks.models.placement import frozen as frozen_model
 from tasks.models.preprocess import Preprocess, read_json, transformers_preprocess
+from tasks.models.tokenizers import local_tokenizer, need_tokenizer_folder, one_line
 
 TRANSFORMERS_MODELS = {"clip": "CLIPModel", "siglip": "SiglipModel"}
 

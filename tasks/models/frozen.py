@@ -107,7 +107,7 @@ class Encoders:
 
             self.video_vae = VideoVae(cfg, device, self.dtypes["clip_latents"])
         if cfg.text:
-            from tasks.finetune.tokens import local_tokenizer
+            from tasks.models.tokenizers import local_tokenizer
 
             kind = _model_type(cfg.text.model, "precache.text.model")
             model_class = _text_model_class(kind, cfg.text.model)
