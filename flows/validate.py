@@ -165,7 +165,8 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
     gate, links = ph.judge(
         [r.ledger for r in results], (recipe.gates.validate_, cfg.license.allow, cfg.image, reviewed, shared),
         lambda: validate_gate(
-            ledger if ledger is not None else pa.table({}), gate_samples(accepted), recipe.gates.validate_, list(cfg.license.allow), cfg.image, reviewed, shared
+            ledger if ledger is not None else pa.table({}), gate_samples(accepted), recipe.gates.validate_, list(cfg.license.allow), cfg.image, reviewed, shared,
+            unique_pixels=cfg.dedup.exact,
         ),
     )  # fmt: skip
     fresh = sum(r.counts.ok for r in results if not r.skipped) + sum(c.counts.ok for c in cands if not c.skipped)

@@ -227,6 +227,18 @@ def test_validate_gate_sample_failures(overrides, failed, message):
     assert result.failure_message().startswith("validate gate failed: ")
 
 
+def test_samples_may_share_their_pixels_where_exact_dedup_is_off():
+    """``validate.dedup.exact: false`` keeps exact copies on purpose: the gate then does not ask
+    for unique pixel hashes (it did, and failed every such run)."""
+    from tasks.audit.gates import validate_gate
+
+    copies = samples(8, pixel_sha256=["a" * 64, "a" * 64] + [f"{i:064x}" for i in range(6)])
+    args = (ledger(8, {"truncated_image": 2}), copies, ValidateGate(), ALLOW, ImageRules(), True)
+    assert failed_names(validate_gate(*args)) == {"pixel_sha256 unique"}
+    kept = validate_gate(*args, unique_pixels=False)
+    assert kept.success and "pixel_sha256 unique" not in {o.name for o in kept.outcomes}
+
+
 def test_validate_gate_reject_rate_over_threshold():
     table = ledger(7, {"not_an_image": 3})
     result = run_validate(table=table, sample_table=samples(7), cfg=ValidateGate(max_reject_rate=0.2))

@@ -72,7 +72,9 @@ def _min_side(image: ImageRules) -> int:
     return min(image.min_side, image.image_size)
 
 
-def _samples_checks(cfg: ValidateGate, license_allow: list[str], image: ImageRules, accepted: int) -> list[Check]:
+def _samples_checks(
+    cfg: ValidateGate, license_allow: list[str], image: ImageRules, accepted: int, unique_pixels: bool = True
+) -> list[Check]:
     min_samples = max(cfg.min_samples, 1)
     side = _min_side(image)
     aspect = fmt_number(image.max_aspect_ratio)
@@ -116,13 +118,18 @@ def _samples_checks(cfg: ValidateGate, license_allow: list[str], image: ImageRul
             check_rows,
         ),
         Check("key unique", "no duplicates", "ExpectColumnValuesToBeUnique", {"column": "key"}, check_rows),
-        Check(
-            "pixel_sha256 unique",
-            "no duplicate pixel hashes",
-            "ExpectColumnValuesToBeUnique",
-            {"column": "pixel_sha256"},
-            check_rows,
-        ),
+    ]
+    if unique_pixels:  # exact dedup on (validate.dedup.exact): no two accepted samples share their pixels
+        checks.append(
+            Check(
+                "pixel_sha256 unique",
+                "no duplicate pixel hashes",
+                "ExpectColumnValuesToBeUnique",
+                {"column": "pixel_sha256"},
+                check_rows,
+            )
+        )
+    checks += [
         shown_check("faces shown", "faces_shown", cfg.max_face_rate),
         shown_check("personal data shown", "personal_data_shown", cfg.max_personal_data_rate),
     ]
@@ -160,6 +167,7 @@ def validate_gate(
     image: ImageRules,
     review_present: bool,
     shared_duplicates: bool = False,
+    unique_pixels: bool = True,
 ) -> GateResult:
     """Gate the validation phase on its ledger and on one row per accepted sample.
 
@@ -167,7 +175,7 @@ def validate_gate(
     <= ``cfg.max_reject_rate``. Samples: at least ``max(cfg.min_samples, 1)``; one per ok
     ledger row; no nulls in key, license, width, height, pixel_sha256; every license in
     ``license_allow``; width and height >= the minimum side; aspect <= the maximum; keys and
-    pixel hashes unique. Beside the GE suites: the recipe's license review, when
+    pixel hashes unique (``unique_pixels``: where exact dedup is on). Beside the GE suites: the recipe's license review, when
     ``cfg.require_license_review``. ``shared_duplicates`` (fine-tuning's images): a
     ``duplicate_of`` row is judged with the records that show it, so it is left out of the
     ledger's checks: an exact duplicate is a picture they share (``tasks.finetune.samples.shared``),
@@ -190,7 +198,7 @@ def validate_gate(
         "validate",
         [
             ("ledger", ledger_frame, _validate_ledger_checks(cfg)),
-            ("samples", samples_frame, _samples_checks(cfg, list(license_allow), image, accepted)),
+            ("samples", samples_frame, _samples_checks(cfg, list(license_allow), image, accepted, unique_pixels)),
         ],
     )
     outcomes.append(
