@@ -176,7 +176,7 @@ def reshard_flow(
         shards=len(outputs),
         skipped=all_skipped(outputs),
     )
-    ph.close(gate, _shown(storage, recipe, run, removed))
+    ph.close(gate, _shown(storage, recipe, run, removed), _why_empty(plan.total, removed))
     timings["report"] = time.perf_counter() - mark
     summary.seconds = round(ph.seconds, 3)
     ph.logger.info(
@@ -243,6 +243,19 @@ def _census(ph: Phase, tars: list[str], ledgers: list[str], required: tuple[str,
     censuses = [c for part in ph.gather(futures, 0.0, 10.0, "census") for c in part]
     order = {t: i for i, t in enumerate(tars)}
     return sorted(censuses, key=lambda c: order[c.shard.tar])
+
+
+def _why_empty(samples: int, removed: list[pa.Table]) -> str:
+    """What a reshard with no sample left says where upkeep removed the last ones: the release is
+    refused, and the latest one still holds them."""
+    if samples or not removed:
+        return ""
+    reasons = pa.concat_arrays([t.column("reason").combine_chunks() for t in removed]).value_counts().to_pylist()
+    counted = ", ".join(f"{r['values']} {r['counts']}" for r in sorted(reasons, key=lambda r: -r["counts"]))
+    return (
+        f"upkeep removed every sample left ({counted}); no release of none is made, and the latest "
+        "release still holds them: docs/guide/upkeep.md says how to withdraw it"
+    )
 
 
 def _shown(storage: Storage, recipe: Recipe, run: RunRecord, removed: list[pa.Table]) -> pa.Table | None:

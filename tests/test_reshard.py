@@ -825,3 +825,15 @@ def test_a_reshard_with_no_sample_left_fails_on_that_alone():
     failed = [(o.name, o.observed) for o in gate.outcomes if not o.success]
     assert failed == [("at least one shard (a sample left to release)", 0)]
     assert gate.statistics == {"shards": 0, "samples": 0, "expected_samples": 0}
+
+
+def test_a_reshard_left_empty_by_upkeep_says_so_and_counts_its_reasons():
+    import pyarrow as pa
+
+    from flows.reshard import _why_empty
+
+    removed = [pa.table({"reason": ["taken_down", "taken_down"]}), pa.table({"reason": ["opted_out"]})]
+    why = _why_empty(0, removed)
+    assert why.startswith("upkeep removed every sample left (taken_down 2, opted_out 1)")
+    assert "the latest release still holds them" in why
+    assert _why_empty(3, removed) == "" and _why_empty(0, []) == ""
