@@ -183,7 +183,7 @@ def curate_flow(recipe: Recipe, validated: ValidateSummary, run: RunRecord) -> t
     dedup, dedup_done = run_semdedup(ph, cfg, shards, f"{model}-{dtype}")
     timings["semdedup"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()
-    order = {s.name: i for i, s in enumerate(recipe.sources)}  # as run_semdedup orders them
+    order = recipe.source_order()  # as run_semdedup orders them
     applied, decisions = decide_task.submit(storage, recipe.dataset, cfg, shards, dedup, order).result()
     timings["decide"] = round(time.perf_counter() - mark, 3)
     mark = time.perf_counter()

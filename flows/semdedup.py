@@ -43,7 +43,7 @@ def run_semdedup(
         futures = {ph.submit(the_task, *a): f"{what} {i}" for i, a in enumerate(args)}
         return ph.gather(futures, 60.0, 0.0, what) if futures else []
 
-    order = {s.name: i for i, s in enumerate(recipe.sources)}
+    order = recipe.source_order()
     root = space_root(recipe.dataset, model, rule.clusters, rule.seed)
     files = [s.embeddings for s in shards]
     decisions, done = semantic_duplicates(

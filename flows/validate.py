@@ -136,7 +136,7 @@ def validate_flow(recipe: Recipe, download: DownloadSummary, run: RunRecord) -> 
     cands += ph.gather(futures, 0.0, 80.0, "validate")
     cands.sort(key=lambda c: (c.source, c.index))
 
-    order = {s.name: i for i, s in enumerate(recipe.sources)}
+    order = recipe.source_order()
     by_table = dedup(storage, recipe, [c.table for c in cands], order)
     n_dups = sum(len(d) for d in by_table.values())
 

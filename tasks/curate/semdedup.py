@@ -92,6 +92,14 @@ def _read_images(storage: Storage, path: str) -> tuple[pa.Table, np.ndarray]:
     return table, values.reshape(len(col), col.type.list_size)
 
 
+def _unit_images(rows: pa.Table) -> np.ndarray:
+    """The rows' image embeddings as float32 unit vectors (N, D), for cosine similarity."""
+    col = rows.column("image").combine_chunks()
+    x = col.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(col), col.type.list_size)
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return x
+
+
 def _count(storage: Storage, path: str) -> int:
     with storage.open(path, "rb") as fh:
         return pq.ParquetFile(fh).metadata.num_rows
@@ -271,9 +279,7 @@ def dedup_bucket(
     if rows.num_rows and is_new.any():
         keys = rows.column("key").to_pylist()
         clusters = rows.column("cluster").to_numpy()
-        col = rows.column("image").combine_chunks()
-        x = col.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(col), col.type.list_size)
-        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        x = _unit_images(rows)
         order = _order(rows, source_order)
         for cluster in np.unique(clusters[is_new]):
             idx = order[clusters[order] == cluster]
@@ -426,9 +432,7 @@ def _survivors_bucket(
     rows = pa.concat_tables(tables)
     keys = rows.column("key").to_pylist()
     labels = rows.column("cluster").to_numpy()
-    col = rows.column("image").combine_chunks()
-    x = col.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(col), col.type.list_size)
-    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    x = _unit_images(rows)
     order = _order(rows, source_order)
     found: dict[str, tuple[str, float]] = {}
     for cluster in clusters:

@@ -178,6 +178,10 @@ class Recipe(Frozen):
         """Hash of the given stage configs, for output names that change when they change."""
         return digest_of(*(p.model_dump(mode="json") for p in parts))
 
+    def source_order(self) -> dict[str, int]:
+        """Each source's place in the recipe: the order dedup keeps the first of a group by."""
+        return {s.name: i for i, s in enumerate(self.sources)}
+
     def recipe_hash(self) -> str:
         """Hash of what the recipe says the dataset is: where and how it runs (``execution``,
         ``storage``, ``storage_options`` with their credentials and file modes) is left out, so
