@@ -20,3 +20,8 @@ def now() -> datetime:
     except ValueError:
         raise ValueError(f"{NOW_ENV}={fixed!r} is not an ISO 8601 time (2026-12-05T02:00:00Z)") from None
     return when.astimezone(UTC) if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def stamp() -> str:
+    """``now()`` as a record writes it: ``2026-12-05T02:00:00Z``."""
+    return now().strftime("%Y-%m-%dT%H:%M:%SZ")

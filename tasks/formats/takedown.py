@@ -313,7 +313,7 @@ def add(
     The list is rewritten whole (atomically): object stores have no append. Two people adding to
     one list at the same moment can lose one addition; the audit trail is the list itself.
     """
-    from tasks.formats.clock import now
+    from tasks.formats.clock import stamp
 
     texts = [e.strip() for e in entries]
     if not texts:
@@ -332,7 +332,7 @@ def add(
     old = _read(path, storage_options)
     if old is not None:
         parse_list(old, path)  # never append to a list that no run could use
-    when = now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = stamp()
     lines = [f"{kind}:{value}\tadded {when} by {by}: {why}\n" for kind, value in parsed]
     head = old or b""
     if head and not head.endswith(b"\n"):

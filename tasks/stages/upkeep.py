@@ -59,6 +59,7 @@ PINS_SCHEMA = pa.schema(
 )
 _PIN_VERSION = re.compile(r"^(\d{6})\.parquet$")
 Pins = dict[tuple[str, str], dict[str, str | None]]  # (list, entry text) -> url, sha256, pixel_sha256
+PINNED = ("url", "sha256", "pixel_sha256")  # a pinned sample's facts: validation ledger columns
 # Candidate (row, entry) pairs one step of the perceptual-hash search holds at most: bounds its
 # memory (16 bytes a pair) whatever the lists and the hashes hold.
 MAX_PAIRS = 1 << 22
@@ -313,7 +314,7 @@ class Matcher:
                 elif pin is not None:  # the sample the key named when the entry was first applied
                     if pin["url"]:
                         by_kind["url"].setdefault(normalise_url(pin["url"]), eid)
-                    for digest in (pin["sha256"], pin["pixel_sha256"]):
+                    for digest in (pin["sha256"], pin["pixel_sha256"]):  # matched as sha256 entries are
                         if digest:
                             by_kind["sha256"].setdefault(digest, eid)
                 else:
@@ -382,7 +383,7 @@ class Matcher:
             eid = int(ids[i])
             name = self.unpinned.pop(eid, None)
             if name is not None:
-                self.new_pins[name] = {c: table.column(c)[int(i)].as_py() for c in ("url", "sha256", "pixel_sha256")}
+                self.new_pins[name] = {c: table.column(c)[int(i)].as_py() for c in PINNED}
 
     def match_download(self, table: pa.Table) -> np.ndarray:
         """Entry ids of a download ledger's rows: their key, and the sha256 of the bytes as fetched."""
@@ -638,21 +639,18 @@ def read_pins(storage: Storage, dataset: str) -> tuple[Pins, int]:
         return {}, -1
     gen = max(gens)
     table = read_parquet(storage, f"{pins_dir(dataset)}/{gen:06d}.parquet")
-    pins: Pins = {
-        (r["list"], r["entry"]): {c: r[c] for c in ("url", "sha256", "pixel_sha256", "pinned_at")}
-        for r in table.to_pylist()
-    }
+    pins: Pins = {(r["list"], r["entry"]): {c: r[c] for c in (*PINNED, "pinned_at")} for r in table.to_pylist()}
     return pins, gen
 
 
 def write_pins(storage: Storage, dataset: str, pins: Pins, gen: int) -> str:
     """Version ``gen`` of the pins (every one of them); returns its path."""
-    now = clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = clock.stamp()
     rows = [
         {
             "list": name,
             "entry": entry,
-            **{c: facts.get(c) for c in ("url", "sha256", "pixel_sha256")},
+            **{c: facts.get(c) for c in PINNED},
             "pinned_at": facts.get("pinned_at") or now,
         }
         for (name, entry), facts in sorted(pins.items())
