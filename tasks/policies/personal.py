@@ -476,6 +476,13 @@ _URL = re.compile(r"(?i)(?<![\w@.])(?:(?:https?|ftps?|wss?|sftp)://|www\.)[^\s<>
 _URL_CUE = re.compile(r"://|(?i:www\.)")  # what every match of _URL holds: a scheme's or a www. in any case
 
 
+def may_hold_personal(text: str) -> bool:
+    """Whether any kind could be found in ``text`` as ``find_personal`` reads it (folded: a
+    full-width at sign is an ``@``): each needs a digit, an ``@`` or a URL."""
+    read = text if text.isascii() else _fold(text, _READ)
+    return "@" in read or any(ch.isdigit() for ch in read) or _URL_CUE.search(read) is not None
+
+
 def may_hold_url(text: str) -> bool:
     """Whether ``_URL`` can match in ``text`` as ``find_personal`` reads it (one linear search; of
     a non-ASCII text, its folded copy without invisible characters: "www\u3002", "ww\u200bw.")."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.formats.recipe_privacy import TextPrivacy
-from tasks.policies.personal import Span, describe, find_personal, may_hold_url, redact
+from tasks.policies.personal import Span, describe, find_personal, may_hold_personal, redact
 
 PERSONAL_DATA = "personal_data"
 # What a sample's ``privacy`` ledger column lists, in this order: what was done to what is released.
@@ -171,7 +171,7 @@ def check_fields(meta: dict[str, Any], rules: TextPrivacy) -> FieldsOutcome:
         contacts map keyed by address): one holding personal data is named in paths with its
         spans replaced (so no detail carries it), released so under ``redact``, refuses the
         sample under ``reject``. Only keys with a digit, ``@`` or a URL's start are scanned."""
-        if not isinstance(key, str) or rules.mode == "off" or not _may_hold_personal(key):
+        if not isinstance(key, str) or rules.mode == "off" or not may_hold_personal(key):
             return key, str(key)
         checked = scan(key, f"{path}.<key>" if path else "<key>")
         if checked is None:
@@ -202,14 +202,6 @@ def _phone_name(name: str) -> bool:
     """A json field named as a phone number (``phone``, ``mobileNumber``, ``tel_2``)."""
     words = re.findall(r"[a-z]+", re.sub(r"([a-z])([A-Z])", r"\1 \2", name).lower())
     return any(word in _PHONE_NAMES for word in words)
-
-
-_ATS = ("@", "\uff20", "\ufe6b")  # the at sign, and its full-width and small forms the scanner reads as one
-
-
-def _may_hold_personal(text: str) -> bool:
-    """Whether any kind could be found in ``text``: each needs a digit, an ``@`` or a URL."""
-    return any(at in text for at in _ATS) or any(ch.isdigit() for ch in text) or may_hold_url(text)
 
 
 def span_facts(spans: tuple[Span, ...], field: str | None = None) -> list[dict[str, Any]]:
