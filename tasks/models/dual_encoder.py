@@ -59,13 +59,24 @@ def check_model(path: str | None, tokenizer: str | None = None, load_tokenizer: 
         raise CurateError(f"curate.model {root}: no weights there (none of {', '.join(names)})")
     for f in _weight_files(weights[0]):
         _check_weights(root, f)
-    tok_dir = tokenizer or str(root)
-    need_model_dir(tok_dir, "curate.tokenizer")
-    what = "curate.tokenizer" if tokenizer else "curate.model"
     if load_tokenizer:
-        local_tokenizer(tok_dir, what, CurateError)
+        _tokenizer(root, tokenizer)
     else:
-        need_tokenizer_folder(tok_dir, what, CurateError)
+        need_tokenizer_folder(*_tokenizer_dir(root, tokenizer), CurateError)
+
+
+def _tokenizer_dir(root: Path, tokenizer: str | None) -> tuple[str, str]:
+    """The dual encoder's tokenizer folder (``curate.tokenizer``, else the model's), and the
+    recipe field that names it."""
+    if tokenizer is None:
+        return str(root), "curate.model"
+    need_model_dir(tokenizer, "curate.tokenizer")
+    return tokenizer, "curate.tokenizer"
+
+
+def _tokenizer(root: Path, tokenizer: str | None) -> Any:
+    """The dual encoder's tokenizer, loaded (``tokenizers.local_tokenizer``)."""
+    return local_tokenizer(*_tokenizer_dir(root, tokenizer), CurateError)
 
 
 def _weight_files(first: Path) -> list[Path]:
@@ -136,9 +147,7 @@ class DualEncoder:
                 self.kind = "open_clip"
             else:
                 self.model, self.preprocess, self.kind = _load_transformers(root)
-        tok_dir = tokenizer or path
-        need_model_dir(tok_dir, "curate.tokenizer")
-        self.tokenizer = local_tokenizer(tok_dir, "curate.tokenizer" if tokenizer else "curate.model", CurateError)
+        self.tokenizer = _tokenizer(root, tokenizer)
         context = int(self.model.config.text_config.max_position_embeddings)
         self.max_length = min(max_length or context, context)
         frozen_model(self.model, device, dtype)
